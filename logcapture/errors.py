@@ -1,0 +1,82 @@
+"""One exception tree for logcapture. Only ``cli.py`` turns these into messages and exit codes.
+
+::
+
+    LogcaptureError                 exit_code 2 unless a subclass says otherwise
+    ├── ConfigError                 a config file (.logoptin, admin config) is invalid;
+    │                               carries path, line, column, key
+    ├── RecordError                 a spool line is not a valid record
+    ├── SpoolError                  the spool cannot be read or written (stage: spooling)
+    ├── StoreError                  the store failed (stage: sending)
+    │   ├── StoreUnavailable        transient: connection refused, timeout, locked chDB folder
+    │   ├── StoreDataError          the store refused the data (ClickHouse codes 117, 53, ...)
+    │   └── StoreAuthError          401/403, authentication failed: stop at once
+    ├── NotFound                    no such run / job
+    └── UsageError                  a command was called wrongly (exit_code 2)
+
+The job's own output never raises any of these: bad commands, bad JSON and unknown escapes
+become records (warning notes), not exceptions (STYLE.md practice 3).
+"""
+
+from __future__ import annotations
+
+
+class LogcaptureError(Exception):
+    exit_code = 2
+    stage = ""
+
+    def __init__(self, message: str, *, stage: str | None = None):
+        super().__init__(message)
+        if stage is not None:
+            self.stage = stage
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class ConfigError(LogcaptureError):
+    """A configuration file is invalid. ``problems`` lists every problem found, each already
+    naming the file, line, column and key where known."""
+
+    def __init__(self, message: str, *, path: str = "", line: int | None = None,
+                 column: int | None = None, key: str | None = None,
+                 problems: list[str] | None = None):
+        super().__init__(message, stage="configuring")
+        self.path = path
+        self.line = line
+        self.column = column
+        self.key = key
+        self.problems = problems if problems is not None else [message]
+
+
+class RecordError(LogcaptureError):
+    stage = "reading"
+
+
+class SpoolError(LogcaptureError):
+    stage = "spooling"
+
+
+class StoreError(LogcaptureError):
+    stage = "sending"
+
+
+class StoreUnavailable(StoreError):
+    """Transient: retry with backoff."""
+
+
+class StoreDataError(StoreError):
+    """The store refused the data: set the segment aside, do not retry."""
+
+
+class StoreAuthError(StoreError):
+    """Authentication or authorisation failed: stop at once."""
+
+
+class NotFound(LogcaptureError):
+    exit_code = 1
+
+
+class UsageError(LogcaptureError):
+    exit_code = 2

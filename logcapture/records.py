@@ -1,0 +1,203 @@
+"""The record types every stage shares, and their NDJSON encoding.
+
+A record is one line of a spool segment: a JSON object whose ``kind`` names its type.
+Every record carries a deterministic identity ``(run, stream, seq)``: ``run`` is the run id
+(a Slurm job id for Slurm jobs), ``stream`` is ``stdout``, ``stderr``, ``run`` (records about
+the run as a whole: start, end, run-level notes) or ``sample:<node>`` (resource samples of one
+node), and ``seq`` counts from 0 within that stream. Re-shipping a record therefore can never
+produce a second row: the store deduplicates on that identity.
+
+Stages exchange these types and nothing else (STYLE.md practice 2). Encoding is
+``record.to_dict()`` -> ``json.dumps``; decoding is ``from_dict(obj)``, which raises
+``RecordError`` naming the field that was wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, ClassVar
+
+from .errors import RecordError
+
+STDOUT = "stdout"
+STDERR = "stderr"
+RUN = "run"
+OUTPUT_STREAMS = (STDOUT, STDERR)
+
+# Modes of the cluster guide (seeds/002): what is kept of the job's output.
+ENABLED = "enabled"
+METADATA = "metadata"
+DISABLED = "disabled"
+MODES = (ENABLED, METADATA, DISABLED)
+
+# Note kinds.
+NOTE_REPEAT = "repeat"  # consecutive identical lines dropped; count = lines dropped
+NOTE_BLANK = "blank"  # a run of blank lines collapsed to one; count = lines dropped
+NOTE_CUT = "cut"  # a line longer than the limit was cut; count = characters dropped
+NOTE_WARNING = "warning"  # something went wrong (bad command, bad config, internal fault)
+NOTE_MODE = "mode"  # the mode changed (from .logoptin or a /LOGCOMMAND)
+NOTE_KINDS = (NOTE_REPEAT, NOTE_BLANK, NOTE_CUT, NOTE_WARNING, NOTE_MODE)
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """Base: the identity every record carries."""
+
+    kind: ClassVar[str] = ""
+    run: str
+    stream: str
+    seq: int
+    ts: float  # seconds since the epoch, when the stage saw it
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["kind"] = self.kind
+        return d
+
+    def to_json(self) -> str:
+        return dumps(self.to_dict())
+
+    @property
+    def identity(self) -> tuple[str, str, int]:
+        return (self.run, self.stream, self.seq)
+
+
+@dataclass(frozen=True, slots=True)
+class Start(Record):
+    """The run began. ``stream`` is ``run``, ``seq`` 0."""
+
+    kind: ClassVar[str] = "start"
+    command: list[str] = field(default_factory=list)
+    cwd: str = ""
+    user: str = ""
+    uid: int = -1
+    host: str = ""
+    pid: int = 0
+    mode: str = ENABLED
+    # Slurm identity when present: cluster, job_id, array_job_id, array_task_id, step, node,
+    # job_name, partition.
+    slurm: dict[str, str] = field(default_factory=dict)
+    # Hardware inventory (host, CPUs, memory, GPUs), filled by the sampler stage when it runs.
+    inventory: dict[str, Any] = field(default_factory=dict)
+    # The effective configuration, for the record (never secrets).
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Line(Record):
+    """One rendered line of the job's output, as a terminal would show it."""
+
+    kind: ClassVar[str] = "line"
+    text: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Note(Record):
+    """Something about the output rather than output: dropped repeats, blank runs, cuts,
+    warnings, mode changes. ``text`` is logcapture's own words, never the job's dropped text."""
+
+    kind: ClassVar[str] = "note"
+    note: str = NOTE_WARNING
+    count: int = 0
+    text: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Command(Record):
+    """A valid ``/LOGCOMMAND {json}`` line. ``text`` is the command line as the job wrote it."""
+
+    kind: ClassVar[str] = "command"
+    text: str = ""
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Metadata(Record):
+    """A stdout line that was exactly one JSON object; nested objects flattened to dotted keys."""
+
+    kind: ClassVar[str] = "metadata"
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Sample(Record):
+    """One resource sample of one node. ``stream`` is ``sample:<node>``."""
+
+    kind: ClassVar[str] = "sample"
+    node: str = ""
+    # Per-GPU figures: list of {uuid, index, name, utilization_gpu_percent, memory_used_bytes,
+    # memory_total_bytes, power_watts, temperature_celsius, sm_clock_mhz, job_memory_used_bytes}
+    gpus: list[dict[str, Any]] = field(default_factory=list)
+    # The job's own CPU/memory/IO: cpu_seconds_total, cpu_percent, memory_rss_bytes,
+    # memory_pss_bytes, io_read_bytes, io_write_bytes, threads, processes
+    job: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class End(Record):
+    """The run ended. ``stream`` is ``run``; ``seq`` follows the run stream's other records."""
+
+    kind: ClassVar[str] = "end"
+    exit_status: int | None = None  # 0-255 when the command exited
+    signal: int | None = None  # N when the command was killed by signal N
+    state: str = ""  # COMPLETED, FAILED, CANCELLED, SIGNALED, ...
+    duration: float = 0.0
+    # Per output stream: bytes read from the pty, rendered lines, dropped repeats, ...
+    counts: dict[str, dict[str, int]] = field(default_factory=dict)
+
+
+KINDS: dict[str, type[Record]] = {
+    cls.kind: cls for cls in (Start, Line, Note, Command, Metadata, Sample, End)
+}
+
+
+def _json_default(o: Any) -> Any:
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def dumps(obj: dict[str, Any]) -> str:
+    """Encode one record as one NDJSON line (no newline). Non-finite floats, which Python's
+    json writes as bare NaN/Infinity (not JSON), are written as strings "NaN", "Infinity",
+    "-Infinity" so every spool line is strict JSON that ClickHouse can parse."""
+    try:
+        return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False,
+                          default=_json_default)
+    except ValueError:
+        return json.dumps(_finite(obj), ensure_ascii=False, separators=(",", ":"),
+                          default=_json_default)
+
+
+def _finite(o: Any) -> Any:
+    if isinstance(o, float) and not math.isfinite(o):
+        return "NaN" if math.isnan(o) else ("Infinity" if o > 0 else "-Infinity")
+    if isinstance(o, dict):
+        return {k: _finite(v) for k, v in o.items()}
+    if isinstance(o, list):
+        return [_finite(v) for v in o]
+    return o
+
+
+def from_dict(obj: Any) -> Record:
+    """Decode one spool object into its record type; ``RecordError`` names what is wrong."""
+    if not isinstance(obj, dict):
+        raise RecordError(f"a record must be a JSON object, not {type(obj).__name__}")
+    kind = obj.get("kind")
+    cls = KINDS.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise RecordError(f"unknown record kind {kind!r}")
+    names = set(cls.__dataclass_fields__)
+    unknown = set(obj) - names - {"kind"}
+    if unknown:
+        raise RecordError(f"{kind} record has unknown field(s): {', '.join(sorted(unknown))}")
+    for key, typ in (("run", str), ("stream", str), ("seq", int)):
+        if not isinstance(obj.get(key), typ) or isinstance(obj.get(key), bool):
+            raise RecordError(f"{kind} record: field {key!r} missing or not {typ.__name__}")
+    if not isinstance(obj.get("ts"), (int, float)):
+        raise RecordError(f"{kind} record: field 'ts' missing or not a number")
+    args = {k: v for k, v in obj.items() if k != "kind"}
+    try:
+        return cls(**args)
+    except TypeError as e:
+        raise RecordError(f"{kind} record: {e}") from None
