@@ -148,6 +148,27 @@ class End(Record):
     counts: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
+# Intermediate types between the text stages (render -> filter -> classify). They carry no
+# identity yet: the classifier numbers what it keeps.
+
+
+@dataclass(frozen=True, slots=True)
+class Rendered:
+    """One committed screen line of one stream. ``cut`` counts characters dropped because the
+    line was longer than the line limit (0 when whole)."""
+
+    text: str
+    cut: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Dropped:
+    """What the filter dropped: ``note`` is NOTE_REPEAT or NOTE_BLANK, ``count`` how many lines."""
+
+    note: str
+    count: int
+
+
 KINDS: dict[str, type[Record]] = {
     cls.kind: cls for cls in (Start, Line, Note, Command, Metadata, Sample, End)
 }
