@@ -1,0 +1,383 @@
+"""The spool: an append-only write-ahead log of NDJSON segments on local disk.
+
+The spool is the source of truth (SPEC.md §4); the store is fed from it. Layout::
+
+    <root>/<run id>/seg-000000.ndjson.gz   closed segments (gzip), never written again
+    <root>/<run id>/seg-000001.ndjson      the open segment, append-only
+
+Writing (``SpoolWriter``): records are encoded by the caller's thread into an in-memory
+buffer; a flusher thread writes the buffer on a time trigger (``flush_interval``), a size
+trigger (``flush_records``), on demand (``flush()``) and at ``close()``, then fdatasyncs, so
+the job never waits on disk sync (PTY-RENDER.md: fsync per line throttles the job). A segment
+that reaches ``segment_bytes`` is closed and gzip-compressed. A failed write (disk full,
+RLIMIT_FSIZE, I/O error) is reported once through ``warn``, what was not written stays buffered
+(up to ``max_pending`` records; past that new records are counted as lost), and the write is
+retried on the next trigger.
+
+Reading (``read_segment``, ``iter_run``): a torn last line (no newline after a crash) is skipped
+and counted; a line that is not a valid record is skipped, counted and reported by line number.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import stat
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import RecordError, SpoolError
+from .records import Record, from_dict
+
+SEGMENT_BYTES = 8 * 1024 * 1024
+FLUSH_INTERVAL = 1.0
+FLUSH_RECORDS = 1000
+MAX_PENDING = 200_000
+
+_SEGMENT_RE = re.compile(r"^seg-(\d{6,})\.ndjson(\.gz)?$")
+_RUN_ID_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
+
+
+def default_root(env: dict[str, str] | os._Environ[str] = os.environ) -> Path:
+    """``$LOGCAPTURE_SPOOL``, else ``$XDG_STATE_HOME/logcapture/spool``, else
+    ``~/.local/state/logcapture/spool``."""
+    if env.get("LOGCAPTURE_SPOOL"):
+        return Path(env["LOGCAPTURE_SPOOL"])
+    state = env.get("XDG_STATE_HOME") or os.path.join(
+        env.get("HOME") or os.path.expanduser("~"), ".local", "state")
+    return Path(state) / "logcapture" / "spool"
+
+
+def check_run_id(run_id: str) -> str:
+    if not _RUN_ID_RE.match(run_id):
+        raise SpoolError(
+            f"invalid run id {run_id!r}: use letters, digits, '.', '_' and '-' (at most 128, "
+            "not starting with '.' or '-')")
+    return run_id
+
+
+def create_run_dir(root: Path, run_id: str) -> Path:
+    """Create ``root/run_id`` (mode 0700; ``root`` too when missing). A run id already in use
+    is refused, so two runs never interleave their sequence numbers."""
+    check_run_id(run_id)
+    try:
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as e:
+        raise SpoolError(f"cannot create spool directory {root}: {e.strerror}") from None
+    path = root / run_id
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError:
+        raise SpoolError(f"run {run_id!r} already exists in {root}") from None
+    except OSError as e:
+        raise SpoolError(f"cannot create run directory {path}: {e.strerror}") from None
+    return path
+
+
+def segment_name(index: int, closed: bool) -> str:
+    return f"seg-{index:06d}.ndjson" + (".gz" if closed else "")
+
+
+@dataclass(frozen=True)
+class Segment:
+    index: int
+    path: Path
+    closed: bool
+
+
+def segments(run_dir: Path) -> list[Segment]:
+    """The run's segments in order. When a crash left both ``seg-N.ndjson`` and its ``.gz``
+    (between rename and unlink), the complete ``.gz`` wins."""
+    found: dict[int, Segment] = {}
+    try:
+        names = os.listdir(run_dir)
+    except OSError as e:
+        raise SpoolError(f"cannot list {run_dir}: {e.strerror}") from None
+    for name in names:
+        m = _SEGMENT_RE.match(name)
+        if not m:
+            continue
+        idx, closed = int(m.group(1)), bool(m.group(2))
+        if idx in found and found[idx].closed:
+            continue
+        found[idx] = Segment(idx, run_dir / name, closed)
+    return [found[i] for i in sorted(found)]
+
+
+def list_runs(root: Path) -> list[Path]:
+    """Run directories under ``root``, oldest first (by name of their first segment's mtime)."""
+    try:
+        entries = [e for e in os.scandir(root) if e.is_dir(follow_symlinks=False)
+                   and _RUN_ID_RE.match(e.name)]
+    except FileNotFoundError:
+        return []
+    except OSError as e:
+        raise SpoolError(f"cannot list spool {root}: {e.strerror}") from None
+    entries.sort(key=lambda e: (e.stat(follow_symlinks=False).st_mtime, e.name))
+    return [Path(e.path) for e in entries]
+
+
+@dataclass
+class ReadStats:
+    lines: int = 0  # complete lines read (the cursor unit)
+    torn: int = 0  # an incomplete last line of a closed segment or finished run
+    bad: list[tuple[str, int, str]] = field(default_factory=list)  # (segment, line no, why)
+
+
+MAX_LINE_BYTES = 16 * 1024 * 1024
+
+
+def read_lines(seg: Segment, skip: int = 0) -> tuple[list[bytes], bool]:
+    """Complete lines of a segment after the first ``skip``, and whether an incomplete last
+    line was present. Opens without following symlinks and refuses anything but a regular
+    file (root reads user-owned spools: SPEC.md §4, issue 5)."""
+    try:
+        fd = os.open(seg.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        raise SpoolError(f"cannot open segment {seg.path}: {e.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise SpoolError(f"segment {seg.path} is not a regular file")
+        with os.fdopen(os.dup(fd), "rb") as raw:
+            f = gzip.GzipFile(fileobj=raw, mode="rb") if seg.closed else raw
+            try:
+                data = f.read()
+            except (OSError, EOFError) as e:
+                # A truncated gzip member: keep what decompressed (gzip raises on the tail).
+                raise SpoolError(f"segment {seg.path} is corrupt: {e}") from None
+    finally:
+        os.close(fd)
+    parts = data.split(b"\n")
+    tail = parts.pop()  # b"" when the data ends with a newline
+    return parts[skip:], bool(tail)
+
+
+def parse_lines(name: str, lines: Iterable[bytes], first_lineno: int,
+                stats: ReadStats) -> Iterator[Record]:
+    for i, raw in enumerate(lines, start=first_lineno):
+        stats.lines += 1
+        if not raw.strip():
+            continue
+        try:
+            yield from_dict(json.loads(raw))
+        except (ValueError, RecordError) as e:
+            stats.bad.append((name, i, str(e)[:200]))
+
+
+def read_segment(seg: Segment, skip: int = 0, stats: ReadStats | None = None,
+                 final: bool | None = None) -> Iterator[Record]:
+    """Records of one segment after the first ``skip`` lines. A torn last line is counted in
+    ``stats.torn`` when the segment is closed or ``final`` is true (an open segment's last
+    line may still be being written)."""
+    stats = stats if stats is not None else ReadStats()
+    lines, torn = read_lines(seg, skip)
+    if torn and (seg.closed if final is None else final):
+        stats.torn += 1
+    yield from parse_lines(seg.path.name, lines, skip + 1, stats)
+
+
+def iter_run(run_dir: Path, stats: ReadStats | None = None) -> Iterator[Record]:
+    """Every record of a run, in spool order."""
+    stats = stats if stats is not None else ReadStats()
+    segs = segments(run_dir)
+    for i, seg in enumerate(segs):
+        yield from read_segment(seg, 0, stats, final=seg.closed or i < len(segs) - 1)
+
+
+class SpoolWriter:
+    """Append records to a run's spool. Thread-safe; never raises from ``write``."""
+
+    def __init__(self, run_dir: Path, *, segment_bytes: int = SEGMENT_BYTES,
+                 flush_interval: float = FLUSH_INTERVAL, flush_records: int = FLUSH_RECORDS,
+                 max_pending: int = MAX_PENDING,
+                 warn: Callable[[str], None] | None = None, fsync: bool = True):
+        self.run_dir = run_dir
+        self.segment_bytes = max(1024, segment_bytes)
+        self.flush_interval = flush_interval
+        self.flush_records = max(1, flush_records)
+        self.max_pending = max_pending
+        self._warn = warn or (lambda msg: None)
+        self._fsync = fsync
+        self._pending: list[bytes] = []
+        self._lock = threading.Lock()  # guards _pending
+        self._io_lock = threading.Lock()  # guards the segment file
+        self._wake = threading.Event()
+        self._closed = False
+        self._index = -1
+        self._fd = -1
+        self._size = 0
+        self._failing = False
+        self.written = 0  # records written to disk
+        self.lost = 0  # records dropped because the spool failed and the buffer was full
+        self.errors = 0
+        self._open_next()
+        self._thread = threading.Thread(target=self._run, name="logcapture-spool", daemon=True)
+        self._thread.start()
+
+    # --- producer side -------------------------------------------------------------------
+    def write(self, records: Iterable[Record]) -> None:
+        lines = [(r.to_json() + "\n").encode("utf-8", "surrogatepass") for r in records]
+        if not lines:
+            return
+        with self._lock:
+            room = self.max_pending - len(self._pending)
+            if room < len(lines):
+                self.lost += len(lines) - max(room, 0)
+                lines = lines[:max(room, 0)]
+            self._pending.extend(lines)
+            big = len(self._pending) >= self.flush_records
+        if big:
+            self._wake.set()
+
+    def flush(self) -> None:
+        """Write everything buffered and sync it, now, in the caller's thread."""
+        self._drain(sync=True)
+
+    def close(self) -> None:
+        """Flush, close and compress the last segment. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._wake.set()
+        self._thread.join()
+        self._drain(sync=True)
+        with self._io_lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+                self._compress(self._index)
+
+    # --- flusher thread ------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._closed:
+            self._wake.wait(self.flush_interval)
+            self._wake.clear()
+            self._drain(sync=True)
+
+    def _drain(self, sync: bool) -> None:
+        with self._io_lock:
+            with self._lock:
+                batch, self._pending = self._pending, []
+            if not batch:
+                return
+            done = self._write_batch(batch)
+            if done < len(batch):
+                with self._lock:
+                    self._pending[:0] = batch[done:]
+            if sync and self._fsync and self._fd >= 0 and done:
+                try:
+                    os.fdatasync(self._fd)
+                except OSError as e:
+                    self._fault(f"cannot sync spool segment: {e.strerror}")
+
+    def _write_batch(self, batch: list[bytes]) -> int:
+        """Write whole lines; returns how many were written. A short write is rolled back so no
+        torn line is left behind a later successful write."""
+        done = 0
+        while done < len(batch):
+            if self._fd < 0 and not self._open_next():
+                return done
+            # Fill the segment up to its size limit, at least one line.
+            chunk: list[bytes] = []
+            size = 0
+            while done + len(chunk) < len(batch):
+                line = batch[done + len(chunk)]
+                if chunk and self._size + size + len(line) > self.segment_bytes:
+                    break
+                chunk.append(line)
+                size += len(line)
+            data = b"".join(chunk)
+            try:
+                n = os.write(self._fd, data)
+                while n < len(data):
+                    n += os.write(self._fd, data[n:])
+            except OSError as e:
+                try:
+                    os.ftruncate(self._fd, self._size)
+                except OSError:
+                    pass
+                self._fault(f"cannot write spool segment in {self.run_dir}: {e.strerror}")
+                return done
+            self._size += len(data)
+            done += len(chunk)
+            self.written += len(chunk)
+            if self._failing:
+                self._failing = False
+                self._warn(f"spool writable again in {self.run_dir}; nothing was lost"
+                           if not self.lost else
+                           f"spool writable again in {self.run_dir}; {self.lost} records lost")
+            if self._size >= self.segment_bytes:
+                self._rotate()
+        return done
+
+    def _fault(self, message: str) -> None:
+        self.errors += 1
+        if not self._failing:
+            self._failing = True
+            self._warn(message + "; buffering in memory and retrying")
+
+    def _open_next(self) -> bool:
+        index = self._index + 1
+        path = self.run_dir / segment_name(index, closed=False)
+        try:
+            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
+                               | os.O_NOFOLLOW, 0o600)
+        except OSError as e:
+            self._fault(f"cannot create spool segment {path}: {e.strerror}")
+            return False
+        self._index = index
+        self._size = 0
+        return True
+
+    def _rotate(self) -> None:
+        if self._fsync:
+            try:
+                os.fdatasync(self._fd)
+            except OSError:
+                pass
+        os.close(self._fd)
+        self._fd = -1
+        self._compress(self._index)
+        self._open_next()
+
+    def _compress(self, index: int) -> None:
+        """gzip ``seg-N.ndjson`` to ``seg-N.ndjson.gz`` (tmp, fsync, rename, unlink). On failure
+        the plain segment stays: readers handle both."""
+        plain = self.run_dir / segment_name(index, closed=False)
+        gz = self.run_dir / segment_name(index, closed=True)
+        tmp = gz.with_name(gz.name + ".tmp")
+        try:
+            with open(plain, "rb") as src:
+                data = src.read()
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+                         | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "wb") as out:
+                out.write(gzip.compress(data, compresslevel=6, mtime=0))
+                out.flush()
+                if self._fsync:
+                    os.fsync(out.fileno())
+            os.rename(tmp, gz)
+            os.unlink(plain)
+        except OSError as e:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            self._warn(f"cannot compress spool segment {plain}: {e.strerror}; kept uncompressed")
+
+
+def wait_for_end(run_dir: Path, poll: float = 0.2, timeout: float | None = None) -> bool:
+    """True once the run's spool holds an end record (used by tests and ``--follow``)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        if any(r.kind == "end" for r in iter_run(run_dir)):
+            return True
+        if deadline is not None and time.monotonic() > deadline:
+            return False
+        time.sleep(poll)
