@@ -1,0 +1,238 @@
+"""The ``logcapture`` command: a thin layer over the library.
+
+This is the only module that turns ``LogcaptureError`` into a message and an exit code
+(STYLE.md practice 5): ``main()`` prints ``logcapture: error: <message>`` on stderr and exits
+with the error's ``exit_code``. Every command has help text (a test enforces it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from . import __version__
+from .errors import LogcaptureError
+from .records import (
+    MODES,
+    NOTE_BLANK,
+    NOTE_CUT,
+    NOTE_MODE,
+    NOTE_REPEAT,
+    NOTE_WARNING,
+    OUTPUT_STREAMS,
+    Command,
+    Line,
+    Note,
+    Record,
+)
+from .spool import default_root
+
+# ------------------------------------------------------------------------------ helpers
+
+
+class Warner:
+    """``logcapture:`` warnings on the real stderr: each distinct message once, at most
+    ``limit`` in all, so a failing disk cannot flood the job's error file."""
+
+    def __init__(self, fd: int = 2, limit: int = 5):
+        self.fd = fd
+        self.limit = limit
+        self.seen: set[str] = set()
+
+    def __call__(self, message: str) -> None:
+        if message in self.seen or len(self.seen) >= self.limit:
+            return
+        self.seen.add(message)
+        text = message if message.startswith("logcapture:") else f"logcapture: {message}"
+        try:
+            os.write(self.fd, (text + "\n").encode("utf-8", "replace"))
+        except OSError:
+            pass
+
+
+def _spool_option(f: Any) -> Any:
+    return click.option(
+        "--spool", "spool", type=click.Path(path_type=Path), default=None,
+        help="Spool directory (default: $LOGCAPTURE_SPOOL or "
+             "$XDG_STATE_HOME/logcapture/spool).")(f)
+
+
+def _root(spool: Path | None) -> Path:
+    return spool if spool is not None else default_root()
+
+
+# ------------------------------------------------------------------------------ the group
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="logcapture")
+def cli() -> None:
+    """Capture, render and store the console output of batch jobs.
+
+    Run any command under a pseudo-terminal with `logcapture run -- CMD ARGS`; its output
+    still reaches your terminal and files unchanged, and a rendered copy (progress bars
+    collapsed, repeats dropped, JSON lines as metadata) goes to a local spool.
+    """
+
+
+# ------------------------------------------------------------------------------ run
+
+
+@cli.command(context_settings={"ignore_unknown_options": True,
+                               "allow_interspersed_args": False})
+@_spool_option
+@click.option("--run-id", default=None, help="Id of this run (default: the Slurm job id, or "
+              "a time-host-pid id). Letters, digits, '.', '_' and '-'.")
+@click.option("--mode", type=click.Choice(MODES), default=None,
+              help="Start in this mode instead of the one in ~/.logoptin.")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def run(spool: Path | None, run_id: str | None, mode: str | None,
+        command: tuple[str, ...]) -> None:
+    """Run COMMAND under a pseudo-terminal and capture what it prints.
+
+    The command's exit status, signals, stdin, environment (plus LOGCAPTURE_RUN_ID) and
+    output are unchanged; `logcapture run` exits the way the command did. If capture fails
+    (spool unwritable, disk full, internal error) the command still runs and its output
+    still flows; one `logcapture:` warning says what went wrong.
+    """
+    from .pipeline import capture_command
+
+    code = capture_command(list(command), spool_root=_root(spool), run_id=run_id, mode=mode,
+                           warn=Warner())
+    sys.exit(code)
+
+
+# ------------------------------------------------------------------------------ reading
+
+
+def _format_record(rec: Record, show_stream: bool) -> str | None:
+    prefix = f"{rec.stream}: " if show_stream else ""
+    if isinstance(rec, Line):
+        return prefix + rec.text
+    if isinstance(rec, Command):
+        return prefix + rec.text
+    if isinstance(rec, Note):
+        return prefix + format_note(rec)
+    return None
+
+
+def format_note(note: Note) -> str:
+    if note.note == NOTE_REPEAT:
+        s = "" if note.count == 1 else "s"
+        return f"[logcapture: previous line repeated {note.count} more time{s}, dropped]"
+    if note.note == NOTE_BLANK:
+        s = "" if note.count == 1 else "s"
+        return f"[logcapture: {note.count} more blank line{s} dropped]"
+    if note.note == NOTE_CUT:
+        return f"[logcapture: line cut, {note.count} characters dropped]"
+    if note.note == NOTE_MODE:
+        return f"[logcapture: {note.text}]"
+    if note.note == NOTE_WARNING:
+        return f"[logcapture: warning: {note.text}]"
+    return f"[logcapture: {note.note}: {note.text}]"
+
+
+@cli.command(name="ls")
+@_spool_option
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per run.")
+def ls_cmd(spool: Path | None, as_json: bool) -> None:
+    """List the runs in the spool: id, state, start, duration, lines, command."""
+    from .runs import list_summaries
+
+    summaries = list_summaries(_root(spool))
+    if as_json:
+        for s in summaries:
+            click.echo(json.dumps(s.as_dict()))
+        return
+    if not summaries:
+        click.echo(f"no runs in {_root(spool)}", err=True)
+        return
+    rows = [("RUN", "STATE", "START", "DURATION", "LINES", "COMMAND")]
+    for s in summaries:
+        rows.append((s.run_id, s.state, s.start_text, s.duration_text, str(s.lines),
+                     s.command_text))
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    for r in rows:
+        click.echo("  ".join(c.ljust(w) for c, w in zip(r[:5], widths, strict=True))
+                   + "  " + r[5])
+
+
+@cli.command()
+@_spool_option
+@click.option("--stream", type=click.Choice([*OUTPUT_STREAMS, "all"]), default="all",
+              show_default=True, help="Which stream to show.")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing new lines until the run ends.")
+@click.argument("run_ref", metavar="RUN", required=False)
+def logs(spool: Path | None, stream: str, follow: bool, run_ref: str | None) -> None:
+    """Print the rendered lines and notes of RUN (a run id or Slurm job id; default: the
+    latest run)."""
+    from .runs import find_run, follow_records
+    from .spool import iter_run
+
+    run_dir = find_run(_root(spool), run_ref)
+    streams = OUTPUT_STREAMS if stream == "all" else (stream,)
+    records = follow_records(run_dir) if follow else iter_run(run_dir)
+    for rec in records:
+        if rec.stream not in streams and not (rec.stream == "run" and isinstance(rec, Note)):
+            continue
+        text = _format_record(rec, show_stream=False)
+        if text is not None:
+            click.echo(text)
+
+
+@cli.command()
+@_spool_option
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.argument("run_ref", metavar="RUN", required=False)
+def show(spool: Path | None, as_json: bool, run_ref: str | None) -> None:
+    """Summarise RUN: owner, command, status, lines per stream, dropped repetitions, mode
+    changes, metadata keys."""
+    from .runs import describe_run, find_run
+
+    info = describe_run(find_run(_root(spool), run_ref))
+    if as_json:
+        click.echo(json.dumps(info, indent=2, default=str))
+        return
+    for key, value in info.items():
+        if isinstance(value, dict):
+            click.echo(f"{key}:")
+            for k, v in value.items():
+                click.echo(f"  {k}: {v}")
+        elif isinstance(value, list):
+            click.echo(f"{key}: {', '.join(map(str, value)) if value else '-'}")
+        else:
+            click.echo(f"{key}: {value}")
+
+
+# ------------------------------------------------------------------------------ entry point
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        cli.main(args=argv, prog_name="logcapture", standalone_mode=False)
+    except LogcaptureError as e:
+        click.echo(f"logcapture: error: {e.message}", err=True)
+        sys.exit(e.exit_code)
+    except click.exceptions.Abort:
+        click.echo("logcapture: aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    except BrokenPipeError:
+        # `logcapture logs RUN | head`: the reader left; not an error.
+        try:
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115
+        except OSError:
+            pass
+        sys.exit(0)
+

@@ -1,0 +1,291 @@
+"""The one place that wires the stages: runner -> render -> filter -> classify -> spool.
+
+``Pipeline`` is the runner's sink. Per output stream it owns a ``Renderer`` and a
+``LineFilter``; one ``Classifier`` serves both streams (a ``/LOGCOMMAND`` on either stream
+changes the mode of both: seeds/002). What the classifier keeps goes to the ``SpoolWriter``.
+Records about the run as a whole (start, warnings, end) are numbered here, in stream ``run``.
+
+Faults: a stage that raises on one stream is replaced, for that stream, by a plain line
+splitter (escape sequences stripped, no progress-bar collapsing), and the fault is noted once
+by type name only: an exception message may quote the job's text, which a mode may have
+dropped (SPEC.md §2).
+"""
+
+from __future__ import annotations
+
+import codecs
+import os
+import pwd
+import re
+import socket
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from .classify import Classifier
+from .config import AdminConfig
+from .errors import ConfigError, LogcaptureError
+from .filter import LineFilter
+from .records import (
+    ENABLED,
+    NOTE_WARNING,
+    OUTPUT_STREAMS,
+    RUN,
+    End,
+    Note,
+    Record,
+    Rendered,
+    Start,
+)
+from .render import LINE_LIMIT, Renderer
+from .spool import SpoolWriter
+
+IDLE_COMMIT = 0.3  # seconds a stream must be quiet before its finished lines are committed
+
+_ESCAPES = re.compile(r"\x1b(\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)?|[@-Z\\-_])|[\x00-\x08\x0b-\x1f\x7f]")
+
+
+class _PlainLines:
+    """The fallback renderer: split on newlines, keep the text after the last carriage return,
+    strip escape sequences, cut long lines. Same interface as ``Renderer``."""
+
+    def __init__(self, line_limit: int = LINE_LIMIT):
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self._partial = ""
+        self._limit = line_limit
+
+    def _line(self, raw: str) -> Rendered:
+        text = _ESCAPES.sub("", raw.rsplit("\r", 1)[-1]).rstrip()
+        cut = max(0, len(text) - self._limit)
+        return Rendered(text[: self._limit], cut)
+
+    def feed(self, data: bytes) -> list[Rendered]:
+        parts = (self._partial + self._decoder.decode(data)).split("\n")
+        self._partial = parts.pop()
+        if len(self._partial) > 4 * self._limit:
+            self._partial = self._partial[-4 * self._limit:]
+        return [self._line(p) for p in parts]
+
+    def idle(self) -> list[Rendered]:
+        return []
+
+    def finish(self) -> list[Rendered]:
+        rest = self._partial + self._decoder.decode(b"", final=True)
+        self._partial = ""
+        return [self._line(rest)] if rest else []
+
+
+class Pipeline:
+    """Sink for ``runner.run``: ``feed(stream, data, now)``, ``tick(now)``; then ``finish``."""
+
+    def __init__(self, run_id: str, spool: SpoolWriter, *, mode: str, columns: int, rows: int,
+                 warn: Callable[[str], None] | None = None):
+        self.run_id = run_id
+        self.spool = spool
+        self._warn_out = warn or (lambda msg: None)
+        self.renderers: dict[str, Renderer | _PlainLines] = {
+            s: Renderer(columns=columns, rows=rows) for s in OUTPUT_STREAMS}
+        self.filters = {s: LineFilter() for s in OUTPUT_STREAMS}
+        self.classifier = Classifier(run_id, mode)
+        self._run_seq = 0
+        self._last_data = {s: 0.0 for s in OUTPUT_STREAMS}
+        self._idled = {s: True for s in OUTPUT_STREAMS}
+        self._faulted: set[str] = set()
+
+    # --- run-level records ---------------------------------------------------------------
+    def _next_run_seq(self) -> int:
+        seq = self._run_seq
+        self._run_seq += 1
+        return seq
+
+    def start(self, **fields: object) -> Start:
+        rec = Start(run=self.run_id, stream=RUN, seq=self._next_run_seq(), ts=time.time(),
+                    mode=self.classifier.mode, **fields)  # type: ignore[arg-type]
+        self.spool.write([rec])
+        return rec
+
+    def warn(self, text: str, *, tell_user: bool = True) -> None:
+        """A run-level warning: into the spool, and once on the user's stderr."""
+        self.spool.write([Note(run=self.run_id, stream=RUN, seq=self._next_run_seq(),
+                               ts=time.time(), note=NOTE_WARNING, text=text)])
+        if tell_user:
+            self._warn_out(text)
+
+    # --- the sink ------------------------------------------------------------------------
+    def feed(self, stream: str, data: bytes, now: float) -> None:
+        self._last_data[stream] = time.monotonic()
+        self._idled[stream] = False
+        self._through(stream, now, lambda r: r.feed(data))
+
+    def tick(self, now: float) -> None:
+        mono = time.monotonic()
+        for stream in OUTPUT_STREAMS:
+            if not self._idled[stream] and mono - self._last_data[stream] >= IDLE_COMMIT:
+                self._idled[stream] = True
+                self._through(stream, now, lambda r: r.idle())
+
+    def _through(self, stream: str, now: float,
+                 step: Callable[[Renderer | _PlainLines], list[Rendered]]) -> None:
+        try:
+            lines = step(self.renderers[stream])
+        except Exception as e:  # noqa: BLE001 - the job's output never breaks capture
+            self._fault(stream, "rendering", e)
+            return
+        self._emit(stream, now, lines)
+
+    def _emit(self, stream: str, now: float, lines: Iterable[Rendered],
+              final: bool = False) -> None:
+        try:
+            items = self.filters[stream].feed(list(lines))
+            if final:
+                items += self.filters[stream].finish()
+            records: list[Record] = []
+            for item in items:
+                records += self.classifier.feed(stream, item, now)
+        except Exception as e:  # noqa: BLE001
+            self._fault(stream, "classifying", e)
+            return
+        if records:
+            self.spool.write(records)
+
+    def _fault(self, stream: str, stage: str, e: Exception) -> None:
+        if stream in self._faulted:
+            return
+        self._faulted.add(stream)
+        # Type name only: an exception message may quote job text a mode has dropped.
+        self.warn(f"internal error while {stage} {stream} ({type(e).__name__}); "
+                  f"{stream} continues with plain line splitting")
+        self.renderers[stream] = _PlainLines()
+        self.filters[stream] = LineFilter()
+
+    # --- the end -------------------------------------------------------------------------
+    def finish(self, *, exit_status: int | None, signal: int | None, state: str,
+               duration: float, bytes_read: dict[str, int],
+               extra_counts: dict[str, dict[str, int]] | None = None) -> End:
+        now = time.time()
+        for stream in OUTPUT_STREAMS:
+            try:
+                lines = self.renderers[stream].finish()
+            except Exception as e:  # noqa: BLE001
+                self._fault(stream, "rendering", e)
+                lines = self.renderers[stream].finish()
+            self._emit(stream, now, lines, final=True)
+        counts: dict[str, dict[str, int]] = {}
+        for stream in OUTPUT_STREAMS:
+            c = dict(self.classifier.counts.get(stream, {}))
+            for k, v in self.filters[stream].counts.items():
+                c[f"filter_{k}"] = v
+            c["bytes"] = bytes_read.get(stream, 0)
+            counts[stream] = c
+        spool_counts = {"records_lost": self.spool.lost, "write_errors": self.spool.errors}
+        counts["spool"] = spool_counts
+        for k, v in (extra_counts or {}).items():
+            counts[k] = v
+        end = End(run=self.run_id, stream=RUN, seq=self._next_run_seq(), ts=now,
+                  exit_status=exit_status, signal=signal, state=state, duration=duration,
+                  counts=counts)
+        self.spool.write([end])
+        self.spool.close()
+        return end
+
+
+# --------------------------------------------------------------------------- one whole run
+
+
+def capture_command(argv: list[str], *, spool_root: Path, run_id: str | None = None,
+                    mode: str | None = None, warn: Callable[[str], None],
+                    env: dict[str, str] | None = None,
+                    slurm: dict[str, str] | None = None) -> int:
+    """Run ``argv`` under ptys with capture; return the exit code for ``sys.exit`` (after
+    re-raising the command's signal if it was killed by one).
+
+    Whatever fails in here before the command starts (a bad config, an unwritable spool)
+    is reported through ``warn`` and the command runs without capture (or in the most private
+    mode): the job's outcome never depends on logcapture (SPEC.md §3).
+    """
+    from . import runner
+    from .config import FALLBACK_MESSAGE, load_admin, load_optin, optin_path
+    from .spool import SpoolWriter, create_run_dir
+
+    base_env = dict(os.environ if env is None else env)
+    pipeline: Pipeline | None = None
+    problems: list[str] = []
+    try:
+        try:
+            admin = load_admin(env=base_env)
+        except ConfigError as e:
+            problems += [f"admin config: {p}" for p in e.problems]
+            admin = AdminConfig()
+        effective_mode = mode
+        path = optin_path(base_env)
+        optin = load_optin(path)
+        if optin.problems:
+            problems += optin.problems
+            problems.append(FALLBACK_MESSAGE)
+        if effective_mode is None:
+            effective_mode = optin.config.mode if optin.opted_in else ENABLED
+        rid = run_id or default_run_id(base_env)
+        run_dir = create_run_dir(spool_root, rid)
+        spool = SpoolWriter(run_dir, segment_bytes=admin.segment_bytes,
+                            flush_interval=admin.flush_interval,
+                            flush_records=admin.flush_records, warn=warn)
+        rows, cols = runner.caller_winsize()
+        pipeline = Pipeline(rid, spool, mode=effective_mode, columns=cols, rows=rows, warn=warn)
+        pipeline.start(command=list(argv), cwd=os.getcwd(), user=_user_name(), uid=os.getuid(),
+                       host=socket.gethostname(), pid=os.getpid(),
+                       slurm=slurm if slurm is not None else slurm_identity(base_env),
+                       config={"mode": effective_mode,
+                               "optin": str(path) if optin.opted_in else None,
+                               "columns": cols, "rows": rows})
+        for problem in problems:
+            pipeline.warn(problem)
+        base_env["LOGCAPTURE_RUN_ID"] = rid
+        winsize: tuple[int, int] | None = (rows, cols)
+    except Exception as e:  # noqa: BLE001 - never break the job
+        for problem in problems:
+            warn(problem)
+        reason = e.message if isinstance(e, LogcaptureError) else type(e).__name__
+        warn(f"capture disabled for this run: {reason}; the command runs normally")
+        pipeline = None
+        winsize = None
+
+    outcome = runner.run(argv, pipeline, runner.Options(env=base_env, warn=warn,
+                                                         winsize=winsize))
+    if outcome.spawn_error:
+        warn(outcome.spawn_error)
+    if pipeline is not None:
+        try:
+            state = "FAILED" if outcome.spawn_error else outcome.state
+            pipeline.finish(exit_status=outcome.exit_status, signal=outcome.signal,
+                            state=state, duration=outcome.duration,
+                            bytes_read=outcome.bytes)
+        except Exception as e:  # noqa: BLE001
+            warn(f"could not finish the spool ({type(e).__name__})")
+    return runner.exit_like(outcome)
+
+
+def _user_name() -> str:
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return str(os.getuid())
+
+
+def slurm_identity(env: dict[str, str]) -> dict[str, str]:
+    """The job's Slurm identity from its environment (when run inside a Slurm job)."""
+    keys = {
+        "cluster": "SLURM_CLUSTER_NAME", "job_id": "SLURM_JOB_ID",
+        "array_job_id": "SLURM_ARRAY_JOB_ID", "array_task_id": "SLURM_ARRAY_TASK_ID",
+        "step": "SLURM_STEP_ID", "node": "SLURMD_NODENAME", "job_name": "SLURM_JOB_NAME",
+        "partition": "SLURM_JOB_PARTITION", "nodelist": "SLURM_JOB_NODELIST",
+    }
+    return {k: env[v] for k, v in keys.items() if env.get(v)}
+
+
+def default_run_id(env: dict[str, str]) -> str:
+    """The Slurm job id inside a Slurm job (array tasks have their own), else
+    ``<time>-<host>-<pid>``."""
+    if env.get("SLURM_JOB_ID"):
+        return env["SLURM_JOB_ID"]
+    host = socket.gethostname().split(".")[0] or "host"
+    return f"{time.strftime('%Y%m%dT%H%M%S')}-{host}-{os.getpid()}"
