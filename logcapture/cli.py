@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
-import time
 from pathlib import Path
 from typing import Any
 

@@ -42,7 +42,9 @@ from .spool import SpoolWriter
 
 IDLE_COMMIT = 0.3  # seconds a stream must be quiet before its finished lines are committed
 
-_ESCAPES = re.compile(r"\x1b(\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)?|[@-Z\\-_])|[\x00-\x08\x0b-\x1f\x7f]")
+_ESCAPES = re.compile(
+    r"\x1b(\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)?|[@-Z\\-_])"  # CSI, OSC, ESC x
+    r"|[\x00-\x08\x0b-\x1f\x7f]")  # other C0 controls
 
 
 class _PlainLines:
