@@ -1,0 +1,335 @@
+"""The classify stage: ``/LOGCOMMAND`` lines, modes and JSON-line metadata.
+
+It consumes what the filter produced for both output streams (``Rendered`` lines and
+``Dropped`` notes), and produces numbered records: ``Line``, ``Note``, ``Command`` and
+``Metadata``. The rules are the cluster guide's (seeds/002), made precise in SPEC.md §2:
+
+- A **command** is a whole line: ``/LOGCOMMAND``, one space, a JSON object whose only key is
+  ``mode``. It is accepted on stdout and stderr and applies to both streams from that line on.
+  A line that starts with ``/LOGCOMMAND`` but is not such a command (bad JSON, not an object,
+  an unknown key, a bad mode, two spaces, leading spaces) changes nothing and becomes a warning
+  note. Valid commands are kept in every mode (``disabled`` keeps only them).
+- **Metadata** is a stdout line that is exactly one JSON object: ``{`` first, ``}`` last, no
+  other text, no surrounding spaces. Nested objects are flattened to dotted keys
+  (``{"a": {"b": 1}}`` -> ``a.b``). What Python's ``json.dumps`` writes is accepted, including
+  its ``NaN``, ``Infinity`` and ``-Infinity``. A printed Python dict (single quotes, ``True``,
+  ``None``) is not JSON, so it is an ordinary line.
+- **Modes**: ``enabled`` keeps lines and metadata (a metadata line is kept as a ``Line`` too),
+  ``metadata`` keeps only ``Metadata`` records, ``disabled`` only the commands.
+
+The privacy rule (SPEC.md §2): text a mode drops is never written anywhere, so nothing derived
+from it is returned either: no cut notes, no repeat or blank notes, and a warning about a
+malformed command says only where it was and what was wrong (stream, line number, JSON error
+and column, the offending key or value only when it is plainly a typo of a valid word). It
+never quotes the line, which may hold the secret the user meant to hide.
+
+``seq`` counts from 0 per ``(run, stream)`` and is shared by every record of that stream.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import threading
+from typing import Any
+
+from .records import (
+    DISABLED,
+    ENABLED,
+    METADATA,
+    MODES,
+    NOTE_BLANK,
+    NOTE_CUT,
+    NOTE_MODE,
+    NOTE_REPEAT,
+    NOTE_WARNING,
+    OUTPUT_STREAMS,
+    STDOUT,
+    Command,
+    Dropped,
+    Line,
+    Metadata,
+    Note,
+    Record,
+    Rendered,
+)
+
+COMMAND_PREFIX = "/LOGCOMMAND"
+COMMAND_OPTIONS = ("mode",)
+
+COUNT_KEYS = ("lines", "metadata", "commands", "warnings", "dropped_by_mode",
+              "repeats_dropped", "blanks_dropped")
+
+
+def flatten(obj: dict[str, Any]) -> dict[str, Any]:
+    """Nested objects to dotted keys: ``{"a": {"b": 1}, "c": [1]}`` -> ``{"a.b": 1, "c": [1]}``.
+    Lists stay lists; an empty nested object stays as ``{}`` under its key. Iterative, so any
+    depth the JSON parser accepted is fine. On a clash (``{"a.b": 1, "a": {"b": 2}}``) the value
+    written later in the line wins."""
+    out: dict[str, Any] = {}
+    stack: list[tuple[str, Any]] = [("", obj)]
+    # Depth-first, keeping the order of keys as written.
+    while stack:
+        prefix, value = stack.pop()
+        if isinstance(value, dict) and (value or not prefix):
+            for key, item in reversed(list(value.items())):
+                stack.append((f"{prefix}.{key}" if prefix else str(key), item))
+        else:
+            out.pop(prefix, None)  # a later duplicate goes to the end, like json.loads
+            out[prefix] = value
+    return out
+
+
+def parse_metadata(text: str) -> dict[str, Any] | None:
+    """The flattened fields if ``text`` is exactly one JSON object, else None."""
+    if len(text) < 2 or text[0] != "{" or text[-1] != "}":
+        return None
+    try:
+        obj = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(obj, dict):  # pragma: no cover - "{...}" parses only to a dict
+        return None
+    return flatten(obj)
+
+
+def _is_command_attempt(text: str) -> bool:
+    """Does this line try to be a command? ``/LOGCOMMAND`` at the start (after any spaces),
+    then the end of the line, a space or a brace: ``/LOGCOMMANDS`` is ordinary text."""
+    stripped = text.lstrip()
+    if not stripped.startswith(COMMAND_PREFIX):
+        return False
+    rest = stripped[len(COMMAND_PREFIX):]
+    return not rest or not (rest[0].isalnum() or rest[0] in "_-/.")
+
+
+def _typo_of(value: Any, choices: tuple[str, ...]) -> str | None:
+    """The choice ``value`` is plainly a typo of, or None. Only such values are quoted back."""
+    if not isinstance(value, str) or not value or len(value) > 24:
+        return None
+    match = difflib.get_close_matches(value.lower(), choices, n=1, cutoff=0.7)
+    return match[0] if match else None
+
+
+def _json_kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    return "an object"
+
+
+class _Malformed(Exception):
+    """Why a command line is not a valid command, in words that never quote the line."""
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            if key in COMMAND_OPTIONS:
+                raise _Malformed(f"the key {key!r} is given twice")
+            raise _Malformed("a key is given twice")
+        seen[key] = value
+    return seen
+
+
+def parse_command(text: str) -> dict[str, Any]:
+    """The options of a valid command line; raises ``_Malformed`` saying what is wrong."""
+    if text != text.lstrip():
+        raise _Malformed("/LOGCOMMAND must start the line (there are spaces before it)")
+    rest = text[len(COMMAND_PREFIX):]
+    if not rest or not rest.strip():
+        raise _Malformed("/LOGCOMMAND must be followed by one space and a JSON object")
+    if rest[0] != " ":
+        raise _Malformed("/LOGCOMMAND must be followed by exactly one space, then a JSON object")
+    body = rest[1:]
+    if body[:1].isspace():
+        raise _Malformed("/LOGCOMMAND must be followed by exactly one space, not several")
+    column0 = len(COMMAND_PREFIX) + 1  # 0-based column of the JSON in the line
+    try:
+        options = json.loads(body, object_pairs_hook=_no_duplicates)
+    except json.JSONDecodeError as e:
+        # e.msg is one of json's fixed phrases ("Expecting ',' delimiter"): safe to repeat.
+        raise _Malformed(f"invalid JSON at column {column0 + e.pos + 1}: {e.msg}") from None
+    except (ValueError, RecursionError):
+        raise _Malformed("invalid JSON (a number too long or nesting too deep)") from None
+    if not isinstance(options, dict):
+        raise _Malformed(f"the JSON must be an object like {{\"mode\": \"disabled\"}}, "
+                         f"not {_json_kind(options)}")
+    unknown = [key for key in options if key not in COMMAND_OPTIONS]
+    if unknown:
+        typos = [(key, _typo_of(key, COMMAND_OPTIONS)) for key in unknown]
+        shown = [f"{key!r} (did you mean {typo!r}?)" for key, typo in typos if typo]
+        hidden = len(unknown) - len(shown)
+        parts = []
+        if shown:
+            parts.append("unknown key " + ", ".join(shown))
+        if hidden:
+            parts.append(f"{hidden} unknown key(s) (not repeated here in case they are secret)")
+        raise _Malformed("; ".join(parts) + f"; the only option is {COMMAND_OPTIONS[0]!r}")
+    if "mode" in options:
+        mode = options["mode"]
+        listed = ", ".join(MODES)
+        if not isinstance(mode, str):
+            raise _Malformed(f"'mode' must be one of {listed}, not {_json_kind(mode)}")
+        if mode not in MODES:
+            typo = _typo_of(mode, MODES)
+            if typo:
+                raise _Malformed(f"'mode' must be one of {listed}, not {mode!r} "
+                                 f"(did you mean {typo!r}?)")
+            raise _Malformed(f"'mode' must be one of {listed}; the value given is not one of "
+                             "them (not repeated here in case it is secret)")
+    return options
+
+
+class Classifier:
+    """Commands, modes and metadata for the two output streams of one run.
+
+    ``feed(stream, item, ts)`` takes one filter output of one stream and returns the records to
+    keep; ``note(...)`` numbers a warning from another stage into a stream. ``mode`` is the
+    current mode (shared by both streams); ``counts`` counts, per stream, what was kept and
+    dropped. Safe to call from several threads.
+    """
+
+    def __init__(self, run: str, mode: str = ENABLED):
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
+        self.run = run
+        self.mode = mode
+        self.counts: dict[str, dict[str, int]] = {
+            stream: dict.fromkeys(COUNT_KEYS, 0) for stream in OUTPUT_STREAMS
+        }
+        self._seq = dict.fromkeys(OUTPUT_STREAMS, 0)
+        self._line_no = dict.fromkeys(OUTPUT_STREAMS, 0)  # rendered lines seen, 1-based
+        self._lock = threading.RLock()
+
+    # ------------------------------------------------------------------------------ numbering
+
+    def _next(self, stream: str) -> int:
+        seq = self._seq[stream]
+        self._seq[stream] = seq + 1
+        return seq
+
+    def _note(self, stream: str, note: str, text: str, ts: float, count: int = 0) -> Note:
+        if note == NOTE_WARNING:
+            self.counts[stream]["warnings"] += 1
+        return Note(run=self.run, stream=stream, seq=self._next(stream), ts=ts, note=note,
+                    count=count, text=text)
+
+    @staticmethod
+    def _check_stream(stream: str) -> None:
+        if stream not in OUTPUT_STREAMS:
+            raise ValueError(f"stream must be one of {', '.join(OUTPUT_STREAMS)}, "
+                             f"not {stream!r}")
+
+    # ---------------------------------------------------------------------------- entry points
+
+    def note(self, stream: str, note: str, text: str, ts: float, count: int = 0) -> Note:
+        """A note from another stage (a renderer fault, a spool problem), numbered in
+        ``stream``'s sequence. ``text`` must be logcapture's own words."""
+        self._check_stream(stream)
+        with self._lock:
+            return self._note(stream, note, text, ts, count)
+
+    def feed(self, stream: str, item: Rendered | Dropped, ts: float) -> list[Record]:
+        """The records to keep for one item of ``stream``'s filter output."""
+        self._check_stream(stream)
+        with self._lock:
+            if isinstance(item, Dropped):
+                return self._dropped(stream, item, ts)
+            return self._rendered(stream, item, ts)
+
+    # ------------------------------------------------------------------------------- internals
+
+    def _dropped(self, stream: str, item: Dropped, ts: float) -> list[Record]:
+        self._line_no[stream] += item.count
+        counts = self.counts[stream]
+        if self.mode != ENABLED:
+            # The dropped lines were themselves dropped by the mode: no note may mention them.
+            counts["dropped_by_mode"] += item.count
+            return []
+        if item.note == NOTE_BLANK:
+            counts["blanks_dropped"] += item.count
+            text = (f"{item.count} more blank line{'s' if item.count != 1 else ''} "
+                    "dropped (a run of blank lines is kept as one)")
+        elif item.note == NOTE_REPEAT:
+            counts["repeats_dropped"] += item.count
+            text = (f"the line above was repeated {item.count} more "
+                    f"time{'s' if item.count != 1 else ''} (repetitions dropped)")
+        else:
+            text = f"{item.count} line{'s' if item.count != 1 else ''} dropped"
+        return [self._note(stream, item.note, text, ts, item.count)]
+
+    def _rendered(self, stream: str, item: Rendered, ts: float) -> list[Record]:
+        self._line_no[stream] += 1
+        text = item.text
+        if _is_command_attempt(text):
+            return self._command(stream, item, ts)
+        counts = self.counts[stream]
+        fields = None
+        if stream == STDOUT and not item.cut and self.mode != DISABLED:
+            fields = parse_metadata(text)
+        out: list[Record] = []
+        if self.mode == ENABLED:
+            counts["lines"] += 1
+            out.append(Line(run=self.run, stream=stream, seq=self._next(stream), ts=ts,
+                            text=text))
+            if item.cut:
+                out.append(self._note(stream, NOTE_CUT, (
+                    f"the line above was longer than the line limit: its last {item.cut} "
+                    f"character{'s' if item.cut != 1 else ''} were dropped"), ts, item.cut))
+        elif fields is None:
+            counts["dropped_by_mode"] += 1
+        if fields is not None:
+            counts["metadata"] += 1
+            out.append(Metadata(run=self.run, stream=stream, seq=self._next(stream), ts=ts,
+                                fields=fields))
+        return out
+
+    def _command(self, stream: str, item: Rendered, ts: float) -> list[Record]:
+        counts = self.counts[stream]
+        where = f"{stream} line {self._line_no[stream]}"
+        out: list[Record] = []
+        try:
+            if item.cut:
+                raise _Malformed("the line was longer than the line limit and was cut")
+            options = parse_command(item.text)
+        except _Malformed as e:
+            if self.mode == ENABLED:
+                # Enabled keeps all output, the malformed line included, as ordinary text.
+                counts["lines"] += 1
+                out.append(Line(run=self.run, stream=stream, seq=self._next(stream), ts=ts,
+                                text=item.text))
+            else:
+                counts["dropped_by_mode"] += 1
+            out.append(self._note(stream, NOTE_WARNING, (
+                f"malformed /LOGCOMMAND on {where} ignored: {e}; "
+                f"mode stays {self.mode}"), ts))
+            return out
+        counts["commands"] += 1
+        out.append(Command(run=self.run, stream=stream, seq=self._next(stream), ts=ts,
+                           text=item.text, options=options))
+        new = options.get("mode", self.mode)
+        if new != self.mode:
+            old, self.mode = self.mode, new
+            # The mode applies to both streams: say so in both, so a reader of either stream
+            # (dashboards show stdout only) sees why output stops or starts.
+            for target in (stream, *(s for s in OUTPUT_STREAMS if s != stream)):
+                out.append(self._note(target, NOTE_MODE, (
+                    f"mode changed from {old} to {new} by /LOGCOMMAND on {where}: "
+                    f"{_MODE_MEANS[new]}"), ts))
+        return out
+
+
+_MODE_MEANS = {
+    ENABLED: "all output is logged from here on",
+    METADATA: "only metadata lines are logged from here on",
+    DISABLED: "only /LOGCOMMAND lines are logged from here on",
+}

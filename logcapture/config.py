@@ -1,0 +1,555 @@
+"""Configuration: the user's ``.logoptin`` and the administrator's config file.
+
+Two files, two policies (SPEC.md §2, STYLE.md practice 4):
+
+``.logoptin`` (the user's, read when the job starts)
+    Its existence is the opt-in. Its content is YAML: empty means ``mode: enabled``.
+    ``load_optin`` never raises for a bad file: whatever is wrong (invalid YAML, an unknown key,
+    a bad value, a symlink, a FIFO, a device, a file over 64 KiB, a file owned by someone else,
+    a world-writable or unreadable file) the job still runs, logging falls back to the most
+    private mode, ``disabled``, and ``OptinResult.problems`` says why, each problem naming the
+    file, line, column and key. Values are never quoted back unless they are plainly a typo of
+    a valid word: people paste secrets into the wrong place.
+
+Admin config (``/etc/logcapture/config.yaml``, or ``$LOGCAPTURE_CONFIG``)
+    ``load_admin`` fails early and precisely: a ``ConfigError`` listing every problem. A missing
+    file means the defaults. Each key can be overridden by ``LOGCAPTURE_<KEY>`` in the
+    environment (``LOGCAPTURE_FLUSH_INTERVAL=0.5``); environment beats file beats default.
+"""
+
+from __future__ import annotations
+
+import difflib
+import errno
+import math
+import os
+import pwd
+import re
+import stat
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import ConfigError
+from .records import DISABLED, ENABLED, MODES
+
+OPTIN_ENV = "LOGCAPTURE_OPTIN"
+OPTIN_NAME = ".logoptin"
+OPTIN_MAX_BYTES = 65536
+OPTIN_KEYS = ("mode",)
+
+ADMIN_ENV = "LOGCAPTURE_CONFIG"
+ADMIN_DEFAULT_PATH = "/etc/logcapture/config.yaml"
+ADMIN_MAX_BYTES = 1 << 20
+
+# What the wrapper should add after the problems of a refused .logoptin.
+FALLBACK_MESSAGE = (
+    "logcapture: because of the problem(s) above this job is logged in mode 'disabled' "
+    "(only /LOGCOMMAND lines are kept); run 'logcapture check' to see every problem"
+)
+
+_STR = "tag:yaml.org,2002:str"
+_NULL = "tag:yaml.org,2002:null"
+_BOOL = "tag:yaml.org,2002:bool"
+_INT = "tag:yaml.org,2002:int"
+_FLOAT = "tag:yaml.org,2002:float"
+
+# YAML 1.1 reads these unquoted words as booleans: ``mode: off`` is ``mode: false``.
+_YAML_FALSE = {"off", "no", "false", "n"}
+_YAML_TRUE = {"on", "yes", "true", "y"}
+
+
+# ----------------------------------------------------------------------------------- .logoptin
+
+
+@dataclass(frozen=True)
+class OptinConfig:
+    """The user's settings. The cluster guide documents one option, ``mode``."""
+
+    mode: str = ENABLED
+
+
+@dataclass(frozen=True)
+class OptinResult:
+    """What ``load_optin`` found.
+
+    ``opted_in`` is False when there is no ``.logoptin`` (then nothing is captured at all);
+    ``config`` is the effective configuration, mode ``disabled`` whenever ``problems`` is not
+    empty; each problem is a complete message naming the file (and line, column and key where
+    there is one). ``opted_in`` can be False with a problem when the file's existence could
+    not even be checked (a home directory the user cannot search).
+    """
+
+    opted_in: bool
+    config: OptinConfig
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.opted_in and not self.problems
+
+
+def optin_path(env: Mapping[str, str] = os.environ) -> Path:
+    """``$LOGCAPTURE_OPTIN`` if set and not empty, else ``$HOME/.logoptin`` (the passwd home
+    directory when ``HOME`` is unset)."""
+    explicit = env.get(OPTIN_ENV)
+    if explicit:
+        return Path(explicit)
+    home = env.get("HOME")
+    if not home:
+        try:
+            home = pwd.getpwuid(os.getuid()).pw_dir
+        except KeyError:
+            home = "/"
+    return Path(home) / OPTIN_NAME
+
+
+def _refused(problems: list[str], opted_in: bool = True) -> OptinResult:
+    return OptinResult(opted_in=opted_in, config=OptinConfig(mode=DISABLED), problems=problems)
+
+
+def _file_kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISCHR(mode):
+        return "a character device"
+    if stat.S_ISBLK(mode):
+        return "a block device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
+
+
+def load_optin(path: Path | str, uid: int | None = None) -> OptinResult:
+    """Read and validate a ``.logoptin``; never raises for a bad file.
+
+    ``uid`` is the job user's uid (default: ours); the file must belong to that user. The file
+    is checked with ``lstat`` before it is opened (so a device or FIFO is never even opened),
+    then opened with ``O_NOFOLLOW | O_NONBLOCK`` and checked again with ``fstat`` (so swapping
+    the file between the two checks does not help either).
+    """
+    if uid is None:
+        uid = os.getuid()
+    name = str(path)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return OptinResult(opted_in=False, config=OptinConfig(mode=DISABLED))
+    except NotADirectoryError:
+        return OptinResult(opted_in=False, config=OptinConfig(mode=DISABLED))
+    except OSError as e:
+        # Existence unknown (e.g. a home directory we may not search): not opted in, but say so.
+        return _refused([f"{name}: cannot be checked: {e.strerror or e}; logging is off"],
+                        opted_in=False)
+
+    problem = _check_stat(name, st, uid)
+    if problem:
+        return _refused([problem])
+
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return _refused([f"{name}: is a symbolic link; {OPTIN_NAME} must be a regular "
+                                   "file (symlinks are refused)"])
+        if e.errno in (errno.ENOENT, errno.ENOTDIR):
+            return OptinResult(opted_in=False, config=OptinConfig(mode=DISABLED))
+        return _refused([f"{name}: cannot be read: {e.strerror or e}"])
+    try:
+        fst = os.fstat(fd)
+        if (fst.st_dev, fst.st_ino) != (st.st_dev, st.st_ino):
+            return _refused([f"{name}: was replaced while being opened; try again"])
+        problem = _check_stat(name, fst, uid)
+        if problem:
+            return _refused([problem])
+        chunks: list[bytes] = []
+        total = 0
+        while total <= OPTIN_MAX_BYTES:
+            chunk = os.read(fd, OPTIN_MAX_BYTES + 1 - total)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+    except OSError as e:
+        return _refused([f"{name}: cannot be read: {e.strerror or e}"])
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if len(data) > OPTIN_MAX_BYTES:
+        return _refused([f"{name}: is larger than {OPTIN_MAX_BYTES} bytes "
+                               f"({OPTIN_MAX_BYTES // 1024} KiB), the limit for {OPTIN_NAME}"])
+    values, problems = _parse(name, data, _OPTIN_SCHEMA)
+    if problems:
+        return _refused(problems)
+    return OptinResult(opted_in=True, config=OptinConfig(**values), problems=[])
+
+
+def _check_stat(name: str, st: os.stat_result, uid: int) -> str | None:
+    if not stat.S_ISREG(st.st_mode):
+        kind = _file_kind(st.st_mode)
+        why = " (symlinks are refused)" if stat.S_ISLNK(st.st_mode) else ""
+        return f"{name}: is {kind}; {OPTIN_NAME} must be a regular file{why}"
+    if st.st_uid != uid:
+        return (f"{name}: is owned by uid {st.st_uid}, not by the job's user (uid {uid}); "
+                f"only your own {OPTIN_NAME} is used")
+    if st.st_mode & stat.S_IWOTH:
+        return (f"{name}: is writable by everyone (anybody could change your logging mode); "
+                f"fix it with: chmod o-w {name}")
+    if st.st_size > OPTIN_MAX_BYTES:
+        return (f"{name}: is larger than {OPTIN_MAX_BYTES} bytes ({OPTIN_MAX_BYTES // 1024} KiB), "
+                f"the limit for {OPTIN_NAME} ({st.st_size} bytes)")
+    return None
+
+
+# ------------------------------------------------------------------------------ YAML checking
+
+
+class _Problem(Exception):
+    """One problem with one value; raised by value checkers, collected by ``_parse``."""
+
+
+def _where(name: str, node: yaml.Node | None) -> str:
+    if node is None:
+        return name
+    mark = node.start_mark
+    return f"{name}:{mark.line + 1}:{mark.column + 1}"
+
+
+def _typo_of(value: str, choices: tuple[str, ...]) -> str | None:
+    """The choice ``value`` is plainly a typo of, if any. Only then is ``value`` quoted back:
+    anything else may be a secret pasted in the wrong place."""
+    if not isinstance(value, str) or len(value) > 24:
+        return None
+    lowered = value.strip().lower()
+    match = difflib.get_close_matches(lowered, choices, n=1, cutoff=0.7)
+    if match:
+        return match[0]
+    for choice in choices:
+        if lowered and (choice.startswith(lowered) and len(lowered) >= 3):
+            return choice
+    return None
+
+
+def _node_kind(node: yaml.Node) -> str:
+    if isinstance(node, yaml.MappingNode):
+        return "a mapping"
+    if isinstance(node, yaml.SequenceNode):
+        return "a list"
+    return {
+        _NULL: "nothing (null)",
+        _BOOL: "a boolean",
+        _INT: "an integer",
+        _FLOAT: "a number",
+        _STR: "a string",
+    }.get(node.tag, "a tagged value")
+
+
+def _construct(node: yaml.Node) -> Any:
+    """The Python value of one plain scalar node (safe tags only)."""
+    return yaml.SafeLoader(" ").construct_object(node, deep=True)
+
+
+def _choice(choices: tuple[str, ...]) -> Callable[[yaml.Node], Any]:
+    def check(node: yaml.Node) -> Any:
+        listed = ", ".join(choices)
+        if not isinstance(node, yaml.ScalarNode) or node.tag != _STR:
+            hint = ""
+            if isinstance(node, yaml.ScalarNode) and node.style is None:
+                raw = node.value.lower()
+                if raw in _YAML_FALSE and DISABLED in choices:
+                    hint = (f"; YAML reads a bare {node.value} as the boolean false: "
+                            f"did you mean {DISABLED}?")
+                elif raw in _YAML_TRUE and ENABLED in choices:
+                    hint = (f"; YAML reads a bare {node.value} as the boolean true: "
+                            f"did you mean {ENABLED}?")
+            raise _Problem(f"must be one of {listed}, not {_node_kind(node)}{hint}")
+        if node.value in choices:
+            return node.value
+        typo = _typo_of(node.value, choices)
+        if typo is not None:
+            raise _Problem(f"must be one of {listed}, not {node.value!r} (did you mean {typo}?)")
+        raise _Problem(f"must be one of {listed}; the value given is not one of them "
+                       "(not repeated here in case it is a secret)")
+    return check
+
+
+def _string(node: yaml.Node) -> Any:
+    if not isinstance(node, yaml.ScalarNode) or node.tag != _STR:
+        raise _Problem(f"must be a string, not {_node_kind(node)}")
+    if not node.value:
+        raise _Problem("must not be empty")
+    return node.value
+
+
+def _positive_number(node: yaml.Node) -> Any:
+    if not isinstance(node, yaml.ScalarNode) or node.tag not in (_INT, _FLOAT):
+        raise _Problem(f"must be a number of seconds greater than 0, not {_node_kind(node)}")
+    value = float(_construct(node))
+    if not math.isfinite(value) or value <= 0:
+        raise _Problem("must be a finite number of seconds greater than 0")
+    return value
+
+
+def _positive_int(node: yaml.Node) -> Any:
+    if not isinstance(node, yaml.ScalarNode) or node.tag != _INT:
+        raise _Problem(f"must be a whole number greater than 0, not {_node_kind(node)}")
+    value = int(_construct(node))
+    if value <= 0:
+        raise _Problem("must be a whole number greater than 0")
+    return value
+
+
+def _dsn(node: yaml.Node) -> Any:
+    # A DSN may carry a password: never quote it back.
+    if not isinstance(node, yaml.ScalarNode) or node.tag != _STR:
+        raise _Problem(f"must be a DSN string (chdb://PATH, http(s)://HOST:PORT), "
+                       f"not {_node_kind(node)}")
+    scheme, sep, _ = node.value.partition("://")
+    if not sep or scheme.lower() not in _DSN_SCHEMES:
+        raise _Problem("must be a DSN starting with chdb://, http:// or https:// "
+                       "(the value is not repeated here: it may hold a password)")
+    return node.value
+
+
+_DSN_SCHEMES = ("chdb", "http", "https")
+
+Schema = dict[str, Callable[[yaml.Node], Any]]
+_OPTIN_SCHEMA: Schema = {"mode": _choice(MODES)}
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
+_QUOTED = re.compile(r"'([^']*)'|\"([^\"]*)\"")
+
+
+def _scrub(text: str) -> str:
+    """PyYAML's messages sometimes quote the file (tag and alias names): keep only quotes of a
+    single character or of a token name like '<block end>'."""
+    def repl(m: re.Match[str]) -> str:
+        inner = m.group(1) if m.group(1) is not None else m.group(2)
+        if len(inner) <= 2 or re.fullmatch(r"<[a-z ]+>", inner):
+            return m.group(0)
+        return "'…'"
+    return _QUOTED.sub(repl, text or "")
+
+
+def _line_col_of_byte(data: bytes, offset: int) -> tuple[int, int]:
+    line = data.count(b"\n", 0, offset) + 1
+    column = offset - (data.rfind(b"\n", 0, offset) + 1) + 1
+    return line, column
+
+
+def _line_col_of_char(text: str, offset: int) -> tuple[int, int]:
+    line = text.count("\n", 0, offset) + 1
+    column = offset - (text.rfind("\n", 0, offset) + 1) + 1
+    return line, column
+
+
+def _parse(name: str, data: bytes, schema: Schema,
+           problems_out: list[tuple[str, int | None, int | None, str | None]] | None = None,
+           quote_names: bool = False) -> tuple[dict[str, Any], list[str]]:
+    """Validate a YAML mapping against ``schema``: (values found, problems). Every problem is
+    found, not only the first; each names file, line, column and key. ``problems_out``, when
+    given, also receives (message, line, column, key) tuples. Unknown keys are quoted back only
+    when they are a typo of a known key, or with ``quote_names`` when they look like a name."""
+    problems: list[str] = []
+    located = problems_out if problems_out is not None else []
+
+    def add(message: str, line: int | None = None, column: int | None = None,
+            key: str | None = None) -> None:
+        where = name if line is None else f"{name}:{line}:{column}"
+        problems.append(f"{where}: {message}")
+        located.append((problems[-1], line, column, key))
+
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line, column = _line_col_of_byte(data, e.start)
+        add("is not valid UTF-8 (bad byte here)", line, column)
+        return {}, problems
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        message = _scrub(e.problem or e.context or "invalid YAML")
+        if e.context and e.problem and e.problem.startswith("but "):
+            message = f"{_scrub(e.context)}, {message}"
+        elif e.context and e.problem:
+            message = f"{message} ({_scrub(e.context)}"
+            if e.context_mark is not None:
+                message += f" at line {e.context_mark.line + 1}"
+            message += ")"
+        if mark is None:
+            add(f"invalid YAML: {message}")
+        else:
+            add(f"invalid YAML: {message}", mark.line + 1, mark.column + 1)
+        return {}, problems
+    except yaml.reader.ReaderError as e:
+        line, column = _line_col_of_char(text, e.position)
+        add(f"invalid YAML: character #x{e.character:04x} is not allowed in YAML", line, column)
+        return {}, problems
+    except yaml.YAMLError as e:  # pragma: no cover - every PyYAML error is one of the above
+        add(f"invalid YAML: {type(e).__name__}")
+        return {}, problems
+    except RecursionError:
+        add("invalid YAML: nested too deeply")
+        return {}, problems
+
+    if root is None or (isinstance(root, yaml.ScalarNode) and root.tag == _NULL):
+        return {}, problems  # empty file (or only comments): the defaults
+    if not isinstance(root, yaml.MappingNode):
+        mark = root.start_mark
+        add(f"must be a mapping of option: value (like 'mode: enabled'), not {_node_kind(root)}",
+            mark.line + 1, mark.column + 1)
+        return {}, problems
+
+    known = tuple(schema)
+    values: dict[str, Any] = {}
+    seen: dict[str, int] = {}
+    for key_node, value_node in root.value:
+        kmark = key_node.start_mark
+        kline, kcol = kmark.line + 1, kmark.column + 1
+        if not isinstance(key_node, yaml.ScalarNode):
+            add(f"a key must be a plain name, not {_node_kind(key_node)}; "
+                f"known keys: {', '.join(known)}", kline, kcol)
+            continue
+        key = key_node.value
+        if key not in schema:
+            typo = _typo_of(key, known)
+            if typo is not None:
+                add(f"unknown key {key!r} (did you mean {typo!r}?)", kline, kcol, key)
+            elif quote_names and _NAME.fullmatch(key):
+                add(f"unknown key {key!r}; known keys: {', '.join(known)}", kline, kcol, key)
+            else:
+                add(f"unknown key (not repeated here in case it is a secret); "
+                    f"known keys: {', '.join(known)}", kline, kcol)
+            continue
+        if key in seen:
+            add(f"key {key!r}: given twice (first at line {seen[key]})", kline, kcol, key)
+            continue
+        seen[key] = kline
+        try:
+            values[key] = schema[key](value_node)
+        except _Problem as e:
+            vmark = value_node.start_mark
+            add(f"key {key!r}: {e}", vmark.line + 1, vmark.column + 1, key)
+        except (ValueError, OverflowError, yaml.YAMLError):
+            vmark = value_node.start_mark
+            add(f"key {key!r}: not a valid value", vmark.line + 1, vmark.column + 1, key)
+    return values, problems
+
+
+# ------------------------------------------------------------------------------ admin config
+
+
+@dataclass(frozen=True)
+class AdminConfig:
+    """The administrator's settings (``/etc/logcapture/config.yaml``).
+
+    ``store``: the ClickHouse DSN (``chdb://PATH`` for the embedded engine, ``http(s)://...``
+    for a server); None means the embedded default. ``spool_root``: where spools are written;
+    None means the per-user default (``$XDG_STATE_HOME/logcapture/spool``).
+    """
+
+    store: str | None = None
+    spool_root: str | None = None
+    sample_interval: float = 10.0  # seconds between resource samples
+    retention_days: int = 90  # the store's TTL
+    cluster: str = ""  # the cluster's name in records; "" = Slurm's ClusterName when known
+    flush_interval: float = 1.0  # seconds between spool flushes
+    flush_records: int = 1000  # flush after this many buffered records
+    segment_bytes: int = 8 * 1024 * 1024  # rotate spool segments at this size
+
+
+_ADMIN_SCHEMA: Schema = {
+    "store": _dsn,
+    "spool_root": _string,
+    "sample_interval": _positive_number,
+    "retention_days": _positive_int,
+    "cluster": _string,
+    "flush_interval": _positive_number,
+    "flush_records": _positive_int,
+    "segment_bytes": _positive_int,
+}
+
+
+def admin_path(env: Mapping[str, str] = os.environ) -> Path:
+    return Path(env.get(ADMIN_ENV) or ADMIN_DEFAULT_PATH)
+
+
+def _env_name(key: str) -> str:
+    return "LOGCAPTURE_" + key.upper()
+
+
+def load_admin(path: Path | str | None = None,
+               env: Mapping[str, str] = os.environ) -> AdminConfig:
+    """The admin config: defaults, then the file (``path``, else ``$LOGCAPTURE_CONFIG``, else
+    ``/etc/logcapture/config.yaml``; a missing file is fine), then ``LOGCAPTURE_<KEY>``
+    variables. Raises ``ConfigError`` listing every problem, the first one's line, column and
+    key in its attributes."""
+    file = Path(path) if path is not None else admin_path(env)
+    name = str(file)
+    values: dict[str, Any] = {}
+    located: list[tuple[str, int | None, int | None, str | None]] = []
+    problems: list[str] = []
+    data: bytes | None = None
+    try:
+        # O_NONBLOCK: a FIFO in the config's place must not hang every job.
+        fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+        with open(fd, "rb") as f:
+            kind = os.fstat(fd).st_mode
+            if not stat.S_ISREG(kind):
+                raise ConfigError(f"{name}: is {_file_kind(kind)}, not a config file", path=name)
+            data = f.read(ADMIN_MAX_BYTES + 1)
+    except FileNotFoundError:
+        data = None
+    except IsADirectoryError:
+        raise ConfigError(f"{name}: is a directory, not a config file", path=name) from None
+    except OSError as e:
+        raise ConfigError(f"{name}: cannot be read: {e.strerror or e}", path=name) from None
+    if data is not None:
+        if len(data) > ADMIN_MAX_BYTES:
+            raise ConfigError(f"{name}: is larger than {ADMIN_MAX_BYTES} bytes", path=name)
+        values, problems = _parse(name, data, _ADMIN_SCHEMA, located, quote_names=True)
+
+    for key, check in _ADMIN_SCHEMA.items():
+        var = _env_name(key)
+        raw = env.get(var)
+        if raw is None or raw == "":
+            continue
+        node = yaml.ScalarNode(_STR, raw)
+        if check in (_positive_number, _positive_int):
+            node = _resolve_scalar(raw)
+        try:
+            values[key] = check(node)
+        except (_Problem, ValueError, OverflowError, yaml.YAMLError) as e:
+            detail = str(e) if isinstance(e, _Problem) else "not a valid value"
+            message = f"environment variable {var}: {detail}"
+            problems.append(message)
+            located.append((message, None, None, key))
+
+    if problems:
+        first = located[0] if located else (problems[0], None, None, None)
+        summary = problems[0] if len(problems) == 1 else (
+            f"{len(problems)} problems in the logcapture configuration:\n  "
+            + "\n  ".join(problems))
+        raise ConfigError(summary, path=name, line=first[1], column=first[2], key=first[3],
+                          problems=problems)
+    return AdminConfig(**values)
+
+
+def _resolve_scalar(raw: str) -> yaml.ScalarNode:
+    """A plain scalar node for an environment value, its tag resolved as YAML would."""
+    tag = yaml.SafeLoader(" ").resolve(yaml.ScalarNode, raw, (True, False))
+    return yaml.ScalarNode(tag, raw)
+
+
+def admin_defaults() -> dict[str, Any]:
+    """The default admin settings, by key (for documentation and ``logcapture config``)."""
+    return {f.name: f.default for f in fields(AdminConfig)}
