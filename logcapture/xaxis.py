@@ -1,0 +1,192 @@
+"""The X-axis rule of the cluster guide (seeds/002, SPEC.md §2), implemented once.
+
+A job's metadata graphs are drawn by time and by one X key chosen per job, in this order:
+
+=====  ==========================================================================
+level  the key qualifies when
+=====  ==========================================================================
+0      it is ``progress`` and at least one of its values is a number
+1      it is ``epoch`` and at least one of its values is a number
+2      every value is an integer, strictly increasing from row to row
+3      every value is a number, strictly increasing from row to row
+4      every value is an integer (any order)
+5      every value is a number (any order)
+6      at least one value is a number ("any numbers": mixed with text, bools, NaN, ...)
+=====  ==========================================================================
+
+The chosen key is the one with the lowest level; among keys of the same level the
+alphabetically first (code-point order, which is also UTF-8 byte order, so ClickHouse's
+string order agrees). No key qualifies -> ``None`` (the dashboard then shows graphs by time
+only).
+
+Precise definitions (decided here, documented in docs/grafana.md, tested in
+tests/test_xaxis.py; the SQL of :func:`x_axis_sql` implements exactly the same):
+
+- *rows* are the ``fields`` of one job's Metadata records, in time order (stream order:
+  ``seq``). A key's *values* are its values in the rows where it is present; a row where the
+  key is absent, or its value is JSON ``null``, is skipped (ClickHouse's JSON type does not
+  keep nulls, so treating null as absent is the only choice both sides can agree on).
+- a *number* is a JSON number: a finite ``float``, or an ``int`` in the signed 64-bit range;
+  never a ``bool`` (JSON ``true`` is not 1). ``NaN``/``Infinity``, whether Python floats or
+  the strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"`` that records.dumps writes for them,
+  are not numbers; nor are numeric strings (``"3"``), lists, objects, and integers beyond
+  64 bits (ClickHouse reads those as UInt64 or as text, not as a number it can compare).
+- an *integer* is a JSON integer literal (``3``; ``3.0`` is a number, not an integer, since
+  it is written as a float and ClickHouse reads it as Float64).
+- *strictly increasing* compares the values as IEEE doubles, each value greater than the one
+  before; a single value is strictly increasing. Strict, not non-decreasing, so a constant
+  such as ``batch_size`` never beats a real counter such as ``step``.
+- keys are compared exactly (case-sensitive); only the exact keys ``progress`` and ``epoch``
+  get levels 0 and 1 (a nested ``train.epoch`` is an ordinary key).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+PROGRESS = "progress"
+EPOCH = "epoch"
+
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+
+# Levels, in the order of the cluster guide.
+LEVEL_PROGRESS = 0
+LEVEL_EPOCH = 1
+LEVEL_INCREASING_INTEGERS = 2
+LEVEL_INCREASING_NUMBERS = 3
+LEVEL_INTEGERS = 4
+LEVEL_NUMBERS = 5
+LEVEL_ANY_NUMBERS = 6
+LEVEL_NAMES = (
+    "progress",
+    "epoch",
+    "monotonically increasing integers",
+    "monotonically increasing numbers",
+    "integers of any monotonicity",
+    "numbers of any monotonicity",
+    "any numbers",
+)
+
+
+def is_integer(value: Any) -> bool:
+    """A JSON integer literal in the signed 64-bit range (``3``, not ``3.0``, not ``True``)."""
+    return (isinstance(value, int) and not isinstance(value, bool)
+            and INT64_MIN <= value <= INT64_MAX)
+
+
+def is_number(value: Any) -> bool:
+    """A number of the rule: an integer (above) or a finite float; never bool or NaN."""
+    return is_integer(value) or (isinstance(value, float) and math.isfinite(value))
+
+
+def key_level(key: str, values: Iterable[Any]) -> int | None:
+    """The level (0 best … 6) at which ``key`` qualifies as X axis given its values in time
+    order (absent/null values already skipped), or ``None`` when it has no number at all."""
+    any_number = False
+    all_numbers = True
+    all_integers = True
+    increasing = True
+    previous: float | None = None
+    for value in values:
+        if value is None:
+            continue
+        if is_number(value):
+            any_number = True
+            x = float(value)
+            if previous is not None and not x > previous:
+                increasing = False
+            previous = x
+            if not is_integer(value):
+                all_integers = False
+        else:
+            all_numbers = False
+            all_integers = False
+    if not any_number:
+        return None
+    if key == PROGRESS:
+        return LEVEL_PROGRESS
+    if key == EPOCH:
+        return LEVEL_EPOCH
+    if all_numbers:
+        if increasing:
+            return LEVEL_INCREASING_INTEGERS if all_integers else LEVEL_INCREASING_NUMBERS
+        return LEVEL_INTEGERS if all_integers else LEVEL_NUMBERS
+    return LEVEL_ANY_NUMBERS
+
+
+def key_levels(rows: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """Every qualifying key of one job's metadata rows (time order) with its level."""
+    values: dict[str, list[Any]] = {}
+    for row in rows:
+        for key, value in row.items():
+            if value is not None:
+                values.setdefault(key, []).append(value)
+    levels = {}
+    for key, vals in values.items():
+        level = key_level(key, vals)
+        if level is not None:
+            levels[key] = level
+    return levels
+
+
+def choose_x_axis(rows: list[dict[str, Any]]) -> str | None:
+    """The X key of one job's metadata graphs (rows in time order), or ``None``."""
+    levels = key_levels(rows)
+    if not levels:
+        return None
+    return min(levels, key=lambda k: (levels[k], k))
+
+
+# --- The same rule in ClickHouse SQL -------------------------------------------------------
+#
+# Two layers, so the rule itself does not depend on how the store keeps metadata:
+#   values_sql(...)  one row per (run, seq, key) with a non-null value:
+#                    kind 'int' | 'float' | 'other' and num (Float64, meaningful unless 'other')
+#   x_axis_sql(...)  the rule over those rows: one row per run with x_key and x_level.
+# JSONType() says 'Int64' for an integer literal in range, 'UInt64' above it, 'Double' for a
+# float literal (finite by construction: records.dumps writes non-finite floats as strings),
+# 'Null' for null; anything else is 'other'. That is exactly is_integer / is_number above.
+
+def values_sql(source: str, fields: str = "fields") -> str:
+    """Rows ``(run, seq, key, kind, num)`` from ``source``, a table or subquery with columns
+    ``run``, ``seq`` and ``fields`` (the metadata object as JSON text; another column name
+    can be given)."""
+    return f"""
+SELECT run, seq, key,
+       JSONType({fields}, key) AS json_type,
+       multiIf(json_type = 'Int64', 'int', json_type = 'Double', 'float', 'other') AS kind,
+       JSONExtractFloat({fields}, key) AS num
+FROM {source}
+ARRAY JOIN JSONExtractKeys({fields}) AS key
+WHERE json_type != 'Null'"""
+
+
+def x_axis_sql(values: str) -> str:
+    """ClickHouse SQL applying the rule per run to ``values`` (a subquery shaped like
+    :func:`values_sql`'s result). Result columns: ``run``, ``x_key``, ``x_level``; runs
+    without any qualifying key have no row."""
+    return f"""
+SELECT run, argMin(key, (level, key)) AS x_key, min(level) AS x_level
+FROM (
+    SELECT run, key,
+           countIf(kind != 'other') AS n_numbers,
+           countIf(kind = 'other') AS n_others,
+           countIf(kind = 'float') AS n_floats,
+           arrayMap(p -> p.2, arraySort(groupArrayIf((seq, num), kind != 'other'))) AS xs,
+           arrayAll((a, b) -> b > a, arrayPopBack(xs), arrayPopFront(xs)) AS increasing,
+           multiIf(n_numbers = 0, 255,
+                   key = '{PROGRESS}', {LEVEL_PROGRESS},
+                   key = '{EPOCH}', {LEVEL_EPOCH},
+                   n_others > 0, {LEVEL_ANY_NUMBERS},
+                   increasing AND n_floats = 0, {LEVEL_INCREASING_INTEGERS},
+                   increasing, {LEVEL_INCREASING_NUMBERS},
+                   n_floats = 0, {LEVEL_INTEGERS},
+                   {LEVEL_NUMBERS}) AS level
+    FROM ({values})
+    GROUP BY run, key
+)
+WHERE level != 255
+GROUP BY run"""

@@ -1,0 +1,265 @@
+"""The X-axis rule (seeds/002, SPEC.md §2): every level, ties, non-numbers, NaN; and the SQL
+version agreeing with the Python one on generated jobs, run by the real engine (chDB)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from logcapture.records import dumps
+from logcapture.xaxis import (
+    LEVEL_ANY_NUMBERS,
+    LEVEL_EPOCH,
+    LEVEL_INCREASING_INTEGERS,
+    LEVEL_INCREASING_NUMBERS,
+    LEVEL_INTEGERS,
+    LEVEL_NUMBERS,
+    LEVEL_PROGRESS,
+    choose_x_axis,
+    key_levels,
+    values_sql,
+    x_axis_sql,
+)
+
+# --- the rule, level by level -------------------------------------------------------------
+
+
+def test_no_rows_no_axis():
+    assert choose_x_axis([]) is None
+
+
+def test_no_numbers_no_axis():
+    rows = [{"size": "big", "ok": True, "x": None, "l": [1, 2], "o": {"a": 1}, "s": "3"}]
+    assert choose_x_axis(rows) is None
+
+
+def test_progress_beats_everything():
+    rows = [{"progress": 0.5, "epoch": 1, "step": 1}, {"progress": 0.2, "epoch": 2, "step": 2}]
+    assert choose_x_axis(rows) == "progress"  # even though progress went down
+
+
+def test_progress_needs_only_one_number():
+    rows = [{"progress": "starting", "step": 1}, {"progress": 10, "step": 2}]
+    assert key_levels(rows)["progress"] == LEVEL_PROGRESS
+    assert choose_x_axis(rows) == "progress"
+
+
+def test_progress_without_numbers_does_not_qualify():
+    rows = [{"progress": "10%", "epoch": 1}, {"progress": "20%", "epoch": 2}]
+    assert choose_x_axis(rows) == "epoch"
+
+
+def test_epoch_beats_increasing_integers():
+    rows = [{"epoch": 3, "a": 1}, {"epoch": 1, "a": 2}]
+    assert key_levels(rows)["epoch"] == LEVEL_EPOCH
+    assert choose_x_axis(rows) == "epoch"
+
+
+def test_keys_are_exact_and_case_sensitive():
+    rows = [{"Progress": 1, "train.epoch": 1, "z": 1}, {"Progress": 0, "train.epoch": 0, "z": 2}]
+    assert choose_x_axis(rows) == "z"
+
+
+def test_increasing_integers_beat_increasing_numbers():
+    rows = [{"a": 0.5, "step": 10}, {"a": 1.5, "step": 20}]
+    levels = key_levels(rows)
+    assert levels == {"a": LEVEL_INCREASING_NUMBERS, "step": LEVEL_INCREASING_INTEGERS}
+    assert choose_x_axis(rows) == "step"
+
+
+def test_increasing_numbers_beat_unordered_integers():
+    rows = [{"batch": 32, "t": 0.1}, {"batch": 16, "t": 0.2}]
+    assert key_levels(rows) == {"batch": LEVEL_INTEGERS, "t": LEVEL_INCREASING_NUMBERS}
+    assert choose_x_axis(rows) == "t"
+
+
+def test_integers_beat_numbers():
+    rows = [{"a": 0.5, "b": 3}, {"a": 0.1, "b": 1}]
+    assert key_levels(rows) == {"a": LEVEL_NUMBERS, "b": LEVEL_INTEGERS}
+    assert choose_x_axis(rows) == "b"
+
+
+def test_numbers_beat_any_numbers():
+    rows = [{"a": 1, "b": 0.5}, {"a": "n/a", "b": 0.1}]
+    assert key_levels(rows) == {"a": LEVEL_ANY_NUMBERS, "b": LEVEL_NUMBERS}
+    assert choose_x_axis(rows) == "b"
+
+
+def test_any_numbers_is_the_last_resort():
+    rows = [{"a": "x", "b": True}, {"a": 2, "b": False}]
+    assert choose_x_axis(rows) == "a"
+
+
+def test_strictly_increasing_constant_is_not_increasing():
+    # a constant batch_size must not beat the real counter, whatever the alphabet says
+    rows = [{"batch_size": 32, "step": 1}, {"batch_size": 32, "step": 2}]
+    assert key_levels(rows)["batch_size"] == LEVEL_INTEGERS
+    assert choose_x_axis(rows) == "step"
+
+
+def test_single_value_is_increasing():
+    assert key_levels([{"n": 7}]) == {"n": LEVEL_INCREASING_INTEGERS}
+
+
+def test_float_literal_is_not_an_integer():
+    rows = [{"a": 1.0, "b": 5}, {"a": 2.0, "b": 6}]
+    assert key_levels(rows) == {"a": LEVEL_INCREASING_NUMBERS, "b": LEVEL_INCREASING_INTEGERS}
+
+
+def test_mixed_ints_and_floats_are_numbers():
+    rows = [{"a": 1}, {"a": 1.5}, {"a": 2}]
+    assert key_levels(rows) == {"a": LEVEL_INCREASING_NUMBERS}
+
+
+def test_ties_go_to_the_alphabetically_first_key():
+    rows = [{"zeta": 1, "beta": 1, "alpha2": 1, "Alpha": 1}, {"zeta": 2, "beta": 2, "alpha2": 2,
+                                                           "Alpha": 2}]
+    assert choose_x_axis(rows) == "Alpha"  # code-point order: upper case before lower case
+
+
+def test_ties_at_every_level():
+    assert choose_x_axis([{"b": 1.5, "a": 2.5}, {"b": 0.5, "a": 0.5}]) == "a"  # numbers
+    assert choose_x_axis([{"b": 2, "a": 2}, {"b": 1, "a": 1}]) == "a"  # integers
+    assert choose_x_axis([{"b": "x", "a": "y"}, {"b": 1, "a": 1}]) == "a"  # any numbers
+
+
+def test_bools_are_not_numbers():
+    rows = [{"flag": False, "v": 0.3}, {"flag": True, "v": 0.1}]
+    assert key_levels(rows) == {"v": LEVEL_NUMBERS}
+    assert choose_x_axis([{"flag": True}]) is None
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf"),
+                                 "NaN", "Infinity", "-Infinity"])
+def test_nan_and_infinity_are_not_numbers(bad):
+    rows = [{"a": 1, "b": 1.5}, {"a": bad, "b": 2.5}, {"a": 3, "b": 3.5}]
+    assert key_levels(rows) == {"a": LEVEL_ANY_NUMBERS, "b": LEVEL_INCREASING_NUMBERS}
+    assert choose_x_axis(rows) == "b"
+    assert choose_x_axis([{"a": bad}]) is None
+
+
+def test_nan_as_progress_alone_does_not_qualify():
+    assert choose_x_axis([{"progress": float("nan"), "x": 0.5}]) == "x"
+
+
+def test_numeric_strings_are_not_numbers():
+    assert choose_x_axis([{"a": "1"}, {"a": "2"}]) is None
+
+
+def test_absent_and_null_values_are_skipped():
+    rows = [{"step": 1}, {"loss": 0.5}, {"step": None, "loss": 0.4}, {"step": 3}]
+    assert key_levels(rows) == {"step": LEVEL_INCREASING_INTEGERS, "loss": LEVEL_NUMBERS}
+    assert choose_x_axis(rows) == "step"
+
+
+def test_integers_beyond_64_bits_are_not_numbers():
+    rows = [{"big": 2**63, "n": 0.1}, {"big": 2**64 + 1, "n": 0.2}]
+    assert key_levels(rows) == {"n": LEVEL_INCREASING_NUMBERS}
+    assert key_levels([{"a": 2**63 - 1}, {"a": -(2**63)}]) == {"a": LEVEL_INTEGERS}
+
+
+def test_guide_examples():
+    rows = [{"epoch": 1, "loss": 7.2355865, "acc": 0.00123},
+            {"epoch": 2, "loss": 3.1, "acc": 0.2}]
+    assert choose_x_axis(rows) == "epoch"
+    rows = [{"step": 151100, "lr": 0.07938926, "flops": 789773523480.1762, "time": 16520},
+            {"step": 151200, "lr": 0.07, "flops": 7.9e11, "time": 16530}]
+    assert choose_x_axis(rows) == "step"  # step and time both increasing integers: s < t
+    assert choose_x_axis([{"size": "big", "speed": "slow", "lr": 0.1}]) == "lr"
+
+
+# --- SQL and Python agree, on the real engine ----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    import clickhouse_connect
+
+    client = clickhouse_connect.get_client(dsn=f"chdb://{tmp_path_factory.mktemp('xaxis')}")
+    client.command("CREATE TABLE meta (run String, seq UInt64, fields String) "
+                   "ENGINE = MergeTree ORDER BY (run, seq)")
+    yield client
+    client.close()
+
+
+_runs = itertools.count()
+
+
+def sql_choices(client, jobs: list[list[dict[str, Any]]]) -> list[str | None]:
+    """Insert each job's rows under a fresh run id and apply the SQL rule to them."""
+    ids = [f"r{next(_runs)}" for _ in jobs]
+    data = [[run, seq, dumps(row)] for run, rows in zip(ids, jobs, strict=True)
+            for seq, row in enumerate(rows)]
+    if data:
+        client.insert("meta", data, column_names=["run", "seq", "fields"])
+    source = "(SELECT run, seq, fields FROM meta WHERE run IN {ids:Array(String)})"
+    result = client.query(x_axis_sql(values_sql(source)), parameters={"ids": ids})
+    chosen = {run: key for run, key, _level in result.result_rows}
+    return [chosen.get(run) for run in ids]
+
+
+def test_sql_agrees_on_the_hand_written_cases(engine):
+    jobs = [
+        [],
+        [{"progress": 0.5, "epoch": 1}, {"progress": 0.2, "epoch": 2}],
+        [{"progress": "10%", "epoch": 1}],
+        [{"batch_size": 32, "step": 1}, {"batch_size": 32, "step": 2}],
+        [{"a": 1.0, "b": 5}, {"a": 2.0, "b": 4}],
+        [{"a": 1, "b": 0.5}, {"a": "n/a", "b": 0.1}],
+        [{"a": 1, "b": 1.5}, {"a": float("nan"), "b": 2.5}],
+        [{"a": "Infinity", "flag": True}],
+        [{"big": 2**63, "n": 0.1}, {"big": 2**64 + 1, "n": 0.2}],
+        [{"big": 2**70}],
+        [{"step": 1}, {"loss": 0.5}, {"step": None, "loss": 0.4}, {"step": 3}],
+        [{"Alpha": 1, "alpha": 1}, {"Alpha": 2, "alpha": 2}],
+        [{"é": 1, "z": 1}, {"é": 2, "z": 2}],
+        [{"l": [1, 2], "o": {"a": 1}, "s": "3"}],
+    ]
+    assert sql_choices(engine, jobs) == [choose_x_axis(rows) for rows in jobs]
+
+
+KEYS = ["progress", "epoch", "a", "b", "B", "step", "é", "a.b"]
+values = st.one_of(
+    st.integers(-5, 5),
+    st.integers(min_value=-(2**65), max_value=2**65),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.floats(-10, 10).map(lambda f: round(f, 1)),
+    st.sampled_from([True, False, None, "NaN", "Infinity", "-Infinity", "3", "x", [1], {"k": 1},
+                     0.0, -0.0, 1.0, 2**63 - 1, -(2**63), 2**63]),
+)
+rows_strategy = st.lists(st.dictionaries(st.sampled_from(KEYS), values, max_size=5), max_size=8)
+# Monotone runs are rare by chance: build some on purpose.
+increasing = st.lists(st.integers(-100, 100), min_size=1, max_size=8, unique=True).map(sorted)
+monotone_rows = st.tuples(st.sampled_from(KEYS), increasing, st.booleans()).map(
+    lambda t: [{t[0]: (float(v) / 4 if t[2] else v)} for v in t[1]])
+
+
+def merge(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = [dict(r) for r in a]
+    for i, r in enumerate(b):
+        if i < len(out):
+            out[i].update(r)
+        else:
+            out.append(dict(r))
+    return out
+
+
+job_strategy = st.one_of(rows_strategy, st.builds(merge, rows_strategy, monotone_rows))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(jobs=st.lists(job_strategy, min_size=1, max_size=6))
+def test_sql_agrees_with_python(engine, jobs):
+    expected = [choose_x_axis(rows) for rows in jobs]
+    assert sql_choices(engine, jobs) == expected
+
+
+def test_python_is_total_on_odd_values():
+    # nothing a job can print makes the rule raise
+    rows = [{"a": math.pi, "b": object(), "c": 10**400, "d": b"x"}]
+    assert choose_x_axis(rows) == "a"
