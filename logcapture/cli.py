@@ -209,6 +209,39 @@ def show(spool: Path | None, as_json: bool, run_ref: str | None) -> None:
             click.echo(f"{key}: {value}")
 
 
+# ------------------------------------------------------------------------------ check
+
+
+@cli.command()
+@click.option("--uid", type=int, default=None,
+              help="Check that the file belongs to this uid (default: yours); for "
+                   "administrators checking a user's file.")
+@click.argument("file", type=click.Path(path_type=Path), required=False)
+def check(uid: int | None, file: Path | None) -> None:
+    """Validate a .logoptin FILE and explain every problem.
+
+    FILE defaults to $LOGCAPTURE_OPTIN, else ~/.logoptin. Exits 0 when the file is valid,
+    1 when it is invalid or missing. A job started with an invalid file still runs, logged
+    in mode disabled (only /LOGCOMMAND lines are kept) until the file is fixed.
+    """
+    from .config import load_optin, optin_path
+
+    path = file if file is not None else optin_path()
+    result = load_optin(path, uid=uid)
+    if not result.opted_in and not result.problems:
+        click.echo(f"{path}: does not exist: logging is off for your jobs "
+                   "(opt in with: touch ~/.logoptin)")
+        sys.exit(1)
+    if result.problems:
+        for problem in result.problems:
+            click.echo(problem)
+        n = len(result.problems)
+        click.echo(f"{path}: invalid ({n} problem{'s' if n != 1 else ''}): jobs started now "
+                   "are logged in mode disabled (only /LOGCOMMAND lines are kept)")
+        sys.exit(1)
+    click.echo(f"{path}: valid; mode: {result.config.mode}")
+
+
 # ------------------------------------------------------------------------------ entry point
 
 
