@@ -1,0 +1,244 @@
+"""The job's own CPU, memory, I/O and threads, through psutil and the job's cgroup.
+
+Which processes are the job's: every pid listed in ``cgroup.procs`` anywhere under the job's
+cgroup when there is one (cgroup v2, or v1 with the cpuacct hierarchy), else the process tree
+under ``root_pid``. The outside world is passed in: the cgroup directory, the root pid, the
+clock and the ``psutil`` module (which reads ``psutil.PROCFS_PATH``).
+
+Counters stay monotonic when processes end. ``/proc/<pid>/stat``'s cutime/cstime and
+``/proc/<pid>/io`` include every child the process has reaped, so summing ``user + system +
+children_user + children_system`` over the live processes counts a dead process once its
+parent in the job reaped it. A process that vanishes while its last-seen parent is not in the
+job (the root, reaped by the wrapper; orphans re-parented to init) would be lost: its last
+reading is kept in ``_gone_*``. With a cgroup, CPU time comes from the cgroup's own counter
+(``cpu.stat`` usage_usec on v2, ``cpuacct.usage`` on v1), which misses nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import psutil as _psutil
+
+_JOB_DIR = re.compile(r"^job_\d+$")
+
+
+def find_job_cgroup(pid: int, proc_root: str | Path = "/proc",
+                    cgroup_root: str | Path = "/sys/fs/cgroup") -> Path | None:
+    """The Slurm job cgroup (the ``job_<id>`` directory) holding ``pid``, or None.
+
+    Reads ``<proc_root>/<pid>/cgroup``. cgroup v2 (``0::/path``) is looked up under
+    ``cgroup_root`` (or ``cgroup_root/unified`` on a hybrid host); v1 under the hierarchy
+    holding ``cpuacct``. Only a path with a ``job_<digits>`` component counts: any other cgroup
+    (a login session, the root) holds processes that are not the job's, so the caller falls
+    back to the process tree.
+    """
+    try:
+        text = (Path(proc_root) / str(pid) / "cgroup").read_text()
+    except OSError:
+        return None
+    root = Path(cgroup_root)
+    candidates: list[tuple[Path, str]] = []
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        hier, controllers, path = parts
+        if hier == "0" and controllers == "":
+            base = root if (root / "cgroup.controllers").exists() else root / "unified"
+            candidates.insert(0, (base, path))
+        elif "cpuacct" in controllers.split(","):
+            candidates.append((root / controllers, path))
+    for base, path in candidates:
+        parts = [p for p in path.split("/") if p]
+        for i, part in enumerate(parts):
+            if _JOB_DIR.match(part):
+                cg = base.joinpath(*parts[: i + 1])
+                if (cg / "cgroup.procs").exists():
+                    return cg
+    return None
+
+
+def cpus_allocated_from_env(env: Mapping[str, str], pid: int = 0) -> int:
+    """CPUs the job may use on this node: ``SLURM_CPUS_ON_NODE``, else the CPU affinity of
+    ``pid`` (Slurm's cpuset, taskset), else the CPU count."""
+    value = env.get("SLURM_CPUS_ON_NODE", "").strip()
+    if value.isdigit() and int(value) > 0:
+        return int(value)
+    try:
+        return len(os.sched_getaffinity(pid))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def read_cgroup_pids(cgroup_path: Path) -> list[int]:
+    """Every pid in ``cgroup.procs`` of ``cgroup_path`` and all cgroups below it (v2 puts a
+    job's processes in leaf cgroups such as ``step_0/user/task_0``)."""
+    pids: set[int] = set()
+    for dirpath, _dirs, files in os.walk(cgroup_path):
+        if "cgroup.procs" in files:
+            try:
+                text = Path(dirpath, "cgroup.procs").read_text()
+            except OSError:  # removed between walk and read
+                continue
+            pids.update(int(t) for t in text.split() if t.isdigit())
+    return sorted(pids)
+
+
+def read_cgroup_cpu_seconds(cgroup_path: Path) -> float | None:
+    """The cgroup's CPU time in seconds, hierarchical: v2 ``cpu.stat`` usage_usec, v1
+    ``cpuacct.usage`` (nanoseconds). None when neither file is readable."""
+    try:
+        for line in (cgroup_path / "cpu.stat").read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == "usage_usec":
+                return int(value) / 1e6
+    except (OSError, ValueError):
+        pass
+    try:
+        return int((cgroup_path / "cpuacct.usage").read_text()) / 1e9
+    except (OSError, ValueError):
+        return None
+
+
+class JobCollector:
+    """The job's figures: ``collect() -> dict`` with cpu_seconds_total, cpu_percent (100 = one
+    core, over the last interval), memory_rss_bytes, memory_pss_bytes, io_read_bytes,
+    io_write_bytes, threads, processes, cpus_allocated. Never raises."""
+
+    def __init__(self, root_pid: int | None = None, cgroup_path: str | Path | None = None, *,
+                 clock: Callable[[], float] = time.monotonic, cpus_allocated: int | None = None,
+                 psutil: Any = _psutil, exclude_pids: Iterable[int] = ()):
+        self.root_pid = root_pid
+        self.cgroup_path = Path(cgroup_path) if cgroup_path is not None else None
+        self.clock = clock
+        self.psutil = psutil
+        self.exclude_pids = set(exclude_pids)
+        if cpus_allocated is None:
+            cpus_allocated = cpus_allocated_from_env({}, root_pid or 0)
+        self.cpus_allocated = cpus_allocated
+        self._procs: dict[int, Any] = {}  # pid -> psutil.Process, kept so create_time is read once
+        self._last: dict[int, tuple[int, float, int, int]] = {}  # pid -> ppid, cpu, read, write
+        self._gone = [0.0, 0, 0]  # cpu seconds, read bytes, write bytes of lost processes
+        self._prev: tuple[float, float] | None = None  # (clock, cpu_seconds_total)
+        self._peak = {"cpu": 0.0, "read": 0, "write": 0}
+        self._pids: list[int] = []
+        self._warned: set[str] = set()
+        self._warnings: list[str] = []
+
+    def _warn(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            self._warnings.append(message)
+
+    def pop_warnings(self) -> list[str]:
+        out, self._warnings = self._warnings, []
+        return out
+
+    def pids(self) -> list[int]:
+        """The job's pids as of the last ``collect()`` (found afresh before the first)."""
+        return list(self._pids) if self._prev is not None else self._find_pids()
+
+    def _find_pids(self) -> list[int]:
+        if self.cgroup_path is not None:
+            pids = read_cgroup_pids(self.cgroup_path)
+        elif self.root_pid is not None:
+            ps = self.psutil
+            try:
+                root = self._procs.get(self.root_pid) or ps.Process(self.root_pid)
+                pids = [root.pid] + [c.pid for c in root.children(recursive=True)]
+            except ps.Error:  # NoSuchProcess: the job has ended
+                pids = []
+        else:
+            pids = []
+        return [p for p in pids if p not in self.exclude_pids]
+
+    def _process(self, pid: int) -> Any:
+        proc = self._procs.get(pid)
+        if proc is None:
+            proc = self._procs[pid] = self.psutil.Process(pid)
+        return proc
+
+    def collect(self) -> dict[str, Any]:
+        try:
+            return self._collect()
+        except Exception as e:  # never into the job wrapper
+            self._warn("collect:" + type(e).__name__,
+                       f"job sampling failed: {type(e).__name__}: {e}")
+            return {"cpus_allocated": self.cpus_allocated}
+
+    def _collect(self) -> dict[str, Any]:
+        ps = self.psutil
+        now = self.clock()
+        current: dict[int, tuple[int, float, int, int]] = {}
+        rss = pss = threads = 0
+        have_pss = False
+        for pid in self._find_pids():
+            try:
+                proc = self._process(pid)
+                with proc.oneshot():
+                    ppid = proc.ppid()
+                    t = proc.cpu_times()
+                    cpu = t.user + t.system + t.children_user + t.children_system
+                    threads += proc.num_threads()
+                    try:
+                        full = proc.memory_full_info()  # reads smaps_rollup: PSS
+                        rss += full.rss
+                        pss += full.pss
+                        have_pss = True
+                    except ps.AccessDenied:
+                        rss += proc.memory_info().rss
+                    try:
+                        io = proc.io_counters()
+                        read, write = io.read_bytes, io.write_bytes
+                    except (ps.AccessDenied, AttributeError):
+                        read = write = 0
+            except ps.NoSuchProcess:  # ended mid-sample (or a zombie)
+                self._procs.pop(pid, None)
+                self._warn("ended", f"process {pid} of the job ended during a sample; "
+                                    "its last figures are kept")
+                continue
+            except ps.AccessDenied:
+                self._warn("denied", f"no permission to read process {pid}; it is skipped")
+                continue
+            current[pid] = (ppid, cpu, read, write)
+        # A process that vanished without a parent in the job to reap it takes its counters
+        # with it: keep its last reading (see the module docstring).
+        for pid, (ppid, cpu, read, write) in self._last.items():
+            if pid not in current:
+                self._procs.pop(pid, None)
+                if ppid not in current:
+                    self._gone[0] += cpu
+                    self._gone[1] += read
+                    self._gone[2] += write
+        self._last = current
+        self._pids = sorted(current)
+        cpu_total = self._gone[0] + sum(v[1] for v in current.values())
+        if self.cgroup_path is not None:
+            cg = read_cgroup_cpu_seconds(self.cgroup_path)
+            if cg is not None:
+                cpu_total = cg
+        peak = self._peak
+        peak["cpu"] = max(peak["cpu"], cpu_total)
+        peak["read"] = max(peak["read"], self._gone[1] + sum(v[2] for v in current.values()))
+        peak["write"] = max(peak["write"], self._gone[2] + sum(v[3] for v in current.values()))
+        cpu_percent = None
+        if self._prev is not None and now > self._prev[0]:
+            cpu_percent = 100.0 * (peak["cpu"] - self._prev[1]) / (now - self._prev[0])
+        self._prev = (now, peak["cpu"])
+        return {
+            "cpu_seconds_total": peak["cpu"],
+            "cpu_percent": cpu_percent,
+            "memory_rss_bytes": rss,
+            "memory_pss_bytes": pss if have_pss else None,
+            "io_read_bytes": peak["read"],
+            "io_write_bytes": peak["write"],
+            "threads": threads,
+            "processes": len(current),
+            "cpus_allocated": self.cpus_allocated,
+        }
