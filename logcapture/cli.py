@@ -100,10 +100,19 @@ def run(spool: Path | None, run_id: str | None, mode: str | None,
     (spool unwritable, disk full, internal error) the command still runs and its output
     still flows; one `logcapture:` warning says what went wrong.
     """
-    from .pipeline import capture_command
+    warn = Warner()
+    try:
+        from .pipeline import capture_command
+    except Exception as e:  # noqa: BLE001 - a broken install must not break the job
+        warn(f"capture unavailable ({type(e).__name__}: {e}); running the command without it")
+        try:
+            os.execvp(command[0], command)
+        except OSError as err:
+            warn(f"{command[0]}: {err.strerror}")
+            sys.exit(127 if isinstance(err, FileNotFoundError) else 126)
 
     code = capture_command(list(command), spool_root=_root(spool), run_id=run_id, mode=mode,
-                           warn=Warner())
+                           warn=warn)
     sys.exit(code)
 
 

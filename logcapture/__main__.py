@@ -1,0 +1,5 @@
+"""``python -m logcapture`` runs the CLI."""
+
+from .cli import main
+
+main()

@@ -1,0 +1,234 @@
+"""The runner with real ptys: the command's outcome never changes (SPEC.md §3, issue 2)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pexpect
+import pytest
+
+from logcapture import runner
+
+from .conftest import LOGCAPTURE, run_lc
+
+PY = sys.executable
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.data: dict[str, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
+        self.ticks = 0
+
+    def feed(self, stream: str, data: bytes, now: float) -> None:
+        self.data[stream] += data
+
+    def tick(self, now: float) -> None:
+        self.ticks += 1
+
+
+def _run_to_files(tmp_path: Path, argv: list[str], sink: object | None = None,
+                  **opts: object) -> tuple[runner.Outcome, bytes, bytes, list[str]]:
+    out, err = tmp_path / "out", tmp_path / "err"
+    warnings: list[str] = []
+    with open(out, "wb") as fo, open(err, "wb") as fe:
+        outcome = runner.run(argv, sink, runner.Options(  # type: ignore[arg-type]
+            stdout_fd=fo.fileno(), stderr_fd=fe.fileno(), warn=warnings.append,
+            **opts))  # type: ignore[arg-type]
+    return outcome, out.read_bytes(), err.read_bytes(), warnings
+
+
+# ------------------------------------------------------------------ exit status and signals
+
+
+@pytest.mark.parametrize("code", [0, 1, 3, 42, 255])
+def test_exit_status_is_the_commands(lc_env: dict[str, str], code: int) -> None:
+    res = run_lc(["run", "--", "sh", "-c", f"echo out; exit {code}"], lc_env)
+    assert res.returncode == code
+    assert res.stdout == b"out\n"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL,
+                                 signal.SIGUSR1, signal.SIGHUP, signal.SIGSEGV])
+def test_killed_by_signal_n_looks_killed_by_signal_n(lc_env: dict[str, str], sig: int) -> None:
+    res = run_lc(["run", "--", PY, "-c",
+                  f"import os, signal; signal.signal({sig}, signal.SIG_DFL) if {sig} != 9 "
+                  f"else None; os.kill(os.getpid(), {sig})"], lc_env)
+    assert res.returncode == -sig
+
+
+def test_command_not_found_is_127_with_a_message(lc_env: dict[str, str]) -> None:
+    res = run_lc(["run", "--", "no-such-command-xyz"], lc_env)
+    assert res.returncode == 127
+    assert b"no-such-command-xyz: command not found" in res.stderr
+
+
+CATCHER = textwrap.dedent("""
+    import os, signal, sys, time
+    want = set(sys.argv[1].split(","))
+    got = []
+    def handler(signum, frame):
+        got.append(signal.Signals(signum).name)
+    for name in want:
+        signal.signal(getattr(signal, name), handler)
+    print("ready", flush=True)
+    deadline = time.time() + 30
+    while not want <= set(got) and time.time() < deadline:
+        time.sleep(0.01)
+    print("got", ",".join(sorted(set(got))), flush=True)
+    sys.exit(int(sys.argv[2]))
+""")
+
+
+def _wait_for(proc: subprocess.Popen, text: bytes) -> bytes:
+    assert proc.stdout is not None
+    seen = b""
+    while text not in seen:
+        chunk = os.read(proc.stdout.fileno(), 4096)
+        assert chunk, f"EOF before {text!r}; got {seen!r}"
+        seen += chunk
+    return seen
+
+
+def test_signals_to_the_wrapper_alone_reach_the_command(lc_env: dict[str, str]) -> None:
+    names = ["SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGCONT", "SIGTSTP"]
+    proc = subprocess.Popen([*LOGCAPTURE, "run", "--", PY, "-c", CATCHER, ",".join(names), "7"],
+                            env=lc_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    _wait_for(proc, b"ready")
+    for name in names:  # to the wrapper's pid only, as proctrack/cgroup does
+        os.kill(proc.pid, getattr(signal, name))
+        time.sleep(0.05)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 7, err
+    assert f"got {','.join(sorted(names))}".encode() in out
+
+
+def test_second_term_does_not_kill_the_wrapper_before_the_command(
+        lc_env: dict[str, str]) -> None:
+    # The command takes two TERMs to end, then exits 9: the wrapper must outlive both.
+    script = textwrap.dedent("""
+        import signal, sys, time
+        n = 0
+        def h(s, f):
+            global n
+            n += 1
+        signal.signal(signal.SIGTERM, h)
+        print("ready", flush=True)
+        while n < 2:
+            time.sleep(0.01)
+        print("two TERMs", flush=True)
+        sys.exit(9)
+    """)
+    proc = subprocess.Popen([*LOGCAPTURE, "run", "--", PY, "-c", script], env=lc_env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    _wait_for(proc, b"ready")
+    os.kill(proc.pid, signal.SIGTERM)
+    time.sleep(0.1)
+    os.kill(proc.pid, signal.SIGTERM)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 9
+    assert b"two TERMs" in out
+
+
+def test_term_to_the_wrapper_kills_a_default_command_by_term(lc_env: dict[str, str]) -> None:
+    proc = subprocess.Popen([*LOGCAPTURE, "run", "--", "sh", "-c", "echo ready; sleep 60"],
+                            env=lc_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    _wait_for(proc, b"ready")
+    os.kill(proc.pid, signal.SIGTERM)
+    proc.communicate(timeout=30)
+    assert proc.returncode == -signal.SIGTERM
+
+
+# ------------------------------------------------------------------ terminals and bytes
+
+
+def test_both_streams_are_ttys_and_separate(tmp_path: Path) -> None:
+    rec = Recorder()
+    outcome, out, err, _ = _run_to_files(tmp_path, [PY, "-c", (
+        "import sys, os; print(sys.stdout.isatty(), sys.stderr.isatty(), "
+        "os.get_terminal_size().columns); print('to err', file=sys.stderr)")],
+        rec, winsize=(30, 123))
+    assert outcome.exit_status == 0
+    assert out == b"True True 123\n"
+    assert err == b"to err\n"
+    assert bytes(rec.data["stdout"]) == out and bytes(rec.data["stderr"]) == err
+
+
+def test_default_window_size_is_set_without_a_terminal(tmp_path: Path) -> None:
+    # A batch job has no terminal to copy a size from: a 0x0 pty makes tqdm print nothing.
+    _, out, _, _ = _run_to_files(tmp_path, [PY, "-c",
+                                            "import os; print(os.get_terminal_size())"])
+    assert b"columns=80, lines=24" in out
+
+
+def test_output_is_byte_identical(tmp_path: Path) -> None:
+    payload = bytes(range(256)) * 40 + b"\xff\xfe invalid utf-8 \x00 NUL \r\n\n no newline"
+    (tmp_path / "payload").write_bytes(payload)
+    writer = (f"import sys; d = open({str(tmp_path / 'payload')!r}, 'rb').read(); "
+              "sys.stdout.buffer.write(d); sys.stdout.flush(); "
+              "sys.stderr.buffer.write(d[::-1]); sys.stderr.flush()")
+    rec = Recorder()
+    outcome, out, err, warnings = _run_to_files(tmp_path, [PY, "-c", writer], rec)
+    assert outcome.exit_status == 0 and not warnings
+    assert out == payload
+    assert err == payload[::-1]
+    assert outcome.bytes == {"stdout": len(payload), "stderr": len(payload)}
+
+
+def test_stdin_passes_through(lc_env: dict[str, str]) -> None:
+    res = run_lc(["run", "--", "cat"], lc_env, input=b"hi\nthere")
+    assert res.returncode == 0
+    assert res.stdout == b"hi\nthere"
+
+
+def test_an_interactive_program_driven_by_pexpect(lc_env: dict[str, str]) -> None:
+    child = pexpect.spawn(LOGCAPTURE[0], [*LOGCAPTURE[1:], "run", "--", PY, "-c",
+                                          "n = input('name? '); print('hello', n)"],
+                          env=lc_env, timeout=30)
+    child.expect("name\\? ")
+    child.sendline("bob")
+    child.expect("hello bob")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+
+
+def test_a_grandchild_holding_the_pty_does_not_hang_the_wrapper(tmp_path: Path) -> None:
+    outcome, out, _, _ = _run_to_files(tmp_path, ["sh", "-c", "sleep 30 & echo done"],
+                                       drain_timeout=2.0)
+    assert outcome.exit_status == 0
+    assert out == b"done\n"
+
+
+def test_a_failing_sink_never_breaks_the_command(tmp_path: Path) -> None:
+    class Exploding(Recorder):
+        def feed(self, stream: str, data: bytes, now: float) -> None:
+            raise RuntimeError("secret text that must not be echoed")
+
+    outcome, out, _, warnings = _run_to_files(
+        tmp_path, [PY, "-c", "for i in range(1000): print(i)"], Exploding())
+    assert outcome.exit_status == 0
+    assert out == b"".join(f"{i}\n".encode() for i in range(1000))
+    assert len(warnings) == 1 and "RuntimeError" in warnings[0]
+    assert "secret" not in warnings[0]
+
+
+def test_a_huge_line_without_newline_keeps_memory_bounded(lc_env: dict[str, str]) -> None:
+    # 100 MB on one line, no newline: the wrapper's memory must not grow with it.
+    writer = ("import sys\nb = b'x' * 65536\nfor _ in range(1600): sys.stdout.buffer.write(b)\n"
+              "sys.stdout.flush()")
+    proc = subprocess.Popen([*LOGCAPTURE, "run", "--", PY, "-c", writer], env=lc_env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    assert proc.returncode == 0
+    # ru_maxrss is in KiB: well under the 100 MB the line is long.
+    assert usage.ru_maxrss < 150 * 1024, usage.ru_maxrss
+    logs = run_lc(["logs"], lc_env)
+    text = logs.stdout.decode()
+    assert "line cut" in text

@@ -1,0 +1,193 @@
+"""The spool as a write-ahead log: round trips, torn lines, rotation, failures (issue 2 §4)."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import resource
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from logcapture.errors import SpoolError
+from logcapture.records import Line, Metadata, Note, Record, from_dict
+from logcapture.spool import (
+    ReadStats,
+    SpoolWriter,
+    create_run_dir,
+    iter_run,
+    segments,
+)
+
+from .conftest import run_lc
+
+texts = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=200)
+json_scalars = st.one_of(st.none(), st.booleans(), st.integers(-2**53, 2**53),
+                         st.floats(allow_nan=False, allow_infinity=False), texts)
+
+
+@st.composite
+def record_lists(draw: st.DrawFn) -> list[Record]:
+    out: list[Record] = []
+    for seq in range(draw(st.integers(0, 60))):
+        kind = draw(st.sampled_from(["line", "note", "metadata"]))
+        ts = draw(st.floats(0, 2e9, allow_nan=False))
+        if kind == "line":
+            out.append(Line(run="r", stream="stdout", seq=seq, ts=ts, text=draw(texts)))
+        elif kind == "note":
+            out.append(Note(run="r", stream="stdout", seq=seq, ts=ts, note="repeat",
+                            count=draw(st.integers(0, 10**6)), text=draw(texts)))
+        else:
+            out.append(Metadata(run="r", stream="stdout", seq=seq, ts=ts,
+                                fields=draw(st.dictionaries(texts, json_scalars, max_size=5))))
+    return out
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(records=record_lists(), segment_bytes=st.integers(1024, 8192))
+def test_round_trip_through_rotated_compressed_segments(tmp_path_factory: pytest.TempPathFactory,
+                                                        records: list[Record],
+                                                        segment_bytes: int) -> None:
+    root = tmp_path_factory.mktemp("spool")
+    run_dir = create_run_dir(root, "r")
+    w = SpoolWriter(run_dir, segment_bytes=segment_bytes, flush_records=7, fsync=False)
+    for i in range(0, len(records), 5):
+        w.write(records[i:i + 5])
+    w.close()
+    stats = ReadStats()
+    assert list(iter_run(run_dir, stats)) == records
+    assert stats.torn == 0 and stats.bad == []
+    assert all(s.closed for s in segments(run_dir))
+
+
+def test_files_are_private(tmp_path: Path) -> None:
+    run_dir = create_run_dir(tmp_path / "root", "r")
+    w = SpoolWriter(run_dir)
+    w.write([Line(run="r", stream="stdout", seq=0, ts=1.0, text="x")])
+    w.close()
+    assert stat.S_IMODE(os.stat(tmp_path / "root").st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(run_dir).st_mode) == 0o700
+    for seg in segments(run_dir):
+        assert stat.S_IMODE(os.stat(seg.path).st_mode) == 0o600
+
+
+def test_a_torn_last_line_is_skipped_and_counted(tmp_path: Path) -> None:
+    run_dir = create_run_dir(tmp_path, "r")
+    good = [Line(run="r", stream="stdout", seq=i, ts=1.0, text=f"l{i}") for i in range(3)]
+    (run_dir / "seg-000000.ndjson").write_text(
+        "".join(r.to_json() + "\n" for r in good) + '{"run":"r","stream":"std')
+    stats = ReadStats()
+    assert list(iter_run(run_dir, stats)) == good
+    # The run's only segment is open: its last line may still be being written.
+    assert stats.torn == 0
+    with gzip.open(run_dir / "seg-000000.ndjson.gz", "wb") as f:
+        f.write((run_dir / "seg-000000.ndjson").read_bytes())
+    stats = ReadStats()
+    assert list(iter_run(run_dir, stats)) == good
+    assert stats.torn == 1
+
+
+def test_invalid_lines_are_skipped_counted_and_located(tmp_path: Path) -> None:
+    run_dir = create_run_dir(tmp_path, "r")
+    ok = Line(run="r", stream="stdout", seq=0, ts=1.0, text="ok")
+    (run_dir / "seg-000000.ndjson").write_text(
+        "not json\n" + ok.to_json() + "\n" + '{"kind":"nope"}\n' + "[1]\n")
+    stats = ReadStats()
+    assert list(iter_run(run_dir, stats)) == [ok]
+    assert [(name, line) for name, line, _ in stats.bad] == [
+        ("seg-000000.ndjson", 1), ("seg-000000.ndjson", 3), ("seg-000000.ndjson", 4)]
+
+
+@given(st.binary(max_size=300))
+@settings(max_examples=200, deadline=None)
+def test_decoding_arbitrary_bytes_never_crashes(data: bytes) -> None:
+    import json
+
+    from logcapture.errors import RecordError
+    try:
+        from_dict(json.loads(data))
+    except (ValueError, RecordError):
+        pass
+
+
+def test_non_finite_numbers_are_written_as_strict_json(tmp_path: Path) -> None:
+    run_dir = create_run_dir(tmp_path, "r")
+    w = SpoolWriter(run_dir)
+    w.write([Metadata(run="r", stream="stdout", seq=0, ts=1.0,
+                      fields={"loss": float("nan"), "lr": float("inf")})])
+    w.close()
+    raw = gzip.decompress(segments(run_dir)[0].path.read_bytes())
+    assert b"NaN" in raw and b'"NaN"' in raw  # quoted: strict JSON
+    (rec,) = iter_run(run_dir)
+    assert rec.fields == {"loss": "NaN", "lr": "Infinity"}  # type: ignore[attr-defined]
+
+
+def test_a_run_id_is_validated_and_never_reused(tmp_path: Path) -> None:
+    create_run_dir(tmp_path, "job-1")
+    with pytest.raises(SpoolError, match="already exists"):
+        create_run_dir(tmp_path, "job-1")
+    for bad in ("../x", ".hidden", "a/b", "", "x" * 200):
+        with pytest.raises(SpoolError, match="invalid run id"):
+            create_run_dir(tmp_path, bad)
+
+
+def test_a_failing_disk_buffers_then_recovers(tmp_path: Path) -> None:
+    # RLIMIT_FSIZE in a child process: writes past the limit fail with EFBIG (Python ignores
+    # SIGXFSZ), exactly like a full disk for the writer.
+    script = f"""
+import resource, sys
+sys.path.insert(0, {str(Path(__file__).parent.parent)!r})
+from pathlib import Path
+from logcapture.records import Line
+from logcapture.spool import SpoolWriter, create_run_dir
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.RLIM_INFINITY))
+warnings = []
+w = SpoolWriter(create_run_dir(Path({str(tmp_path)!r}), "r"), fsync=False,
+                segment_bytes=1 << 20, warn=warnings.append)
+w.write([Line(run="r", stream="stdout", seq=i, ts=1.0, text="x" * 100) for i in range(100)])
+w.flush()
+assert w.errors >= 1 and len(warnings) == 1, warnings
+resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+w.close()
+print(w.written, w.lost, len(warnings))
+"""
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["100", "0", "2"]  # all written in the end, none lost
+    recs = list(iter_run(tmp_path / "r"))
+    assert [r.seq for r in recs] == list(range(100))
+
+
+def test_unwritable_spool_does_not_hurt_the_command(lc_env: dict[str, str],
+                                                     tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("")
+    lc_env["LOGCAPTURE_SPOOL"] = str(tmp_path / "a-file" / "spool")
+    res = run_lc(["run", "--", "sh", "-c", "echo out; echo err >&2; exit 4"], lc_env)
+    assert res.returncode == 4
+    assert res.stdout == b"out\n"
+    lines = res.stderr.decode().splitlines()
+    assert lines[0] == "err" or lines[-1] == "err"
+    warnings = [ln for ln in lines if ln.startswith("logcapture:")]
+    assert len(warnings) == 1 and "capture disabled" in warnings[0]
+
+
+def test_a_full_spool_disk_does_not_hurt_the_command(lc_env: dict[str, str]) -> None:
+    # The whole wrapper under RLIMIT_FSIZE: its spool writes fail; the command's output goes
+    # to pipes (not limited) and must be complete.
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (2048, 2048))
+
+    res = subprocess.run(
+        [sys.executable, "-m", "logcapture", "run", "--", sys.executable, "-c",
+         "for i in range(20000): print('line', i)"],
+        env=lc_env, capture_output=True, timeout=60, preexec_fn=limit)
+    assert res.returncode == 0
+    assert res.stdout == b"".join(f"line {i}\n".encode() for i in range(20000))
+    warnings = [ln for ln in res.stderr.decode().splitlines() if ln.startswith("logcapture:")]
+    assert 1 <= len(warnings) <= 5
