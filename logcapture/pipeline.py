@@ -17,6 +17,7 @@ import codecs
 import os
 import pwd
 import re
+import resource
 import socket
 import time
 from collections.abc import Callable, Iterable
@@ -258,9 +259,14 @@ def capture_command(argv: list[str], *, spool_root: Path, run_id: str | None = N
     if pipeline is not None:
         try:
             state = "FAILED" if outcome.spawn_error else outcome.state
+            usage = resource.getrusage(resource.RUSAGE_SELF)
             pipeline.finish(exit_status=outcome.exit_status, signal=outcome.signal,
                             state=state, duration=outcome.duration,
-                            bytes_read=outcome.bytes)
+                            bytes_read=outcome.bytes,
+                            extra_counts={"capture": {
+                                # The wrapper's own CPU (all its threads), for bench/ and show.
+                                "cpu_ms": int(1000 * (usage.ru_utime + usage.ru_stime)),
+                                "max_rss_kib": usage.ru_maxrss}})
         except Exception as e:  # noqa: BLE001
             warn(f"could not finish the spool ({type(e).__name__})")
     return runner.exit_like(outcome)
