@@ -1,0 +1,914 @@
+"""The store: ClickHouse tables, schema migrations, inserts and queries (clickhouse-connect).
+
+One client library, one schema, one code path for both targets (SPEC.md §1, §6):
+
+- ``chdb:///PATH``: the embedded engine (chDB) stored in PATH. The default is
+  ``$XDG_STATE_HOME/logcapture/store`` (``~/.local/state/logcapture/store``). chDB allows one
+  process per store folder (CHDB.md), so the folder is guarded by an ``flock`` on
+  ``PATH.lock`` beside it: a second process gets a clear ``StoreUnavailable`` instead of the
+  engine's ``BAD_ARGUMENTS``. Callers open, work and close (``open_store`` is a context
+  manager) so readers and writers take turns.
+- ``http(s)://USER:PASS@HOST:8123/DB``: a ClickHouse server (or a cluster, docs/storage.md).
+
+The DSN comes from ``--store``, else ``$LOGCAPTURE_STORE``, else the ``store:`` key of the
+config file, else the embedded default (``resolve_dsn``).
+
+Ingest (docs/storage.md): spool NDJSON bytes go as they are into the ``ingest`` table (engine
+Null) with ``raw_insert(fmt='JSONEachRow')``; materialized views route each record by kind
+into ``runs``, ``lines``, ``notes``, ``metadata`` and ``samples``. The owner and run identity
+of every row are *not* read from the records: the caller passes an ``Identity`` from a trusted
+source, and its fields are spliced into each line as ``_run``/``_owner``/... keys. A record
+that tries to carry those keys itself is a duplicate key, which ClickHouse refuses (code 117);
+the batch then goes through the slow path, which parses every line in Python, skips and
+reports bad lines, and inserts the rest re-encoded.
+
+Idempotency: every table is a ReplacingMergeTree (AggregatingMergeTree for ``runs``) whose
+ORDER BY is the record identity ``(run, owner, stream, seq)``, and every query reads with
+``FINAL``, so a re-inserted record never shows twice, before or after merges.
+
+No SQL is built by pasting values or identifiers: values are clickhouse-connect server-side
+parameters (``{name:Type}``) and table names come from the fixed allow-list ``TABLES``
+(passed as ``{table:Identifier}``).
+"""
+
+from __future__ import annotations
+
+import csv
+import fcntl
+import io
+import json
+import os
+import re
+import threading
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+from urllib.parse import urlparse, urlunparse
+
+from .errors import (
+    LogcaptureError,
+    NotFound,
+    StoreAuthError,
+    StoreDataError,
+    StoreError,
+    StoreUnavailable,
+    UsageError,
+)
+from .records import Record, dumps, from_dict
+
+SCHEMA_VERSION = 1
+DEFAULT_DATABASE = "logcapture"
+# The tables a user-facing name may refer to (the identifier allow-list).
+TABLES = ("runs", "lines", "notes", "metadata", "samples")
+ALL_TABLES = ("ingest", *TABLES, "schema_version")
+VIEWS = ("ingest_runs", "ingest_lines", "ingest_notes", "ingest_metadata", "ingest_samples")
+ADMIN_ROLE = "logcapture_admin"
+
+# ClickHouse error codes (src/Common/ErrorCodes.cpp) that mean "the data is wrong": never
+# retried (Vector's ClickHouse sink does the same for 117 and 53).
+DATA_ERROR_CODES = frozenset({
+    6,    # CANNOT_PARSE_TEXT
+    26,   # CANNOT_PARSE_QUOTED_STRING
+    27,   # CANNOT_PARSE_INPUT_ASSERTION_FAILED
+    32,   # ATTEMPT_TO_READ_AFTER_EOF
+    38,   # CANNOT_PARSE_DATE
+    41,   # CANNOT_PARSE_DATETIME
+    53,   # TYPE_MISMATCH
+    69,   # ARGUMENT_OUT_OF_BOUND
+    70,   # CANNOT_CONVERT_TYPE
+    72,   # CANNOT_PARSE_NUMBER
+    117,  # INCORRECT_DATA
+    131,  # TOO_LARGE_STRING_SIZE
+    321,  # VALUE_IS_OUT_OF_RANGE_OF_DATA_TYPE
+    349,  # CANNOT_INSERT_NULL_IN_ORDINARY_COLUMN
+    395,  # FUNCTION_THROW_IF_VALUE_IS_NON_ZERO
+    407,  # DECIMAL_OVERFLOW
+    469,  # VIOLATED_CONSTRAINT (a record without kind/stream/seq/ts, or no identity)
+    623,  # CANNOT_PARSE_BOOL
+    })
+# Authentication/authorisation: stop at once (gpufl: 401/403 stop immediately).
+AUTH_ERROR_CODES = frozenset({
+    192,  # UNKNOWN_USER
+    193,  # WRONG_PASSWORD
+    194,  # REQUIRED_PASSWORD
+    195,  # IP_ADDRESS_NOT_ALLOWED
+    497,  # ACCESS_DENIED
+    516,  # AUTHENTICATION_FAILED
+})
+SCHEMA_ERROR_CODES = frozenset({60, 81})  # UNKNOWN_TABLE, UNKNOWN_DATABASE
+# Not transient either: a bug or an engine that cannot run the statement.
+FATAL_ERROR_CODES = frozenset({1, 36, 47, 48, 62})  # UNSUPPORTED_METHOD, BAD_ARGUMENTS,
+# UNKNOWN_IDENTIFIER, NOT_IMPLEMENTED, SYNTAX_ERROR
+
+_IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+_HTTP_STATUS_RE = re.compile(r"\b(?:HTTP|status)[^0-9]{0,20}(401|403)\b", re.IGNORECASE)
+
+
+# --- the schema ------------------------------------------------------------------------------
+# Columns shared by every per-record table: the trusted identity first, then the record's.
+_ID_COLUMNS = """
+    run String CODEC(ZSTD(1)),
+    owner LowCardinality(String),
+    uid UInt32,
+    stream LowCardinality(String),
+    seq UInt64 CODEC(Delta, ZSTD(1)),
+    ts DateTime64(9, 'UTC') CODEC(Delta, ZSTD(1)),"""
+
+_RECORD_TABLE = """ENGINE = ReplacingMergeTree
+PARTITION BY toDate(ts)
+ORDER BY (run, owner, stream, seq)
+SETTINGS index_granularity = 8192"""
+
+MIGRATIONS: list[tuple[int, list[str]]] = [
+    (1, [
+        # Everything a spool line may hold, plus the trusted identity spliced in by
+        # Store.insert_ndjson. Engine Null: nothing is kept here, the views route rows.
+        """CREATE TABLE IF NOT EXISTS ingest (
+    _run Nullable(String), _owner Nullable(String), _uid Nullable(UInt32),
+    _cluster String, _job_id String,
+    kind Nullable(String), run String, stream Nullable(String), seq Nullable(UInt64),
+    ts Nullable(DateTime64(9, 'UTC')),
+    text String, note String, count Int64, options String, fields String,
+    node String, gpus String, job String,
+    command String, cwd String, user String, uid Int64, host String, pid Int64, mode String,
+    slurm String, inventory String, config String,
+    exit_status Nullable(Int32), signal Nullable(Int32), state String, duration Float64,
+    counts String,
+    CONSTRAINT identity CHECK _run IS NOT NULL AND _run != '' AND _owner IS NOT NULL
+        AND _uid IS NOT NULL,
+    CONSTRAINT record CHECK kind IN ('start', 'line', 'note', 'command', 'metadata', 'sample',
+        'end') AND stream IS NOT NULL AND seq IS NOT NULL AND ts IS NOT NULL
+) ENGINE = Null""",
+        """CREATE TABLE IF NOT EXISTS runs (
+    run String,
+    owner LowCardinality(String),
+    uid SimpleAggregateFunction(anyLast, UInt32),
+    cluster SimpleAggregateFunction(anyLast, LowCardinality(String)),
+    job_id SimpleAggregateFunction(anyLast, String),
+    start_ts SimpleAggregateFunction(min, Nullable(DateTime64(9, 'UTC'))),
+    end_ts SimpleAggregateFunction(max, Nullable(DateTime64(9, 'UTC'))),
+    last_ts SimpleAggregateFunction(max, DateTime64(9, 'UTC')),
+    start_seq SimpleAggregateFunction(anyLast, Nullable(UInt64)),
+    end_seq SimpleAggregateFunction(anyLast, Nullable(UInt64)),
+    host SimpleAggregateFunction(anyLast, Nullable(String)),
+    command SimpleAggregateFunction(anyLast, Nullable(String)),
+    cwd SimpleAggregateFunction(anyLast, Nullable(String)),
+    record_user SimpleAggregateFunction(anyLast, Nullable(String)),
+    record_uid SimpleAggregateFunction(anyLast, Nullable(Int64)),
+    pid SimpleAggregateFunction(anyLast, Nullable(Int64)),
+    mode SimpleAggregateFunction(anyLast, Nullable(String)),
+    slurm SimpleAggregateFunction(anyLast, Nullable(String)),
+    inventory SimpleAggregateFunction(anyLast, Nullable(String)),
+    config SimpleAggregateFunction(anyLast, Nullable(String)),
+    exit_status SimpleAggregateFunction(anyLast, Nullable(Int32)),
+    signal SimpleAggregateFunction(anyLast, Nullable(Int32)),
+    state SimpleAggregateFunction(anyLast, Nullable(String)),
+    duration SimpleAggregateFunction(anyLast, Nullable(Float64)),
+    counts SimpleAggregateFunction(anyLast, Nullable(String))
+) ENGINE = AggregatingMergeTree
+ORDER BY (run, owner)""",
+        f"""CREATE TABLE IF NOT EXISTS lines ({_ID_COLUMNS}
+    kind LowCardinality(String),
+    text String CODEC(ZSTD(1)),
+    options String CODEC(ZSTD(1)),
+    INDEX text_tokens text TYPE tokenbf_v1(32768, 3, 0) GRANULARITY 1
+) {_RECORD_TABLE}""",
+        f"""CREATE TABLE IF NOT EXISTS notes ({_ID_COLUMNS}
+    note LowCardinality(String),
+    count Int64 CODEC(ZSTD(1)),
+    text String CODEC(ZSTD(1))
+) {_RECORD_TABLE}""",
+        f"""CREATE TABLE IF NOT EXISTS metadata ({_ID_COLUMNS}
+    fields String CODEC(ZSTD(1)),
+    numbers Map(LowCardinality(String), Float64) CODEC(ZSTD(1))
+) {_RECORD_TABLE}""",
+        f"""CREATE TABLE IF NOT EXISTS samples ({_ID_COLUMNS}
+    node LowCardinality(String),
+    gpus String CODEC(ZSTD(1)),
+    job String CODEC(ZSTD(1)),
+    job_metrics Map(LowCardinality(String), Float64) CODEC(ZSTD(1))
+) {_RECORD_TABLE}""",
+        """CREATE MATERIALIZED VIEW IF NOT EXISTS ingest_runs TO runs AS
+SELECT assumeNotNull(_run) AS run, assumeNotNull(_owner) AS owner, assumeNotNull(_uid) AS uid,
+    _cluster AS cluster, _job_id AS job_id,
+    if(kind = 'start', ts, NULL) AS start_ts,
+    if(kind = 'end', ts, NULL) AS end_ts,
+    assumeNotNull(ts) AS last_ts,
+    if(kind = 'start', seq, NULL) AS start_seq,
+    if(kind = 'end', seq, NULL) AS end_seq,
+    if(kind = 'start', host, NULL) AS host,
+    if(kind = 'start', command, NULL) AS command,
+    if(kind = 'start', cwd, NULL) AS cwd,
+    if(kind = 'start', user, NULL) AS record_user,
+    if(kind = 'start', uid, NULL) AS record_uid,
+    if(kind = 'start', pid, NULL) AS pid,
+    if(kind = 'start', mode, NULL) AS mode,
+    if(kind = 'start', slurm, NULL) AS slurm,
+    if(kind = 'start', inventory, NULL) AS inventory,
+    if(kind = 'start', config, NULL) AS config,
+    if(kind = 'end', exit_status, NULL) AS exit_status,
+    if(kind = 'end', signal, NULL) AS signal,
+    if(kind = 'end', state, NULL) AS state,
+    if(kind = 'end', duration, NULL) AS duration,
+    if(kind = 'end', counts, NULL) AS counts
+FROM ingest WHERE kind IN ('start', 'end')""",
+        """CREATE MATERIALIZED VIEW IF NOT EXISTS ingest_lines TO lines AS
+SELECT assumeNotNull(_run) AS run, assumeNotNull(_owner) AS owner, assumeNotNull(_uid) AS uid,
+    assumeNotNull(stream) AS stream, assumeNotNull(seq) AS seq, assumeNotNull(ts) AS ts,
+    assumeNotNull(kind) AS kind, text, options
+FROM ingest WHERE kind IN ('line', 'command')""",
+        """CREATE MATERIALIZED VIEW IF NOT EXISTS ingest_notes TO notes AS
+SELECT assumeNotNull(_run) AS run, assumeNotNull(_owner) AS owner, assumeNotNull(_uid) AS uid,
+    assumeNotNull(stream) AS stream, assumeNotNull(seq) AS seq, assumeNotNull(ts) AS ts,
+    note, count, text
+FROM ingest WHERE kind = 'note'""",
+        # numbers: the numeric values of the flattened fields (booleans and strings left out).
+        """CREATE MATERIALIZED VIEW IF NOT EXISTS ingest_metadata TO metadata AS
+SELECT assumeNotNull(_run) AS run, assumeNotNull(_owner) AS owner, assumeNotNull(_uid) AS uid,
+    assumeNotNull(stream) AS stream, assumeNotNull(seq) AS seq, assumeNotNull(ts) AS ts,
+    fields,
+    CAST(arrayFilter(kv -> isNotNull(kv.2),
+        arrayMap(kv -> (kv.1, toFloat64OrNull(kv.2)), JSONExtractKeysAndValuesRaw(fields))),
+        'Map(String, Float64)') AS numbers
+FROM ingest WHERE kind = 'metadata'""",
+        """CREATE MATERIALIZED VIEW IF NOT EXISTS ingest_samples TO samples AS
+SELECT assumeNotNull(_run) AS run, assumeNotNull(_owner) AS owner, assumeNotNull(_uid) AS uid,
+    assumeNotNull(stream) AS stream, assumeNotNull(seq) AS seq, assumeNotNull(ts) AS ts,
+    node, gpus, job,
+    CAST(arrayFilter(kv -> isNotNull(kv.2),
+        arrayMap(kv -> (kv.1, toFloat64OrNull(kv.2)), JSONExtractKeysAndValuesRaw(job))),
+        'Map(String, Float64)') AS job_metrics
+FROM ingest WHERE kind = 'sample'""",
+    ]),
+]
+
+_SCHEMA_VERSION_DDL = """CREATE TABLE IF NOT EXISTS schema_version (
+    version UInt32, applied DateTime DEFAULT now()
+) ENGINE = ReplacingMergeTree ORDER BY version"""
+
+# Settings for every ingest: refuse unknown fields (a forged or corrupt line then takes the
+# slow path, where it is reported), read nested objects/arrays as their JSON text.
+INGEST_SETTINGS = {
+    "input_format_skip_unknown_fields": 0,
+    "input_format_json_read_objects_as_strings": 1,
+    "input_format_json_read_arrays_as_strings": 1,
+    "input_format_json_read_numbers_as_strings": 1,
+    "date_time_input_format": "best_effort",
+}
+
+
+def row_policy_statements() -> list[str]:
+    """The row-policy DDL (``db init --row-policies``): each user sees the rows whose ``owner``
+    is their ClickHouse user name; members of the role ``logcapture_admin`` see all.
+    ClickHouse takes no query parameters in access-control DDL, so these statements are built
+    from the fixed allow-lists ``TABLES`` and ``ADMIN_ROLE`` only (never from input)."""
+    out = [f"CREATE ROLE IF NOT EXISTS {ADMIN_ROLE}"]
+    for table in TABLES:
+        assert table in TABLES and _IDENT_RE.match(table)
+        out.append(f"CREATE ROW POLICY OR REPLACE logcapture_{table}_owner ON {table} "
+                   f"AS PERMISSIVE FOR SELECT USING owner = currentUser() TO ALL EXCEPT "
+                   f"{ADMIN_ROLE}")
+        out.append(f"CREATE ROW POLICY OR REPLACE logcapture_{table}_admin ON {table} "
+                   f"AS PERMISSIVE FOR SELECT USING 1 TO {ADMIN_ROLE}")
+    return out
+
+
+def check_sql_syntax(store: Store, statements: Iterable[str]) -> list[str]:
+    """Parse each statement with the store's own parser (``formatQuery``) without running
+    it; returns the normalised text. Used to test DDL chDB cannot execute (row policies)."""
+    out = []
+    for sql in statements:
+        rows = store._query("SELECT formatQuery({q:String})", {"q": sql}, what="checking SQL")
+        out.append(rows[0][0])
+    return out
+
+
+# --- identity ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Identity:
+    """Who owns the rows of one run, from a trusted source (issue 4): for Slurm the root-owned
+    prolog record, standalone the run's Start record checked against the spool directory's
+    owner. ``run`` replaces the run id of every shipped record."""
+
+    run: str
+    user: str
+    uid: int
+    cluster: str = ""
+    job_id: str = ""
+
+    def splice_prefix(self) -> bytes:
+        """The bytes that replace each line's opening ``{``."""
+        head = {"_run": self.run, "_owner": self.user, "_uid": int(self.uid),
+                "_cluster": self.cluster, "_job_id": self.job_id}
+        return dumps(head)[:-1].encode() + b","
+
+
+# --- DSN and locking -----------------------------------------------------------------------------
+def default_store_path(env: Mapping[str, str] = os.environ) -> Path:
+    state = env.get("XDG_STATE_HOME") or os.path.join(
+        env.get("HOME") or os.path.expanduser("~"), ".local", "state")
+    return Path(state) / "logcapture" / "store"
+
+
+def config_paths(env: Mapping[str, str] = os.environ) -> list[Path]:
+    """Where the ``store:`` key is looked up: ``$LOGCAPTURE_CONFIG``, else the user's
+    ``$XDG_CONFIG_HOME/logcapture/config.yaml``, then ``/etc/logcapture/config.yaml``."""
+    if env.get("LOGCAPTURE_CONFIG"):
+        return [Path(env["LOGCAPTURE_CONFIG"])]
+    cfg = env.get("XDG_CONFIG_HOME") or os.path.join(
+        env.get("HOME") or os.path.expanduser("~"), ".config")
+    return [Path(cfg) / "logcapture" / "config.yaml", Path("/etc/logcapture/config.yaml")]
+
+
+def _dsn_from_config(env: Mapping[str, str]) -> str | None:
+    import yaml
+
+    for path in config_paths(env):
+        try:
+            text = path.read_text()
+        except OSError:
+            continue
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise UsageError(f"{path}: invalid YAML: {e}") from None
+        if isinstance(data, dict) and data.get("store"):
+            if not isinstance(data["store"], str):
+                raise UsageError(f"{path}: key 'store' must be a string (a DSN)")
+            return data["store"]
+    return None
+
+
+def resolve_dsn(dsn: str | None = None, env: Mapping[str, str] = os.environ) -> str:
+    """``--store``, else ``$LOGCAPTURE_STORE``, else the config file, else the embedded
+    default ``chdb:///$XDG_STATE_HOME/logcapture/store``."""
+    if dsn:
+        return dsn
+    if env.get("LOGCAPTURE_STORE"):
+        return env["LOGCAPTURE_STORE"]
+    return _dsn_from_config(env) or f"chdb://{default_store_path(env)}"
+
+
+def redact(dsn: str) -> str:
+    """The DSN without its password, for messages."""
+    p = urlparse(dsn)
+    if p.password:
+        netloc = f"{p.username}:***@{p.hostname}" + (f":{p.port}" if p.port else "")
+        return urlunparse(p._replace(netloc=netloc))
+    return dsn
+
+
+class _StoreLock:
+    """Per-process reference-counted flock on ``<store>.lock``: chDB is one engine per process,
+    so clients of one process share it; another process is refused."""
+
+    _held: dict[str, tuple[int, int]] = {}  # path -> (fd, refcount)
+    _mutex = threading.Lock()
+
+    @classmethod
+    def acquire(cls, lock_path: Path, wait: float = 0.0) -> None:
+        key = str(lock_path)
+        with cls._mutex:
+            if key in cls._held:
+                fd, n = cls._held[key]
+                cls._held[key] = (fd, n + 1)
+                return
+            lock_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            import time
+
+            deadline = time.monotonic() + wait
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        holder = ""
+                        try:
+                            holder = os.pread(fd, 32, 0).decode().strip()
+                        except OSError:
+                            pass
+                        os.close(fd)
+                        who = f" (pid {holder})" if holder.isdigit() else ""
+                        raise StoreUnavailable(
+                            f"the embedded store {lock_path.with_suffix('')} is in use by "
+                            f"another process{who}; chDB allows one process per store folder, "
+                            "try again when it has finished") from None
+                    time.sleep(0.05)
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, str(os.getpid()).encode(), 0)
+            cls._held[key] = (fd, 1)
+
+    @classmethod
+    def release(cls, lock_path: Path) -> None:
+        key = str(lock_path)
+        with cls._mutex:
+            if key not in cls._held:
+                return
+            fd, n = cls._held[key]
+            if n > 1:
+                cls._held[key] = (fd, n - 1)
+                return
+            del cls._held[key]
+            os.close(fd)  # closing the descriptor drops the flock
+
+
+# --- errors ----------------------------------------------------------------------------------------
+def classify(exc: BaseException, what: str = "") -> StoreError:
+    """Map a clickhouse-connect/chDB exception to the store's error classes."""
+    if isinstance(exc, StoreError):
+        return exc
+    msg = str(exc).strip()
+    short = msg.splitlines()[0][:400] if msg else type(exc).__name__
+    code = getattr(exc, "code", None)
+    if not isinstance(code, int):
+        m = re.search(r"Code: (\d+)", msg)
+        code = int(m.group(1)) if m else None
+    prefix = f"{what}: " if what else ""
+    if code in AUTH_ERROR_CODES or _HTTP_STATUS_RE.search(msg):
+        return StoreAuthError(f"{prefix}the store refused the credentials or the access "
+                              f"(stopping at once): {short}")
+    if code in DATA_ERROR_CODES:
+        err = StoreDataError(f"{prefix}the store refused the data: {short}")
+        err.code = code  # type: ignore[attr-defined]
+        return err
+    if code in FATAL_ERROR_CODES and "EmbeddedServer" not in msg:
+        return StoreError(f"{prefix}{short}")
+    if code in SCHEMA_ERROR_CODES:
+        return StoreError(f"{prefix}the store has no logcapture schema (run `logcapture db "
+                          f"init`): {short}")
+    return StoreUnavailable(f"{prefix}{short}")
+
+
+# --- the store -----------------------------------------------------------------------------------
+@dataclass
+class InsertResult:
+    rows: int = 0  # records sent and accepted
+    bad: list[tuple[int, str]] = field(default_factory=list)  # (line no in the batch, why)
+    slow_path: bool = False
+
+
+def _ns_to_float(ns: int) -> float:
+    # The decimal text of the original float (DateTime64(9) parsed the JSON text exactly), so
+    # float() gives back the very float the spool held.
+    sign = "-" if ns < 0 else ""
+    ns = abs(ns)
+    return float(f"{sign}{ns // 1_000_000_000}.{ns % 1_000_000_000:09d}")
+
+
+def _loads(text: str | None, default: Any) -> Any:
+    if not text:
+        return default
+    try:
+        return json.loads(text)
+    except ValueError:
+        return default
+
+
+class Store:
+    """A clickhouse-connect client on the logcapture schema. Use ``open_store``."""
+
+    def __init__(self, client: Any, dsn: str, lock_path: Path | None = None):
+        self.client = client
+        self.dsn = dsn
+        self._lock_path = lock_path
+        self.embedded = lock_path is not None
+        self._closed = False
+
+    # --- lifecycle
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.client.close()
+        finally:
+            if self._lock_path is not None:
+                _StoreLock.release(self._lock_path)
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _command(self, sql: str, params: dict[str, Any] | None = None,
+                 what: str = "") -> Any:
+        try:
+            return self.client.command(sql, parameters=params or None)
+        except Exception as e:  # noqa: BLE001 - classified below
+            raise classify(e, what) from None
+
+    def _query(self, sql: str, params: dict[str, Any] | None = None,
+               what: str = "reading") -> list[tuple[Any, ...]]:
+        try:
+            return list(self.client.query(sql, parameters=params or None).result_rows)
+        except Exception as e:  # noqa: BLE001
+            raise classify(e, what) from None
+
+    # --- schema
+    def schema_version(self) -> int:
+        exists = self._query("SELECT count() FROM system.tables WHERE database = "
+                             "currentDatabase() AND name = 'schema_version'")
+        if not exists[0][0]:
+            return 0
+        return int(self._query("SELECT max(version) FROM schema_version")[0][0] or 0)
+
+    def init_schema(self, ttl_days: int | None = None, row_policies: bool = False,
+                    ) -> int:
+        """Create or migrate the schema (versioned, idempotent); returns the version now in
+        place. ``ttl_days``: rows older than that many days expire (0 removes the TTL; None
+        leaves it as it is). ``row_policies``: create the row policies (a server only; chDB
+        has no access control and answers ACCESS_DENIED, code 497)."""
+        self._command(_SCHEMA_VERSION_DDL, what="creating the schema")
+        current = self.schema_version()
+        for version, statements in MIGRATIONS:
+            if version <= current:
+                continue
+            for sql in statements:
+                self._command(sql, what=f"schema migration {version}")
+            self._command("INSERT INTO schema_version (version) VALUES ({v:UInt32})",
+                          {"v": version}, what="schema migration")
+        if ttl_days is not None:
+            self.set_ttl(ttl_days)
+        if row_policies:
+            for sql in row_policy_statements():
+                self._command(sql, what="creating row policies")
+        return self.schema_version()
+
+    def set_ttl(self, ttl_days: int) -> None:
+        if not isinstance(ttl_days, int) or ttl_days < 0:
+            raise UsageError(f"TTL must be a whole number of days >= 0, not {ttl_days!r}")
+        for table in TABLES:
+            column = "last_ts" if table == "runs" else "ts"
+            if ttl_days == 0:
+                if self._has_ttl(table):
+                    self._command("ALTER TABLE {t:Identifier} REMOVE TTL", {"t": table},
+                                  what="removing the TTL")
+                continue
+            self._command("ALTER TABLE {t:Identifier} MODIFY TTL toDateTime({c:Identifier}) + "
+                          "toIntervalDay({d:UInt32})", {"t": table, "c": column, "d": ttl_days},
+                          what="setting the TTL")
+
+    def _has_ttl(self, table: str) -> bool:
+        rows = self._query("SELECT create_table_query FROM system.tables WHERE database = "
+                           "currentDatabase() AND name = {t:String}", {"t": table})
+        return bool(rows) and " TTL " in rows[0][0]
+
+    def check_schema(self) -> None:
+        v = self.schema_version()
+        if v < SCHEMA_VERSION:
+            raise StoreError(f"the store {redact(self.dsn)} has schema version {v}, this "
+                             f"logcapture needs {SCHEMA_VERSION}: run `logcapture db init`")
+
+    # --- inserting
+    def insert_ndjson(self, data: bytes, identity: Identity) -> InsertResult:
+        """Insert spool NDJSON lines (complete lines, each ending in ``\\n``) as rows of
+        ``identity``'s run. Fast path: the bytes go as they are, with the identity spliced in.
+        When the store refuses them as data, every line is parsed here: bad lines are skipped
+        and reported in the result, the rest inserted. ``StoreDataError`` only when even
+        the validated records are refused."""
+        if not data:
+            return InsertResult()
+        if not data.endswith(b"\n"):
+            data += b"\n"
+        prefix = identity.splice_prefix()
+        body = prefix + data[1:].replace(b"\n{", b"\n" + prefix) if data[:1] == b"{" else data
+        try:
+            self._raw_insert(body)
+            return InsertResult(rows=data.count(b"\n"))
+        except StoreDataError:
+            pass
+        return self._insert_checked(data.split(b"\n")[:-1], identity)
+
+    def _raw_insert(self, body: bytes) -> None:
+        try:
+            self.client.raw_insert("ingest", None, insert_block=body, fmt="JSONEachRow",
+                                   settings=INGEST_SETTINGS)
+        except Exception as e:  # noqa: BLE001
+            raise classify(e, "inserting") from None
+
+    def _insert_checked(self, lines: list[bytes], identity: Identity) -> InsertResult:
+        result = InsertResult(slow_path=True)
+        good: list[bytes] = []
+        for i, raw in enumerate(lines, start=1):
+            if not raw.strip():
+                continue
+            try:
+                rec = from_dict(json.loads(raw))
+            except (ValueError, LogcaptureError) as e:
+                result.bad.append((i, str(e)[:200]))
+                continue
+            good.append(rec.to_json().encode("utf-8", "surrogatepass"))
+        if good:
+            prefix = identity.splice_prefix()
+            body = b"".join(prefix + g[1:] + b"\n" for g in good)
+            self._raw_insert(body)
+        result.rows = len(good)
+        return result
+
+    def insert_records(self, records: Iterable[Record | Mapping[str, Any]] | bytes,
+                       identity: Identity) -> InsertResult:
+        """Insert records (Record objects, record dicts, or NDJSON bytes) as ``identity``'s."""
+        if isinstance(records, (bytes, bytearray)):
+            return self.insert_ndjson(bytes(records), identity)
+        lines = []
+        for r in records:
+            d = r.to_dict() if isinstance(r, Record) else dict(r)
+            lines.append(dumps(d).encode("utf-8", "surrogatepass") + b"\n")
+        return self.insert_ndjson(b"".join(lines), identity)
+
+    # --- reading
+    def runs(self, owner: str | None = None) -> list[dict[str, Any]]:
+        """One dict per run, newest first: run, owner, uid, cluster, job_id, host, command,
+        start (epoch s), end, state (RUNNING while no end record), exit_status, signal,
+        duration."""
+        where = "WHERE owner = {owner:String}" if owner is not None else ""
+        rows = self._query(
+            "SELECT run, owner, uid, cluster, job_id, host, command, "
+            "toUnixTimestamp64Nano(start_ts), toUnixTimestamp64Nano(end_ts), "
+            "toUnixTimestamp64Nano(last_ts), ifNull(state, 'RUNNING'), exit_status, signal, "
+            "duration FROM runs FINAL " + where +
+            " ORDER BY ifNull(start_ts, last_ts) DESC, run", {"owner": owner} if owner else None)
+        return [self._run_row(r) for r in rows]
+
+    @staticmethod
+    def _run_row(r: tuple[Any, ...]) -> dict[str, Any]:
+        return {"run": r[0], "owner": r[1], "uid": r[2], "cluster": r[3], "job_id": r[4],
+                "host": r[5] or "", "command": _loads(r[6], []),
+                "start": _ns_to_float(r[7]) if r[7] is not None else None,
+                "end": _ns_to_float(r[8]) if r[8] is not None else None,
+                "last": _ns_to_float(r[9]), "state": r[10], "exit_status": r[11],
+                "signal": r[12], "duration": r[13]}
+
+    def has_run(self, run: str) -> bool:
+        return bool(self._query("SELECT count() FROM runs WHERE run = {run:String}",
+                                {"run": run})[0][0])
+
+    def run_info(self, run: str) -> dict[str, Any]:
+        """The run's summary (as ``runs()``) plus ``start_record`` and ``end_record`` (record
+        dicts as in the spool, or None) and per-table row counts."""
+        rows = self._query(
+            "SELECT run, owner, uid, cluster, job_id, host, command, "
+            "toUnixTimestamp64Nano(start_ts), toUnixTimestamp64Nano(end_ts), "
+            "toUnixTimestamp64Nano(last_ts), ifNull(state, 'RUNNING'), exit_status, signal, "
+            "duration, start_seq, end_seq, cwd, record_user, record_uid, pid, mode, slurm, "
+            "inventory, config, counts FROM runs FINAL WHERE run = {run:String}", {"run": run})
+        if not rows:
+            raise NotFound(f"run {run!r} is not in the store")
+        r = rows[0]
+        info = self._run_row(r)
+        start = end = None
+        if r[14] is not None:
+            start = {"kind": "start", "run": r[0], "stream": "run", "seq": r[14],
+                     "ts": info["start"], "command": info["command"], "cwd": r[16] or "",
+                     "user": r[17] or "", "uid": r[18] if r[18] is not None else -1,
+                     "host": info["host"], "pid": r[19] or 0, "mode": r[20] or "",
+                     "slurm": _loads(r[21], {}), "inventory": _loads(r[22], {}),
+                     "config": _loads(r[23], {})}
+        if r[15] is not None:
+            end = {"kind": "end", "run": r[0], "stream": "run", "seq": r[15],
+                   "ts": info["end"], "exit_status": r[11], "signal": r[12],
+                   "state": r[10], "duration": r[13] or 0.0, "counts": _loads(r[24], {})}
+        info["start_record"] = start
+        info["end_record"] = end
+        info["counts"] = {t: self._count(t, run) for t in ("lines", "notes", "metadata",
+                                                           "samples")}
+        return info
+
+    def _count(self, table: str, run: str) -> int:
+        if table not in TABLES:
+            raise UsageError(f"unknown table {table!r}")
+        return int(self._query("SELECT count() FROM {t:Identifier} FINAL WHERE run = "
+                               "{run:String}", {"t": table, "run": run})[0][0])
+
+    def lines(self, run: str, stream: str | None = None, limit: int | None = None
+              ) -> list[dict[str, Any]]:
+        """What ``logcapture logs`` shows: the run's output-stream records (line, command,
+        note, metadata) as spool record dicts, in order (ts, stream, seq); ``stream`` picks
+        one stream; ``limit`` keeps the last N. Run-level notes (stream ``run``) included
+        when ``stream`` is None."""
+        params: dict[str, Any] = {"run": run, "stream": stream or "",
+                                  "limit": int(limit) if limit else 0}
+        cond = "run = {run:String} AND ({stream:String} = '' OR stream = {stream:String})"
+        lim = " ORDER BY ts DESC, stream DESC, seq DESC LIMIT {limit:UInt64}" if limit else ""
+        out: list[dict[str, Any]] = []
+        for r in self._query("SELECT stream, seq, toUnixTimestamp64Nano(ts), kind, text, "
+                             "options FROM lines FINAL WHERE " + cond + lim, params):
+            d = {"kind": r[3], "run": run, "stream": r[0], "seq": r[1], "ts": _ns_to_float(r[2]),
+                 "text": r[4]}
+            if r[3] == "command":
+                d["options"] = _loads(r[5], {})
+            out.append(d)
+        for r in self._query("SELECT stream, seq, toUnixTimestamp64Nano(ts), note, count, text "
+                             "FROM notes FINAL WHERE " + cond + lim, params):
+            out.append({"kind": "note", "run": run, "stream": r[0], "seq": r[1],
+                        "ts": _ns_to_float(r[2]), "note": r[3], "count": r[4], "text": r[5]})
+        for r in self._query("SELECT stream, seq, toUnixTimestamp64Nano(ts), fields FROM "
+                             "metadata FINAL WHERE " + cond + lim, params):
+            out.append({"kind": "metadata", "run": run, "stream": r[0], "seq": r[1],
+                        "ts": _ns_to_float(r[2]), "fields": _loads(r[3], {})})
+        out.sort(key=lambda d: (d["ts"], d["stream"], d["seq"]))
+        return out[-limit:] if limit else out
+
+    def metadata(self, run: str) -> list[dict[str, Any]]:
+        """Metadata records of the run, newest first (dashboards show them that way)."""
+        rows = self._query("SELECT stream, seq, toUnixTimestamp64Nano(ts), fields FROM "
+                           "metadata FINAL WHERE run = {run:String} ORDER BY ts DESC, seq DESC",
+                           {"run": run})
+        return [{"kind": "metadata", "run": run, "stream": r[0], "seq": r[1],
+                 "ts": _ns_to_float(r[2]), "fields": _loads(r[3], {})} for r in rows]
+
+    def samples(self, run: str) -> list[dict[str, Any]]:
+        """Sample records of the run, oldest first."""
+        rows = self._query("SELECT stream, seq, toUnixTimestamp64Nano(ts), node, gpus, job "
+                           "FROM samples FINAL WHERE run = {run:String} ORDER BY ts, stream, "
+                           "seq", {"run": run})
+        return [{"kind": "sample", "run": run, "stream": r[0], "seq": r[1],
+                 "ts": _ns_to_float(r[2]), "node": r[3], "gpus": _loads(r[4], []),
+                 "job": _loads(r[5], {})} for r in rows]
+
+    def records(self, run: str) -> list[dict[str, Any]]:
+        """Every record of the run, as spool record dicts (start first, end last)."""
+        info = self.run_info(run)
+        body = self.lines(run) + self.samples(run)
+        body.sort(key=lambda d: (d["ts"], d["stream"], d["seq"]))
+        head = [info["start_record"]] if info["start_record"] else []
+        tail = [info["end_record"]] if info["end_record"] else []
+        return head + body + tail
+
+    # --- export
+    def export(self, run: str, what: str, fmt: str, out: BinaryIO) -> int:
+        """Write the run's ``lines``, ``metadata`` or ``samples`` as ``csv``, ``ndjson`` or
+        ``parquet`` to ``out``; returns the number of rows. Metadata and sample fields become
+        columns (dotted keys)."""
+        if what not in ("lines", "metadata", "samples"):
+            raise UsageError(f"--what must be lines, metadata or samples, not {what!r}")
+        if fmt not in ("csv", "ndjson", "parquet"):
+            raise UsageError(f"--format must be csv, ndjson or parquet, not {fmt!r}")
+        self.run_info(run)  # NotFound when absent
+        rows = export_rows(self, run, what)
+        write_rows(rows, fmt, out)
+        return len(rows)
+
+
+def export_rows(store: Store, run: str, what: str) -> list[dict[str, Any]]:
+    if what == "lines":
+        return [{"ts": d["ts"], "stream": d["stream"], "seq": d["seq"], "kind": d["kind"],
+                 "text": _line_text(d)} for d in store.lines(run)]
+    if what == "metadata":
+        recs = sorted(store.metadata(run), key=lambda d: (d["ts"], d["seq"]))
+        return [{"ts": d["ts"], "seq": d["seq"], **d["fields"]} for d in recs]
+    rows = []
+    for d in store.samples(run):
+        row: dict[str, Any] = {"ts": d["ts"], "node": d["node"]}
+        row.update({f"job.{k}": v for k, v in d["job"].items()})
+        for i, gpu in enumerate(d["gpus"]):
+            if isinstance(gpu, dict):
+                row.update({f"gpu{gpu.get('index', i)}.{k}": v for k, v in gpu.items()})
+        rows.append(row)
+    return rows
+
+
+def _line_text(d: dict[str, Any]) -> str:
+    if d["kind"] == "metadata":
+        return dumps(d["fields"])
+    return str(d.get("text", ""))
+
+
+def write_rows(rows: list[dict[str, Any]], fmt: str, out: BinaryIO) -> None:
+    if fmt == "ndjson":
+        for row in rows:
+            out.write(dumps(row).encode("utf-8", "surrogatepass") + b"\n")
+        return
+    columns: list[str] = []
+    seen: set[str] = set()
+    for row in rows:
+        for k in row:
+            if k not in seen:
+                seen.add(k)
+                columns.append(k)
+    if fmt == "csv":
+        text = io.StringIO()
+        w = csv.DictWriter(text, fieldnames=columns, extrasaction="ignore")
+        w.writeheader()
+        for row in rows:
+            w.writerow({k: (dumps(v) if isinstance(v, (dict, list)) else v)
+                        for k, v in row.items()})
+        out.write(text.getvalue().encode("utf-8", "surrogatepass"))
+        return
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data = {}
+    for c in columns:
+        values = [row.get(c) for row in rows]
+        kinds = {type(v) for v in values if v is not None}
+        if kinds <= {int, float} and kinds:
+            values = [float(v) if v is not None and float in kinds else v for v in values]
+        elif kinds - {str}:
+            values = [v if v is None or isinstance(v, str) else dumps(v)
+                      if isinstance(v, (dict, list)) else str(v) for v in values]
+        data[c] = values
+    table = pa.table(data) if columns else pa.table({"ts": pa.array([], pa.float64())})
+    pq.write_table(table, out)
+
+
+# --- opening ---------------------------------------------------------------------------------
+def _chdb_path(dsn: str) -> Path:
+    p = urlparse(dsn)
+    if p.netloc and p.netloc not in ("",):
+        raise UsageError(f"embedded store DSN must be chdb:///ABSOLUTE/PATH, not {dsn!r}")
+    if not p.path or not p.path.startswith("/"):
+        raise UsageError(f"embedded store DSN must be chdb:///ABSOLUTE/PATH, not {dsn!r}")
+    return Path(os.path.realpath(p.path))
+
+
+def open_store(dsn: str | None = None, *, wait: float = 0.0, create: bool = True,
+               connect_timeout: float = 5.0, env: Mapping[str, str] = os.environ) -> Store:
+    """Open the store named by ``dsn`` (``resolve_dsn`` when None). A context manager: leaving
+    it closes the client and releases the chDB lock. ``wait``: seconds to wait for an embedded
+    store held by another process. ``create``: for the embedded store, create or migrate the
+    schema when it is missing or old (a server needs ``logcapture db init``)."""
+    import clickhouse_connect
+
+    dsn = resolve_dsn(dsn, env)
+    scheme = urlparse(dsn).scheme
+    if scheme == "chdb":
+        path = _chdb_path(dsn)
+        lock = path.with_name(path.name + ".lock")
+        _StoreLock.acquire(lock, wait)
+        try:
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            try:
+                client = clickhouse_connect.get_client(dsn=f"chdb://{path}")
+            except Exception as e:  # noqa: BLE001
+                raise classify(e, f"opening the embedded store {path}") from None
+            try:
+                client.command("CREATE DATABASE IF NOT EXISTS {db:Identifier}",
+                               parameters={"db": DEFAULT_DATABASE})
+                client.database = DEFAULT_DATABASE
+            except Exception as e:  # noqa: BLE001
+                client.close()
+                raise classify(e, f"opening the embedded store {path}") from None
+        except BaseException:
+            _StoreLock.release(lock)
+            raise
+        store = Store(client, dsn, lock)
+        if create:
+            try:
+                if store.schema_version() < SCHEMA_VERSION:
+                    store.init_schema()
+            except BaseException:
+                store.close()
+                raise
+        return store
+    if scheme in ("http", "https"):
+        p = urlparse(dsn)
+        database = p.path.strip("/") or DEFAULT_DATABASE
+        if not _IDENT_RE.match(database):
+            raise UsageError(f"invalid database name {database!r} in the store DSN")
+        try:
+            client = clickhouse_connect.get_client(
+                dsn=urlunparse(p._replace(path="")), database=database,
+                connect_timeout=connect_timeout, send_receive_timeout=60,
+                query_retries=0)
+        except Exception as e:  # noqa: BLE001
+            err = classify(e, f"connecting to {redact(dsn)}")
+            if "UNKNOWN_DATABASE" in str(e) or getattr(e, "code", None) == 81:
+                client = _create_database(p, database, connect_timeout)
+            else:
+                raise err from None
+        return Store(client, dsn)
+    raise UsageError(f"unsupported store DSN {redact(dsn)!r}: use chdb:///PATH or "
+                     "http(s)://USER:PASS@HOST:8123/DB")
+
+
+def _create_database(p: Any, database: str, connect_timeout: float) -> Any:
+    import clickhouse_connect
+
+    try:
+        client = clickhouse_connect.get_client(dsn=urlunparse(p._replace(path="")),
+                                               connect_timeout=connect_timeout, query_retries=0)
+        client.command("CREATE DATABASE IF NOT EXISTS {db:Identifier}",
+                       parameters={"db": database})
+        client.database = database
+        return client
+    except Exception as e:  # noqa: BLE001
+        raise classify(e, "creating the database") from None
+
+
+def iter_ndjson_chunks(lines: list[bytes], max_bytes: int) -> Iterator[bytes]:
+    """Join complete lines (without newlines) into NDJSON chunks of about ``max_bytes``."""
+    chunk: list[bytes] = []
+    size = 0
+    for line in lines:
+        chunk.append(line)
+        size += len(line) + 1
+        if size >= max_bytes:
+            yield b"\n".join(chunk) + b"\n"
+            chunk, size = [], 0
+    if chunk:
+        yield b"\n".join(chunk) + b"\n"
