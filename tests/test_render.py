@@ -1,0 +1,282 @@
+"""Tests of the render stage: golden files, edge cases, and property tests.
+
+The property tests hold the two promises of docs/rendering.md: the fast path renders exactly
+what pure pyte renders, and the result does not depend on how the bytes were chunked.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from logcapture.records import Rendered
+from logcapture.render import LINE_LIMIT, Renderer
+
+CAPTURED = Path(__file__).parent / "captured"
+
+
+class PureRenderer(Renderer):
+    """The reference: every byte through pyte."""
+
+    fast_path = False
+
+
+def render(data: bytes, cls: type[Renderer] = Renderer, **kw: int) -> list[Rendered]:
+    r = cls(**kw)
+    return r.feed(data) + r.finish()
+
+
+def texts(data: bytes, **kw: int) -> list[str]:
+    return [line.text for line in render(data, **kw)]
+
+
+# -- golden files ------------------------------------------------------------------------------
+
+
+def _golden() -> list[str]:
+    return sorted(p.stem for p in CAPTURED.glob("*.input"))
+
+
+@pytest.mark.parametrize("name", _golden())
+def test_golden(name: str) -> None:
+    raw = (CAPTURED / f"{name}.input").read_bytes()
+    expected = json.loads((CAPTURED / f"{name}.output").read_text(encoding="utf-8"))
+    for cls in (Renderer, PureRenderer):
+        got = [line.text for line in render(raw, cls)]
+        assert got == expected, cls.__name__
+    # Chunked as a pty delivers it, and one byte at a time around every seam.
+    r = Renderer()
+    got = []
+    for i in range(0, len(raw), 997):
+        got += r.feed(raw[i:i + 997])
+    got += r.finish()
+    assert [line.text for line in got] == expected
+
+
+def test_golden_files_present() -> None:
+    names = set(_golden())
+    for want in ("tqdm", "tqdm_nested", "rich_progress", "colour_logging", "dd_progress",
+                 "curses"):
+        assert want in names
+
+
+# -- behaviour ---------------------------------------------------------------------------------
+
+
+def test_plain_lines() -> None:
+    assert texts(b"hello\nworld\n") == ["hello", "world"]
+
+
+def test_carriage_return_redraw_keeps_final_state() -> None:
+    assert texts(b"  0%\r 50%\r100%\n") == ["100%"]
+
+
+def test_shorter_redraw_leaves_tail_like_a_terminal() -> None:
+    assert texts(b"abcdef\rxy\n") == ["xycdef"]
+
+
+def test_erase_line() -> None:
+    assert texts(b"abcdef\r\x1b[Kxy\n") == ["xy"]
+    assert texts(b"abcdef\x1b[2K\rxy\n") == ["xy"]
+    # cursor back 3 from column 6 -> column 3; erase columns 0..3; "z" drawn at column 3
+    assert texts(b"abcdef\x1b[3D\x1b[1Kz\n") == ["   zef"]
+
+
+def test_no_escape_sequences_or_colours() -> None:
+    out = texts(b"\x1b[1;31mERROR\x1b[0m \x1b[38;5;200mx\x1b[m\x1b]0;title\x07\n")
+    assert out == ["ERROR x"]
+
+
+def test_trailing_spaces_stripped() -> None:
+    assert texts(b"abc   \n") == ["abc"]
+
+
+def test_bare_newline_no_staircase() -> None:
+    assert texts(b"ab\ncd\n") == ["ab", "cd"]
+
+
+def test_cursor_up_rewrites_line() -> None:
+    assert texts(b"one\ntwo\n\x1b[2Aonce\n") == ["once", "two"]
+
+
+def test_wide_characters() -> None:
+    assert texts("中文 ok\n".encode()) == ["中文 ok"]
+    assert texts("😀x\r😃\n".encode()) == ["😃x"]  # two cells overwritten, "x" stays
+    assert texts("ab中\rX\n".encode()) == ["Xb中"]
+
+
+def test_combining_normalised() -> None:
+    assert texts("e\u0301\n".encode()) == ["\u00e9"]
+
+
+def test_invalid_utf8_and_nul_survive() -> None:
+    assert texts(b"a\xffb\x00c\n") == ["a\ufffdbc"]
+    # split multi-byte character
+    r = Renderer()
+    out = r.feed("é".encode()[:1]) + r.feed("é".encode()[1:] + b"\n") + r.finish()
+    assert [x.text for x in out] == ["é"]
+
+
+def test_unterminated_last_line_committed_at_finish() -> None:
+    r = Renderer()
+    assert r.feed(b"a\nb") == []
+    assert [x.text for x in r.finish()] == ["a", "b"]
+
+
+def test_blank_lines_kept_for_the_filter() -> None:
+    assert texts(b"a\n\n\nb\n") == ["a", "", "", "b"]
+
+
+def test_long_line_not_wrapped_at_columns() -> None:
+    line = b"x" * 500
+    assert texts(line + b"\n", columns=80) == ["x" * 500]
+
+
+def test_line_limit_cut_counts_dropped() -> None:
+    out = render(b"x" * 30 + b"\nshort\n", line_limit=20)
+    assert out == [Rendered("x" * 20, 10), Rendered("short")]
+    # A redraw of an over-long line counts the overflow once.
+    out = render(b"y" * 25 + b"\r" + b"z" * 25 + b"\n", line_limit=20)
+    assert out == [Rendered("z" * 20, 5)]
+    assert LINE_LIMIT == 65536
+
+
+def test_huge_line_without_newline_is_bounded() -> None:
+    r = Renderer(line_limit=1000)
+    chunk = b"x" * 65536
+    for _ in range(160):  # 10 MB
+        assert r.feed(chunk) == []
+    assert len(r._cur) <= 1000
+    out = r.finish()
+    assert out == [Rendered("x" * 1000, 160 * 65536 - 1000)]
+
+
+def test_lines_scroll_off_and_commit_during_feed() -> None:
+    r = Renderer(rows=3)
+    out = r.feed(b"1\n2\n3\n4\n")
+    assert [x.text for x in out] == ["1", "2"]
+    assert [x.text for x in r.finish()] == ["3", "4"]
+
+
+def test_idle_commits_completed_lines_not_the_redrawn_one() -> None:
+    r = Renderer()
+    assert r.feed(b"done\n 10%") == []
+    assert [x.text for x in r.idle()] == ["done"]
+    assert r.feed(b"\r 20%") == []
+    assert r.idle() == []
+    assert [x.text for x in r.finish()] == [" 20%"]
+
+
+def test_idle_in_screen_mode() -> None:
+    # nested bars: the cursor sits on the first bar, the second is below it
+    r = Renderer()
+    r.feed(b"header\nbar1\nbar2\x1b[A\r")
+    assert [x.text for x in r.idle()] == ["header"]
+    r.feed(b"BAR1\n\rBAR2\n")
+    assert [x.text for x in r.finish()] == ["BAR1", "BAR2"]
+
+
+def test_cursor_forward_bounded_by_program_columns() -> None:
+    assert texts(b"\x1b[999C\x1b[3Dabc\n", columns=80) == [" " * 76 + "abc"]
+
+
+def test_clear_screen_commits_what_it_wipes() -> None:
+    assert texts(b"before\n\x1b[H\x1b[2Jafter\n") == ["before", "after"]
+
+
+def test_alternate_screen_final_frame_committed() -> None:
+    data = b"pre\n\x1b[?1049h\x1b[H\x1b[2Jtitle\x1b[3;5Hbody\x1b[?1049lpost\n"
+    assert texts(data) == ["pre", "title", "", "    body", "post"]
+
+
+@pytest.mark.parametrize("data", [
+    b"\x1b[" + b"9" * 100_000 + b"m",
+    b"\x1b]0;" + b"t" * 100_000,
+    b"\x1b[\xc2\xb2m",  # a non-ASCII digit: int() raises inside pyte
+    b"\x1b[?6h\x1b[5d",  # DECOM without margins
+    b"\x1b[3K\x1b[9J\x1b#8\x1b[?3h\x1b[20l\x1b[200@\x1b[200P",
+    b"\x1b7" * 10_000,
+    bytes(range(256)) * 4,
+])
+def test_hostile_input_never_raises(data: bytes) -> None:
+    for cls in (Renderer, PureRenderer):
+        r = cls(columns=80, rows=24, line_limit=2000)
+        r.feed(data)
+        r.feed(b"\nok\n")
+        out = [x.text for x in r.finish()]
+        assert any(line.startswith("ok") for line in out)
+        assert len(r._screen.savepoints) <= 64
+
+
+# -- properties --------------------------------------------------------------------------------
+
+TOKENS = [
+    b"a", b"bc", b"xyz ", b" ", "é".encode(), "█▉".encode(), "中".encode(), "😀".encode(),
+    "\u0301".encode(), b"\r", b"\n", b"\n\n", b"\t", b"\x08", b"\x00", b"\x7f", b"\xff", b"\xe4",
+    b"\x1b", b"\x1b[", b"\x1b[31m", b"\x1b[0m", b"\x1b[m", b"\x1b[K", b"\x1b[1K", b"\x1b[2K",
+    b"\x1b[A", b"\x1b[2A", b"\x1b[B", b"\x1b[C", b"\x1b[5D", b"\x1b[H", b"\x1b[2;3H", b"\x1b[2J",
+    b"\x1b[J", b"\x1b[?25l", b"\x1b[?1049h", b"\x1b[?1049l", b"\x1b7", b"\x1b8", b"\x1bM",
+    b"\x1b[4h", b"\x1b[4l", b"\x1b[2;3r", b"\x1b[r", b"\x1b[2P", b"\x1b[2@", b"\x1b[X",
+    b"\x1b]0;t\x07", b"\x1bc", b"0123456789",
+]
+
+inputs = st.lists(st.sampled_from(TOKENS), max_size=60).map(b"".join)
+sizes = st.fixed_dictionaries({
+    "columns": st.integers(1, 12),
+    "rows": st.integers(1, 5),
+    "line_limit": st.integers(1, 16),
+})
+
+
+def _feed_all(r: Renderer, chunks: list[bytes], idle_at: frozenset[int] = frozenset()
+              ) -> list[Rendered]:
+    out: list[Rendered] = []
+    for i, c in enumerate(chunks):
+        out += r.feed(c)
+        if i in idle_at:
+            out += r.idle()
+    return out + r.finish()
+
+
+def _split(data: bytes, cuts: list[int]) -> list[bytes]:
+    points = sorted({c % (len(data) + 1) for c in cuts})
+    chunks, last = [], 0
+    for p in points:
+        chunks.append(data[last:p])
+        last = p
+    chunks.append(data[last:])
+    return chunks
+
+
+prop = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@prop
+@given(data=inputs, kw=sizes, cuts=st.lists(st.integers(0, 10_000), max_size=8),
+       idle=st.frozensets(st.integers(0, 8)))
+def test_fast_path_equals_pure_pyte(data: bytes, kw: dict[str, int], cuts: list[int],
+                                    idle: frozenset[int]) -> None:
+    chunks = _split(data, cuts)
+    assert _feed_all(Renderer(**kw), chunks, idle) == _feed_all(PureRenderer(**kw), chunks, idle)
+
+
+@prop
+@given(data=inputs, kw=sizes, cuts=st.lists(st.integers(0, 10_000), max_size=8))
+def test_chunk_boundary_independence(data: bytes, kw: dict[str, int], cuts: list[int]) -> None:
+    whole = _feed_all(Renderer(**kw), [data])
+    assert _feed_all(Renderer(**kw), _split(data, cuts)) == whole
+    assert _feed_all(Renderer(**kw), [data[i:i + 1] for i in range(len(data))]) == whole
+    assert _feed_all(PureRenderer(**kw), [data[i:i + 1] for i in range(len(data))]) == whole
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=st.binary(max_size=300), cuts=st.lists(st.integers(0, 10_000), max_size=6))
+def test_random_bytes_fast_equals_pure(data: bytes, cuts: list[int]) -> None:
+    chunks = _split(data, cuts)
+    kw = {"columns": 10, "rows": 4, "line_limit": 30}
+    assert _feed_all(Renderer(**kw), chunks) == _feed_all(PureRenderer(**kw), chunks)
+    assert _feed_all(Renderer(**kw), [data]) == _feed_all(Renderer(**kw), chunks)
