@@ -208,6 +208,9 @@ class Classifier:
         }
         self._seq = dict.fromkeys(OUTPUT_STREAMS, 0)
         self._line_no = dict.fromkeys(OUTPUT_STREAMS, 0)  # rendered lines seen, 1-based
+        # Was the stream's last line kept? A repeat or blank note describes the line before it,
+        # so it is emitted only when that line was kept, whatever the mode is now.
+        self._last_kept = dict.fromkeys(OUTPUT_STREAMS, True)
         self._lock = threading.RLock()
 
     # ------------------------------------------------------------------------------ numbering
@@ -251,8 +254,9 @@ class Classifier:
     def _dropped(self, stream: str, item: Dropped, ts: float) -> list[Record]:
         self._line_no[stream] += item.count
         counts = self.counts[stream]
-        if self.mode != ENABLED:
-            # The dropped lines were themselves dropped by the mode: no note may mention them.
+        if self.mode != ENABLED or not self._last_kept[stream]:
+            # The repeated line was dropped by the mode (now or when it was printed): no note
+            # may mention its repetitions.
             counts["dropped_by_mode"] += item.count
             return []
         if item.note == NOTE_BLANK:
@@ -271,7 +275,10 @@ class Classifier:
         self._line_no[stream] += 1
         text = item.text
         if _is_command_attempt(text):
-            return self._command(stream, item, ts)
+            out = self._command(stream, item, ts)
+            self._last_kept[stream] = any(isinstance(r, (Line, Command)) for r in out)
+            return out
+        self._last_kept[stream] = self.mode == ENABLED
         counts = self.counts[stream]
         fields = None
         if stream == STDOUT and not item.cut and self.mode != DISABLED:

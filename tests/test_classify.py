@@ -516,3 +516,23 @@ def test_records_are_records():
                ("stdout", Dropped(NOTE_REPEAT, 2)))
     assert all(isinstance(r, Record) for r in out)
     assert {type(r) for r in out} == {Line, Metadata, Command, Note}
+
+
+def test_no_repeat_note_for_a_line_dropped_before_the_mode_changed():
+    """A secret printed in disabled mode, the mode switched to enabled (on the other stream),
+    then the filter reports the secret's repetitions: not even their count is kept."""
+    c = Classifier("r", "disabled")
+    out = feed(c, ("stdout", SECRET), ("stderr", cmd({"mode": "enabled"})),
+               ("stdout", Dropped(NOTE_REPEAT, 5)), ("stdout", "next"),
+               ("stdout", Dropped(NOTE_REPEAT, 2)))
+    assert kinds(out) == ["command", "note:mode", "note:mode", "line", "note:repeat"]
+    assert out[-1].count == 2
+    assert c.counts["stdout"]["dropped_by_mode"] == 6
+    assert c.counts["stdout"]["repeats_dropped"] == 2
+
+
+def test_repeat_note_after_a_kept_command_and_a_kept_malformed_line():
+    c = Classifier("r")
+    out = feed(c, ("stdout", "/LOGCOMMAND {}"), ("stdout", Dropped(NOTE_REPEAT, 2)),
+               ("stdout", "/LOGCOMMAND x"), ("stdout", Dropped(NOTE_REPEAT, 3)))
+    assert kinds(out) == ["command", "note:repeat", "line", "note:warning", "note:repeat"]
