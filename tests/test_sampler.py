@@ -470,3 +470,23 @@ def test_summarize_is_independent_of_order_and_form(rows, rnd):
     shuffled = [s.to_dict() for s in samples]
     rnd.shuffle(shuffled)
     assert summarize(shuffled) == summarize(samples)
+
+
+def test_process_tree_from_children_files_matches_psutil_fallback(tmp_path):
+    tree = subprocess.Popen(
+        [sys.executable, "-c", "import subprocess, sys\n"
+         "k = [subprocess.Popen(['sleep', '30']) for _ in range(2)]\n"
+         "print('ready', flush=True)\nsys.stdin.readline()\n[p.kill() for p in k]\n"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert tree.stdout.readline().strip() == "ready"
+        walked = JobCollector(root_pid=tree.pid).pids()
+        (tmp_path / str(tree.pid) / "task" / str(tree.pid)).mkdir(parents=True)  # no children
+        fallback = JobCollector(root_pid=tree.pid, proc_root=tmp_path).pids()
+        assert len(walked) == 3 and sorted(walked) == sorted(fallback)
+        assert walked[0] == tree.pid
+    finally:
+        tree.stdin.write("\n")
+        tree.stdin.close()
+        tree.wait()
+        tree.stdout.close()

@@ -2,8 +2,9 @@
 
 Which processes are the job's: every pid listed in ``cgroup.procs`` anywhere under the job's
 cgroup when there is one (cgroup v2, or v1 with the cpuacct hierarchy), else the process tree
-under ``root_pid``. The outside world is passed in: the cgroup directory, the root pid, the
-clock and the ``psutil`` module (which reads ``psutil.PROCFS_PATH``).
+under ``root_pid`` (found through ``<proc_root>/<pid>/task/<tid>/children``). The outside
+world is passed in: the cgroup directory, ``proc_root``, the root pid, the clock and the
+``psutil`` module, which reads the per-process figures (from ``psutil.PROCFS_PATH``).
 
 Counters stay monotonic when processes end. ``/proc/<pid>/stat``'s cutime/cstime and
 ``/proc/<pid>/io`` include every child the process has reaped, so summing ``user + system +
@@ -112,9 +113,13 @@ class JobCollector:
     io_write_bytes, threads, processes, cpus_allocated. Never raises."""
 
     def __init__(self, root_pid: int | None = None, cgroup_path: str | Path | None = None, *,
-                 clock: Callable[[], float] = time.monotonic, cpus_allocated: int | None = None,
-                 psutil: Any = _psutil, exclude_pids: Iterable[int] = ()):
+                 proc_root: str | Path = "/proc", clock: Callable[[], float] = time.monotonic,
+                 cpus_allocated: int | None = None, psutil: Any = _psutil,
+                 exclude_pids: Iterable[int] = (), read_pss: bool = True):
         self.root_pid = root_pid
+        self.proc_root = Path(proc_root)
+        self.read_pss = read_pss
+        self._children_files: bool | None = None  # /proc/<pid>/task/<tid>/children present?
         self.cgroup_path = Path(cgroup_path) if cgroup_path is not None else None
         self.clock = clock
         self.psutil = psutil
@@ -148,15 +153,53 @@ class JobCollector:
         if self.cgroup_path is not None:
             pids = read_cgroup_pids(self.cgroup_path)
         elif self.root_pid is not None:
-            ps = self.psutil
-            try:
-                root = self._procs.get(self.root_pid) or ps.Process(self.root_pid)
-                pids = [root.pid] + [c.pid for c in root.children(recursive=True)]
-            except ps.Error:  # NoSuchProcess: the job has ended
-                pids = []
+            found = self._tree_from_children_files(self.root_pid)
+            if found is not None:
+                pids = found
+            else:  # psutil scans every /proc/<pid>/stat: a few ms on a busy node
+                ps = self.psutil
+                try:
+                    root = self._procs.get(self.root_pid) or ps.Process(self.root_pid)
+                    pids = [root.pid] + [c.pid for c in root.children(recursive=True)]
+                except ps.Error:  # NoSuchProcess: the job has ended
+                    pids = []
         else:
             pids = []
         return [p for p in pids if p not in self.exclude_pids]
+
+    def _tree_from_children_files(self, root: int) -> list[int] | None:
+        """The tree under ``root`` from ``<proc_root>/<pid>/task/<tid>/children`` (Linux >= 4.2
+        with CONFIG_PROC_CHILDREN): reads only the job's own entries. None when the kernel
+        has no such files. A child forked during the walk may be missed until the next
+        sample, which the kernel documents for this file."""
+        proc = self.proc_root
+        if self._children_files is None:
+            if not (proc / str(root)).exists():
+                return []
+            self._children_files = (proc / str(root) / "task" / str(root) / "children").exists()
+        if not self._children_files:
+            return None
+        pids, seen, i = [root], {root}, 0
+        while i < len(pids):
+            pid = pids[i]
+            i += 1
+            try:
+                tids = os.listdir(proc / str(pid) / "task")
+            except OSError:  # ended meanwhile
+                if pid == root:
+                    return []
+                continue
+            for tid in tids:
+                try:
+                    text = (proc / str(pid) / "task" / tid / "children").read_text()
+                except OSError:
+                    continue
+                for token in text.split():
+                    child = int(token)
+                    if child not in seen:
+                        seen.add(child)
+                        pids.append(child)
+        return pids
 
     def _process(self, pid: int) -> Any:
         proc = self._procs.get(pid)
@@ -186,12 +229,17 @@ class JobCollector:
                     t = proc.cpu_times()
                     cpu = t.user + t.system + t.children_user + t.children_system
                     threads += proc.num_threads()
-                    try:
-                        full = proc.memory_full_info()  # reads smaps_rollup: PSS
+                    full = None
+                    if self.read_pss:
+                        try:  # smaps_rollup: the kernel walks the page tables, the costly part
+                            full = proc.memory_full_info()
+                        except ps.AccessDenied:
+                            pass
+                    if full is not None:
                         rss += full.rss
                         pss += full.pss
                         have_pss = True
-                    except ps.AccessDenied:
+                    else:
                         rss += proc.memory_info().rss
                     try:
                         io = proc.io_counters()
