@@ -105,8 +105,9 @@ def _is_command_attempt(text: str) -> bool:
 
 def _typo_of(value: Any, choices: tuple[str, ...]) -> str | None:
     """The choice ``value`` is plainly a typo of, or None. Only such values are quoted back."""
-    if not isinstance(value, str) or not value or len(value) > 24:
-        return None
+    if not isinstance(value, str) or len(value) > 24 or not value.isascii() \
+            or not value.replace("_", "").replace("-", "").isalpha():
+        return None  # digits or symbols look like a secret, not a typo
     match = difflib.get_close_matches(value.lower(), choices, n=1, cutoff=0.7)
     return match[0] if match else None
 

@@ -226,8 +226,9 @@ def _where(name: str, node: yaml.Node | None) -> str:
 def _typo_of(value: str, choices: tuple[str, ...]) -> str | None:
     """The choice ``value`` is plainly a typo of, if any. Only then is ``value`` quoted back:
     anything else may be a secret pasted in the wrong place."""
-    if not isinstance(value, str) or len(value) > 24:
-        return None
+    if not isinstance(value, str) or len(value) > 24 or not value.isascii() \
+            or not value.strip().replace("_", "").replace("-", "").isalpha():
+        return None  # digits or symbols look like a secret, not a typo
     lowered = value.strip().lower()
     match = difflib.get_close_matches(lowered, choices, n=1, cutoff=0.7)
     if match:

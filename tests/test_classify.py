@@ -536,3 +536,11 @@ def test_repeat_note_after_a_kept_command_and_a_kept_malformed_line():
     out = feed(c, ("stdout", "/LOGCOMMAND {}"), ("stdout", Dropped(NOTE_REPEAT, 2)),
                ("stdout", "/LOGCOMMAND x"), ("stdout", Dropped(NOTE_REPEAT, 3)))
     assert kinds(out) == ["command", "note:repeat", "line", "note:warning", "note:repeat"]
+
+
+@pytest.mark.parametrize("value", ["enabled123", "disab1ed", "metadata!", "énabled"])
+def test_near_miss_with_digits_or_symbols_is_not_quoted(value):
+    line = cmd({"mode": value})
+    (warning,) = feed(Classifier("r", "disabled"), ("stdout", line))
+    assert value not in warning.text
+    assert "not repeated here" in warning.text

@@ -532,3 +532,10 @@ def test_admin_unreadable(tmp_path):
             load_admin(path, env={})
     finally:
         path.chmod(stat.S_IRUSR | stat.S_IWUSR)
+
+
+@pytest.mark.parametrize("value", ["enabled123", "disab1ed", "metadata!"])
+def test_near_miss_with_digits_or_symbols_is_not_quoted(tmp_path, value):
+    path = write(tmp_path, f"mode: {value}\n")
+    message = assert_refused(load_optin(path), "not repeated here")
+    assert value not in message
