@@ -490,3 +490,16 @@ def test_process_tree_from_children_files_matches_psutil_fallback(tmp_path):
         tree.stdin.close()
         tree.wait()
         tree.stdout.close()
+
+
+def test_wrapper_as_excluded_root_counts_its_reaped_children_whole():
+    me = os.getpid()
+    col = JobCollector(root_pid=me, exclude_pids={me})
+    before = col.collect()
+    assert me not in col.pids()
+    child = subprocess.Popen([sys.executable, "-c", "import time\nt = time.process_time()\n"
+                              "while time.process_time() - t < 0.3: pass"])
+    child.wait()  # ended and reaped between samples: never seen alive
+    after = col.collect()
+    assert after["cpu_seconds_total"] - before["cpu_seconds_total"] >= 0.3
+    assert after["processes"] == 0

@@ -11,8 +11,11 @@ Counters stay monotonic when processes end. ``/proc/<pid>/stat``'s cutime/cstime
 children_user + children_system`` over the live processes counts a dead process once its
 parent in the job reaped it. A process that vanishes while its last-seen parent is not in the
 job (the root, reaped by the wrapper; orphans re-parented to init) would be lost: its last
-reading is kept in ``_gone_*``. With a cgroup, CPU time comes from the cgroup's own counter
-(``cpu.stat`` usage_usec on v2, ``cpuacct.usage`` on v1), which misses nothing.
+reading is kept in ``_gone``. When the wrapper itself is the root and excluded
+(``JobCollector(root_pid=os.getpid(), exclude_pids={os.getpid()})``), its children_user and
+children_system count the job processes it reaped, whole. With a cgroup, CPU time comes
+from the cgroup's own counter (``cpu.stat`` usage_usec on v2, ``cpuacct.usage`` on v1),
+which misses nothing.
 """
 
 from __future__ import annotations
@@ -255,18 +258,29 @@ class JobCollector:
                 self._warn("denied", f"no permission to read process {pid}; it is skipped")
                 continue
             current[pid] = (ppid, cpu, read, write)
+        # The wrapper as root (root_pid in exclude_pids): its own figures are not the job's,
+        # but its children_user/children_system are exactly the job processes it reaped.
+        reaper = self.root_pid if self.root_pid in self.exclude_pids else None
+        reaped_cpu = 0.0
+        if reaper is not None:
+            try:
+                t = self._process(reaper).cpu_times()
+                reaped_cpu = t.children_user + t.children_system
+            except ps.Error:
+                pass
         # A process that vanished without a parent in the job to reap it takes its counters
         # with it: keep its last reading (see the module docstring).
         for pid, (ppid, cpu, read, write) in self._last.items():
             if pid not in current:
                 self._procs.pop(pid, None)
                 if ppid not in current:
-                    self._gone[0] += cpu
+                    if ppid != reaper:
+                        self._gone[0] += cpu
                     self._gone[1] += read
                     self._gone[2] += write
         self._last = current
         self._pids = sorted(current)
-        cpu_total = self._gone[0] + sum(v[1] for v in current.values())
+        cpu_total = self._gone[0] + reaped_cpu + sum(v[1] for v in current.values())
         if self.cgroup_path is not None:
             cg = read_cgroup_cpu_seconds(self.cgroup_path)
             if cg is not None:
