@@ -31,6 +31,7 @@ from collections import defaultdict, deque
 from typing import Any
 
 import pyte
+from pyte import charsets as cs
 from pyte import modes as mo
 from pyte.screens import Char, StaticDefaultDict
 from wcwidth import wcwidth
@@ -200,6 +201,9 @@ class _Screen(pyte.Screen):
             self.cursor_down()
 
     def draw(self, data: str) -> None:
+        charset = self.g1_charset if self.charset else self.g0_charset
+        if charset is not cs.LAT1_MAP:
+            data = data.translate(charset)
         cursor = self.cursor
         width = self.columns
         row = self.buffer[cursor.y]
@@ -415,6 +419,8 @@ class Renderer:
         self._out: list[Rendered] = []
         self._screen = _Screen(self.width, self.rows, self.columns, self._out)
         self._stream = pyte.Stream(self._screen)
+        # Honour ESC ( 0 and SO/SI as xterm does in UTF-8 mode: curses draws boxes with them.
+        self._stream.use_utf8 = False
         self._unground = 0
         self._tail = ""
         self.faults = 0  # exceptions caught inside the emulator
@@ -639,7 +645,7 @@ class Renderer:
         s = self._screen
         if not self._stream._taking_plain_text or s.margins is not None or s.savepoints:
             return
-        if s.mode & _BLOCKERS:
+        if s.mode & _BLOCKERS or s.charset or s.g0_charset is not cs.LAT1_MAP:
             return
         buf = s.buffer
         cy = s.cursor.y

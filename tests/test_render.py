@@ -180,6 +180,10 @@ def test_idle_in_screen_mode() -> None:
     assert [x.text for x in r.finish()] == ["BAR1", "BAR2"]
 
 
+def test_line_drawing_charset() -> None:
+    assert texts(b"\x1b(0lqk\x1b(B ok\n") == ["\u250c\u2500\u2510 ok"]
+
+
 def test_cursor_forward_bounded_by_program_columns() -> None:
     assert texts(b"\x1b[999C\x1b[3Dabc\n", columns=80) == [" " * 76 + "abc"]
 
@@ -221,7 +225,7 @@ TOKENS = [
     b"\x1b[A", b"\x1b[2A", b"\x1b[B", b"\x1b[C", b"\x1b[5D", b"\x1b[H", b"\x1b[2;3H", b"\x1b[2J",
     b"\x1b[J", b"\x1b[?25l", b"\x1b[?1049h", b"\x1b[?1049l", b"\x1b7", b"\x1b8", b"\x1bM",
     b"\x1b[4h", b"\x1b[4l", b"\x1b[2;3r", b"\x1b[r", b"\x1b[2P", b"\x1b[2@", b"\x1b[X",
-    b"\x1b]0;t\x07", b"\x1bc", b"0123456789",
+    b"\x1b]0;t\x07", b"\x1bc", b"0123456789", b"\x1b(0", b"\x1b(B", b"\x0e", b"\x0f", b"lqk",
 ]
 
 inputs = st.lists(st.sampled_from(TOKENS), max_size=60).map(b"".join)
