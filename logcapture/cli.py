@@ -251,6 +251,37 @@ def check(uid: int | None, file: Path | None) -> None:
     click.echo(f"{path}: valid; mode: {result.config.mode}")
 
 
+# ------------------------------------------------------------------------------ slurm
+
+
+@cli.group(name="slurm")
+def slurm_group() -> None:
+    """Slurm integration: what the prolog and epilog run, as root, on every node of a job.
+
+    Installed by docs/admin.md; try it on one machine with slurm/dev-cluster.
+    """
+
+
+@slurm_group.command(name="prolog")
+def slurm_prolog() -> None:
+    """Prepare this node for the job in SLURM_JOB_ID: its spool directory (owned by the
+    job's user, mode 0700) and its trusted job record. Exits 1 after a problem, which is
+    logged; the prolog script still exits 0."""
+    from .slurm import prolog_main
+
+    sys.exit(prolog_main())
+
+
+@slurm_group.command(name="epilog")
+def slurm_epilog() -> None:
+    """Record the end of the job in SLURM_JOB_ID (exit status from the wrapper's End record,
+    Slurm's state), ship its runs or leave them to the agent, and clean up. Exits 1 after a
+    problem, which is logged; the epilog script still exits 0."""
+    from .slurm import epilog_main
+
+    sys.exit(epilog_main())
+
+
 # ------------------------------------------------------------------------------ entry point
 
 

@@ -213,3 +213,513 @@ def _captured(job: list[str], opts: dict[str, str]) -> int:
         warn(f"the job's spool directory under {root} is missing (did the logcapture prolog "
              f"run?); capturing to {spool} instead, which the agent does not ship")
     return capture_command(job, spool_root=spool, run_id=run_id, warn=warn, env=env)
+
+
+# ============================================================================ prolog and epilog
+# Everything below runs as root. Imports stay inside functions so that importing this module
+# (which the wrapper does) costs nothing.
+
+
+class JobInfo:
+    """A job as Slurm describes it to the prolog and epilog (their environment is set by
+    slurmd, not by the user, so it is trusted)."""
+
+    __slots__ = ("job_id", "user", "uid", "gid", "array_job_id", "array_task_id",
+                 "partition", "nodes", "node", "cluster", "restart_count")
+
+    def __init__(self, env: dict[str, str] | os._Environ[str]):
+        from .errors import UsageError
+
+        self.job_id = env.get("SLURM_JOB_ID", "")
+        if not self.job_id.isdigit():
+            raise UsageError("SLURM_JOB_ID is missing or not a number: run this from Slurm's "
+                             "Prolog/Epilog")
+        try:
+            self.uid = int(env.get("SLURM_JOB_UID", ""))
+        except ValueError:
+            raise UsageError("SLURM_JOB_UID is missing or not a number") from None
+        try:
+            self.gid = int(env.get("SLURM_JOB_GID", ""))
+        except ValueError:
+            import pwd
+            try:
+                self.gid = pwd.getpwuid(self.uid).pw_gid
+            except KeyError:
+                self.gid = self.uid
+        self.user = env.get("SLURM_JOB_USER", "") or str(self.uid)
+        self.array_job_id = env.get("SLURM_ARRAY_JOB_ID", "")
+        self.array_task_id = env.get("SLURM_ARRAY_TASK_ID", "")
+        self.partition = env.get("SLURM_JOB_PARTITION", "")
+        self.nodes = env.get("SLURM_JOB_NODELIST", "") or env.get("SLURM_NODELIST", "")
+        self.node = env.get("SLURMD_NODENAME", "")
+        self.cluster = env.get("SLURM_CLUSTER_NAME", "")
+        self.restart_count = env.get("SLURM_RESTART_COUNT", "")
+
+    def record(self) -> dict[str, object]:
+        return {"cluster": self.cluster, "job_id": self.job_id, "user": self.user,
+                "uid": self.uid, "gid": self.gid, "array_job_id": self.array_job_id,
+                "array_task_id": self.array_task_id, "partition": self.partition,
+                "nodes": self.nodes, "node": self.node}
+
+
+def _spool_root(admin: object) -> str:
+    return getattr(admin, "spool_root", None) or DEFAULT_SPOOL_ROOT
+
+
+def _open_root(root: str, create: bool) -> int:
+    """A descriptor of the spool root, checked to be a directory owned by root and writable by
+    no one else (users must not be able to plant entries beside their job directories)."""
+    import stat
+
+    from .errors import SpoolError
+
+    if create:
+        os.makedirs(root, mode=0o755, exist_ok=True)
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    st = os.fstat(fd)
+    if st.st_uid != 0 or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        os.close(fd)
+        raise SpoolError(f"spool root {root} must be owned by root and writable by root only")
+    return fd
+
+
+def _write_root_file(dir_fd: int, name: str, data: bytes, mode: int) -> None:
+    """Atomically replace ``name`` in a root-owned directory."""
+    tmp = f".{name}.tmp.{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 mode, dir_fd=dir_fd)
+    try:
+        os.fchmod(fd, mode)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+
+
+def _read_root_file(dir_fd: int, name: str, limit: int = 1 << 20) -> bytes | None:
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                     dir_fd=dir_fd)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, limit)
+    finally:
+        os.close(fd)
+
+
+def public_config(admin: object) -> bytes:
+    """The admin config without its secrets (the store DSN), as YAML for jobs."""
+    import dataclasses
+
+    import yaml
+
+    values = dataclasses.asdict(admin)  # type: ignore[call-overload]
+    values.pop("store", None)
+    values = {k: v for k, v in values.items() if v not in (None, "")}
+    header = b"# Written by the logcapture prolog from the admin config, without secrets.\n"
+    return header + yaml.safe_dump(values, sort_keys=True).encode()
+
+
+def _open_jobs_dir(root_fd: int) -> int:
+    import stat
+
+    try:
+        os.mkdir(JOBS_DIR, 0o700, dir_fd=root_fd)
+    except FileExistsError:
+        pass
+    fd = os.open(JOBS_DIR, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 dir_fd=root_fd)
+    st = os.fstat(fd)
+    if st.st_uid != 0 or stat.S_IMODE(st.st_mode) != 0o700:
+        os.fchown(fd, 0, 0)
+        os.fchmod(fd, 0o700)
+    return fd
+
+
+def read_job_record(root: str, job_id: str) -> dict[str, object] | None:
+    """The trusted record of a job that the prolog wrote (and the epilog completed), or None.
+    The store's rows of job ``job_id`` take user, uid and array ids from here, never from the
+    spool, which its user can write."""
+    import json
+
+    if not job_id.isdigit():
+        return None
+    try:
+        root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        jobs_fd = os.open(JOBS_DIR, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                          dir_fd=root_fd)
+    except OSError:
+        os.close(root_fd)
+        return None
+    try:
+        data = _read_root_file(jobs_fd, f"{job_id}.json")
+    finally:
+        os.close(jobs_fd)
+        os.close(root_fd)
+    if data is None:
+        return None
+    try:
+        obj = json.loads(data)
+    except ValueError:
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def prolog(env: dict[str, str] | os._Environ[str], *, now: float | None = None) -> list[str]:
+    """Prepare this node for the job: its spool directory (owned by the user, 0700) and its
+    trusted record. Returns messages for the log (paths and numbers only)."""
+    import json
+    import stat
+    import time
+
+    from .config import load_admin
+
+    job = JobInfo(env)
+    admin = load_admin(env=env)
+    root = _spool_root(admin)
+    messages: list[str] = []
+    root_fd = _open_root(root, create=True)
+    try:
+        public = public_config(admin)
+        if _read_root_file(root_fd, PUBLIC_CONFIG) != public:
+            _write_root_file(root_fd, PUBLIC_CONFIG, public, 0o644)
+        # The job's directory. The root is root's, so what is there was made by a prolog: an
+        # earlier run of this job id (requeue) keeps its content; anything but a directory
+        # is replaced.
+        name = job.job_id
+        try:
+            os.mkdir(name, 0o700, dir_fd=root_fd)
+        except FileExistsError:
+            st = os.lstat(name, dir_fd=root_fd)
+            if not stat.S_ISDIR(st.st_mode):
+                os.unlink(name, dir_fd=root_fd)
+                os.mkdir(name, 0o700, dir_fd=root_fd)
+            else:
+                messages.append(f"job directory {root}/{name} already existed (requeue?): kept")
+        dfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                      dir_fd=root_fd)
+        try:
+            os.fchown(dfd, job.uid, job.gid)
+            os.fchmod(dfd, 0o700)
+        finally:
+            os.close(dfd)
+        record = job.record()
+        record["start"] = time.time() if now is None else now
+        record["restart_count"] = job.restart_count
+        jobs_fd = _open_jobs_dir(root_fd)
+        try:
+            _write_root_file(jobs_fd, f"{job.job_id}.json",
+                             json.dumps(record, sort_keys=True).encode() + b"\n", 0o600)
+        finally:
+            os.close(jobs_fd)
+    finally:
+        os.close(root_fd)
+    return messages
+
+
+_SEGMENT_NAME = r"^seg-(\d{6,})\.ndjson(\.gz)?$"
+_END_STATES = ("COMPLETED", "FAILED", "SIGNALED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY")
+
+
+def _open_user_dir(name: str, dir_fd: int, uid: int) -> int | None:
+    """A directory in a user's tree, not followed if it is a symlink, owned by ``uid``."""
+    import stat
+
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     dir_fd=dir_fd)
+    except OSError:
+        return None
+    st = os.fstat(fd)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _list_dir(fd: int) -> list[str]:
+    """At most MAX_DIR_ENTRIES names of a directory (a user may fill it with millions)."""
+    names: list[str] = []
+    with os.scandir(fd) as it:
+        for entry in it:
+            names.append(entry.name)
+            if len(names) >= MAX_DIR_ENTRIES:
+                break
+    return names
+
+
+def _open_user_file(name: str, dir_fd: int, uid: int, limit: int) -> tuple[int, int] | None:
+    """(fd, size) of a regular file owned by ``uid`` of at most ``limit`` bytes; never follows
+    a symlink and never blocks on a FIFO."""
+    import stat
+
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
+                     | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:
+        return None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != uid or st.st_size > limit:
+        os.close(fd)
+        return None
+    return fd, st.st_size
+
+
+def _tail(fd: int, size: int, compressed: bool) -> bytes:
+    """The last MAX_END_LINE_BYTES bytes of a segment's content, reading at most
+    MAX_SEGMENT_BYTES and decompressing at most MAX_DECOMPRESSED_BYTES."""
+    import zlib
+
+    if not compressed:
+        start = max(0, size - MAX_END_LINE_BYTES)
+        return os.pread(fd, MAX_END_LINE_BYTES, start)
+    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    tail = b""
+    total = 0
+    read = 0
+    while read < size and total <= MAX_DECOMPRESSED_BYTES:
+        chunk = os.read(fd, 1 << 20)
+        if not chunk:
+            break
+        read += len(chunk)
+        data = chunk
+        while data and total <= MAX_DECOMPRESSED_BYTES:
+            try:
+                out = d.decompress(data, 1 << 20)
+            except zlib.error:
+                return tail
+            total += len(out)
+            tail = (tail + out)[-MAX_END_LINE_BYTES:]
+            data = d.unconsumed_tail
+            if d.eof:
+                return tail
+    return tail
+
+
+def _valid_end(obj: object, run_id: str) -> dict[str, object] | None:
+    """The fields of a well-formed End record of ``run_id``, else None (the file is the
+    user's: nothing of it is trusted beyond these typed, bounded values)."""
+    if not isinstance(obj, dict) or obj.get("kind") != "end" or obj.get("run") != run_id:
+        return None
+    status, sig, state = obj.get("exit_status"), obj.get("signal"), obj.get("state")
+    if status is not None and (type(status) is not int or not 0 <= status <= 255):
+        return None
+    if sig is not None and (type(sig) is not int or not 1 <= sig <= 128):
+        return None
+    duration = obj.get("duration")
+    return {"exit_status": status, "signal": sig,
+            "state": state if state in _END_STATES else "",
+            "duration": float(duration) if type(duration) in (int, float) else None}
+
+
+def read_end(job_fd: int, run_id: str, uid: int) -> dict[str, object] | None:
+    """The End record of run ``run_id`` in a job directory, read as root would read anything
+    of a user's: no symlinks, regular files of the user only, bounded."""
+    import json
+    import re
+
+    run_fd = _open_user_dir(run_id, job_fd, uid)
+    if run_fd is None:
+        return None
+    try:
+        best: tuple[int, bool, str] | None = None
+        for name in _list_dir(run_fd):
+            m = re.match(_SEGMENT_NAME, name)
+            if not m:
+                continue
+            key = (int(m.group(1)), bool(m.group(2)), name)
+            if best is None or key[:2] > best[:2]:
+                best = key
+        if best is None:
+            return None
+        opened = _open_user_file(best[2], run_fd, uid, MAX_SEGMENT_BYTES)
+        if opened is None:
+            return None
+        fd, size = opened
+        try:
+            tail = _tail(fd, size, compressed=best[1])
+        finally:
+            os.close(fd)
+    finally:
+        os.close(run_fd)
+    for line in reversed(tail.split(b"\n")[1:-1] if b"\n" in tail else []):
+        if b'"end"' not in line:
+            continue
+        try:
+            end = _valid_end(json.loads(line), run_id)
+        except ValueError:
+            continue
+        if end is not None:
+            return end
+    return None
+
+
+def slurm_state(job_id: str, timeout: float = 10.0) -> str:
+    """The job's state as slurmctld reports it (``scontrol show job -o``), or ""."""
+    import re
+    import subprocess
+
+    for scontrol in ("/usr/bin/scontrol", "/usr/local/bin/scontrol", "scontrol"):
+        try:
+            out = subprocess.run([scontrol, "show", "job", "-o", job_id], capture_output=True,
+                                 timeout=timeout, check=False).stdout
+        except (OSError, subprocess.SubprocessError):
+            continue
+        m = re.search(rb"\bJobState=([A-Z_]+)", out)
+        return m.group(1).decode() if m else ""
+    return ""
+
+
+def _run_dirs(names: list[str], job_id: str) -> list[str]:
+    import re
+
+    pattern = re.compile(rf"^{job_id}(\.(\d+))?$")
+    runs = [n for n in names if pattern.match(n)]
+    return sorted(runs, key=lambda n: int(n.partition(".")[2] or 0))
+
+
+def _remove_job(root_fd: int, job_id: str) -> None:
+    """Remove a job's directory and record. shutil.rmtree works through directory descriptors
+    and never follows symlinks (rmtree.avoids_symlink_attacks is true on Linux)."""
+    import shutil
+
+    try:
+        shutil.rmtree(job_id, dir_fd=root_fd)
+    except FileNotFoundError:
+        pass
+    try:
+        os.unlink(f"{JOBS_DIR}/{job_id}.json", dir_fd=root_fd)
+    except FileNotFoundError:
+        pass
+
+
+def _ship(root: str, job_id: str, runs: list[str], admin: object,
+          timeout: float = 60.0) -> bool:
+    """Ship the job's runs now with ``logcapture upload`` when a store is configured; True
+    when the store accepted everything. Otherwise the agent ships them later."""
+    import subprocess
+
+    if not getattr(admin, "store", None):
+        return False
+    try:
+        from .cli import cli
+        if "upload" not in getattr(cli, "commands", {}):
+            return False
+    except Exception:  # noqa: BLE001
+        return False
+    ok = True
+    for run in runs:
+        try:
+            r = subprocess.run([sys.executable, "-m", "logcapture", "upload", "--spool",
+                                os.path.join(root, job_id), run], capture_output=True,
+                               timeout=timeout, check=False, stdin=subprocess.DEVNULL)
+            ok = ok and r.returncode == 0
+        except (OSError, subprocess.SubprocessError):
+            ok = False
+    return ok
+
+
+def epilog(env: dict[str, str] | os._Environ[str], *, now: float | None = None,
+           state_of: object = None) -> list[str]:
+    """Record the job's end, ship or leave to the agent, clean up. Returns log messages."""
+    import json
+    import time
+
+    from .config import load_admin
+
+    job = JobInfo(env)
+    admin = load_admin(env=env)
+    root = _spool_root(admin)
+    messages: list[str] = []
+    try:
+        root_fd = _open_root(root, create=False)
+    except FileNotFoundError:
+        return [f"spool root {root} does not exist: nothing to do"]
+    try:
+        job_fd = _open_user_dir(job.job_id, root_fd, job.uid)
+        runs: list[str] = []
+        if job_fd is not None:
+            try:
+                runs = _run_dirs(_list_dir(job_fd), job.job_id)
+                ends = {run: read_end(job_fd, run, job.uid) for run in runs}
+            finally:
+                os.close(job_fd)
+        if not runs:
+            # Not opted in (or capture never started): leave nothing behind.
+            _remove_job(root_fd, job.job_id)
+            return messages
+        record = read_job_record(root, job.job_id) or job.record()
+        run = runs[-1]
+        end = ends.get(run)
+        get_state = state_of if callable(state_of) else slurm_state
+        record.update({
+            "end": time.time() if now is None else now,
+            "run_id": run,
+            "runs": runs,
+            "exit_status": end["exit_status"] if end else None,
+            "signal": end["signal"] if end else None,
+            "wrapper_state": end["state"] if end else "",
+            "duration": end["duration"] if end else None,
+            "slurm_state": get_state(job.job_id),
+            "slurm_exit_code": env.get("SLURM_JOB_EXIT_CODE2", ""),
+        })
+        if end is None:
+            messages.append(f"run {run}: no readable End record (the wrapper was killed, or "
+                            "its spool is not as the wrapper left it)")
+        jobs_fd = _open_jobs_dir(root_fd)
+        try:
+            _write_root_file(jobs_fd, f"{job.job_id}.json",
+                             json.dumps(record, sort_keys=True).encode() + b"\n", 0o600)
+        finally:
+            os.close(jobs_fd)
+        if _ship(root, job.job_id, runs, admin):
+            _remove_job(root_fd, job.job_id)
+            messages.append(f"shipped run(s) {', '.join(runs)} and removed the job's spool")
+        else:
+            messages.append(f"run(s) {', '.join(runs)} left in {root}/{job.job_id} for the "
+                            "agent")
+    finally:
+        os.close(root_fd)
+    return messages
+
+
+def _hook_main(which: str, env: dict[str, str] | os._Environ[str] | None = None) -> int:
+    """``logcapture slurm prolog|epilog``: messages on stderr (the thin scripts send them to
+    syslog with the job id); 0 when all went well, 1 otherwise. Never raises."""
+    from .errors import LogcaptureError
+
+    env = os.environ if env is None else env
+    try:
+        messages = prolog(env) if which == "prolog" else epilog(env)
+        code = 0
+    except LogcaptureError as e:
+        messages, code = [f"error: {e.message}"], 1
+    except OSError as e:
+        messages, code = [f"error: {e.strerror or e} ({type(e).__name__})"], 1
+    except Exception as e:  # noqa: BLE001 - the job must go on whatever happens here
+        messages, code = [f"internal error: {type(e).__name__}"], 1
+    for m in messages:
+        sys.stderr.write(f"logcapture slurm {which}: {m}\n")
+    return code
+
+
+def prolog_main() -> int:
+    return _hook_main("prolog")
+
+
+def epilog_main() -> int:
+    return _hook_main("epilog")
+
+
+if __name__ == "__main__":  # python -m logcapture.slurm prolog|epilog
+    if len(sys.argv) == 2 and sys.argv[1] in ("prolog", "epilog"):
+        sys.exit(_hook_main(sys.argv[1]))
+    sys.stderr.write("usage: python -m logcapture.slurm prolog|epilog\n")
+    sys.exit(2)
