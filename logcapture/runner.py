@@ -209,7 +209,8 @@ def run(argv: Sequence[str], sink: Sink | None, options: Options | None = None) 
                 try:
                     sink.feed(stream, data, now)
                 except Exception as e:  # noqa: BLE001 - never break the job
-                    warn(f"capture stopped after an internal error ({type(e).__name__}: {e});"
+                    # Type name only: the message may quote job text a mode has dropped.
+                    warn(f"capture stopped after an internal error ({type(e).__name__});"
                          " the command goes on and its output still reaches its files")
                     sink = None
 
@@ -219,7 +220,7 @@ def run(argv: Sequence[str], sink: Sink | None, options: Options | None = None) 
                 try:
                     sink.tick(now)
                 except Exception as e:  # noqa: BLE001
-                    warn(f"capture stopped after an internal error ({type(e).__name__}: {e})")
+                    warn(f"capture stopped after an internal error ({type(e).__name__})")
                     sink = None
 
         broken: set[str] = set()

@@ -1,0 +1,67 @@
+"""The one-way rule (SPEC.md §1, STYLE.md practice 1): a stage never imports a stage after it.
+
+Order: runner -> render -> filter -> classify -> spool -> store. The sampler is a source
+beside the runner: it knows nothing of spool or store either. ``pipeline`` (runner to spool)
+and ``ship`` (spool to store) are the wiring modules; ``cli`` sits on top of everything.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "logcapture"
+ORDER = ["runner", "render", "filter", "classify", "spool", "store"]
+SOURCES_BESIDE = {"sampler": ORDER[ORDER.index("spool"):], "sampling": ORDER[ORDER.index("spool"):]}
+
+
+def _module_files(name: str) -> list[Path]:
+    single = PACKAGE / f"{name}.py"
+    if single.exists():
+        return [single]
+    folder = PACKAGE / name
+    return sorted(folder.rglob("*.py")) if folder.is_dir() else []
+
+
+def _imported_stages(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            mod = node.module or ""
+            parts = mod.split(".")
+            if node.level >= 1:  # from .x import y / from . import x
+                found.update(parts[:1] if mod else [a.name for a in node.names])
+            elif parts[0] == "logcapture":
+                found.update(parts[1:2] or [a.name for a in node.names])
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                parts = alias.name.split(".")
+                if parts[0] == "logcapture" and len(parts) > 1:
+                    found.add(parts[1])
+    return found
+
+
+@pytest.mark.parametrize("stage", ORDER)
+def test_a_stage_never_imports_a_later_stage(stage: str) -> None:
+    later = set(ORDER[ORDER.index(stage) + 1:])
+    files = _module_files(stage)
+    if not files:
+        pytest.skip(f"{stage} not present")
+    for path in files:
+        bad = _imported_stages(path) & later
+        assert not bad, f"{path.name} imports later stage(s) {sorted(bad)}"
+
+
+@pytest.mark.parametrize("source", sorted(SOURCES_BESIDE))
+def test_the_sampler_knows_nothing_of_spool_or_store(source: str) -> None:
+    for path in _module_files(source):
+        bad = _imported_stages(path) & set(SOURCES_BESIDE[source])
+        assert not bad, f"{path} imports {sorted(bad)}"
+
+
+def test_the_checker_sees_imports() -> None:
+    # The rule must be able to fail: pipeline wires everything, so it imports later stages.
+    assert {"render", "filter", "classify", "spool"} <= _imported_stages(PACKAGE / "pipeline.py")

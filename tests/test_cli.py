@@ -1,0 +1,113 @@
+"""The CLI end to end: run, ls, logs (and --follow), show; help and docs for every command."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import click
+from click.testing import CliRunner
+
+from logcapture.cli import cli
+
+from .conftest import LOGCAPTURE, run_lc
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+
+
+def _all_commands(group: click.Group, prefix: str = "") -> list[tuple[str, click.Command]]:
+    out = []
+    for name, cmd in sorted(group.commands.items()):
+        full = f"{prefix}{name}"
+        out.append((full, cmd))
+        if isinstance(cmd, click.Group):
+            out += _all_commands(cmd, full + " ")
+    return out
+
+
+def test_every_command_has_help_and_is_documented() -> None:
+    docs = "\n".join(p.read_text() for p in DOCS.glob("*.md"))
+    runner = CliRunner()
+    for name, cmd in _all_commands(cli):
+        assert cmd.help and cmd.help.strip(), f"`logcapture {name}` has no help text"
+        res = runner.invoke(cli, [*name.split(), "--help"])
+        assert res.exit_code == 0, res.output
+        assert f"logcapture {name}" in docs, f"`logcapture {name}` is missing from docs/"
+
+
+def test_run_then_ls_logs_show(lc_env: dict[str, str]) -> None:
+    script = ("import sys\n"
+              "for i in range(11): sys.stdout.write(f'\\rprogress {i*10}%'); sys.stdout.flush()\n"
+              "print()\n"
+              "for _ in range(4): print('same line')\n"
+              "print('to stderr', file=sys.stderr)\n"
+              "print('{\"epoch\": 1, \"loss\": 0.5}')\n")
+    res = run_lc(["run", "--run-id", "demo-1", "--", sys.executable, "-c", script], lc_env)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith(b"\rprogress 0%\rprogress 10%")  # raw bytes, untouched
+
+    ls = run_lc(["ls"], lc_env)
+    assert ls.returncode == 0
+    row = [ln for ln in ls.stdout.decode().splitlines() if ln.startswith("demo-1")]
+    assert row and "COMPLETED" in row[0] and sys.executable in row[0]
+
+    logs = run_lc(["logs", "demo-1", "--stream", "stdout"], lc_env).stdout.decode()
+    assert logs.splitlines() == [
+        "progress 100%",
+        "same line",
+        "[logcapture: previous line repeated 3 more times, dropped]",
+        '{"epoch": 1, "loss": 0.5}',
+    ]
+    err = run_lc(["logs", "demo-1", "--stream", "stderr"], lc_env).stdout.decode()
+    assert err.splitlines() == ["to stderr"]
+
+    show = json.loads(run_lc(["show", "demo-1", "--json"], lc_env).stdout)
+    assert show["state"] == "COMPLETED"
+    assert show["lines"] == {"stdout": 3, "stderr": 1}
+    assert show["dropped repetitions"]["stdout"] == 3
+    assert show["metadata keys"] == ["epoch", "loss"]
+    assert show["owner"].endswith(f"(uid {os.getuid()})")
+
+
+def test_a_slurm_job_id_is_the_run_id(lc_env: dict[str, str]) -> None:
+    env = dict(lc_env, SLURM_JOB_ID="4242", SLURM_CLUSTER_NAME="test")
+    assert run_lc(["run", "--", "echo", "hello"], env).returncode == 0
+    assert run_lc(["logs", "4242"], lc_env).stdout == b"hello\n"
+    show = json.loads(run_lc(["show", "4242", "--json"], lc_env).stdout)
+    assert show["slurm"] == {"cluster": "test", "job_id": "4242"}
+
+
+def test_logs_follow_tails_a_live_run(lc_env: dict[str, str]) -> None:
+    live = subprocess.Popen(
+        [*LOGCAPTURE, "run", "--run-id", "live", "--", sys.executable, "-c",
+         "import time; print('first', flush=True); time.sleep(2); print('second')"],
+        env=lc_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    spool = Path(lc_env["LOGCAPTURE_SPOOL"])
+    deadline = time.time() + 20
+    while not (spool / "live").exists() and time.time() < deadline:
+        time.sleep(0.05)
+    follow = subprocess.run([*LOGCAPTURE, "logs", "--follow", "live"], env=lc_env,
+                            capture_output=True, timeout=60)
+    live.wait(timeout=30)
+    assert follow.returncode == 0
+    assert follow.stdout.decode().splitlines() == ["first", "second"]
+
+
+def test_errors_are_one_line_and_nonzero(lc_env: dict[str, str]) -> None:
+    res = run_lc(["logs", "no-such-run"], lc_env)
+    assert res.returncode == 1
+    assert res.stderr.decode().strip().startswith("logcapture: error: no run 'no-such-run'")
+    res = run_lc(["run", "--run-id", "../evil", "--", "true"], lc_env)
+    assert res.returncode == 0  # the command still ran; capture was refused with a warning
+    assert b"invalid run id" in res.stderr
+
+
+def test_a_reused_run_id_still_runs_the_command(lc_env: dict[str, str]) -> None:
+    assert run_lc(["run", "--run-id", "dup", "--", "true"], lc_env).returncode == 0
+    res = run_lc(["run", "--run-id", "dup", "--", "sh", "-c", "echo again; exit 5"], lc_env)
+    assert res.returncode == 5 and res.stdout == b"again\n"
+    assert b"already exists" in res.stderr
