@@ -150,12 +150,13 @@ def choose_x_axis(rows: list[dict[str, Any]]) -> str | None:
 # float literal (finite by construction: records.dumps writes non-finite floats as strings),
 # 'Null' for null; anything else is 'other'. That is exactly is_integer / is_number above.
 
-def values_sql(source: str, fields: str = "fields") -> str:
+def values_sql(source: str, fields: str = "fields", carry: tuple[str, ...] = ()) -> str:
     """Rows ``(run, seq, key, kind, num)`` from ``source``, a table or subquery with columns
     ``run``, ``seq`` and ``fields`` (the metadata object as JSON text; another column name
-    can be given)."""
+    can be given). ``carry`` names more columns of ``source`` passed through (e.g. ``ts``)."""
+    extra = "".join(f"{c}, " for c in carry)
     return f"""
-SELECT run, seq, key,
+SELECT run, seq, {extra}key,
        JSONType({fields}, key) AS json_type,
        multiIf(json_type = 'Int64', 'int', json_type = 'Double', 'float', 'other') AS kind,
        JSONExtractFloat({fields}, key) AS num

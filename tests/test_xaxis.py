@@ -11,7 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from logcapture.records import dumps
+from logcapture.records import Metadata
+from logcapture.store import Identity, open_store
 from logcapture.xaxis import (
     LEVEL_ANY_NUMBERS,
     LEVEL_EPOCH,
@@ -177,33 +178,32 @@ def test_guide_examples():
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    import clickhouse_connect
-
-    client = clickhouse_connect.get_client(dsn=f"chdb://{tmp_path_factory.mktemp('xaxis')}")
-    client.command("CREATE TABLE meta (run String, seq UInt64, fields String) "
-                   "ENGINE = MergeTree ORDER BY (run, seq)")
-    yield client
-    client.close()
+def store(tmp_path_factory):
+    """The real store (schema, ingest path and all) on the embedded engine: the rule's SQL
+    reads the ``metadata`` table exactly as the dashboards do."""
+    with open_store(f"chdb://{tmp_path_factory.mktemp('xaxis')}/store") as s:
+        yield s
 
 
 _runs = itertools.count()
 
 
-def sql_choices(client, jobs: list[list[dict[str, Any]]]) -> list[str | None]:
-    """Insert each job's rows under a fresh run id and apply the SQL rule to them."""
+def sql_choices(store, jobs: list[list[dict[str, Any]]]) -> list[str | None]:
+    """Ship each job's rows as Metadata records of a fresh run, apply the SQL rule to them."""
     ids = [f"r{next(_runs)}" for _ in jobs]
-    data = [[run, seq, dumps(row)] for run, rows in zip(ids, jobs, strict=True)
-            for seq, row in enumerate(rows)]
-    if data:
-        client.insert("meta", data, column_names=["run", "seq", "fields"])
-    source = "(SELECT run, seq, fields FROM meta WHERE run IN {ids:Array(String)})"
-    result = client.query(x_axis_sql(values_sql(source)), parameters={"ids": ids})
+    for run, rows in zip(ids, jobs, strict=True):
+        if rows:
+            records = [Metadata(run=run, stream="stdout", seq=seq, ts=1000.0 + seq, fields=row)
+                       for seq, row in enumerate(rows)]
+            result = store.insert_records(records, Identity(run=run, user="alice", uid=1000))
+            assert not result.bad
+    source = "(SELECT run, seq, fields FROM metadata FINAL WHERE run IN {ids:Array(String)})"
+    result = store.client.query(x_axis_sql(values_sql(source)), parameters={"ids": ids})
     chosen = {run: key for run, key, _level in result.result_rows}
     return [chosen.get(run) for run in ids]
 
 
-def test_sql_agrees_on_the_hand_written_cases(engine):
+def test_sql_agrees_on_the_hand_written_cases(store):
     jobs = [
         [],
         [{"progress": 0.5, "epoch": 1}, {"progress": 0.2, "epoch": 2}],
@@ -220,7 +220,7 @@ def test_sql_agrees_on_the_hand_written_cases(engine):
         [{"é": 1, "z": 1}, {"é": 2, "z": 2}],
         [{"l": [1, 2], "o": {"a": 1}, "s": "3"}],
     ]
-    assert sql_choices(engine, jobs) == [choose_x_axis(rows) for rows in jobs]
+    assert sql_choices(store, jobs) == [choose_x_axis(rows) for rows in jobs]
 
 
 KEYS = ["progress", "epoch", "a", "b", "B", "step", "é", "a.b"]
@@ -252,11 +252,11 @@ def merge(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> list[dict[str, An
 job_strategy = st.one_of(rows_strategy, st.builds(merge, rows_strategy, monotone_rows))
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(jobs=st.lists(job_strategy, min_size=1, max_size=6))
-def test_sql_agrees_with_python(engine, jobs):
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(jobs=st.lists(job_strategy, min_size=1, max_size=5))
+def test_sql_agrees_with_python(store, jobs):
     expected = [choose_x_axis(rows) for rows in jobs]
-    assert sql_choices(engine, jobs) == expected
+    assert sql_choices(store, jobs) == expected
 
 
 def test_python_is_total_on_odd_values():
