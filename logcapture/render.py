@@ -182,7 +182,7 @@ class _Screen(pyte.Screen):
     # -- pyte events ------------------------------------------------------------------------
 
     def reset(self) -> None:
-        if hasattr(self, "out") and self.buffer:
+        if hasattr(self, "cursor"):  # not during pyte's __init__
             self.commit_all()
         super().reset()
         self.mode.add(mo.LNM)
