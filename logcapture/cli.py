@@ -90,8 +90,11 @@ def cli() -> None:
               "a time-host-pid id). Letters, digits, '.', '_' and '-'.")
 @click.option("--mode", type=click.Choice(MODES), default=None,
               help="Start in this mode instead of the one in ~/.logoptin.")
+@click.option("--sample/--no-sample", default=True, show_default=True,
+              help="Sample this node's GPUs and the command's CPU and memory "
+                   "(interval: LOGCAPTURE_SAMPLE_INTERVAL, default 10 s).")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def run(spool: Path | None, run_id: str | None, mode: str | None,
+def run(spool: Path | None, run_id: str | None, mode: str | None, sample: bool,
         command: tuple[str, ...]) -> None:
     """Run COMMAND under a pseudo-terminal and capture what it prints.
 
@@ -112,7 +115,7 @@ def run(spool: Path | None, run_id: str | None, mode: str | None,
             sys.exit(127 if isinstance(err, FileNotFoundError) else 126)
 
     code = capture_command(list(command), spool_root=_root(spool), run_id=run_id, mode=mode,
-                           warn=warn)
+                           warn=warn, sample=sample)
     sys.exit(code)
 
 
@@ -189,6 +192,9 @@ def logs(spool: Path | None, stream: str, follow: bool, run_ref: str | None) -> 
     for rec in records:
         if rec.stream not in streams and not (rec.stream == "run" and isinstance(rec, Note)):
             continue
+        if (len(streams) > 1 and rec.stream == "stderr" and isinstance(rec, Note)
+                and rec.note == NOTE_MODE):
+            continue  # a mode change is noted in both streams; show it once
         text = _format_record(rec, show_stream=False)
         if text is not None:
             click.echo(text)

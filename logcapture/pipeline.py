@@ -19,9 +19,11 @@ import pwd
 import re
 import resource
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 from .classify import Classifier
 from .config import AdminConfig
@@ -91,15 +93,17 @@ class Pipeline:
         self.filters = {s: LineFilter() for s in OUTPUT_STREAMS}
         self.classifier = Classifier(run_id, mode)
         self._run_seq = 0
+        self._run_lock = threading.Lock()
         self._last_data = {s: 0.0 for s in OUTPUT_STREAMS}
         self._idled = {s: True for s in OUTPUT_STREAMS}
         self._faulted: set[str] = set()
 
     # --- run-level records ---------------------------------------------------------------
     def _next_run_seq(self) -> int:
-        seq = self._run_seq
-        self._run_seq += 1
-        return seq
+        with self._run_lock:  # the sampler thread warns too
+            seq = self._run_seq
+            self._run_seq += 1
+            return seq
 
     def start(self, **fields: object) -> Start:
         rec = Start(run=self.run_id, stream=RUN, seq=self._next_run_seq(), ts=time.time(),
@@ -198,7 +202,7 @@ class Pipeline:
 def capture_command(argv: list[str], *, spool_root: Path, run_id: str | None = None,
                     mode: str | None = None, warn: Callable[[str], None],
                     env: dict[str, str] | None = None,
-                    slurm: dict[str, str] | None = None) -> int:
+                    slurm: dict[str, str] | None = None, sample: bool = True) -> int:
     """Run ``argv`` under ptys with capture; return the exit code for ``sys.exit`` (after
     re-raising the command's signal if it was killed by one).
 
@@ -212,6 +216,7 @@ def capture_command(argv: list[str], *, spool_root: Path, run_id: str | None = N
 
     base_env = dict(os.environ if env is None else env)
     pipeline: Pipeline | None = None
+    sampler: Any = None
     problems: list[str] = []
     try:
         try:
@@ -234,14 +239,25 @@ def capture_command(argv: list[str], *, spool_root: Path, run_id: str | None = N
                             flush_records=admin.flush_records, warn=warn)
         rows, cols = runner.caller_winsize()
         pipeline = Pipeline(rid, spool, mode=effective_mode, columns=cols, rows=rows, warn=warn)
-        pipeline.start(command=list(argv), cwd=os.getcwd(), user=_user_name(), uid=os.getuid(),
-                       host=socket.gethostname(), pid=os.getpid(),
+        quiet: list[str] = []  # notes for the log only, not the user's stderr
+        sampler, inventory = _start_sampler(rid, admin.sample_interval, base_env, spool,
+                                            quiet, sample)
+        pipeline.start(inventory=inventory, command=list(argv), cwd=os.getcwd(),
+                       user=_user_name(), uid=os.getuid(), host=socket.gethostname(),
+                       pid=os.getpid(),
                        slurm=slurm if slurm is not None else slurm_identity(base_env),
                        config={"mode": effective_mode,
                                "optin": str(path) if optin.opted_in else None,
                                "columns": cols, "rows": rows})
         for problem in problems:
             pipeline.warn(problem)
+        for text in quiet:
+            pipeline.warn(text, tell_user=False)
+        if sampler is not None:
+            sampler_warn = pipeline.warn
+            sampler.warn = lambda text: sampler_warn(f"resource sampling: {text}",
+                                                     tell_user=False)
+            sampler.start()
         base_env["LOGCAPTURE_RUN_ID"] = rid
         winsize: tuple[int, int] | None = (rows, cols)
     except Exception as e:  # noqa: BLE001 - never break the job
@@ -251,11 +267,19 @@ def capture_command(argv: list[str], *, spool_root: Path, run_id: str | None = N
         warn(f"capture disabled for this run: {reason}; the command runs normally")
         pipeline = None
         winsize = None
+        if sampler is not None:
+            sampler.stop(final_sample=False)
+            sampler = None
 
     outcome = runner.run(argv, pipeline, runner.Options(env=base_env, warn=warn,
                                                          winsize=winsize))
     if outcome.spawn_error:
         warn(outcome.spawn_error)
+    if sampler is not None:
+        try:
+            sampler.stop()
+        except Exception as e:  # noqa: BLE001
+            warn(f"resource sampling failed to stop ({type(e).__name__})")
     if pipeline is not None:
         try:
             state = "FAILED" if outcome.spawn_error else outcome.state
@@ -270,6 +294,33 @@ def capture_command(argv: list[str], *, spool_root: Path, run_id: str | None = N
         except Exception as e:  # noqa: BLE001
             warn(f"could not finish the spool ({type(e).__name__})")
     return runner.exit_like(outcome)
+
+
+def _start_sampler(run_id: str, interval: float, env: dict[str, str], spool: SpoolWriter,
+                   problems: list[str], enabled: bool) -> tuple[Any, dict[str, Any]]:
+    """The resource sampler of this node (SPEC.md §5) and the hardware inventory for the start
+    record. Returns (None, inventory) when sampling is off; never raises. Its problems (no
+    NVML on a CPU node, say) go to the log only: they are not the user's to fix."""
+    from . import sampler as S
+
+    inventory_warnings: list[str] = []
+    try:
+        me = os.getpid()
+        job = S.JobCollector(root_pid=me, cgroup_path=S.find_job_cgroup(me),
+                             exclude_pids={me}, cpus_allocated=S.cpus_allocated_from_env(env))
+        gpu = S.GpuCollector(job_gpus=S.job_gpus_from_env(env), pids_fn=job.pids)
+        inventory = S.inventory(env=env, gpu=gpu, warn=inventory_warnings.append)
+    except Exception as e:  # noqa: BLE001
+        problems.append(f"resource sampling unavailable ({type(e).__name__})")
+        return None, {}
+    problems += [f"resource sampling: {w}" for w in inventory_warnings]
+    if not enabled:
+        gpu.close()
+        return None, inventory
+    node = (env.get("SLURMD_NODENAME") or socket.gethostname()).split(".")[0]
+    sampler = S.Sampler(run_id, node=node, gpu=gpu, job=job, interval=interval,
+                        emit=lambda rec: spool.write([rec]))
+    return sampler, inventory
 
 
 def _user_name() -> str:

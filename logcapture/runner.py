@@ -298,7 +298,10 @@ def exit_like(outcome: Outcome) -> int:
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     except (ImportError, ValueError, OSError):
         pass
-    signal.signal(sig, signal.SIG_DFL)
+    try:
+        signal.signal(sig, signal.SIG_DFL)
+    except (OSError, ValueError):
+        pass  # SIGKILL and SIGSTOP cannot be caught, so they are at their default already
     signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
     os.kill(os.getpid(), sig)
     time.sleep(1)  # the signal is delivered before this returns; never reached in practice

@@ -192,8 +192,8 @@ def describe_run(run_dir: Path) -> dict[str, Any]:
                 repeats[rec.stream] += rec.count
             elif rec.note == NOTE_BLANK:
                 blanks[rec.stream] += rec.count
-            elif rec.note == NOTE_MODE:
-                modes.append(rec.text)
+            elif rec.note == NOTE_MODE and rec.stream == "stdout":
+                modes.append(rec.text)  # the classifier notes a change in both streams
             elif rec.note == NOTE_WARNING:
                 warnings += 1
     info: dict[str, Any] = {"run": run_dir.name}
