@@ -1,0 +1,535 @@
+"""The dashboards, as code (grafana-foundation-sdk builders; no hand-edited JSON).
+
+- **Job details** (``logcapture-job``): header (user, job, state, exit, duration, nodes, GPUs),
+  the logs (stdout; stderr on the ``stderr`` switch; logcapture's notes about dropped
+  repetitions and warnings as their own lines), the metadata table newest first, metadata
+  graphs by time and by the X axis the guide's rule picks (logcapture/xaxis.py, the same SQL
+  the tests check against the Python rule), and a row of GPU and CPU panels per node.
+- **Jobs** (``logcapture-jobs``): a user's jobs with state, duration and GPU utilisation,
+  linking to the job details.
+- **Compare jobs** (``logcapture-compare``): one metadata key of several jobs on one graph,
+  by each job's X axis and by time since the job started.
+
+Every query reads through the row policies of the store (docs/storage.md): the data source
+connects as the Grafana user's ClickHouse identity (docs/grafana.md), so a user sees only
+their own runs and nothing here filters by user for security. Variables are interpolated
+with ``:sqlstring``/``:singlequote`` so a value is always a quoted SQL string.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from grafana_foundation_sdk.builders import dashboard as gdash
+from grafana_foundation_sdk.builders import logs as glogs
+from grafana_foundation_sdk.builders import stat as gstat
+from grafana_foundation_sdk.builders import table as gtable
+from grafana_foundation_sdk.builders import timeseries as gts
+from grafana_foundation_sdk.builders import xychart as gxy
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import dashboard as dm
+from grafana_foundation_sdk.models import xychart as xym
+
+from ..xaxis import LEVEL_NAMES, values_sql, x_axis_sql
+from .query import FORMAT_LOGS, FORMAT_TABLE, FORMAT_TIME_SERIES, ClickHouseQuery, datasource_ref
+
+JOB_UID = "logcapture-job"
+JOBS_UID = "logcapture-jobs"
+COMPARE_UID = "logcapture-compare"
+TAGS = ["logcapture"]
+DEFAULT_DATABASE = "logcapture"
+
+RUN = "${run:sqlstring}"
+
+
+# --- SQL, one function per panel ----------------------------------------------------------
+# {db} is the database name (an identifier chosen by the administrator, checked by install).
+
+def _metadata_values(db: str, where: str) -> str:
+    """The metadata values of the runs matching ``where``, classified as by the X-axis rule."""
+    source = f"(SELECT run, seq, ts, fields FROM {db}.metadata FINAL WHERE {where})"
+    return values_sql(source, carry=("ts",))
+
+
+def _level_names_sql() -> str:
+    return "[" + ", ".join(f"'{n}'" for n in LEVEL_NAMES) + "]"
+
+
+def sql_header(db: str) -> str:
+    return f"""
+SELECT r.owner AS user,
+       if(r.job_name != '', r.job_name, r.command_line) AS job,
+       r.state AS state,
+       multiIf(r.exit_status IS NOT NULL, toString(r.exit_status),
+               r.signal IS NOT NULL, concat('signal ', toString(r.signal)), '') AS exit_status,
+       r.duration AS duration,
+       if(s.nodes = '', r.host, s.nodes) AS nodes,
+       greatest(s.gpu_count, r.job_gpus) AS gpus
+FROM (
+    SELECT run, owner, ifNull(host, '') AS host,
+           JSONExtractString(ifNull(slurm, ''), 'job_name') AS job_name,
+           arrayStringConcat(JSONExtract(ifNull(command, '[]'), 'Array(String)'), ' ')
+               AS command_line,
+           ifNull(state, 'RUNNING') AS state, exit_status, signal,
+           ifNull(duration, dateDiff('millisecond', ifNull(start_ts, last_ts), last_ts) / 1000)
+               AS duration,
+           length(JSONExtractArrayRaw(ifNull(inventory, ''), 'job_gpus')) AS job_gpus
+    FROM {db}.runs FINAL
+    WHERE run = {RUN}
+) AS r
+LEFT JOIN (
+    SELECT run,
+           arrayStringConcat(arraySort(groupUniqArray(node)), ', ') AS nodes,
+           uniqExactIf(JSONExtractString(g, 'uuid'), JSONExtractString(g, 'uuid') != '')
+               AS gpu_count
+    FROM {db}.samples FINAL
+    LEFT ARRAY JOIN JSONExtractArrayRaw(gpus) AS g
+    WHERE run = {RUN}
+    GROUP BY run
+) AS s ON s.run = r.run
+"""
+
+
+def sql_logs(db: str) -> str:
+    # Lines and commands, notes (dropped repetitions, blank runs, cut lines, warnings, mode
+    # changes) and metadata lines, newest 10000; stderr only when the switch is on.
+    streams = "(stream = 'stdout' OR (${stderr} = 1 AND stream = 'stderr'))"
+    return f"""
+SELECT timestamp, body, level, source FROM (
+    SELECT ts AS timestamp, seq, text AS body,
+           if(kind = 'command', 'debug', if(stream = 'stderr', 'error', 'info')) AS level,
+           stream AS source
+    FROM {db}.lines FINAL
+    WHERE run = {RUN} AND {streams}
+    UNION ALL
+    SELECT ts, seq,
+           concat('[logcapture] ', if(text != '', text, multiIf(
+               note = 'repeat', concat(toString(count), ' repeated line(s) dropped'),
+               note = 'blank', concat(toString(count), ' blank line(s) dropped'),
+               note = 'cut', concat('line cut, ', toString(count), ' character(s) dropped'),
+               note))),
+           if(note = 'warning', 'warning', 'debug'),
+           'logcapture'
+    FROM {db}.notes FINAL
+    WHERE run = {RUN} AND (stream = 'run' OR {streams})
+    UNION ALL
+    SELECT ts, seq, fields, 'info', stream
+    FROM {db}.metadata FINAL
+    WHERE run = {RUN} AND {streams}
+)
+ORDER BY timestamp DESC, seq DESC
+LIMIT 10000
+"""
+
+
+def sql_metadata_table(db: str) -> str:
+    return f"""
+SELECT ts AS time, seq, fields
+FROM {db}.metadata FINAL
+WHERE run = {RUN}
+ORDER BY ts DESC, seq DESC
+LIMIT 5000
+"""
+
+
+def sql_metadata_by_time(db: str) -> str:
+    values = _metadata_values(db, f"run = {RUN}")
+    return f"""
+SELECT ts AS time, key, num AS value
+FROM ({values})
+WHERE kind != 'other' AND $__timeFilter(ts)
+ORDER BY time, key
+"""
+
+
+def sql_x_axis(db: str) -> str:
+    values = _metadata_values(db, f"run = {RUN}")
+    return f"""
+SELECT x_key AS x_axis, {_level_names_sql()}[x_level + 1] AS chosen_because
+FROM ({x_axis_sql(values)})
+"""
+
+
+def sql_x_key_variable(db: str) -> str:
+    values = _metadata_values(db, f"run = {RUN}")
+    return f"SELECT x_key FROM ({x_axis_sql(values)})"
+
+
+def sql_metadata_by_x(db: str) -> str:
+    values = _metadata_values(db, f"run = {RUN}")
+    return f"""
+WITH v AS ({values}),
+     chosen AS ({x_axis_sql("SELECT * FROM v")})
+SELECT x.num AS x, y.key AS key, y.num AS value
+FROM v AS y
+INNER JOIN v AS x ON x.run = y.run AND x.seq = y.seq
+WHERE x.key = (SELECT any(x_key) FROM chosen)
+  AND x.kind != 'other' AND y.kind != 'other' AND y.key != x.key
+ORDER BY x, key
+"""
+
+
+# Per-GPU figures of the samples' ``gpus`` array (records.Sample) and the job's own figures.
+GPU_METRICS = {
+    "utilization_gpu_percent": ("GPU utilisation", "percent"),
+    "memory_used_bytes": ("GPU memory used", "bytes"),
+    "job_memory_used_bytes": ("GPU memory used by the job", "bytes"),
+    "power_watts": ("GPU power", "watt"),
+    "temperature_celsius": ("GPU temperature", "celsius"),
+}
+JOB_METRICS = {
+    "cpu_percent": ("CPU (100% = one core)", "percent"),
+    "memory_rss_bytes": ("Memory (RSS)", "bytes"),
+    "io_read_bytes": ("Read (cumulative)", "bytes"),
+    "io_write_bytes": ("Written (cumulative)", "bytes"),
+}
+
+
+def sql_gpu(db: str, metric: str) -> str:
+    if metric not in GPU_METRICS:
+        raise ValueError(metric)
+    return f"""
+SELECT ts AS time,
+       concat('GPU ', toString(JSONExtractInt(g, 'index')), ' ', JSONExtractString(g, 'name'))
+           AS gpu,
+       JSONExtractFloat(g, '{metric}') AS value
+FROM {db}.samples FINAL
+ARRAY JOIN JSONExtractArrayRaw(gpus) AS g
+WHERE run = {RUN} AND node = ${{node:sqlstring}} AND $__timeFilter(ts)
+  AND JSONType(g, '{metric}') IN ('Int64', 'UInt64', 'Double')
+ORDER BY time, gpu
+"""
+
+
+def sql_job_metric(db: str, metric: str) -> str:
+    if metric not in JOB_METRICS:
+        raise ValueError(metric)
+    return f"""
+SELECT ts AS time, '{metric}' AS metric, job_metrics['{metric}'] AS value
+FROM {db}.samples FINAL
+WHERE run = {RUN} AND node = ${{node:sqlstring}} AND $__timeFilter(ts)
+  AND mapContains(job_metrics, '{metric}')
+ORDER BY time
+"""
+
+
+def sql_run_variable(db: str) -> str:
+    # Newest first; the row policy already limits the list to the viewer's own runs.
+    return f"""
+SELECT run FROM {db}.runs FINAL
+WHERE ifNull(start_ts, last_ts) <= $__toTime AND last_ts >= $__fromTime
+ORDER BY ifNull(start_ts, last_ts) DESC
+LIMIT 1000
+"""
+
+
+def sql_node_variable(db: str) -> str:
+    return f"SELECT DISTINCT node FROM {db}.samples FINAL WHERE run = {RUN} ORDER BY node"
+
+
+def _jobs_in_range(db: str) -> str:
+    return f"""
+    SELECT run, owner, ifNull(host, '') AS host, job_id,
+           JSONExtractString(ifNull(slurm, ''), 'job_name') AS job_name,
+           arrayStringConcat(JSONExtract(ifNull(command, '[]'), 'Array(String)'), ' ')
+               AS command_line,
+           ifNull(start_ts, last_ts) AS start, end_ts,
+           ifNull(state, 'RUNNING') AS state, exit_status, signal,
+           ifNull(duration, dateDiff('millisecond', ifNull(start_ts, last_ts), last_ts) / 1000)
+               AS duration
+    FROM {db}.runs FINAL
+    WHERE ifNull(start_ts, last_ts) <= $__toTime AND last_ts >= $__fromTime
+      AND owner IN (${{user:singlequote}})"""
+
+
+def sql_jobs_table(db: str) -> str:
+    return f"""
+SELECT j.run AS run, j.job_id AS job_id,
+       if(j.job_name != '', j.job_name, j.command_line) AS job,
+       j.owner AS user, j.state AS state,
+       multiIf(j.exit_status IS NOT NULL, toString(j.exit_status),
+               j.signal IS NOT NULL, concat('signal ', toString(j.signal)), '') AS exit_status,
+       j.start AS start, j.duration AS duration,
+       if(s.nodes = '', j.host, s.nodes) AS nodes,
+       s.gpu_count AS gpus,
+       s.gpu_utilization AS gpu_utilization,
+       toUnixTimestamp64Milli(j.start) AS start_ms,
+       toUnixTimestamp64Milli(ifNull(j.end_ts, now64(9))) AS end_ms
+FROM ({_jobs_in_range(db)}
+) AS j
+LEFT JOIN (
+    SELECT run,
+           arrayStringConcat(arraySort(groupUniqArray(node)), ', ') AS nodes,
+           uniqExactIf(JSONExtractString(g, 'uuid'), JSONExtractString(g, 'uuid') != '')
+               AS gpu_count,
+           avgIf(JSONExtractFloat(g, 'utilization_gpu_percent'),
+                 JSONType(g, 'utilization_gpu_percent') IN ('Int64', 'UInt64', 'Double'))
+               AS gpu_utilization
+    FROM {db}.samples FINAL
+    LEFT ARRAY JOIN JSONExtractArrayRaw(gpus) AS g
+    WHERE run IN (SELECT run FROM ({_jobs_in_range(db)}))
+    GROUP BY run
+) AS s ON s.run = j.run
+ORDER BY j.start DESC
+LIMIT 1000
+"""
+
+
+def sql_jobs_by_state(db: str) -> str:
+    return f"""
+SELECT state, count() AS jobs
+FROM ({_jobs_in_range(db)})
+GROUP BY state
+ORDER BY state
+"""
+
+
+def sql_jobs_gpu_utilization(db: str) -> str:
+    return f"""
+SELECT $__timeInterval(ts) AS time, run, avg(JSONExtractFloat(g, 'utilization_gpu_percent'))
+           AS value
+FROM {db}.samples FINAL
+ARRAY JOIN JSONExtractArrayRaw(gpus) AS g
+WHERE $__timeFilter(ts) AND owner IN (${{user:singlequote}})
+  AND JSONType(g, 'utilization_gpu_percent') IN ('Int64', 'UInt64', 'Double')
+GROUP BY time, run
+ORDER BY time, run
+"""
+
+
+def sql_user_variable(db: str) -> str:
+    return f"SELECT DISTINCT owner FROM {db}.runs FINAL ORDER BY owner"
+
+
+def sql_runs_variable(db: str) -> str:
+    return sql_run_variable(db)
+
+
+def sql_key_variable(db: str) -> str:
+    values = _metadata_values(db, "run IN (${runs:singlequote})")
+    return f"SELECT DISTINCT key FROM ({values}) WHERE kind != 'other' ORDER BY key"
+
+
+def sql_compare_by_x(db: str) -> str:
+    values = _metadata_values(db, "run IN (${runs:singlequote})")
+    return f"""
+WITH v AS ({values}),
+     chosen AS ({x_axis_sql("SELECT * FROM v")})
+SELECT x.num AS x, y.run AS run, y.num AS value
+FROM v AS y
+INNER JOIN v AS x ON x.run = y.run AND x.seq = y.seq
+INNER JOIN chosen AS c ON c.run = x.run AND c.x_key = x.key
+WHERE y.key = ${{key:sqlstring}} AND x.kind != 'other' AND y.kind != 'other'
+ORDER BY run, x
+"""
+
+
+def sql_compare_x_axes(db: str) -> str:
+    values = _metadata_values(db, "run IN (${runs:singlequote})")
+    return f"""
+SELECT run, x_key AS x_axis, {_level_names_sql()}[x_level + 1] AS chosen_because
+FROM ({x_axis_sql(values)})
+ORDER BY run
+"""
+
+
+def sql_compare_by_elapsed(db: str) -> str:
+    values = _metadata_values(db, "run IN (${runs:singlequote})")
+    return f"""
+SELECT dateDiff('millisecond', r.start, v.ts) / 1000 AS elapsed_seconds, v.run AS run,
+       v.num AS value
+FROM ({values}) AS v
+INNER JOIN (SELECT run, min(ifNull(start_ts, last_ts)) AS start FROM {db}.runs FINAL
+            WHERE run IN (${{runs:singlequote}}) GROUP BY run) AS r ON r.run = v.run
+WHERE v.key = ${{key:sqlstring}} AND v.kind != 'other'
+ORDER BY run, elapsed_seconds
+"""
+
+
+# --- panels -------------------------------------------------------------------------------
+
+def _q(sql: str, fmt: int = FORMAT_TABLE, ref: str = "A") -> ClickHouseQuery:
+    return ClickHouseQuery(sql).format(fmt).ref_id(ref)
+
+
+def _long_to_wide(series_field: str, x_field: str) -> list[dm.DataTransformerConfig]:
+    """Rows (x, series, value) -> one frame: x plus one field per series (xychart wants one
+    frame with an X field and Y fields)."""
+    return [
+        dm.DataTransformerConfig(id_val="partitionByValues", options={
+            "fields": [series_field], "keepFields": False,
+            "naming": {"asLabels": True}}),
+        dm.DataTransformerConfig(id_val="joinByField", options={
+            "byField": x_field, "mode": "outer"}),
+    ]
+
+
+def _xy(title: str, sql: str, x_field: str, series_field: str, x_label: str,
+        description: str) -> gxy.Panel:
+    return (gxy.Panel().title(title).description(description).datasource(datasource_ref())
+            .with_target(_q(sql))
+            .transformations(_long_to_wide(series_field, x_field))
+            .series_mapping(xym.SeriesMapping.AUTO)
+            .dims(gxy.XYDimensionConfig().x(x_field))
+            .display_name(f"${{__field.labels.{series_field}}}")
+            .axis_label(x_label)
+            .height(10).span(12))
+
+
+def _series_per_node_row(db: str) -> gdash.Row:
+    row = gdash.Row("Node $node").repeat("node")
+    for metric, (title, unit) in GPU_METRICS.items():
+        row = row.with_panel(
+            gts.Panel().title(title).datasource(datasource_ref()).unit(unit)
+            .with_target(_q(sql_gpu(db, metric), FORMAT_TIME_SERIES))
+            .height(8).span(8))
+    for metric, (title, unit) in JOB_METRICS.items():
+        row = row.with_panel(
+            gts.Panel().title(title).datasource(datasource_ref()).unit(unit)
+            .with_target(_q(sql_job_metric(db, metric), FORMAT_TIME_SERIES))
+            .height(8).span(6))
+    return row
+
+
+def _query_variable(name: str, label: str, sql: str, *, multi: bool = False,
+                    include_all: bool = False, hide: bool = False) -> gdash.QueryVariable:
+    v = (gdash.QueryVariable(name).label(label).datasource(datasource_ref())
+         .query(sql.strip()).refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED)
+         .multi(multi).include_all(include_all))
+    if hide:
+        v = v.hide(dm.VariableHide.HIDE_VARIABLE)
+    return v
+
+
+def job_details(db: str = DEFAULT_DATABASE) -> gdash.Dashboard:
+    stderr = (gdash.CustomVariable("stderr").label("stderr")
+              .values("hide : 0, show : 1")
+              .current(dm.VariableOption(text="hide", value="0", selected=True)))
+    header = (gstat.Panel().title("Job").datasource(datasource_ref())
+              .with_target(_q(sql_header(db)))
+              .reduce_options(_reduce_all_fields())
+              .text_mode("value_and_name").graph_mode("none").color_mode("none")
+              .override_by_name("duration", [dm.DynamicConfigValue(id_val="unit", value="s")])
+              .height(4).span(24))
+    logs = (glogs.Panel().title("Output").datasource(datasource_ref())
+            .description("stdout (stderr with the stderr switch); [logcapture] lines say "
+                         "what was dropped (repeated lines, blank runs) and why")
+            .with_target(_q(sql_logs(db), FORMAT_LOGS))
+            .show_time(True).wrap_log_message(True).enable_log_details(True)
+            .sort_order("Ascending").dedup_strategy("none")
+            .height(14).span(24))
+    table = (gtable.Panel().title("Metadata (newest first)").datasource(datasource_ref())
+             .with_target(_q(sql_metadata_table(db)))
+             .with_transformation(dm.DataTransformerConfig(id_val="extractFields", options={
+                 "source": "fields", "format": "json", "replace": False, "keepTime": True}))
+             .with_transformation(dm.DataTransformerConfig(id_val="organize", options={
+                 "excludeByName": {"fields": True, "seq": True}}))
+             .height(10).span(24))
+    by_time = (gts.Panel().title("Metadata by time").datasource(datasource_ref())
+               .with_target(_q(sql_metadata_by_time(db), FORMAT_TIME_SERIES))
+               .height(10).span(12))
+    by_x = _xy("Metadata by $x_axis", sql_metadata_by_x(db), "x", "key", "$x_axis",
+               "Numeric metadata against the X axis the cluster guide's rule picks for this "
+               "job: progress, epoch, increasing integers, increasing numbers, integers, "
+               "numbers, any numbers; ties to the alphabetically first key.")
+    x_axis = (gtable.Panel().title("X axis").datasource(datasource_ref())
+              .with_target(_q(sql_x_axis(db))).height(3).span(24))
+    return (
+        gdash.Dashboard("logcapture: job details").uid(JOB_UID).tags(TAGS)
+        .time("now-7d", "now").refresh(False).readonly()
+        .with_variable(_query_variable("run", "run", sql_run_variable(db)))
+        .with_variable(stderr)
+        .with_variable(_query_variable("x_axis", "X axis", sql_x_key_variable(db), hide=True))
+        .with_variable(_query_variable("node", "node", sql_node_variable(db), multi=True,
+                                       include_all=True))
+        .with_panel(header)
+        .with_panel(logs)
+        .with_panel(table)
+        .with_panel(x_axis)
+        .with_panel(by_time)
+        .with_panel(by_x)
+        .with_row(_series_per_node_row(db))
+    )
+
+
+def _reduce_all_fields() -> Any:
+    from grafana_foundation_sdk.builders import common as gcommon
+
+    return gcommon.ReduceDataOptions().values(True).fields("/.*/").calcs(["lastNotNull"])
+
+
+def jobs_overview(db: str = DEFAULT_DATABASE) -> gdash.Dashboard:
+    jobs = (gtable.Panel().title("Jobs").datasource(datasource_ref())
+            .with_target(_q(sql_jobs_table(db)))
+            .override_by_name("duration", [dm.DynamicConfigValue(id_val="unit", value="s")])
+            .override_by_name("gpu_utilization", [
+                dm.DynamicConfigValue(id_val="unit", value="percent")])
+            .override_by_name("run", [dm.DynamicConfigValue(id_val="links", value=[{
+                "title": "Job details",
+                "url": f"/d/{JOB_UID}?var-run=${{__value.raw}}"
+                       "&from=${__data.fields.start_ms}&to=${__data.fields.end_ms}",
+            }])])
+            .with_transformation(dm.DataTransformerConfig(id_val="organize", options={
+                "excludeByName": {"start_ms": True, "end_ms": True}}))
+            .height(14).span(24))
+    states = (gstat.Panel().title("Jobs by state").datasource(datasource_ref())
+              .with_target(_q(sql_jobs_by_state(db)))
+              .reduce_options(_reduce_all_fields()).text_mode("value_and_name")
+              .height(5).span(8))
+    gpu = (gts.Panel().title("GPU utilisation per job").datasource(datasource_ref())
+           .unit("percent").with_target(_q(sql_jobs_gpu_utilization(db), FORMAT_TIME_SERIES))
+           .height(5).span(16))
+    return (
+        gdash.Dashboard("logcapture: jobs").uid(JOBS_UID).tags(TAGS)
+        .time("now-7d", "now").refresh(False).readonly()
+        .with_variable(_query_variable("user", "user", sql_user_variable(db), multi=True,
+                                       include_all=True))
+        .with_panel(states)
+        .with_panel(gpu)
+        .with_panel(jobs)
+    )
+
+
+def compare_jobs(db: str = DEFAULT_DATABASE) -> gdash.Dashboard:
+    by_x = _xy("$key by each job's X axis", sql_compare_by_x(db), "x", "run", "X axis",
+               "Each job against its own X axis (see the table: the rule can pick different "
+               "keys for different jobs).")
+    by_elapsed = _xy("$key by time since start", sql_compare_by_elapsed(db),
+                     "elapsed_seconds", "run", "seconds since the job started",
+                     "The same key of every selected job, by time since each job started.")
+    axes = (gtable.Panel().title("X axis per job").datasource(datasource_ref())
+            .with_target(_q(sql_compare_x_axes(db))).height(5).span(24))
+    return (
+        gdash.Dashboard("logcapture: compare jobs").uid(COMPARE_UID).tags(TAGS)
+        .time("now-30d", "now").refresh(False).readonly()
+        .with_variable(_query_variable("runs", "runs", sql_runs_variable(db), multi=True))
+        .with_variable(_query_variable("key", "metadata key", sql_key_variable(db)))
+        .with_panel(by_x)
+        .with_panel(by_elapsed)
+        .with_panel(axes)
+    )
+
+
+def to_json(builder: gdash.Dashboard) -> dict[str, Any]:
+    """The dashboard model as Grafana's JSON (what a provisioned file holds). An expanded
+    row's panels follow the row at the top level, as in dashboards Grafana saves (only a
+    collapsed row keeps its panels inside it)."""
+    model = json.loads(json.dumps(builder.build(), cls=JSONEncoder))
+    flat: list[dict[str, Any]] = []
+    for panel in model.get("panels", []):
+        flat.append(panel)
+        if panel.get("type") == "row" and not panel.get("collapsed"):
+            flat.extend(panel.pop("panels", []))
+            panel["panels"] = []
+    model["panels"] = flat
+    return model
+
+
+def all_dashboards(db: str = DEFAULT_DATABASE) -> dict[str, dict[str, Any]]:
+    """File name (without .json) -> dashboard JSON, for every dashboard."""
+    return {
+        "job-details": to_json(job_details(db)),
+        "jobs": to_json(jobs_overview(db)),
+        "compare-jobs": to_json(compare_jobs(db)),
+    }
