@@ -1,0 +1,702 @@
+"""Shipping: spool -> store. ``upload()`` ships after the fact; ``Agent`` tails spools.
+
+Both share one **cursor** per run directory (``.logcapture-cursor.json``), guarded by an
+``flock`` on ``.logcapture-cursor.lock``, so they can run at the same time without sending a
+line twice (gpufl's cursor-file convention, seeds/000). The cursor counts the complete lines
+shipped per segment *index*: a segment is renamed ``seg-N.ndjson`` -> ``seg-N.ndjson.gz`` when
+closed, which changes its bytes but not its lines. A shipper holds the run's lock from reading
+the segment to writing the cursor. If it dies between the store accepting a batch and the
+cursor being written, the next shipper sends those lines again, and the store's
+ReplacingMergeTree (read with FINAL) shows each record once.
+
+Failures (STYLE.md practice 7, Vector's ClickHouse sink, gpufl's failure table):
+
+- ``StoreUnavailable`` (connection refused, timeout, a chDB folder locked by another process):
+  retried with exponential backoff inside a total deadline; the spool is kept.
+- ``StoreDataError`` (codes 117, 53, 27, 26, 72, ...): the segment is set aside (recorded in
+  the cursor, never deleted, reported) and the rest continues. Bad lines never get that far:
+  they are skipped, counted and reported by segment and line number.
+- ``StoreAuthError`` (516, 192, 497, HTTP 401/403): stop at once.
+
+A segment is deleted only after the store accepted all its lines, once it is closed, and then
+per ``retention_days`` (0: at once; None: never).
+
+Identity (issue 4, privacy): the owner and run id of shipped rows come from ``identify(run_dir)``,
+a trusted source chosen by the caller. The default, ``identity_from_spool``, takes the owner from
+the run directory's owner (which a user cannot forge: ``chown`` to another user needs root) and
+the run id from the directory name; the Start record only adds cluster and job id as
+information. The Slurm epilog/agent passes the root-owned prolog record instead.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import pwd
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from .errors import (
+    LogcaptureError,
+    SpoolError,
+    StoreAuthError,
+    StoreDataError,
+    StoreError,
+    StoreUnavailable,
+)
+from .records import Start, from_dict
+from .spool import Segment, check_run_id, list_runs, read_lines, segments
+from .store import Identity, Store, open_store, redact
+
+CURSOR_NAME = ".logcapture-cursor.json"
+CURSOR_LOCK_NAME = ".logcapture-cursor.lock"
+BATCH_BYTES = 4 * 1024 * 1024
+BATCH_INTERVAL = 2.0
+DEADLINE = 300.0  # gpufl's total timeout (5 min)
+RETENTION_DAYS = 7.0
+_END_MARK = b'"kind":"end"'  # a string value can never contain this unescaped
+
+Warn = Callable[[str], None]
+
+
+# --- identity ------------------------------------------------------------------------------------
+def identity_from_spool(run_dir: Path) -> Identity:
+    """The default trusted identity of a run directory: owner = the directory's owner (uid and
+    its user name), run = the directory's name. Cluster and job id come from the Start record
+    (informational: never part of the row key or of the owner)."""
+    st = os.stat(run_dir, follow_symlinks=False)
+    uid = st.st_uid
+    try:
+        user = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        user = str(uid)
+    cluster = job_id = ""
+    try:
+        segs = segments(run_dir)
+        if segs:
+            lines, _ = read_lines(segs[0])
+            if lines:
+                rec = from_dict(json.loads(lines[0]))
+                if isinstance(rec, Start):
+                    cluster = str(rec.slurm.get("cluster", ""))
+                    job_id = str(rec.slurm.get("job_id", ""))
+    except (LogcaptureError, ValueError, OSError):
+        pass
+    return Identity(run=check_run_id(run_dir.name), user=user, uid=uid, cluster=cluster,
+                    job_id=job_id)
+
+
+# --- the cursor ---------------------------------------------------------------------------
+@dataclass
+class Cursor:
+    """What has been shipped of one run: complete lines per segment index."""
+
+    lines: dict[int, int] = field(default_factory=dict)
+    aside: dict[int, str] = field(default_factory=dict)  # segment index -> why
+    deleted: list[int] = field(default_factory=list)
+    end_shipped: bool = False
+    shipped_at: str = ""  # set when the whole run (through its end record) is in the store
+    records: int = 0  # lines shipped in all
+
+    def to_json(self) -> str:
+        return json.dumps({"version": 1, "lines": {str(k): v for k, v in self.lines.items()},
+                           "aside": {str(k): v for k, v in self.aside.items()},
+                           "deleted": self.deleted, "end_shipped": self.end_shipped,
+                           "shipped_at": self.shipped_at, "records": self.records},
+                          indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> Cursor:
+        d = json.loads(text)
+        return cls(lines={int(k): int(v) for k, v in d.get("lines", {}).items()},
+                   aside={int(k): str(v) for k, v in d.get("aside", {}).items()},
+                   deleted=[int(i) for i in d.get("deleted", [])],
+                   end_shipped=bool(d.get("end_shipped")),
+                   shipped_at=str(d.get("shipped_at", "")), records=int(d.get("records", 0)))
+
+
+class RunCursor:
+    """The locked cursor of one run directory (use ``lock_cursor``)."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = run_dir
+        self.path = run_dir / CURSOR_NAME
+        self.cursor = self._load()
+
+    def _load(self) -> Cursor:
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return Cursor()
+        except OSError as e:
+            raise SpoolError(f"cannot read cursor {self.path}: {e.strerror}") from None
+        with os.fdopen(fd, "r") as f:
+            text = f.read()
+        try:
+            return Cursor.from_json(text)
+        except (ValueError, TypeError, AttributeError) as e:
+            raise SpoolError(f"cursor {self.path} is corrupt ({e}); delete it to re-ship the "
+                             "run (the store drops duplicates)") from None
+
+    def save(self) -> None:
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)
+        try:
+            os.write(fd, self.cursor.to_json().encode())
+            os.fsync(fd)
+            _chown_like_dir(fd, self.run_dir)
+        finally:
+            os.close(fd)
+        os.rename(tmp, self.path)
+
+
+def _chown_like_dir(fd: int, run_dir: Path) -> None:
+    """When root ships a user's spool, the cursor stays the user's (their own upload reads it)."""
+    if os.geteuid() != 0:
+        return
+    st = os.stat(run_dir, follow_symlinks=False)
+    try:
+        os.fchown(fd, st.st_uid, st.st_gid)
+    except OSError:
+        pass
+
+
+@contextmanager
+def lock_cursor(run_dir: Path, wait: float | None = None) -> Iterator[RunCursor | None]:
+    """Hold the run's cursor lock. ``wait`` None blocks; otherwise gives up after ``wait``
+    seconds and yields None (another shipper is working on this run)."""
+    path = run_dir / CURSOR_LOCK_NAME
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        raise SpoolError(f"cannot open cursor lock {path}: {e.strerror}") from None
+    try:
+        _chown_like_dir(fd, run_dir)
+        if wait is None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        else:
+            deadline = time.monotonic() + wait
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        yield None
+                        return
+                    time.sleep(0.02)
+        yield RunCursor(run_dir)
+    finally:
+        os.close(fd)
+
+
+# --- results -----------------------------------------------------------------------------------
+@dataclass
+class UploadResult:
+    """What an upload did. ``exit_code``: 0 everything selected shipped, 1 partial (bad lines
+    skipped, segments set aside, some runs failed), 2 failure (nothing could be shipped:
+    store unreachable past the deadline, authentication refused, no such run, already
+    shipped without --force)."""
+
+    exit_code: int = 0
+    runs: list[str] = field(default_factory=list)  # runs that shipped completely
+    skipped: list[str] = field(default_factory=list)  # already shipped (--all)
+    failed: list[str] = field(default_factory=list)
+    records: int = 0  # spool lines shipped
+    bytes: int = 0
+    bad_lines: list[tuple[str, str, int, str]] = field(default_factory=list)  # run, seg, no, why
+    torn: int = 0
+    set_aside: list[tuple[str, str, str]] = field(default_factory=list)  # run, segment, why
+    deleted: int = 0  # segments deleted after shipping
+    warnings: list[str] = field(default_factory=list)
+    error: str = ""
+    elapsed: float = 0.0
+
+    @property
+    def success(self) -> bool:
+        return self.exit_code == 0
+
+    def summary(self) -> str:
+        parts = [f"shipped {self.records} records ({self.bytes / 1e6:.1f} MB) of "
+                 f"{len(self.runs)} run(s) in {self.elapsed:.1f}s"]
+        if self.skipped:
+            parts.append(f"{len(self.skipped)} already shipped")
+        if self.bad_lines:
+            parts.append(f"{len(self.bad_lines)} corrupt line(s) skipped")
+        if self.torn:
+            parts.append(f"{self.torn} torn line(s) skipped")
+        if self.set_aside:
+            parts.append(f"{len(self.set_aside)} segment(s) set aside")
+        return "; ".join(parts)
+
+
+# --- shipping ---------------------------------------------------------------------------------
+@dataclass
+class _Pending:
+    seg: Segment
+    skip: int
+    lines: list[bytes]
+    torn: bool
+
+
+@dataclass
+class _RunJob:
+    """One run being shipped: its locked cursor, identity and what is pending."""
+
+    run_dir: Path
+    rc: RunCursor
+    identity: Identity
+    pending: list[_Pending] = field(default_factory=list)
+
+
+@dataclass
+class _Piece:
+    job: _RunJob
+    seg: Segment
+    start: int  # lines of the segment before this piece
+    count: int  # lines in this piece
+    data: bytes
+
+
+def _pending(run_dir: Path, cur: Cursor, result: UploadResult) -> list[_Pending]:
+    out = []
+    for seg in segments(run_dir):
+        if seg.index in cur.aside:
+            continue
+        skip = cur.lines.get(seg.index, 0)
+        try:
+            lines, torn = read_lines(seg, skip)
+        except SpoolError as e:
+            cur.aside[seg.index] = str(e)
+            result.set_aside.append((run_dir.name, seg.path.name, str(e)))
+            continue
+        out.append(_Pending(seg, skip, lines, torn))
+    return out
+
+
+def _prepare(job: _RunJob, result: UploadResult, force: bool) -> None:
+    cur = job.rc.cursor
+    name = job.run_dir.name
+    if force:
+        cur.lines.clear()
+        cur.aside.clear()
+        cur.end_shipped = False
+        cur.shipped_at = ""
+        if cur.deleted:
+            result.warnings.append(f"run {name}: {len(cur.deleted)} segment(s) were deleted "
+                                   "after shipping and are not sent again")
+    job.pending = _pending(job.run_dir, cur, result)
+    for i, p in enumerate(job.pending):
+        if p.torn and (p.seg.closed or i < len(job.pending) - 1):
+            result.torn += 1
+            result.warnings.append(f"run {name}: {p.seg.path.name}: torn last line skipped")
+
+
+def _pieces(jobs: list[_RunJob], max_bytes: int) -> Iterator[list[_Piece]]:
+    """Batches of about ``max_bytes``, across segments and runs, in spool order."""
+    batch: list[_Piece] = []
+    size = 0
+    for job in jobs:
+        for p in job.pending:
+            i = 0
+            while i < len(p.lines):
+                n = 0
+                part = 0
+                while i + n < len(p.lines) and (n == 0 or size + part < max_bytes):
+                    part += len(p.lines[i + n]) + 1
+                    n += 1
+                data = b"\n".join(p.lines[i:i + n]) + b"\n"
+                batch.append(_Piece(job, p.seg, p.skip + i, n, data))
+                size += part
+                i += n
+                if size >= max_bytes:
+                    yield batch
+                    batch, size = [], 0
+    if batch:
+        yield batch
+
+
+def _accept(piece: _Piece, rows: int, result: UploadResult) -> None:
+    cur = piece.job.rc.cursor
+    if _END_MARK in piece.data:
+        cur.end_shipped = True
+    cur.lines[piece.seg.index] = piece.start + piece.count
+    cur.records += rows
+    result.records += rows
+    result.bytes += len(piece.data)
+
+
+def _ship_batch(store: Store, batch: list[_Piece], result: UploadResult) -> None:
+    """One insert for the whole batch; when the store refuses it as data, piece by piece
+    (each parsed line by line if need be), setting aside the segments it still refuses."""
+    try:
+        store.insert_many([(p.data, p.job.identity) for p in batch])
+        for p in batch:
+            _accept(p, p.count, result)
+    except StoreDataError:
+        for p in batch:
+            name = p.job.run_dir.name
+            if p.seg.index in p.job.rc.cursor.aside:
+                continue
+            try:
+                ins = store.insert_ndjson(p.data, p.job.identity)
+            except StoreDataError as e:
+                p.job.rc.cursor.aside[p.seg.index] = e.message
+                result.set_aside.append((name, p.seg.path.name, e.message))
+                continue
+            for lineno, why in ins.bad:
+                result.bad_lines.append((name, p.seg.path.name, p.start + lineno, why))
+            _accept(p, ins.rows, result)
+    for rc in {id(p.job.rc): p.job.rc for p in batch}.values():
+        rc.save()
+
+
+def _finish(job: _RunJob, result: UploadResult, retention_days: float | None) -> bool:
+    cur = job.rc.cursor
+    done = (cur.end_shipped and not cur.aside and all(p.seg.closed for p in job.pending)
+            and all(cur.lines.get(p.seg.index, 0) >= p.skip + len(p.lines)
+                    for p in job.pending))
+    if done and not cur.shipped_at:
+        cur.shipped_at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    _retire(job.run_dir, job.pending, cur, retention_days, result)
+    job.rc.save()
+    return done
+
+
+def ship_runs(store: Store, jobs: list[_RunJob], result: UploadResult, *,
+              max_bytes: int = BATCH_BYTES, retention_days: float | None = RETENTION_DAYS,
+              force: bool = False) -> list[bool]:
+    for job in jobs:
+        _prepare(job, result, force)
+    for batch in _pieces(jobs, max_bytes):
+        _ship_batch(store, batch, result)
+    return [_finish(job, result, retention_days) for job in jobs]
+
+
+def ship_run(store: Store, run_dir: Path, identity: Identity, rc: RunCursor,
+             result: UploadResult, *, max_bytes: int = BATCH_BYTES,
+             retention_days: float | None = RETENTION_DAYS, force: bool = False) -> bool:
+    """Ship what the cursor says is pending of one run (the caller holds the cursor lock,
+    ``lock_cursor``) as ``identity``'s rows. Returns True when the whole run is in the store
+    (end record shipped, every segment closed and fully shipped). Raises StoreUnavailable or
+    StoreAuthError (the cursor keeps only what the store accepted); data errors set the
+    segment aside and are reported in ``result``."""
+    return ship_runs(store, [_RunJob(run_dir, rc, identity)], result, max_bytes=max_bytes,
+                     retention_days=retention_days, force=force)[0]
+
+
+def _retire(run_dir: Path, pending: list[_Pending], cur: Cursor,
+            retention_days: float | None, result: UploadResult) -> None:
+    """Delete closed segments the store fully accepted, once older than the retention."""
+    if retention_days is None:
+        return
+    now = time.time()
+    for p in pending:
+        if not p.seg.closed or p.seg.index in cur.aside:
+            continue
+        if cur.lines.get(p.seg.index, 0) < p.skip + len(p.lines):
+            continue
+        try:
+            if now - os.stat(p.seg.path, follow_symlinks=False).st_mtime < retention_days * 86400:
+                continue
+            os.unlink(p.seg.path)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            result.warnings.append(f"cannot delete shipped segment {p.seg.path}: {e.strerror}")
+            continue
+        cur.deleted.append(p.seg.index)
+        result.deleted += 1
+
+
+# --- retrying ---------------------------------------------------------------------------------
+def _with_retry(fn: Callable[[], Any], deadline: float, sleep: Callable[[float], None],
+                warn: Warn | None) -> Any:
+    """Run ``fn``; retry StoreUnavailable with exponential backoff until ``deadline``
+    (monotonic). Auth and data errors pass straight through."""
+    delay = 0.2
+    while True:
+        try:
+            return fn()
+        except StoreUnavailable as e:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise
+            if warn:
+                warn(f"{e.message}; retrying in {min(delay, left):.1f}s")
+            sleep(min(delay, left))
+            delay = min(delay * 2, 10.0)
+
+
+# --- upload -----------------------------------------------------------------------------------
+def upload(spool_root: Path, run: str | None = None, all: bool = False,  # noqa: A002
+           force: bool = False, dsn: str | None = None, *, deadline: float = DEADLINE,
+           retention_days: float | None = RETENTION_DAYS,
+           identify: Callable[[Path], Identity] = identity_from_spool,
+           max_bytes: int = BATCH_BYTES, warn: Warn | None = None,
+           sleep: Callable[[float], None] = time.sleep) -> UploadResult:
+    """Ship runs from ``spool_root`` to the store ``dsn``: the latest run (default), ``run``,
+    or ``all`` runs not yet shipped (oldest first). A run already shipped is refused in
+    single-run mode (exit 2) and skipped with ``all``, unless ``force``. Never raises for
+    store or spool failures: they are in the result (gpufl's ``upload_logs``)."""
+    t0 = time.monotonic()
+    result = UploadResult()
+    end = t0 + deadline
+    try:
+        selected = _select(Path(spool_root), run, all)
+    except LogcaptureError as e:
+        result.exit_code, result.error = 2, e.message
+        return result
+    if not selected:
+        result.warnings.append(f"no runs in {spool_root}")
+        result.elapsed = time.monotonic() - t0
+        return result
+
+    store: Store | None = None
+
+    def get_store() -> Store:
+        nonlocal store
+        if store is None:
+            store = _with_retry(lambda: open_store(dsn), end, sleep, warn)
+        return store
+
+    try:
+        for run_dir in selected:
+            try:
+                _upload_one(run_dir, get_store, result, force=force, single=not all, end=end,
+                            retention_days=retention_days, identify=identify,
+                            max_bytes=max_bytes, sleep=sleep, warn=warn)
+            except StoreAuthError as e:
+                result.failed.append(run_dir.name)
+                result.error = e.message
+                result.exit_code = 2
+                break
+            except StoreUnavailable as e:
+                result.failed.append(run_dir.name)
+                result.error = (f"{e.message} (gave up after {deadline:.0f}s; the spool is "
+                                "kept, upload again later)")
+                break
+            except (StoreError, SpoolError) as e:
+                result.failed.append(run_dir.name)
+                result.error = e.message
+                if isinstance(e, StoreError) and not isinstance(e, StoreDataError):
+                    break
+    finally:
+        if store is not None:
+            store.close()
+    if result.exit_code == 0:
+        if result.failed:
+            result.exit_code = 1 if (result.runs or result.records) else 2
+        elif result.bad_lines or result.set_aside or result.torn:
+            result.exit_code = 1
+    result.elapsed = time.monotonic() - t0
+    return result
+
+
+def _select(root: Path, run: str | None, all_runs: bool) -> list[Path]:
+    if run and all_runs:
+        raise LogcaptureError("--run and --all are mutually exclusive")
+    if not root.is_dir():
+        raise LogcaptureError(f"spool directory {root} does not exist")
+    if run:
+        path = root / check_run_id(run)
+        if not path.is_dir():
+            raise LogcaptureError(f"no run {run!r} in {root}")
+        return [path]
+    runs = list_runs(root)
+    if all_runs:
+        return runs
+    return runs[-1:]
+
+
+def _upload_one(run_dir: Path, get_store: Callable[[], Store], result: UploadResult, *,
+                force: bool, single: bool, end: float, retention_days: float | None,
+                identify: Callable[[Path], Identity], max_bytes: int,
+                sleep: Callable[[float], None], warn: Warn | None) -> None:
+    name = run_dir.name
+    with lock_cursor(run_dir, wait=max(0.0, end - time.monotonic())) as rc:
+        if rc is None:
+            raise StoreUnavailable(f"run {name}: another shipper holds its cursor")
+        if rc.cursor.shipped_at and not force:
+            if single:
+                raise StoreError(
+                    f"run {name} was already uploaded on {rc.cursor.shipped_at} "
+                    f"({rc.cursor.records} records). Pass --force to re-upload.")
+            result.skipped.append(name)
+            return
+        identity = identify(run_dir)
+
+        def attempt() -> bool:
+            return ship_run(get_store(), run_dir, identity, rc, result, max_bytes=max_bytes,
+                            retention_days=retention_days, force=force)
+
+        first = True
+
+        def once() -> bool:
+            nonlocal first
+            f, first = first, False
+            if not f:
+                # the failed attempt recorded nothing; re-read what is pending
+                rc.cursor = rc._load()
+            return attempt()
+
+        done = _with_retry(once, end, sleep, warn)
+        if done or not single or rc.cursor.records:
+            result.runs.append(name)
+
+
+# --- the agent -----------------------------------------------------------------------------
+@dataclass
+class AgentStats:
+    flushes: int = 0
+    records: int = 0
+    failures: int = 0
+    last_error: str = ""
+
+
+class Agent:
+    """Tail every run under ``spool_root`` and ship new lines in batches: a flush happens when
+    the unshipped bytes reach ``batch_bytes`` or the oldest unshipped data is
+    ``batch_interval`` seconds old. The store is opened for each flush and closed after it, so
+    other processes can use an embedded store in between. ``stop()`` (the CLI calls it on
+    TERM/INT) makes ``run()`` flush what is pending and return.
+
+    Transient store failures keep the data and retry on the next flush with backoff; an
+    authentication failure stops the agent (``run()`` raises StoreAuthError)."""
+
+    def __init__(self, spool_root: Path, dsn: str | None = None, *,
+                 batch_bytes: int = BATCH_BYTES, batch_interval: float = BATCH_INTERVAL,
+                 poll: float = 0.25, retention_days: float | None = RETENTION_DAYS,
+                 identify: Callable[[Path], Identity] = identity_from_spool,
+                 warn: Warn | None = None, clock: Callable[[], float] = time.monotonic):
+        self.spool_root = Path(spool_root)
+        self.dsn = dsn
+        self.batch_bytes = batch_bytes
+        self.batch_interval = batch_interval
+        self.poll = poll
+        self.retention_days = retention_days
+        self.identify = identify
+        self.warn = warn or (lambda m: None)
+        self.clock = clock
+        self.stats = AgentStats()
+        self._stop = threading.Event()
+        self._seen: dict[tuple[str, int], int] = {}  # (run, segment index) -> size last seen
+        self._dirty_since: float | None = None
+        self._dirty_bytes = 0
+        self._backoff = 0.0
+        self._retry_at = 0.0
+        self._done: set[str] = set()  # runs fully shipped
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def install_signal_handlers(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: self.stop())
+
+    def scan(self) -> int:
+        """Bytes appended to spools since the last look (stat only, no reading)."""
+        grown = 0
+        for run_dir in list_runs(self.spool_root):
+            if run_dir.name in self._done:
+                continue
+            try:
+                segs = segments(run_dir)
+            except SpoolError:
+                continue
+            for seg in segs:
+                key = (run_dir.name, seg.index)
+                try:
+                    size = os.stat(seg.path, follow_symlinks=False).st_size
+                except OSError:
+                    continue
+                if key not in self._seen:
+                    grown += size or 1
+                elif size != self._seen[key]:
+                    grown += abs(size - self._seen[key]) or 1
+                self._seen[key] = size
+        return grown
+
+    def due(self) -> bool:
+        grown = self.scan()
+        now = self.clock()
+        if grown:
+            self._dirty_bytes += grown
+            if self._dirty_since is None:
+                self._dirty_since = now
+        if self._dirty_since is None or now < self._retry_at:
+            return False
+        return (self._dirty_bytes >= self.batch_bytes
+                or now - self._dirty_since >= self.batch_interval)
+
+    def flush(self) -> UploadResult:
+        """Ship everything pending now (one store session for all runs)."""
+        result = UploadResult()
+        self._dirty_since, self._dirty_bytes = None, 0
+        runs = [r for r in list_runs(self.spool_root) if r.name not in self._done]
+        if not runs:
+            return result
+        try:
+            with open_store(self.dsn) as store, ExitStack() as stack:
+                jobs = []
+                for run_dir in runs:
+                    rc = stack.enter_context(lock_cursor(run_dir, wait=0))
+                    if rc is None:  # an upload is on it; next time
+                        self._dirty_since = self._dirty_since or self.clock()
+                        continue
+                    if rc.cursor.shipped_at:
+                        self._done.add(run_dir.name)
+                        continue
+                    try:
+                        jobs.append(_RunJob(run_dir, rc, self.identify(run_dir)))
+                    except (LogcaptureError, OSError) as e:
+                        self.warn(f"run {run_dir.name}: {e}")
+                done = ship_runs(store, jobs, result, max_bytes=self.batch_bytes,
+                                 retention_days=self.retention_days)
+                for job, d in zip(jobs, done, strict=True):
+                    if d:
+                        self._done.add(job.run_dir.name)
+                        result.runs.append(job.run_dir.name)
+            self._backoff = 0.0
+        except StoreAuthError:
+            raise
+        except StoreError as e:
+            self.stats.failures += 1
+            self.stats.last_error = e.message
+            self._backoff = min(max(self._backoff * 2, 0.5), 30.0)
+            self._retry_at = self.clock() + self._backoff
+            self._dirty_since = self._dirty_since or self.clock()
+            self.warn(f"{e.message}; keeping the spool, retrying in {self._backoff:.1f}s")
+        for run, seg, no, why in result.bad_lines:
+            self.warn(f"run {run}: {seg} line {no}: corrupt line skipped: {why}")
+        for run, seg, why in result.set_aside:
+            self.warn(f"run {run}: {seg} set aside: {why}")
+        self.stats.flushes += 1
+        self.stats.records += result.records
+        return result
+
+    def run(self) -> AgentStats:
+        """Loop until ``stop()``; then flush what is pending (until the store takes it or
+        one more failure) and return."""
+        while not self._stop.is_set():
+            if self.due():
+                self.flush()
+            self._stop.wait(self.poll)
+        self.scan()
+        self.flush()
+        return self.stats
+
+
+def describe_dsn(dsn: str | None) -> str:
+    from .store import resolve_dsn
+
+    return redact(resolve_dsn(dsn))

@@ -1,0 +1,324 @@
+"""The store against the real embedded engine (chDB through clickhouse-connect): schema,
+round trips, idempotent re-inserts before and after merges, trusted identity, bad lines,
+error classes, TTL, row policies, export, the one-process lock. One store per module."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from logcapture import store as S
+from logcapture.errors import (
+    NotFound,
+    StoreAuthError,
+    StoreDataError,
+    StoreError,
+    StoreUnavailable,
+    UsageError,
+)
+from logcapture.records import Command, End, Line, Metadata, Note, Sample, Start
+
+T0 = 1_790_000_000.123456
+
+
+def sample_records(run: str, n: int = 5) -> list:
+    recs = [Start(run=run, stream="run", seq=0, ts=T0, command=["python", "train.py"],
+                  cwd="/home/alice", user="alice", uid=1000, host="n1", pid=42,
+                  slurm={"cluster": "c1", "job_id": "77"}, inventory={"cpus": 4},
+                  config={"mode": "enabled"})]
+    recs += [Line(run=run, stream="stdout", seq=i, ts=T0 + i * 0.001 + 1e-7,
+                  text=f"step {i} ✓ ünïcode \t \"quoted\" \\ back") for i in range(n)]
+    recs += [Note(run=run, stream="stdout", seq=n, ts=T0 + 1, note="repeat", count=3,
+                  text="3 repeated lines dropped"),
+             Metadata(run=run, stream="stdout", seq=n + 1, ts=T0 + 2,
+                      fields={"epoch": 1, "loss": 0.25, "name": "x", "ok": True,
+                              "nested.a": [1, 2]}),
+             Command(run=run, stream="stderr", seq=0, ts=T0 + 3,
+                     text='/LOGCOMMAND {"mode": "metadata"}', options={"mode": "metadata"}),
+             Line(run=run, stream="stderr", seq=1, ts=T0 + 3.5, text=""),
+             Note(run=run, stream="run", seq=1, ts=T0 + 3.6, note="warning", text="w"),
+             Sample(run=run, stream="sample:n1", seq=0, ts=T0 + 4, node="n1",
+                    gpus=[{"index": 0, "uuid": "GPU-1", "utilization_gpu_percent": 50}],
+                    job={"cpu_percent": 12.5, "memory_rss_bytes": 1 << 30}),
+             End(run=run, stream="run", seq=2, ts=T0 + 5, exit_status=0, state="COMPLETED",
+                 duration=5.0, counts={"stdout": {"lines": n}})]
+    return recs
+
+
+def ident(run: str, user: str = "alice", uid: int = 1000) -> S.Identity:
+    return S.Identity(run=run, user=user, uid=uid, cluster="c1", job_id="77")
+
+
+def key(d: dict) -> tuple:
+    return (d["stream"], d["seq"], d["kind"])
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory: pytest.TempPathFactory):
+    path = tmp_path_factory.mktemp("store") / "store"
+    with S.open_store(f"chdb://{path}") as s:
+        yield s
+
+
+def test_schema_is_versioned_and_idempotent(db: S.Store) -> None:
+    assert db.schema_version() == S.SCHEMA_VERSION
+    assert db.init_schema() == S.SCHEMA_VERSION
+    assert db.init_schema() == S.SCHEMA_VERSION
+    rows = db.client.query("SELECT name, engine FROM system.tables WHERE database = "
+                           "currentDatabase()").result_rows
+    engines = dict(rows)
+    assert engines["ingest"] == "Null"
+    assert engines["lines"] == "ReplacingMergeTree"
+    assert engines["runs"] == "AggregatingMergeTree"
+    assert int(db.client.command("SELECT count() FROM schema_version")) == 1
+
+
+def test_documented_columns_exist(db: S.Store) -> None:
+    """docs/storage.md names these columns; Grafana panels depend on them."""
+    want = {
+        "lines": ["run", "owner", "uid", "stream", "seq", "ts", "kind", "text", "options"],
+        "notes": ["run", "owner", "uid", "stream", "seq", "ts", "note", "count", "text"],
+        "metadata": ["run", "owner", "uid", "stream", "seq", "ts", "fields", "numbers"],
+        "samples": ["run", "owner", "uid", "stream", "seq", "ts", "node", "gpus", "job",
+                    "job_metrics"],
+        "runs": ["run", "owner", "uid", "cluster", "job_id", "start_ts", "end_ts", "last_ts",
+                 "host", "command", "state", "exit_status", "signal", "duration"],
+    }
+    doc = (Path(__file__).parent.parent / "docs" / "storage.md").read_text()
+    for table, cols in want.items():
+        got = [r[0] for r in db.client.query(
+            "SELECT name FROM system.columns WHERE database = currentDatabase() AND "
+            "table = {t:String} ORDER BY position", parameters={"t": table}).result_rows]
+        assert set(cols) <= set(got), table
+        assert f"`{table}`" in doc
+    sorting = db.client.command("SELECT sorting_key FROM system.tables WHERE database = "
+                                "currentDatabase() AND name = 'lines'")
+    assert sorting == "run, owner, stream, seq"
+
+
+def test_round_trip_every_kind(db: S.Store) -> None:
+    recs = sample_records("rt1")
+    res = db.insert_records(recs, ident("rt1"))
+    assert res.rows == len(recs) and not res.bad and not res.slow_path
+    got = db.records("rt1")
+    assert sorted(got, key=key) == sorted((r.to_dict() for r in recs), key=key)
+    assert got[0]["kind"] == "start" and got[-1]["kind"] == "end"
+    # ts reads back as the very same float (DateTime64(9) from the JSON decimal text)
+    assert {d["ts"] for d in got} == {r.ts for r in recs}
+    info = db.run_info("rt1")
+    assert info["state"] == "COMPLETED" and info["owner"] == "alice" and info["uid"] == 1000
+    assert info["cluster"] == "c1" and info["job_id"] == "77"
+    assert info["counts"] == {"lines": 7, "notes": 2, "metadata": 1, "samples": 1}
+    nums = db.client.query("SELECT numbers FROM metadata FINAL WHERE run = 'rt1'").result_rows
+    assert nums == [({"epoch": 1.0, "loss": 0.25},)]
+    assert db.samples("rt1")[0]["job"]["cpu_percent"] == 12.5
+    assert [d["fields"]["epoch"] for d in db.metadata("rt1")] == [1]
+
+
+def test_lines_limit_and_stream(db: S.Store) -> None:
+    recs = [Line(run="lim", stream="stdout" if i % 2 else "stderr", seq=i // 2, ts=T0 + i,
+                 text=str(i)) for i in range(50)]
+    db.insert_records(recs, ident("lim"))
+    assert [d["text"] for d in db.lines("lim", limit=3)] == ["47", "48", "49"]
+    assert [d["text"] for d in db.lines("lim", stream="stdout", limit=2)] == ["47", "49"]
+    assert len(db.lines("lim")) == 50
+
+
+def test_reinsert_never_duplicates_before_or_after_merges(db: S.Store) -> None:
+    recs = sample_records("dup", n=200)
+    for _ in range(3):
+        db.insert_records(recs, ident("dup"))
+    raw = int(db.client.command("SELECT count() FROM lines WHERE run = 'dup'"))
+    assert raw == 3 * 202  # three copies on disk before any merge ...
+    assert len(db.lines("dup")) == 200 + 2 + 2 + 1  # ... but each record once in queries
+    assert len(db.records("dup")) == len(recs)
+    assert len(db.runs()) == len({d["run"] for d in db.runs()})
+    for table in S.TABLES:
+        db.client.command("OPTIMIZE TABLE {t:Identifier} FINAL", parameters={"t": table})
+    assert int(db.client.command("SELECT count() FROM lines WHERE run = 'dup'")) == 202
+    assert len(db.records("dup")) == len(recs)
+    assert sorted(db.records("dup"), key=key) == sorted((r.to_dict() for r in recs), key=key)
+
+
+def test_identity_comes_from_the_caller_not_the_records(db: S.Store) -> None:
+    forged = [Line(run="victim", stream="stdout", seq=0, ts=T0, text="mine")]
+    db.insert_records(forged, ident("own1", user="mallory", uid=2000))
+    assert not db.has_run("victim")
+    row = db.client.query("SELECT run, owner, uid FROM lines FINAL WHERE run = 'own1'"
+                          ).result_rows
+    assert row == [("own1", "mallory", 2000)]
+    # a line carrying the identity keys itself is refused and reported, never stored
+    bad = (b'{"run":"own1","stream":"stdout","seq":1,"ts":1.5,"text":"x","kind":"line",'
+           b'"_owner":"root","_uid":0}\n')
+    res = db.insert_ndjson(bad, ident("own1", user="mallory", uid=2000))
+    assert res.rows == 0 and res.bad and "unknown field" in res.bad[0][1]
+    assert db.client.query("SELECT DISTINCT owner FROM lines WHERE run = 'own1'"
+                           ).result_rows == [("mallory",)]
+
+
+def test_same_run_id_two_owners_stay_apart(db: S.Store) -> None:
+    db.insert_records([Line(run="r", stream="stdout", seq=0, ts=T0, text="alice's")],
+                      ident("shared", "alice", 1000))
+    db.insert_records([Line(run="r", stream="stdout", seq=0, ts=T0, text="bob's")],
+                      ident("shared", "bob", 1001))
+    got = db.client.query("SELECT owner, text FROM lines FINAL WHERE run = 'shared' "
+                          "ORDER BY owner").result_rows
+    assert got == [("alice", "alice's"), ("bob", "bob's")]
+
+
+def test_bad_lines_take_the_slow_path_and_are_reported(db: S.Store) -> None:
+    good = [Line(run="bad", stream="stdout", seq=i, ts=T0, text=str(i)).to_json().encode()
+            for i in range(3)]
+    data = b"\n".join([good[0], b"garbage", good[1], b'{"kind":"bogus","run":"bad"}',
+                       b'{"kind":"line","run":"bad","stream":"stdout","ts":1}', b"",
+                       b"[1,2]", good[2]]) + b"\n"
+    res = db.insert_ndjson(data, ident("bad"))
+    assert res.slow_path and res.rows == 3
+    assert [n for n, _ in res.bad] == [2, 4, 5, 7]
+    assert [d["text"] for d in db.lines("bad")] == ["0", "1", "2"]
+
+
+def test_data_error_when_valid_records_are_refused(db: S.Store) -> None:
+    # from_dict accepts a negative seq; the store's UInt64 refuses it (code 72)
+    data = Line(run="de", stream="stdout", seq=-1, ts=T0, text="x").to_json().encode() + b"\n"
+    with pytest.raises(StoreDataError) as e:
+        db.insert_ndjson(data, ident("de"))
+    assert "refused the data" in e.value.message and "Code: 72" in e.value.message
+    with pytest.raises(StoreDataError):
+        db.insert_many([(data, ident("de"))])
+
+
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(texts=st.lists(st.text(st.characters(blacklist_categories=["Cs"]), max_size=40),
+                      min_size=1, max_size=8))
+def test_text_round_trip_property(db: S.Store, texts: list[str]) -> None:
+    run = f"prop{abs(hash(tuple(texts))) % 10**12}"
+    recs = [Line(run=run, stream="stdout", seq=i, ts=T0 + i / 7, text=t)
+            for i, t in enumerate(texts)]
+    db.insert_records(recs, ident(run))
+    assert [(d["text"], d["ts"]) for d in db.lines(run)] == [(r.text, r.ts) for r in recs]
+
+
+def test_ttl_set_and_removed(db: S.Store) -> None:
+    db.init_schema(ttl_days=3650)
+    ddl = db.client.command("SELECT create_table_query FROM system.tables WHERE database = "
+                            "currentDatabase() AND name = 'lines'")
+    assert "TTL toDateTime(ts) + toIntervalDay(" in ddl and "3650" in ddl
+    db.init_schema(ttl_days=0)
+    assert " TTL " not in db.client.command(
+        "SELECT create_table_query FROM system.tables WHERE database = currentDatabase() "
+        "AND name = 'lines'")
+    with pytest.raises(UsageError):
+        db.set_ttl(-1)
+
+
+def test_row_policies_render_parse_and_chdb_refuses(db: S.Store) -> None:
+    stmts = S.row_policy_statements()
+    parsed = S.check_sql_syntax(db, stmts)
+    assert len(parsed) == 1 + 2 * len(S.TABLES)
+    assert any("USING owner = currentUser()" in p and "ON lines" in p for p in parsed)
+    # chDB has no access control: the engine answers ACCESS_DENIED (code 497) -> auth class
+    with pytest.raises(StoreAuthError):
+        db.init_schema(row_policies=True)
+
+
+@pytest.mark.parametrize("fmt", ["csv", "ndjson", "parquet"])
+def test_export_metadata(db: S.Store, fmt: str) -> None:
+    run = f"exp-{fmt}"
+    recs = [Metadata(run=run, stream="stdout", seq=i, ts=T0 + i,
+                     fields={"epoch": i, "loss": 1 / (i + 1), "tag": "a"}) for i in range(4)]
+    db.insert_records(recs, ident(run))
+    out = io.BytesIO()
+    assert db.export(run, "metadata", fmt, out) == 4
+    data = out.getvalue()
+    if fmt == "ndjson":
+        rows = [json.loads(x) for x in data.splitlines()]
+        assert [r["epoch"] for r in rows] == [0, 1, 2, 3] and rows[0]["tag"] == "a"
+    elif fmt == "csv":
+        lines = data.decode().splitlines()
+        assert lines[0] == "ts,seq,epoch,loss,tag" and len(lines) == 5
+    else:
+        table = pq.read_table(io.BytesIO(data))
+        assert table.column("epoch").to_pylist() == [0, 1, 2, 3]
+    with pytest.raises(NotFound):
+        db.export("nope", "metadata", fmt, io.BytesIO())
+
+
+def test_export_lines_and_samples(db: S.Store) -> None:
+    db.insert_records(sample_records("exl"), ident("exl"))
+    out = io.BytesIO()
+    assert db.export("exl", "lines", "ndjson", out) == 10  # 7 lines/commands, 2 notes, 1 JSON
+    assert json.loads(out.getvalue().splitlines()[0])["text"].startswith("step 0")
+    out = io.BytesIO()
+    assert db.export("exl", "samples", "csv", out) == 1
+    header = out.getvalue().decode().splitlines()[0]
+    assert "job.cpu_percent" in header and "gpu0.utilization_gpu_percent" in header
+    with pytest.raises(UsageError):
+        db.export("exl", "everything", "csv", io.BytesIO())
+
+
+def test_classify_error_codes() -> None:
+    class E(Exception):
+        def __init__(self, msg: str, code: int | None = None):
+            super().__init__(msg)
+            self.code = code
+
+    assert isinstance(S.classify(E("x", 117)), StoreDataError)
+    assert isinstance(S.classify(E("x", 53)), StoreDataError)
+    for code in (516, 192, 497):
+        assert isinstance(S.classify(E("x", code)), StoreAuthError)
+    assert isinstance(S.classify(E("HTTP driver received HTTP status 401")), StoreAuthError)
+    assert isinstance(S.classify(E("Code: 403. HTTP status 403 Forbidden")), StoreAuthError)
+    assert isinstance(S.classify(ConnectionRefusedError("refused")), StoreUnavailable)
+    assert isinstance(S.classify(E("x", 60)), StoreError)
+    assert not isinstance(S.classify(E("x", 60)), StoreUnavailable)
+
+
+def test_resolve_dsn(tmp_path: Path) -> None:
+    env = {"HOME": str(tmp_path)}
+    assert S.resolve_dsn(None, env) == f"chdb://{tmp_path}/.local/state/logcapture/store"
+    env["XDG_STATE_HOME"] = str(tmp_path / "state")
+    assert S.resolve_dsn(None, env) == f"chdb://{tmp_path}/state/logcapture/store"
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("store: http://u:p@h:8123/db\n")
+    env["LOGCAPTURE_CONFIG"] = str(cfg)
+    assert S.resolve_dsn(None, env) == "http://u:p@h:8123/db"
+    env["LOGCAPTURE_STORE"] = "chdb:///x"
+    assert S.resolve_dsn(None, env) == "chdb:///x"
+    assert S.resolve_dsn("chdb:///y", env) == "chdb:///y"
+    assert S.redact("http://u:secret@h:8123/db") == "http://u:***@h:8123/db"
+    with pytest.raises(UsageError):
+        S.open_store("ftp://x", env=env)
+
+
+def test_second_process_gets_a_clear_error(db: S.Store) -> None:
+    path = S._chdb_path(db.dsn)
+    code = ("import sys\nfrom logcapture import store\n"
+            "try:\n    store.open_store(sys.argv[1])\n"
+            "except store.StoreUnavailable as e:\n    print(e); sys.exit(3)\n")
+    p = subprocess.run([sys.executable, "-c", code, db.dsn], capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 3, p.stderr
+    assert "in use by another process" in p.stdout and f"pid {os.getpid()}" in p.stdout
+    assert str(path) in p.stdout
+
+
+def test_same_process_shares_the_store(db: S.Store) -> None:
+    db.insert_records(sample_records("share"), ident("share"))
+    with S.open_store(db.dsn) as again:
+        assert again.has_run("share")
+    assert db.has_run("share")  # closing the second handle left the first working
+    t = time.monotonic()
+    assert db.runs()
+    assert time.monotonic() - t < 60
