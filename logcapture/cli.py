@@ -288,6 +288,63 @@ def slurm_epilog() -> None:
     sys.exit(epilog_main())
 
 
+# ------------------------------------------------------------------------------ grafana
+
+
+@cli.group(name="grafana")
+def grafana_group() -> None:
+    """Grafana: provisioning for the ClickHouse data source and logcapture's dashboards
+    (job details, jobs, compare jobs), generated as code. See docs/grafana.md."""
+
+
+@grafana_group.command(name="install")
+@click.argument("directory", type=click.Path(path_type=Path, file_okay=False))
+@click.option("--store-url", default=None,
+              help="The ClickHouse server as Grafana reaches it: http(s)://[USER@]HOST[:PORT]"
+                   "[/DB] or clickhouse(s)://... for the native protocol. No password here.")
+@click.option("--host", default=None, help="ClickHouse host (default: localhost).")
+@click.option("--port", type=int, default=None,
+              help="ClickHouse port (default: 9000 native, 8123 HTTP; 9440/8443 secure).")
+@click.option("--protocol", type=click.Choice(["native", "http"]), default=None,
+              help="Protocol of the plugin's connection (default: native, or the URL's).")
+@click.option("--secure/--insecure", default=None, help="TLS to ClickHouse.")
+@click.option("--user", default=None, help="ClickHouse user of the data source "
+              "(default: grafana).")
+@click.option("--database", default=None, help="Database of the tables (default: logcapture).")
+@click.option("--password-file", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="Grafana reads the password from this file ($__file{PATH}); the secret is "
+                   "not copied.")
+@click.option("--password-env", metavar="VAR", default=None,
+              help="Grafana reads the password from this environment variable ($__env{VAR}; "
+                   "default LOGCAPTURE_CLICKHOUSE_PASSWORD).")
+@click.option("--password", "clear_password", default=None,
+              help="Write this password in clear into the data source file (mode 0600).")
+@click.option("--no-password", is_flag=True, help="No password (per-user identities, see "
+              "docs/grafana.md).")
+@click.option("--forward-user", is_flag=True,
+              help="Forward Grafana's user headers (X-Grafana-User) to ClickHouse over HTTP, "
+                   "for per-user row policies behind a mapping proxy.")
+@click.option("--dashboards-path", type=click.Path(path_type=Path), default=None,
+              help="Where Grafana will find the dashboard JSON, if not where it is written.")
+def grafana_install(directory: Path, store_url: str | None, host: str | None,
+                    port: int | None, protocol: str | None, secure: bool | None,
+                    user: str | None, database: str | None, password_file: Path | None,
+                    password_env: str | None, clear_password: str | None, no_password: bool,
+                    forward_user: bool, dashboards_path: Path | None) -> None:
+    """Write Grafana provisioning under DIRECTORY: datasources/logcapture.yaml (the
+    grafana-clickhouse-datasource plugin), dashboards/logcapture.yaml (a file provider) and
+    the dashboards. Prints the files written."""
+    from .grafana import install, make_connection, password_reference
+
+    password = password_reference(env=password_env, file=password_file, clear=clear_password,
+                                  none=no_password)
+    conn = make_connection(store_url, host=host, port=port, user=user, database=database,
+                           protocol=protocol, secure=secure, password=password,
+                           forward_user=forward_user)
+    for path in install(directory, conn, dashboards_path):
+        click.echo(str(path))
+
+
 # ------------------------------------------------------------------------------ entry point
 
 

@@ -140,6 +140,15 @@ def choose_x_axis(rows: list[dict[str, Any]]) -> str | None:
     return min(levels, key=lambda k: (levels[k], k))
 
 
+def choose_x_axis_of_records(records: Iterable[Mapping[str, Any]]) -> str | None:
+    """The X key of one run from its metadata record dicts in any order (``Store.metadata``
+    returns them newest first; spool readers in stream order): sorted by ``(ts, seq)``, then
+    :func:`choose_x_axis` on their ``fields``. For ``logcapture show RUN``."""
+    ordered = sorted((r for r in records if isinstance(r.get("fields"), Mapping)),
+                     key=lambda r: (r.get("ts", 0.0), r.get("seq", 0)))
+    return choose_x_axis([dict(r["fields"]) for r in ordered])
+
+
 # --- The same rule in ClickHouse SQL -------------------------------------------------------
 #
 # Two layers, so the rule itself does not depend on how the store keeps metadata:

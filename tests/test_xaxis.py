@@ -22,6 +22,7 @@ from logcapture.xaxis import (
     LEVEL_NUMBERS,
     LEVEL_PROGRESS,
     choose_x_axis,
+    choose_x_axis_of_records,
     key_levels,
     values_sql,
     x_axis_sql,
@@ -263,3 +264,11 @@ def test_python_is_total_on_odd_values():
     # nothing a job can print makes the rule raise
     rows = [{"a": math.pi, "b": object(), "c": 10**400, "d": b"x"}]
     assert choose_x_axis(rows) == "a"
+
+
+def test_records_in_any_order():
+    recs = [{"kind": "metadata", "seq": 1, "ts": 2.0, "fields": {"a": 5, "b": 0.5}},
+            {"kind": "metadata", "seq": 0, "ts": 1.0, "fields": {"a": 1, "b": 0.7}}]
+    assert choose_x_axis_of_records(recs) == "a"  # increasing once sorted by time
+    assert choose_x_axis_of_records(reversed(recs)) == "a"
+    assert choose_x_axis_of_records([]) is None

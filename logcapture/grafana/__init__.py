@@ -7,7 +7,13 @@ Grafana's variable and macro expansion so tests run each panel's real SQL.
 
 from .dashboards import all_dashboards
 from .macros import interpolate
-from .provisioning import Connection, connection_from_url, install, password_reference
+from .provisioning import (
+    Connection,
+    connection_from_url,
+    install,
+    make_connection,
+    password_reference,
+)
 
 __all__ = ["Connection", "all_dashboards", "connection_from_url", "install", "interpolate",
-           "password_reference"]
+           "make_connection", "password_reference"]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -47,9 +47,9 @@ class Connection:
     database: str = "logcapture"
     password: str | None = f"$__env{{{DEFAULT_PASSWORD_ENV}}}"
     forward_user: bool = False  # forwardGrafanaHeaders: send X-Grafana-User (HTTP only)
+    # The plugin's logs defaults (Explore's query builder): our ``lines`` table, not OTel.
     logs_table: str = "lines"
-    logs_time_column: str = "time"
-    logs_level_column: str = "level"
+    logs_time_column: str = "ts"
     logs_message_column: str = "text"
     extra_json: dict[str, Any] = field(default_factory=dict)
 
@@ -96,7 +96,33 @@ def connection_from_url(url: str, **overrides: Any) -> Connection:
     return Connection(**kw)
 
 
+def make_connection(store_url: str | None = None, *, host: str | None = None,
+                    port: int | None = None, user: str | None = None,
+                    database: str | None = None, protocol: str | None = None,
+                    secure: bool | None = None, password: str | None = None,
+                    forward_user: bool = False) -> Connection:
+    """The CLI's options -> :class:`Connection`: the URL first, then each given option; the
+    port defaults to the protocol's (9000/9440 native, 8123/8443 HTTP). ``forward_user``
+    needs the HTTP protocol (the plugin forwards Grafana's headers only over HTTP)."""
+    given = {"host": host, "port": port, "username": user, "database": database,
+             "protocol": protocol, "secure": secure}
+    given = {k: v for k, v in given.items() if v is not None}
+    if protocol is not None and protocol not in ("native", "http"):
+        raise UsageError(f"protocol must be native or http, not {protocol!r}")
+    if store_url:
+        conn = connection_from_url(store_url, **given)
+    else:
+        conn = Connection(**given)
+        if port is None:
+            conn = replace(conn, port=_DEFAULT_PORTS[(conn.protocol, conn.secure)])
+    if forward_user and conn.protocol != "http":
+        raise UsageError("--forward-user needs the HTTP protocol (--protocol http or an "
+                         "http(s):// store URL)")
+    return replace(conn, password=password, forward_user=forward_user)
+
+
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")  # as store.py's allow-list
 
 
 def password_reference(*, env: str | None = None, file: str | Path | None = None,
@@ -139,7 +165,6 @@ def datasource_provisioning(conn: Connection) -> dict[str, Any]:
             "defaultTable": conn.logs_table,
             "otelEnabled": False,
             "timeColumn": conn.logs_time_column,
-            "levelColumn": conn.logs_level_column,
             "messageColumn": conn.logs_message_column,
         },
     }
@@ -192,6 +217,8 @@ def install(directory: str | Path, conn: Connection,
     """Write the provisioning tree under ``directory``; returns the files written.
     ``dashboards_path`` is where Grafana will find the dashboard JSON if not where it is
     written now (e.g. files written on one machine, mounted elsewhere)."""
+    if not _IDENTIFIER.match(conn.database):
+        raise UsageError(f"{conn.database!r} is not a ClickHouse database name")
     root = Path(directory).absolute()
     dash_dir = root / "dashboards" / FOLDER
     written: list[Path] = []
@@ -204,7 +231,7 @@ def install(directory: str | Path, conn: Connection,
     target = Path(dashboards_path) if dashboards_path is not None else dash_dir
     _write(provider, _yaml(dashboards_provisioning(target), "dashboards provider"))
     written.append(provider)
-    for name, dashboard in all_dashboards().items():
+    for name, dashboard in all_dashboards(conn.database).items():
         out = dash_dir / f"{name}.json"
         _write(out, json.dumps(dashboard, indent=2, sort_keys=False) + "\n")
         written.append(out)
