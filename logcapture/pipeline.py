@@ -313,7 +313,8 @@ def _start_sampler(run_id: str, interval: float, env: dict[str, str], spool: Spo
     except Exception as e:  # noqa: BLE001
         problems.append(f"resource sampling unavailable ({type(e).__name__})")
         return None, {}
-    problems += [f"resource sampling: {w}" for w in inventory_warnings]
+    if inventory_warnings:  # kept with the inventory, not as log notes: a CPU node has no NVML
+        inventory = {**inventory, "warnings": inventory_warnings}
     if not enabled:
         gpu.close()
         return None, inventory
