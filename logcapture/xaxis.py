@@ -24,8 +24,7 @@ tests/test_xaxis.py; the SQL of :func:`x_axis_sql` implements exactly the same):
 
 - *rows* are the ``fields`` of one job's Metadata records, in time order (stream order:
   ``seq``). A key's *values* are its values in the rows where it is present; a row where the
-  key is absent, or its value is JSON ``null``, is skipped (ClickHouse's JSON type does not
-  keep nulls, so treating null as absent is the only choice both sides can agree on).
+  key is absent, or its value is JSON ``null``, is skipped (null carries nothing to plot).
 - a *number* is a JSON number: a finite ``float``, or an ``int`` in the signed 64-bit range;
   never a ``bool`` (JSON ``true`` is not 1). ``NaN``/``Infinity``, whether Python floats or
   the strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"`` that records.dumps writes for them,

@@ -423,3 +423,45 @@ def test_connection_from_url():
     for bad in ("chdb:///tmp/x", "ftp://x", "http://u:secret@h:8123"):
         with pytest.raises(UsageError):
             connection_from_url(bad)
+
+
+# --- the command ---------------------------------------------------------------------------
+
+
+def test_cli_install(tmp_path: Path):
+    from click.testing import CliRunner
+
+    from logcapture.cli import cli
+
+    runner = CliRunner()
+    res = runner.invoke(cli, ["grafana", "install", str(tmp_path / "p"), "--store-url",
+                              "https://viewer@ch.example:8443/logcapture", "--forward-user",
+                              "--password-file", "/etc/grafana/ch-password"])
+    assert res.exit_code == 0, res.output
+    assert res.output.splitlines()[0].endswith("datasources/logcapture.yaml")
+    [d] = yaml.safe_load((tmp_path / "p/datasources/logcapture.yaml").read_text())["datasources"]
+    assert d["jsonData"]["username"] == "viewer" and d["jsonData"]["secure"] is True
+    assert d["secureJsonData"]["password"] == "$__file{/etc/grafana/ch-password}"
+
+    res = runner.invoke(cli, ["grafana", "install", str(tmp_path / "q"), "--protocol", "http",
+                              "--database", "lc2", "--no-password"])
+    assert res.exit_code == 0, res.output
+    [d] = yaml.safe_load((tmp_path / "q/datasources/logcapture.yaml").read_text())["datasources"]
+    assert d["jsonData"]["port"] == 8123 and "secureJsonData" not in d
+    job = json.loads((tmp_path / "q/dashboards/logcapture/job-details.json").read_text())
+    assert "lc2.metadata" in json.dumps(job) and "logcapture.metadata" not in json.dumps(job)
+
+
+@pytest.mark.parametrize("args", [
+    ["--store-url", "chdb:///tmp/store"],            # Grafana cannot reach an embedded store
+    ["--forward-user"],                              # native protocol: headers not forwarded
+    ["--password-env", "A", "--password", "b"],      # one password source only
+    ["--database", "x; DROP TABLE y"],               # not an identifier
+])
+def test_cli_install_refuses(tmp_path: Path, args: list[str]):
+    from logcapture.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["grafana", "install", str(tmp_path / "p"), *args])
+    assert exc.value.code == 2
+    assert not (tmp_path / "p" / "datasources").exists()
