@@ -137,8 +137,6 @@ class _Screen(pyte.Screen):
         self.out = out
         self.program_columns = program_columns
         self.tabs_default = True
-        self.pass_row: _Row | None = None
-        self.pass_n = 0
         self.unknown = 0
         super().__init__(width, rows)
         self.buffer = defaultdict(lambda: _Row(_DEFAULT))  # type: ignore[assignment]
@@ -163,7 +161,6 @@ class _Screen(pyte.Screen):
         for y in range(self.last_row() + 1):
             self.hand_on(buf.get(y))
         buf.clear()
-        self.pass_row = None
 
     def commit_above_cursor(self) -> None:
         """Commit the rows above the cursor and move the cursor row to the top."""
@@ -220,14 +217,12 @@ class _Screen(pyte.Screen):
                 if k <= room:
                     row.update(zip(range(x, x + k), map(_CELL.__getitem__, run), strict=True))
                     cursor.x = x + k
-                    self.pass_n = 0
                 else:
                     if room > 0:
                         row.update(zip(range(x, width), map(_CELL.__getitem__, run[:room]),
                                        strict=True))
                         cursor.x = width
-                        self.pass_n = 0
-                    self._overflow(row, k - room)
+                    row.cut += k - room
                 continue
             ch = data[i]
             i += 1
@@ -235,7 +230,7 @@ class _Screen(pyte.Screen):
             x = cursor.x
             if w > 0:
                 if x + w > width:
-                    self._overflow(row, 1)
+                    row.cut += 1
                     continue
                 if insert:
                     self.insert_characters(w)
@@ -243,7 +238,6 @@ class _Screen(pyte.Screen):
                 if w == 2:
                     row[x + 1] = _CELL[""]
                 cursor.x = x + w
-                self.pass_n = 0
             elif w == 0 and x > 0:
                 # Zero-width (combining, joiners, variation selectors): joins the previous
                 # character, skipping a wide character's stub cell.
@@ -254,14 +248,6 @@ class _Screen(pyte.Screen):
                 if len(prev) < 32:
                     row[px] = _CELL[unicodedata.normalize("NFC", prev + ch)]
             # else: unprintable, or zero-width at the line start: nothing shows.
-
-    def _overflow(self, row: _Row, count: int) -> None:
-        if self.pass_row is not row:
-            self.pass_row = row
-            self.pass_n = 0
-        self.pass_n += count
-        if self.pass_n > row.cut:
-            row.cut = self.pass_n
 
     def erase_in_line(self, how: int = 0, private: bool = False) -> None:
         row = self.buffer[self.cursor.y]
@@ -431,7 +417,6 @@ class Renderer:
         self._cur = ""
         self._x = 0
         self._cut = 0
-        self._pass = 0  # characters past the width in the current overflow pass
         if not self.fast_path:
             self._to_screen()
 
@@ -467,7 +452,7 @@ class Renderer:
             self._pending.clear()
             if self._cut or self._cur.rstrip(" "):
                 self._out.append(Rendered(self._cur.rstrip(" "), self._cut))
-            self._cur, self._x, self._cut, self._pass = "", 0, 0, 0
+            self._cur, self._x, self._cut = "", 0, 0
         else:
             s = self._screen
             self._guard(s.commit_all)
@@ -592,7 +577,7 @@ class Renderer:
             out = self._out
             while len(pending) > keep:
                 out.append(pending.popleft())
-        self._cur, self._x, self._cut, self._pass = "", 0, 0, 0
+        self._cur, self._x, self._cut = "", 0, 0
         self._draw(parts[-1])
 
     def _draw(self, t: str) -> None:
@@ -607,15 +592,11 @@ class Renderer:
         if n <= room:
             cur = cur + t if x == len(cur) else cur[:x] + t + cur[x + n:]
             self._x = x + n
-            self._pass = 0
         else:
             if room > 0:
                 cur = cur[:x] + t[:room]
                 self._x = self.width
-                self._pass = 0
-            self._pass += n - room
-            if self._pass > self._cut:
-                self._cut = self._pass
+            self._cut += n - room
         self._cur = cur
 
     def _to_screen(self) -> None:
@@ -627,13 +608,11 @@ class Renderer:
         for y, r in enumerate(self._pending):
             buf[y] = _row_from(r.text, r.cut)
         y = len(self._pending)
-        row = buf[y] = _row_from(self._cur, self._cut)
+        buf[y] = _row_from(self._cur, self._cut)
         s.cursor.y = y
         s.cursor.x = self._x
-        s.pass_row = row if self._pass else None
-        s.pass_n = self._pass
         self._pending.clear()
-        self._cur, self._x, self._cut, self._pass = "", 0, 0, 0
+        self._cur, self._x, self._cut = "", 0, 0
         self._line_mode = False
 
     def _maybe_line_mode(self) -> None:
@@ -655,18 +634,14 @@ class Renderer:
         texts = []
         for y in range(cy + 1):
             row = buf.get(y)
-            t = _cells_text(row)
-            if row and len(t) != max(row) + 1:
-                return
-            texts.append(t)
+            if row and any(len(c.data) != 1 for c in row.values()):
+                return  # a wide character's stub, or a character with combining marks
+            texts.append(_cells_text(row))
         row = buf.get(cy)
         self._pending = deque(
             Rendered(texts[y].rstrip(" "), (buf[y].cut if y in buf else 0)) for y in range(cy))
         self._cur = texts[cy]
         self._x = s.cursor.x
         self._cut = row.cut if row is not None else 0
-        self._pass = s.pass_n if (row is not None and s.pass_row is row) else 0
-        s.pass_row = None
-        s.pass_n = 0
         buf.clear()
         self._line_mode = True

@@ -139,9 +139,12 @@ def test_long_line_not_wrapped_at_columns() -> None:
 def test_line_limit_cut_counts_dropped() -> None:
     out = render(b"x" * 30 + b"\nshort\n", line_limit=20)
     assert out == [Rendered("x" * 20, 10), Rendered("short")]
-    # A redraw of an over-long line counts the overflow once.
+    # cut counts every character dropped, redraws included
     out = render(b"y" * 25 + b"\r" + b"z" * 25 + b"\n", line_limit=20)
-    assert out == [Rendered("z" * 20, 5)]
+    assert out == [Rendered("z" * 20, 10)]
+    # erasing the line forgets what was dropped from it
+    out = render(b"y" * 25 + b"\r\x1b[2K" + b"z" * 21 + b"\n", line_limit=20)
+    assert out == [Rendered("z" * 20, 1)]
     assert LINE_LIMIT == 65536
 
 
