@@ -192,12 +192,12 @@ _runs = itertools.count()
 def sql_choices(store, jobs: list[list[dict[str, Any]]]) -> list[str | None]:
     """Ship each job's rows as Metadata records of a fresh run, apply the SQL rule to them."""
     ids = [f"r{next(_runs)}" for _ in jobs]
+    batches = []
     for run, rows in zip(ids, jobs, strict=True):
-        if rows:
-            records = [Metadata(run=run, stream="stdout", seq=seq, ts=1000.0 + seq, fields=row)
-                       for seq, row in enumerate(rows)]
-            result = store.insert_records(records, Identity(run=run, user="alice", uid=1000))
-            assert not result.bad
+        ndjson = "".join(Metadata(run=run, stream="stdout", seq=seq, ts=1000.0 + seq,
+                                  fields=row).to_json() + "\n" for seq, row in enumerate(rows))
+        batches.append((ndjson.encode(), Identity(run=run, user="alice", uid=1000)))
+    store.insert_many(batches)  # one insert for all the jobs of an example
     source = "(SELECT run, seq, fields FROM metadata FINAL WHERE run IN {ids:Array(String)})"
     result = store.client.query(x_axis_sql(values_sql(source)), parameters={"ids": ids})
     chosen = {run: key for run, key, _level in result.result_rows}
