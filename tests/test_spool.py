@@ -191,3 +191,13 @@ def test_a_full_spool_disk_does_not_hurt_the_command(lc_env: dict[str, str]) -> 
     assert res.stdout == b"".join(f"line {i}\n".encode() for i in range(20000))
     warnings = [ln for ln in res.stderr.decode().splitlines() if ln.startswith("logcapture:")]
     assert 1 <= len(warnings) <= 5
+
+
+@given(text=texts, seq=st.integers(0, 2**62), ts=st.floats(0, 4e9, allow_nan=False))
+def test_the_fast_line_encoding_equals_the_generic_one(text: str, seq: int, ts: float) -> None:
+    import json
+
+    from logcapture.records import dumps
+    line = Line(run="run-1", stream="stdout", seq=seq, ts=ts, text=text)
+    assert line.to_json() == dumps(line.to_dict())
+    assert from_dict(json.loads(line.to_json())) == line
