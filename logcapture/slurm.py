@@ -59,6 +59,7 @@ MAX_SEGMENT_BYTES = 64 * 1024 * 1024  # compressed or plain size of the segment 
 MAX_DECOMPRESSED_BYTES = 256 * 1024 * 1024
 MAX_END_LINE_BYTES = 1024 * 1024
 MAX_DIR_ENTRIES = 100_000
+MAX_END_CANDIDATES = 8  # segments tried, newest first, when looking for the End record
 
 
 # ============================================================================ the job wrapper
@@ -253,7 +254,8 @@ class JobInfo:
         self.nodes = env.get("SLURM_JOB_NODELIST", "") or env.get("SLURM_NODELIST", "")
         self.node = env.get("SLURMD_NODENAME", "")
         self.cluster = env.get("SLURM_CLUSTER_NAME", "")
-        self.restart_count = env.get("SLURM_RESTART_COUNT", "")
+        self.restart_count = (env.get("SLURM_JOB_RESTART_COUNT", "")
+                              or env.get("SLURM_RESTART_COUNT", ""))
 
     def record(self) -> dict[str, object]:
         return {"cluster": self.cluster, "job_id": self.job_id, "user": self.user,
@@ -444,6 +446,14 @@ def _open_user_dir(name: str, dir_fd: int, uid: int) -> int | None:
     return fd
 
 
+def _is_user_dir(name: str, dir_fd: int, uid: int) -> bool:
+    fd = _open_user_dir(name, dir_fd, uid)
+    if fd is None:
+        return False
+    os.close(fd)
+    return True
+
+
 def _list_dir(fd: int) -> list[str]:
     """At most MAX_DIR_ENTRIES names of a directory (a user may fill it with millions)."""
     names: list[str] = []
@@ -522,34 +532,41 @@ def _valid_end(obj: object, run_id: str) -> dict[str, object] | None:
 def read_end(job_fd: int, run_id: str, uid: int) -> dict[str, object] | None:
     """The End record of run ``run_id`` in a job directory, read as root would read anything
     of a user's: no symlinks, regular files of the user only, bounded."""
-    import json
     import re
 
     run_fd = _open_user_dir(run_id, job_fd, uid)
     if run_fd is None:
         return None
     try:
-        best: tuple[int, bool, str] | None = None
+        found: list[tuple[int, bool, str]] = []
         for name in _list_dir(run_fd):
             m = re.match(_SEGMENT_NAME, name)
-            if not m:
+            if m:
+                found.append((int(m.group(1)), bool(m.group(2)), name))
+        # The End is in the last segment the wrapper wrote; names planted after it (symlinks,
+        # FIFOs, huge files) are refused one by one, a few at most.
+        for _, compressed, name in sorted(found, reverse=True)[:MAX_END_CANDIDATES]:
+            opened = _open_user_file(name, run_fd, uid, MAX_SEGMENT_BYTES)
+            if opened is None:
                 continue
-            key = (int(m.group(1)), bool(m.group(2)), name)
-            if best is None or key[:2] > best[:2]:
-                best = key
-        if best is None:
-            return None
-        opened = _open_user_file(best[2], run_fd, uid, MAX_SEGMENT_BYTES)
-        if opened is None:
-            return None
-        fd, size = opened
-        try:
-            tail = _tail(fd, size, compressed=best[1])
-        finally:
-            os.close(fd)
+            fd, size = opened
+            try:
+                tail = _tail(fd, size, compressed=compressed)
+            finally:
+                os.close(fd)
+            end = _end_in(tail, run_id)
+            if end is not None:
+                return end
     finally:
         os.close(run_fd)
-    for line in reversed(tail.split(b"\n")[1:-1] if b"\n" in tail else []):
+    return None
+
+
+def _end_in(tail: bytes, run_id: str) -> dict[str, object] | None:
+    import json
+
+    complete = tail.split(b"\n")[:-1]  # the last element is an incomplete line (or b"")
+    for line in reversed(complete[1:] if len(tail) >= MAX_END_LINE_BYTES else complete):
         if b'"end"' not in line:
             continue
         try:
@@ -561,9 +578,9 @@ def read_end(job_fd: int, run_id: str, uid: int) -> dict[str, object] | None:
     return None
 
 
-def slurm_state(job_id: str, timeout: float = 10.0) -> str:
-    """The job's state as slurmctld reports it (``scontrol show job -o``), or ""."""
-    import re
+def slurm_job(job_id: str, timeout: float = 10.0) -> dict[str, str]:
+    """The job's fields as slurmctld reports them (``scontrol show job -o``; the first record
+    when there are several), or {} when Slurm cannot be asked."""
     import subprocess
 
     for scontrol in ("/usr/bin/scontrol", "/usr/local/bin/scontrol", "scontrol"):
@@ -572,9 +589,74 @@ def slurm_state(job_id: str, timeout: float = 10.0) -> str:
                                  timeout=timeout, check=False).stdout
         except (OSError, subprocess.SubprocessError):
             continue
-        m = re.search(rb"\bJobState=([A-Z_]+)", out)
-        return m.group(1).decode() if m else ""
-    return ""
+        first = out.decode("utf-8", "replace").split("\n", 1)[0]
+        fields: dict[str, str] = {}
+        for token in first.split():
+            key, sep, value = token.partition("=")
+            if sep and key not in fields:
+                fields[key] = value
+        return fields
+    return {}
+
+
+def slurm_state(job_id: str, timeout: float = 10.0) -> str:
+    """The job's state as slurmctld reports it, or "". During the epilog it is COMPLETING."""
+    return slurm_job(job_id, timeout).get("JobState", "")
+
+
+def _update_record(root: str, job_id: str, fields: dict[str, object]) -> bool:
+    """Merge ``fields`` into an existing job record; False when there is none any more."""
+    import json
+
+    record = read_job_record(root, job_id)
+    if record is None:
+        return False
+    record.update(fields)
+    root_fd = _open_root(root, create=False)
+    try:
+        jobs_fd = _open_jobs_dir(root_fd)
+        try:
+            _write_root_file(jobs_fd, f"{job_id}.json",
+                             json.dumps(record, sort_keys=True).encode() + b"\n", 0o600)
+        finally:
+            os.close(jobs_fd)
+    finally:
+        os.close(root_fd)
+    return True
+
+
+def _record_final_state_later(root: str, job_id: str, timeout: float = 120.0) -> None:
+    """Slurm reports a job as COMPLETING until its epilogs have ended, so its final state
+    (COMPLETED, FAILED, CANCELLED, TIMEOUT...) can only be read after the epilog: a detached
+    process (its own session, no inherited descriptors, so neither slurmd nor the epilog
+    script waits for it) polls for it and writes it into the job record."""
+    import time
+
+    try:
+        pid = os.fork()
+    except OSError:
+        return
+    if pid:
+        os.waitpid(pid, 0)
+        return
+    try:
+        os.setsid()
+        if os.fork():
+            os._exit(0)
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        os.closerange(3, 1 << 16)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            time.sleep(0.5)
+            state = slurm_state(job_id)
+            if state and state != "COMPLETING":
+                _update_record(root, job_id, {"slurm_state": state})
+                break
+    except BaseException:  # noqa: BLE001 - a detached helper never reports anywhere
+        pass
+    os._exit(0)
 
 
 def _run_dirs(names: list[str], job_id: str) -> list[str]:
@@ -647,7 +729,8 @@ def epilog(env: dict[str, str] | os._Environ[str], *, now: float | None = None,
         runs: list[str] = []
         if job_fd is not None:
             try:
-                runs = _run_dirs(_list_dir(job_fd), job.job_id)
+                runs = [run for run in _run_dirs(_list_dir(job_fd), job.job_id)
+                        if _is_user_dir(run, job_fd, job.uid)]
                 ends = {run: read_end(job_fd, run, job.uid) for run in runs}
             finally:
                 os.close(job_fd)
@@ -656,9 +739,15 @@ def epilog(env: dict[str, str] | os._Environ[str], *, now: float | None = None,
             _remove_job(root_fd, job.job_id)
             return messages
         record = read_job_record(root, job.job_id) or job.record()
-        run = runs[-1]
+        current = run_id_for({"SLURM_JOB_ID": job.job_id,
+                              "SLURM_RESTART_COUNT": job.restart_count})
+        run = current if current in runs else runs[-1]
         end = ends.get(run)
-        get_state = state_of if callable(state_of) else slurm_state
+        info = state_of(job.job_id) if callable(state_of) else slurm_job(job.job_id)
+        # The prolog's environment has no array ids; slurmctld knows them.
+        if not record.get("array_job_id") and info.get("ArrayJobId", "").isdigit():
+            record["array_job_id"] = info["ArrayJobId"]
+            record["array_task_id"] = info.get("ArrayTaskId", "")
         record.update({
             "end": time.time() if now is None else now,
             "run_id": run,
@@ -667,7 +756,7 @@ def epilog(env: dict[str, str] | os._Environ[str], *, now: float | None = None,
             "signal": end["signal"] if end else None,
             "wrapper_state": end["state"] if end else "",
             "duration": end["duration"] if end else None,
-            "slurm_state": get_state(job.job_id),
+            "slurm_state": info.get("JobState", ""),
             "slurm_exit_code": env.get("SLURM_JOB_EXIT_CODE2", ""),
         })
         if end is None:
@@ -679,6 +768,8 @@ def epilog(env: dict[str, str] | os._Environ[str], *, now: float | None = None,
                              json.dumps(record, sort_keys=True).encode() + b"\n", 0o600)
         finally:
             os.close(jobs_fd)
+        if record["slurm_state"] in ("", "COMPLETING") and not callable(state_of):
+            _record_final_state_later(root, job.job_id)
         if _ship(root, job.job_id, runs, admin):
             _remove_job(root_fd, job.job_id)
             messages.append(f"shipped run(s) {', '.join(runs)} and removed the job's spool")

@@ -1,0 +1,307 @@
+"""logcapture on a real Slurm 22.05 cluster (issue 5 §5 and §6).
+
+Each test submits real batch jobs as the test users through ``sbatch`` (so they go through
+job_submit.lua, the prolog, the job wrapper and the epilog) and checks what Slurm reports and
+what logcapture left in the spool. Jobs of one test are submitted together and polled
+together, to keep the suite short on two cores.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import time
+
+import pytest
+
+from .conftest import Cluster, Job
+
+pytestmark = pytest.mark.slurm
+
+U1, U2 = "lcuser1", "lcuser2"
+
+
+def lines(records: list[dict], stream: str = "stdout") -> list[str]:
+    return [r["text"] for r in records if r["kind"] == "line" and r["stream"] == stream]
+
+
+def end_of(records: list[dict]) -> dict:
+    ends = [r for r in records if r["kind"] == "end"]
+    assert len(ends) == 1, records
+    return ends[0]
+
+
+CAPTURED = r"""#!/bin/bash
+echo "hello from $SLURM_JOB_ID"
+for i in 1 2 3 4 5; do printf '\rprogress %d/5' $i; sleep 0.05; done; echo
+echo '{"epoch": 1, "loss": 0.5}'
+echo "to stderr" >&2
+srun --overlap echo "from an srun step"
+[ -t 1 ] && echo "stdout is a tty" || echo "stdout is not a tty"
+exit 0
+"""
+
+
+def test_an_opted_in_job_is_captured_rendered_and_recorded(lc: Cluster) -> None:
+    lc.optin(U1, "")
+    job = lc.submit(U1, CAPTURED, name="captured")
+    assert lc.wait(job)[job.id] == ("COMPLETED", "0:0")
+
+    out = job.out.read_text()
+    assert "hello from" in out and "from an srun step" in out and "stdout is a tty" in out
+    assert b"\rprogress 5/5" in job.out.read_bytes()  # the job's own output file keeps every byte
+
+    records = lc.records(job)
+    stdout = lines(records)
+    assert f"hello from {job.id}" in stdout
+    assert "progress 5/5" in stdout and not any("progress 1/5" in t for t in stdout)
+    assert "from an srun step" in stdout
+    assert lines(records, "stderr") == ["to stderr"]
+    assert [r["fields"] for r in records if r["kind"] == "metadata"] == [
+        {"epoch": 1, "loss": 0.5}]
+    start = records[0]
+    assert start["kind"] == "start" and start["user"] == U1
+    assert start["slurm"]["job_id"] == job.id and start["slurm"]["cluster"] == "e2e"
+    assert end_of(records)["exit_status"] == 0
+
+    # The trusted record: root's, outside the user's directory, completed by the epilog.
+    rec = lc.job_record(job)
+    assert rec is not None and rec["user"] == U1 and rec["job_id"] == job.id
+    assert rec["exit_status"] == 0 and rec["signal"] is None
+    st = (lc.spool_root / ".jobs" / f"{job.id}.json").stat()
+    assert st.st_uid == 0 and stat.S_IMODE(st.st_mode) == 0o600
+    jd = (lc.spool_root / job.id).stat()
+    assert jd.st_uid == lc.home(U1).stat().st_uid and stat.S_IMODE(jd.st_mode) == 0o700
+
+    # A Slurm job id works as a run id for the user.
+    r = lc.as_user(U1, [str(lc.env["LOGCAPTURE_BIN"]) + "/logcapture", "logs", "--spool",
+                        str(lc.spool_root / job.id), job.id])
+    assert r.returncode == 0, r.stderr
+    assert "from an srun step" in r.stdout
+
+
+UNTOUCHED = r"""#!/bin/bash
+[ -t 1 ] && echo "tty" || echo "not a tty"
+env | grep -c '^LOGCAPTURE' || true
+echo "args: $*"
+head -c 2 /proc/$PPID/comm >/dev/null
+echo "interp: $(tr '\0' ' ' </proc/$$/cmdline)"
+"""
+
+
+def test_a_user_without_logoptin_gets_an_untouched_job_and_nothing_captured(
+        lc: Cluster) -> None:
+    job = lc.submit(U2, UNTOUCHED, "--export=NONE", name="untouched")
+    assert lc.wait(job)[job.id] == ("COMPLETED", "0:0")
+    out = job.out.read_text().splitlines()
+    assert out[0] == "not a tty"
+    assert out[1] == "0"  # no LOGCAPTURE_* variable
+    # The wrapper exec'd the script's own interpreter: same argv as without logcapture.
+    assert out[3].startswith("interp: /bin/bash ")
+    assert "logcapture-job" not in out[3] and "python" not in out[3]
+    assert not (lc.spool_root / job.id).exists()
+    assert lc.job_record(job) is None
+
+
+WAITS = r"""#!/bin/bash
+echo "started"
+while [ ! -e "$HOME/go-{tag}" ]; do sleep 0.1; done
+echo "finished"
+"""
+
+
+def test_logoptin_created_or_deleted_while_a_job_runs_changes_nothing(lc: Cluster) -> None:
+    # U1 is opted out at start and opts in while the job runs; U2 the other way round.
+    lc.optin(U2, "")
+    for user in (U1, U2):
+        (lc.home(user) / "go-x").unlink(missing_ok=True)
+    j1 = lc.submit(U1, WAITS.replace("{tag}", "x"), name="waits")
+    j2 = lc.submit(U2, WAITS.replace("{tag}", "x"), name="waits")
+    lc.wait_running(j1, "started")
+    lc.wait_running(j2, "started")
+    lc.optin(U1, "")
+    lc.optin(U2, None)
+    for user in (U1, U2):
+        lc.write_as(user, lc.home(user) / "go-x", "")
+    states = lc.wait(j1, j2)
+    assert states[j1.id] == states[j2.id] == ("COMPLETED", "0:0")
+    assert not (lc.spool_root / j1.id).exists()
+    assert lines(lc.records(j2)) == ["started", "finished"]
+    for user in (U1, U2):
+        (lc.home(user) / "go-x").unlink()
+
+
+MODES = r"""#!/bin/bash
+echo "visible line"
+echo '{"step": 1}'
+echo '/LOGCOMMAND {"mode":"disabled"}'
+echo "password=hunter2-secret"
+echo '/LOGCOMMAND {"mode":"enabled"}'
+echo "visible again"
+"""
+
+
+def test_modes_from_logoptin_and_from_logcommand(lc: Cluster) -> None:
+    lc.optin(U1, "mode: metadata\n")
+    lc.optin(U2, "")
+    j1 = lc.submit(U1, MODES, name="modes")
+    j2 = lc.submit(U2, MODES, name="modes")
+    lc.wait(j1, j2)
+    # metadata mode: only the metadata (and commands) are kept, no text.
+    r1 = lc.records(j1)
+    assert lines(r1) == [] or lines(r1) == ["visible again"]
+    assert [r["fields"] for r in r1 if r["kind"] == "metadata"] == [{"step": 1}]
+    assert b"visible line" not in lc.spool_bytes(j1)
+    # enabled, then disabled by /LOGCOMMAND for the secret, then enabled again.
+    r2 = lc.records(j2)
+    assert "visible line" in lines(r2) and "visible again" in lines(r2)
+    assert [r["kind"] for r in r2].count("command") == 2
+    for job in (j1, j2):
+        assert b"hunter2" not in lc.spool_bytes(job)
+        assert "hunter2-secret" in job.out.read_text()  # the job's own file is untouched
+
+
+OUTCOMES = {
+    "exit0": "#!/bin/bash\necho ok\nexit 0\n",
+    "exit3": "#!/bin/bash\necho failing\nexit 3\n",
+    "killed": "#!/bin/bash\necho dying\nkill -KILL $$\n",
+    "usr1": "#!/usr/bin/env python3\nimport os, signal\nprint('bye', flush=True)\n"
+            "os.kill(os.getpid(), signal.SIGUSR1)\n",
+}
+
+
+def test_exit_codes_and_signals_give_the_same_slurm_outcome_with_and_without(
+        lc: Cluster) -> None:
+    lc.optin(U1, "")  # U1 captured, U2 not
+    pairs = {name: (lc.submit(U1, script, name=name), lc.submit(U2, script, name=name))
+             for name, script in OUTCOMES.items()}
+    states = lc.wait(*[j for pair in pairs.values() for j in pair])
+    for name, (captured, plain) in pairs.items():
+        assert states[captured.id] == states[plain.id], name
+    assert states[pairs["exit3"][0].id] == ("FAILED", "3:0")
+    assert states[pairs["killed"][0].id] == ("FAILED", "0:9")
+    ends = {name: end_of(lc.records(pair[0])) for name, pair in pairs.items()}
+    assert ends["exit3"]["exit_status"] == 3
+    assert ends["killed"]["signal"] == 9 and ends["usr1"]["signal"] == 10
+    assert lc.job_record(pairs["killed"][0])["signal"] == 9
+    for _, plain in pairs.values():
+        assert not (lc.spool_root / plain.id).exists()
+
+
+SLEEPER = r"""#!/bin/bash
+trap 'echo "got HUP" >&2' HUP
+echo "before the cancel"
+sleep 60
+echo "never printed"
+"""
+
+
+def test_scancel_ends_a_captured_job_as_cancelled_keeping_its_lines(lc: Cluster) -> None:
+    lc.optin(U1, "")
+    captured = lc.submit(U1, SLEEPER, name="sleeper")
+    plain = lc.submit(U2, SLEEPER, name="sleeper")
+    lc.wait_running(captured, "before the cancel")
+    lc.wait_running(plain, "before the cancel")
+    subprocess.run(["scancel", captured.id, plain.id], env=lc.env, check=True, timeout=30)
+    states = lc.wait(captured, plain)
+    assert states[captured.id] == states[plain.id]
+    assert states[captured.id][0] == "CANCELLED"
+    assert "got HUP" not in captured.out.read_text()
+    records = lc.records(captured)
+    assert lines(records) == ["before the cancel"]
+    end = end_of(records)
+    assert end["signal"] == 15  # TERM forwarded, not a hang-up
+    rec = lc.job_record(captured)
+    assert rec["signal"] == 15 and rec["slurm_exit_code"] == "0:0"  # what the epilog saw
+    # Slurm's final state reaches the record once the epilog is over.
+    deadline = time.monotonic() + 20
+    while lc.job_record(captured).get("slurm_state") != "CANCELLED":
+        assert time.monotonic() < deadline, lc.job_record(captured)
+        time.sleep(0.2)
+
+
+ARRAY = r"""#!/bin/bash
+echo "task $SLURM_ARRAY_TASK_ID of $SLURM_ARRAY_JOB_ID"
+"""
+
+
+def test_an_array_job_captures_each_task_under_its_own_job_id(lc: Cluster) -> None:
+    lc.optin(U1, "")
+    first = lc.submit(U1, ARRAY, "--array=1-3", name="array")
+    tasks = lc.array_tasks(first.id, 3)
+    assert sorted(tasks) == ["1", "2", "3"]
+    states = lc.wait(*[Job(job_id, U1, first.out) for job_id in tasks.values()])
+    assert set(states.values()) == {("COMPLETED", "0:0")}
+    for task, job_id in tasks.items():
+        records = lc.records(job_id)
+        start = records[0]
+        assert start["slurm"]["array_job_id"] == first.id
+        assert start["slurm"]["array_task_id"] == task
+        assert lines(records) == [f"task {task} of {first.id}"]
+        rec = lc.job_record(job_id)
+        assert rec["array_job_id"] == first.id and rec["array_task_id"] == task
+
+
+def test_two_users_jobs_are_isolated(lc: Cluster) -> None:
+    lc.optin(U1, "")
+    lc.optin(U2, "")
+    j1 = lc.submit(U1, "#!/bin/bash\necho 'secret of user one'\n", name="iso")
+    j2 = lc.submit(U2, "#!/bin/bash\necho 'secret of user two'\n", name="iso")
+    lc.wait(j1, j2)
+    assert lines(lc.records(j1)) == ["secret of user one"]
+    assert lines(lc.records(j2)) == ["secret of user two"]
+    for reader, job in ((U2, j1), (U1, j2)):
+        run_dir = lc.run_dir(job)
+        r = lc.as_user(reader, ["ls", str(run_dir.parent)])
+        assert r.returncode != 0 and "Permission denied" in r.stderr
+        seg = next(run_dir.iterdir())
+        r = lc.as_user(reader, ["cat", str(seg)])
+        assert r.returncode != 0
+        r = lc.as_user(reader, ["cat", str(lc.spool_root / ".jobs" / f"{job.id}.json")])
+        assert r.returncode != 0
+    # And the public config holds no store DSN.
+    assert "store" not in (lc.spool_root / ".config.yaml").read_text()
+
+
+HOSTILE = r"""#!/bin/bash
+run="{spool}/$SLURM_JOB_ID/$SLURM_JOB_ID"
+echo "planting"
+ln -s /etc/shadow "$run/seg-999999.ndjson.gz"
+ln -s /etc/shadow "$run/seg-999998.ndjson"
+mkfifo "$run/seg-999997.ndjson"
+truncate -s 20G "$run/seg-999996.ndjson"
+ln -s {other} "{spool}/$SLURM_JOB_ID/$SLURM_JOB_ID.1"
+ln -s /etc "{spool}/$SLURM_JOB_ID/$SLURM_JOB_ID.2"
+echo "planted"
+exit 4
+"""
+
+
+def test_planted_symlinks_fifos_and_huge_files_gain_nothing_and_break_nothing(
+        lc: Cluster) -> None:
+    lc.optin(U1, "")
+    lc.optin(U2, "")
+    victim = lc.submit(U2, "#!/bin/bash\necho 'victim line'\n", name="victim")
+    lc.wait(victim)
+    other = lc.spool_root / victim.id
+    assert lines(lc.records(victim)) == ["victim line"]
+    hostile = lc.submit(U1, HOSTILE.replace("{spool}", str(lc.spool_root))
+                        .replace("{other}", str(other)), name="hostile")
+    assert lc.wait(hostile)[hostile.id] == ("FAILED", "4:0")
+    assert "planted" in hostile.out.read_text()
+    # The epilog found the real End record among the plants and did not follow them.
+    rec = lc.job_record(hostile)
+    assert rec is not None and rec["exit_status"] == 4
+    with open("/etc/shadow") as f:
+        shadow_line = f.readline().strip()
+    assert shadow_line and shadow_line not in lc.slurm_log()
+    assert os.path.exists("/etc/shadow") and os.path.isdir("/etc")
+    assert lines(lc.records(victim)) == ["victim line"]  # the other user's spool is intact
+    assert lc.state(hostile.id) == "FAILED"
+    # The node is not drained: the next job runs.
+    follow = lc.submit(U2, "#!/bin/bash\necho fine\n", name="follow")
+    assert lc.wait(follow)[follow.id] == ("COMPLETED", "0:0")
+    info = subprocess.run(["sinfo", "-h", "-o", "%T"], env=lc.env, capture_output=True,
+                          text=True, timeout=30).stdout.split()
+    assert info and all(s in ("idle", "mixed", "allocated") for s in info), info
