@@ -44,6 +44,7 @@ from .render import LINE_LIMIT, Renderer
 from .spool import SpoolWriter
 
 IDLE_COMMIT = 0.3  # seconds a stream must be quiet before its finished lines are committed
+IDLE_EVERY = 0.5  # seconds between commits of a stream that is never quiet
 
 _ESCAPES = re.compile(
     r"\x1b(\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)?|[@-Z\\-_])"  # CSI, OSC, ESC x
@@ -96,6 +97,7 @@ class Pipeline:
         self._run_lock = threading.Lock()
         self._last_data = {s: 0.0 for s in OUTPUT_STREAMS}
         self._idled = {s: True for s in OUTPUT_STREAMS}
+        self._last_idle = {s: 0.0 for s in OUTPUT_STREAMS}
         self._faulted: set[str] = set()
 
     # --- run-level records ---------------------------------------------------------------
@@ -125,10 +127,17 @@ class Pipeline:
         self._through(stream, now, lambda r: r.feed(data))
 
     def tick(self, now: float) -> None:
+        """Commit finished lines of a stream that has been quiet for IDLE_COMMIT seconds, and
+        of a busy one every IDLE_EVERY seconds (a bar redrawn without pause must not hold
+        back the lines printed above it)."""
         mono = time.monotonic()
         for stream in OUTPUT_STREAMS:
-            if not self._idled[stream] and mono - self._last_data[stream] >= IDLE_COMMIT:
-                self._idled[stream] = True
+            if self._idled[stream]:
+                continue
+            quiet = mono - self._last_data[stream] >= IDLE_COMMIT
+            if quiet or mono - self._last_idle[stream] >= IDLE_EVERY:
+                self._idled[stream] = quiet
+                self._last_idle[stream] = mono
                 self._through(stream, now, lambda r: r.idle())
 
     def _through(self, stream: str, now: float,

@@ -25,9 +25,12 @@ from .records import (
     Metadata,
     Note,
     Record,
+    Sample,
     Start,
 )
+from .sampler import summarize as summarize_samples
 from .spool import ReadStats, iter_run, list_runs, read_segment, segments
+from .xaxis import choose_x_axis
 
 
 def _first_record(run_dir: Path) -> Record | None:
@@ -175,6 +178,8 @@ def describe_run(run_dir: Path) -> dict[str, Any]:
     warnings = 0
     modes: list[str] = []
     keys: set[str] = set()
+    metadata_rows: list[dict[str, Any]] = []  # stream order is time order
+    samples: list[Sample] = []
     commands = 0
     for rec in iter_run(run_dir, stats):
         if isinstance(rec, Start):
@@ -185,6 +190,9 @@ def describe_run(run_dir: Path) -> dict[str, Any]:
             lines[rec.stream] += 1
         elif isinstance(rec, Metadata):
             keys.update(rec.fields)
+            metadata_rows.append(rec.fields)
+        elif isinstance(rec, Sample):
+            samples.append(rec)
         elif isinstance(rec, Command):
             commands += 1
         elif isinstance(rec, Note):
@@ -218,6 +226,11 @@ def describe_run(run_dir: Path) -> dict[str, Any]:
     info["commands"] = commands
     info["mode changes"] = modes
     info["metadata keys"] = sorted(keys)
+    info["x axis"] = choose_x_axis(metadata_rows) or "-"
+    if samples:
+        summary = summarize_samples(samples, wall_seconds=end.duration if end else None)
+        info["resources"] = {k: v for k, v in summary.items()
+                             if not isinstance(v, (dict, list)) and v is not None}
     info["warnings"] = warnings
     if stats.torn or stats.bad:
         info["spool problems"] = f"{stats.torn} torn line(s), {len(stats.bad)} invalid line(s)"
