@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,22 @@ def _spool_option(f: Any) -> Any:
 
 def _root(spool: Path | None) -> Path:
     return spool if spool is not None else default_root()
+
+
+def _store_option(f: Any) -> Any:
+    return click.option(
+        "--store", "store_dsn", default=None, metavar="DSN",
+        help="The store: chdb:///PATH (embedded) or http(s)://USER:PASS@HOST:8123/DB "
+             "(default: $LOGCAPTURE_STORE, the config file's `store`, else "
+             "chdb://$XDG_STATE_HOME/logcapture/store).")(f)
+
+
+def _source_option(f: Any) -> Any:
+    return click.option(
+        "--source", type=click.Choice(["auto", "spool", "store"]), default="auto",
+        show_default=True,
+        help="Where to read: auto = the store once the run is shipped (or gone from the "
+             "spool), else the spool.")(f)
 
 
 # ------------------------------------------------------------------------------ the group
@@ -151,23 +168,36 @@ def format_note(note: Note) -> str:
 
 @cli.command(name="ls")
 @_spool_option
+@_store_option
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per run.")
-def ls_cmd(spool: Path | None, as_json: bool) -> None:
-    """List the runs in the spool: id, state, start, duration, lines, command."""
+def ls_cmd(spool: Path | None, store_dsn: str | None, as_json: bool) -> None:
+    """List the runs in the spool, then those only in the store: id, state, start,
+    duration, lines, command."""
     from .runs import list_summaries
 
-    summaries = list_summaries(_root(spool))
+    summaries = [s for s in list_summaries(_root(spool)) if s.state != "EMPTY"]
+    stored = _store_rows_for_ls(store_dsn, {s.run_id for s in summaries})
     if as_json:
         for s in summaries:
             click.echo(json.dumps(s.as_dict()))
+        for r in stored:
+            click.echo(json.dumps({k: r[k] for k in ("run", "state", "start", "duration",
+                                                     "exit_status", "signal", "lines",
+                                                     "command", "owner")}))
         return
-    if not summaries:
-        click.echo(f"no runs in {_root(spool)}", err=True)
+    if not summaries and not stored:
+        click.echo(f"no runs in {_root(spool)} or in the store", err=True)
         return
     rows = [("RUN", "STATE", "START", "DURATION", "LINES", "COMMAND")]
     for s in summaries:
         rows.append((s.run_id, s.state, s.start_text, s.duration_text, str(s.lines),
                      s.command_text))
+    for r in stored:
+        start = r["start"] if r["start"] is not None else r["last"]
+        rows.append((r["run"], r["state"],
+                     time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(start)),
+                     f"{r['duration']:.1f}s" if r["duration"] is not None else "-",
+                     str(r["lines"]), " ".join(r["command"])))
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
     for r in rows:
         click.echo("  ".join(c.ljust(w) for c, w in zip(r[:5], widths, strict=True))
@@ -179,16 +209,26 @@ def ls_cmd(spool: Path | None, as_json: bool) -> None:
 @click.option("--stream", type=click.Choice([*OUTPUT_STREAMS, "all"]), default="all",
               show_default=True, help="Which stream to show.")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new lines until the run ends.")
+@_store_option
+@_source_option
 @click.argument("run_ref", metavar="RUN", required=False)
-def logs(spool: Path | None, stream: str, follow: bool, run_ref: str | None) -> None:
+def logs(spool: Path | None, stream: str, follow: bool, store_dsn: str | None, source: str,
+         run_ref: str | None) -> None:
     """Print the rendered lines and notes of RUN (a run id or Slurm job id; default: the
-    latest run)."""
+    latest run), from the store once the run is shipped, else from the spool."""
+    from .records import from_dict
     from .runs import find_run, follow_records
     from .spool import iter_run
 
-    run_dir = find_run(_root(spool), run_ref)
     streams = OUTPUT_STREAMS if stream == "all" else (stream,)
-    records = follow_records(run_dir) if follow else iter_run(run_dir)
+    found = None if follow else _from_store(_root(spool), run_ref, store_dsn, source)
+    if found is not None:
+        st, run_id = found
+        with st:
+            records: Any = [from_dict(d) for d in st.lines(run_id)]
+    else:
+        run_dir = find_run(_root(spool), run_ref)
+        records = follow_records(run_dir) if follow else iter_run(run_dir)
     for rec in records:
         if rec.stream not in streams and not (rec.stream == "run" and isinstance(rec, Note)):
             continue
@@ -203,13 +243,22 @@ def logs(spool: Path | None, stream: str, follow: bool, run_ref: str | None) -> 
 @cli.command()
 @_spool_option
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@_store_option
+@_source_option
 @click.argument("run_ref", metavar="RUN", required=False)
-def show(spool: Path | None, as_json: bool, run_ref: str | None) -> None:
+def show(spool: Path | None, as_json: bool, store_dsn: str | None, source: str,
+         run_ref: str | None) -> None:
     """Summarise RUN: owner, command, status, lines per stream, dropped repetitions, mode
-    changes, metadata keys."""
+    changes, metadata keys (from the store once the run is shipped, else the spool)."""
     from .runs import describe_run, find_run
 
-    info = describe_run(find_run(_root(spool), run_ref))
+    found = _from_store(_root(spool), run_ref, store_dsn, source)
+    if found is not None:
+        st, run_id = found
+        with st:
+            info = st.describe(run_id)
+    else:
+        info = describe_run(find_run(_root(spool), run_ref))
     if as_json:
         click.echo(json.dumps(info, indent=2, default=str))
         return
@@ -343,6 +392,249 @@ def grafana_install(directory: Path, store_url: str | None, host: str | None,
                            forward_user=forward_user)
     for path in install(directory, conn, dashboards_path):
         click.echo(str(path))
+
+
+# ------------------------------------------------------------------------------ store
+
+
+def _open_reader_store(dsn: str | None) -> Any:
+    """The store for reading, or None when there is none (an embedded store never created)
+    or it cannot be reached now (another process holds the embedded store)."""
+    from .errors import NotFound, StoreError
+    from .store import open_store
+
+    try:
+        return open_store(dsn, wait=5.0, must_exist=True)
+    except NotFound:
+        return None
+    except StoreError as e:
+        click.echo(f"logcapture: store not read: {e.message}", err=True)
+        return None
+
+
+def _shipped(run_dir: Path) -> bool:
+    from .ship import CURSOR_NAME, Cursor
+
+    try:
+        return bool(Cursor.from_json((run_dir / CURSOR_NAME).read_text()).shipped_at)
+    except (OSError, ValueError):
+        return False
+
+
+def _from_store(root: Path, run_ref: str | None, dsn: str | None,
+                source: str) -> tuple[Any, str] | None:
+    """(open store, run id) when RUN should be read from the store: it is there and the spool
+    no longer has it or has shipped all of it (``--source store`` forces the store,
+    ``--source spool`` the spool). None: read the spool."""
+    from .errors import NotFound
+    from .runs import find_run
+
+    if source == "spool":
+        return None
+    try:
+        run_dir: Path | None = find_run(root, run_ref)
+    except NotFound:
+        run_dir = None
+    if run_dir is not None and source == "auto" and not _shipped(run_dir):
+        return None
+    st = _open_reader_store(dsn)
+    if st is None:
+        if run_dir is None:
+            raise NotFound(f"no run {run_ref!r} in {root} or in the store" if run_ref
+                           else f"no runs in {root} or in the store")
+        return None
+    run = run_dir.name if run_dir is not None else run_ref
+    if run is None or run == "latest":
+        runs = st.runs()
+        run = runs[0]["run"] if runs else None
+    if run is not None and st.has_run(run):
+        return st, run
+    st.close()
+    if run_dir is None:
+        raise NotFound(f"no run {run_ref!r} in {root} or in the store (see `logcapture ls`)")
+    return None
+
+
+def _store_rows_for_ls(dsn: str | None, known: set[str]) -> list[dict[str, Any]]:
+    st = _open_reader_store(dsn)
+    if st is None:
+        return []
+    with st:
+        rows = [r for r in st.runs() if r["run"] not in known]
+        if rows:
+            counts = dict(st.client.query(
+                "SELECT run, count() FROM lines FINAL WHERE kind = 'line' GROUP BY run"
+            ).result_rows)
+            for r in rows:
+                r["lines"] = counts.get(r["run"], 0)
+    return rows
+
+
+@cli.command()
+@_spool_option
+@_store_option
+@click.argument("run_arg", metavar="[RUN]", required=False)
+@click.option("--run", "run_opt", default=None, metavar="ID",
+              help="Ship this run (default: the latest run).")
+@click.option("--all", "all_runs", is_flag=True,
+              help="Ship every run not yet shipped, oldest first (shipped runs are skipped).")
+@click.option("--force", is_flag=True,
+              help="Ship again runs that were already shipped (the store drops duplicates).")
+@click.option("--timeout", type=float, default=300.0, show_default=True,
+              help="Total seconds to keep retrying an unreachable store.")
+@click.option("--retention-days", type=float, default=7.0, show_default=True,
+              help="Delete a closed spool segment this many days after the store accepted "
+                   "it (0: at once).")
+@click.option("--keep", is_flag=True, help="Never delete shipped spool segments.")
+def upload(spool: Path | None, store_dsn: str | None, run_arg: str | None,
+           run_opt: str | None, all_runs: bool, force: bool, timeout: float,
+           retention_days: float, keep: bool) -> None:
+    """Ship runs from the spool to the store: the latest run, RUN (or --run ID), or --all.
+
+    Exit status 0 when everything selected is in the store, 1 when part of it is (corrupt
+    lines skipped, segments the store refused set aside), 2 on failure (store unreachable
+    past --timeout, credentials refused, no such run, run already shipped without --force).
+    Safe to run while `logcapture agent` runs: they share a cursor per run.
+    """
+    from .errors import UsageError
+    from .ship import describe_dsn
+    from .ship import upload as do_upload
+
+    if run_arg and run_opt and run_arg != run_opt:
+        raise UsageError("give the run once: RUN or --run ID")
+    run = run_opt or run_arg
+    if run and all_runs:
+        raise UsageError("--run and --all are mutually exclusive")
+    warn = Warner(limit=20)
+    res = do_upload(_root(spool), run=run, all=all_runs, force=force, dsn=store_dsn,
+                    deadline=timeout, retention_days=None if keep else retention_days,
+                    identify=_trusted_identity, warn=warn)
+    for run_id, seg, no, why in res.bad_lines[:20]:
+        click.echo(f"logcapture: warning: run {run_id}: {seg} line {no}: corrupt line "
+                   f"skipped: {why}", err=True)
+    for run_id, seg, why in res.set_aside:
+        click.echo(f"logcapture: warning: run {run_id}: segment {seg} set aside: {why}",
+                   err=True)
+    for w in res.warnings[:20]:
+        click.echo(f"logcapture: warning: {w}", err=True)
+    click.echo(f"logcapture: {res.summary()} to {describe_dsn(store_dsn)}", err=True)
+    if res.exit_code:
+        err = LogcaptureError(res.error or ("partly shipped; see the warnings above"
+                                            if res.exit_code == 1 else "upload failed"))
+        err.exit_code = res.exit_code
+        raise err
+
+
+@cli.command()
+@_spool_option
+@_store_option
+@click.option("--batch-bytes", type=int, default=4 * 1024 * 1024, show_default=True,
+              help="Ship when this many new spool bytes are waiting.")
+@click.option("--interval", type=float, default=2.0, show_default=True,
+              help="Ship at least this often (seconds) when anything is waiting.")
+@click.option("--retention-days", type=float, default=7.0, show_default=True,
+              help="Delete a closed spool segment this many days after the store accepted "
+                   "it (0: at once).")
+@click.option("--keep", is_flag=True, help="Never delete shipped spool segments.")
+def agent(spool: Path | None, store_dsn: str | None, batch_bytes: int, interval: float,
+          retention_days: float, keep: bool) -> None:
+    """Tail the spool and ship new lines to the store in batches, until TERM or INT (then
+    ship what is waiting and exit 0). Holds an embedded store only while shipping a batch.
+    Run as root on each node for every user's spool (the spool root of the config file)."""
+    from .ship import Agent, describe_dsn
+
+    root = _root(spool)
+    if spool is None:
+        from .config import load_admin
+
+        admin = load_admin()
+        if os.geteuid() == 0 and admin.spool_root:
+            root = Path(admin.spool_root)
+    a = Agent(root, store_dsn, batch_bytes=batch_bytes, batch_interval=interval,
+              retention_days=None if keep else retention_days,
+              identify=_trusted_identity, warn=Warner(limit=1000))
+    a.install_signal_handlers()
+    click.echo(f"logcapture: agent shipping {root} to {describe_dsn(store_dsn)}", err=True)
+    stats = a.run()
+    click.echo(f"logcapture: agent stopped: {stats.records} records shipped in "
+               f"{stats.flushes} flushes, {stats.failures} failed", err=True)
+
+
+def _trusted_identity(run_dir: Path) -> Any:
+    """A Slurm run (``<root>/<job id>/<run>``) takes its owner from the root-owned prolog
+    record when there is one; any other run from its directory's owner."""
+    from .ship import identity_from_spool
+    from .store import Identity
+
+    job_id = run_dir.parent.name
+    if job_id.isdigit():
+        try:
+            from .slurm import read_job_record
+
+            rec = read_job_record(str(run_dir.parent.parent), job_id)
+        except Exception:  # noqa: BLE001 - no record: fall back to the directory's owner
+            rec = None
+        if rec and isinstance(rec.get("uid"), int) and isinstance(rec.get("user"), str):
+            return Identity(run=run_dir.name, user=rec["user"], uid=rec["uid"],
+                            cluster=str(rec.get("cluster", "")), job_id=job_id)
+    return identity_from_spool(run_dir)
+
+
+@cli.group(name="db")
+def db_group() -> None:
+    """The store's schema."""
+
+
+@db_group.command(name="init")
+@_store_option
+@click.option("--ttl-days", type=int, default=None,
+              help="Rows expire after this many days (0: never; default: the config file's "
+                   "retention_days when set, else leave the TTL as it is).")
+@click.option("--row-policies", is_flag=True,
+              help="Create row policies: each ClickHouse user sees only rows they own; the "
+                   "role logcapture_admin sees all (a server only).")
+def db_init(store_dsn: str | None, ttl_days: int | None, row_policies: bool) -> None:
+    """Create or migrate the store's schema (versioned; running it again changes nothing)."""
+    from .store import open_store, redact, resolve_dsn
+
+    with open_store(store_dsn, wait=30.0, create=False) as st:
+        version = st.init_schema(ttl_days=ttl_days, row_policies=row_policies)
+    click.echo(f"logcapture: schema version {version} in {redact(resolve_dsn(store_dsn))}"
+               + (f", TTL {ttl_days} days" if ttl_days else "")
+               + (", row policies created" if row_policies else ""), err=True)
+
+
+@cli.command(name="export")
+@_store_option
+@click.argument("run_ref", metavar="RUN")
+@click.option("--what", type=click.Choice(["lines", "metadata", "samples"]),
+              default="metadata", show_default=True, help="Which data to write.")
+@click.option("--format", "fmt", type=click.Choice(["csv", "ndjson", "parquet"]),
+              default="csv", show_default=True, help="The file format.")
+@click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False),
+              default=None, help="Write here (default: standard output).")
+def export_cmd(store_dsn: str | None, run_ref: str, what: str, fmt: str,
+               output: Path | None) -> None:
+    """Write your own data of RUN from the store: its lines, metadata (one column per key)
+    or resource samples, as CSV, NDJSON or Parquet."""
+    from .errors import NotFound
+    from .store import open_store
+
+    with open_store(store_dsn, wait=10.0, must_exist=True) as st:
+        if not st.has_run(run_ref):
+            raise NotFound(f"run {run_ref!r} is not in the store (ship it with "
+                           "`logcapture upload`)")
+        if output is None:
+            out = sys.stdout.buffer
+            n = st.export(run_ref, what, fmt, out)
+            out.flush()
+        else:
+            tmp = output.with_name(output.name + ".tmp")
+            with open(tmp, "wb") as f:
+                n = st.export(run_ref, what, fmt, f)
+            os.replace(tmp, output)
+    click.echo(f"logcapture: {n} {what} row(s) of run {run_ref}"
+               + (f" written to {output}" if output else ""), err=True)
 
 
 # ------------------------------------------------------------------------------ entry point

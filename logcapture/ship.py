@@ -94,6 +94,37 @@ def identity_from_spool(run_dir: Path) -> Identity:
                     job_id=job_id)
 
 
+# --- finding runs -------------------------------------------------------------------------
+def _is_run_dir(path: Path) -> bool:
+    try:
+        return any(n.startswith("seg-") or n == CURSOR_NAME for n in os.listdir(path))
+    except OSError:
+        return False
+
+
+def find_run_dirs(root: Path) -> list[Path]:
+    """Run directories under ``root``, oldest first: ``root/RUN`` (a user's spool) and
+    ``root/JOB/RUN`` (the Slurm layout, one directory per job)."""
+    out: list[Path] = []
+    for entry in list_runs(root):
+        if _is_run_dir(entry):
+            out.append(entry)
+            continue
+        try:
+            out.extend(sub for sub in list_runs(entry) if _is_run_dir(sub))
+        except SpoolError:
+            continue
+    out.sort(key=lambda p: (_mtime(p), p.name))
+    return out
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return os.stat(path, follow_symlinks=False).st_mtime
+    except OSError:
+        return 0.0
+
+
 # --- the cursor ---------------------------------------------------------------------------
 @dataclass
 class Cursor:
@@ -512,7 +543,7 @@ def _select(root: Path, run: str | None, all_runs: bool) -> list[Path]:
         if not path.is_dir():
             raise LogcaptureError(f"no run {run!r} in {root}")
         return [path]
-    runs = list_runs(root)
+    runs = find_run_dirs(root)
     if all_runs:
         return runs
     return runs[-1:]
@@ -589,7 +620,7 @@ class Agent:
         self.clock = clock
         self.stats = AgentStats()
         self._stop = threading.Event()
-        self._seen: dict[tuple[str, int], int] = {}  # (run, segment index) -> size last seen
+        self._seen: dict[tuple[str, int], int] = {}  # (run dir, segment index) -> size seen
         self._dirty_since: float | None = None
         self._dirty_bytes = 0
         self._backoff = 0.0
@@ -606,15 +637,15 @@ class Agent:
     def scan(self) -> int:
         """Bytes appended to spools since the last look (stat only, no reading)."""
         grown = 0
-        for run_dir in list_runs(self.spool_root):
-            if run_dir.name in self._done:
+        for run_dir in find_run_dirs(self.spool_root):
+            if str(run_dir) in self._done:
                 continue
             try:
                 segs = segments(run_dir)
             except SpoolError:
                 continue
             for seg in segs:
-                key = (run_dir.name, seg.index)
+                key = (str(run_dir), seg.index)
                 try:
                     size = os.stat(seg.path, follow_symlinks=False).st_size
                 except OSError:
@@ -642,7 +673,7 @@ class Agent:
         """Ship everything pending now (one store session for all runs)."""
         result = UploadResult()
         self._dirty_since, self._dirty_bytes = None, 0
-        runs = [r for r in list_runs(self.spool_root) if r.name not in self._done]
+        runs = [r for r in find_run_dirs(self.spool_root) if str(r) not in self._done]
         if not runs:
             return result
         try:
@@ -654,7 +685,7 @@ class Agent:
                         self._dirty_since = self._dirty_since or self.clock()
                         continue
                     if rc.cursor.shipped_at:
-                        self._done.add(run_dir.name)
+                        self._done.add(str(run_dir))
                         continue
                     try:
                         jobs.append(_RunJob(run_dir, rc, self.identify(run_dir)))
@@ -664,7 +695,7 @@ class Agent:
                                  retention_days=self.retention_days)
                 for job, d in zip(jobs, done, strict=True):
                     if d:
-                        self._done.add(job.run_dir.name)
+                        self._done.add(str(job.run_dir))
                         result.runs.append(job.run_dir.name)
             self._backoff = 0.0
         except StoreAuthError:

@@ -325,43 +325,17 @@ def default_store_path(env: Mapping[str, str] = os.environ) -> Path:
     return Path(state) / "logcapture" / "store"
 
 
-def config_paths(env: Mapping[str, str] = os.environ) -> list[Path]:
-    """Where the ``store:`` key is looked up: ``$LOGCAPTURE_CONFIG``, else the user's
-    ``$XDG_CONFIG_HOME/logcapture/config.yaml``, then ``/etc/logcapture/config.yaml``."""
-    if env.get("LOGCAPTURE_CONFIG"):
-        return [Path(env["LOGCAPTURE_CONFIG"])]
-    cfg = env.get("XDG_CONFIG_HOME") or os.path.join(
-        env.get("HOME") or os.path.expanduser("~"), ".config")
-    return [Path(cfg) / "logcapture" / "config.yaml", Path("/etc/logcapture/config.yaml")]
-
-
-def _dsn_from_config(env: Mapping[str, str]) -> str | None:
-    import yaml
-
-    for path in config_paths(env):
-        try:
-            text = path.read_text()
-        except OSError:
-            continue
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as e:
-            raise UsageError(f"{path}: invalid YAML: {e}") from None
-        if isinstance(data, dict) and data.get("store"):
-            if not isinstance(data["store"], str):
-                raise UsageError(f"{path}: key 'store' must be a string (a DSN)")
-            return data["store"]
-    return None
-
-
 def resolve_dsn(dsn: str | None = None, env: Mapping[str, str] = os.environ) -> str:
-    """``--store``, else ``$LOGCAPTURE_STORE``, else the config file, else the embedded
-    default ``chdb:///$XDG_STATE_HOME/logcapture/store``."""
+    """``--store``, else ``$LOGCAPTURE_STORE``, else ``store:`` in the admin config file
+    (``$LOGCAPTURE_CONFIG`` or ``/etc/logcapture/config.yaml``, ``config.load_admin``), else
+    the embedded default ``chdb://$XDG_STATE_HOME/logcapture/store``."""
     if dsn:
         return dsn
     if env.get("LOGCAPTURE_STORE"):
         return env["LOGCAPTURE_STORE"]
-    return _dsn_from_config(env) or f"chdb://{default_store_path(env)}"
+    from .config import load_admin
+
+    return load_admin(env=env).store or f"chdb://{default_store_path(env)}"
 
 
 def redact(dsn: str) -> str:
@@ -557,6 +531,12 @@ class Store:
         if ttl_days is not None:
             self.set_ttl(ttl_days)
         if row_policies:
+            if self.embedded:
+                n = len(check_sql_syntax(self, row_policy_statements()))
+                raise StoreError(
+                    "the embedded store (chDB) has no users or access control, so row "
+                    f"policies need a ClickHouse server ({n} statements checked; see "
+                    "docs/storage.md)")
             for sql in row_policy_statements():
                 self._command(sql, what="creating row policies")
         return self.schema_version()
@@ -717,6 +697,68 @@ class Store:
                                                            "samples")}
         return info
 
+    def describe(self, run: str) -> dict[str, Any]:
+        """What ``logcapture show`` prints for a run in the store (the keys of
+        ``runs.describe_run``), counted by the store rather than by reading every line."""
+        import time as _time
+
+        info0 = self.run_info(run)
+        start, end = info0["start_record"], info0["end_record"]
+        info: dict[str, Any] = {"run": run}
+        if start is not None:
+            info["owner"] = f"{info0['owner']} (uid {info0['uid']})"
+            info["command"] = " ".join(start["command"])
+            info["cwd"] = start["cwd"]
+            info["host"] = start["host"]
+            info["started"] = _time.strftime("%Y-%m-%d %H:%M:%S", _time.localtime(start["ts"]))
+            info["initial mode"] = start["mode"]
+            if start["slurm"]:
+                info["slurm"] = dict(start["slurm"])
+        if end is not None:
+            info["state"] = end["state"]
+            info["exit status"] = (end["exit_status"] if end["signal"] is None
+                                   else f"signal {end['signal']}")
+            info["duration"] = f"{end['duration']:.1f}s"
+        else:
+            info["state"] = "RUNNING"
+        p = {"run": run}
+        lines = dict(self._query("SELECT stream, count() FROM lines FINAL WHERE run = "
+                                 "{run:String} AND kind = 'line' GROUP BY stream", p))
+        notes = self._query("SELECT stream, note, sum(count), count() FROM notes FINAL WHERE "
+                            "run = {run:String} GROUP BY stream, note", p)
+        streams = ("stdout", "stderr")
+        info["lines"] = {s: lines.get(s, 0) for s in streams}
+        info["dropped repetitions"] = {s: sum(int(r[2]) for r in notes
+                                              if r[0] == s and r[1] == "repeat")
+                                       for s in streams}
+        info["dropped blank lines"] = {s: sum(int(r[2]) for r in notes
+                                              if r[0] == s and r[1] == "blank")
+                                       for s in streams}
+        info["commands"] = int(self._query("SELECT count() FROM lines FINAL WHERE run = "
+                                           "{run:String} AND kind = 'command'", p)[0][0])
+        info["mode changes"] = [r[0] for r in self._query(
+            "SELECT text FROM notes FINAL WHERE run = {run:String} AND note = 'mode' AND "
+            "stream = 'stdout' ORDER BY seq", p)]
+        info["metadata keys"] = [r[0] for r in self._query(
+            "SELECT DISTINCT arrayJoin(JSONExtractKeys(fields)) AS k FROM metadata FINAL "
+            "WHERE run = {run:String} ORDER BY k", p)]
+        from .xaxis import choose_x_axis_of_records
+
+        info["x axis"] = choose_x_axis_of_records(self.metadata(run)) or "-"
+        samples = self.samples(run)
+        if samples:
+            from .records import Sample
+            from .sampler import summarize as summarize_samples
+
+            summary = summarize_samples([Sample(**{k: v for k, v in d.items() if k != "kind"})
+                                         for d in samples],
+                                        wall_seconds=end["duration"] if end else None)
+            info["resources"] = {k: v for k, v in summary.items()
+                                 if not isinstance(v, (dict, list)) and v is not None}
+        info["warnings"] = sum(int(r[3]) for r in notes if r[1] == "warning")
+        info["stored in"] = redact(self.dsn)
+        return info
+
     def _count(self, table: str, run: str) -> int:
         if table not in TABLES:
             raise UsageError(f"unknown table {table!r}")
@@ -866,17 +908,21 @@ def _chdb_path(dsn: str) -> Path:
 
 
 def open_store(dsn: str | None = None, *, wait: float = 0.0, create: bool = True,
+               must_exist: bool = False,
                connect_timeout: float = 5.0, env: Mapping[str, str] = os.environ) -> Store:
     """Open the store named by ``dsn`` (``resolve_dsn`` when None). A context manager: leaving
     it closes the client and releases the chDB lock. ``wait``: seconds to wait for an embedded
     store held by another process. ``create``: for the embedded store, create or migrate the
-    schema when it is missing or old (a server needs ``logcapture db init``)."""
+    schema when it is missing or old (a server needs ``logcapture db init``). ``must_exist``:
+    raise NotFound instead of creating an embedded store that is not there (readers)."""
     import clickhouse_connect
 
     dsn = resolve_dsn(dsn, env)
     scheme = urlparse(dsn).scheme
     if scheme == "chdb":
         path = _chdb_path(dsn)
+        if must_exist and not path.is_dir():
+            raise NotFound(f"no store at {path}")
         lock = path.with_name(path.name + ".lock")
         _StoreLock.acquire(lock, wait)
         try:

@@ -230,6 +230,8 @@ def test_row_policies_render_parse_and_chdb_refuses(db: S.Store) -> None:
     assert any("USING owner = currentUser()" in p and "ON lines" in p for p in parsed)
     # chDB has no access control: the engine answers ACCESS_DENIED (code 497) -> auth class
     with pytest.raises(StoreAuthError):
+        db._command(stmts[1])
+    with pytest.raises(StoreError, match="row policies need a ClickHouse server"):
         db.init_schema(row_policies=True)
 
 
@@ -286,7 +288,7 @@ def test_classify_error_codes() -> None:
 
 
 def test_resolve_dsn(tmp_path: Path) -> None:
-    env = {"HOME": str(tmp_path)}
+    env = {"HOME": str(tmp_path), "LOGCAPTURE_CONFIG": str(tmp_path / "missing.yaml")}
     assert S.resolve_dsn(None, env) == f"chdb://{tmp_path}/.local/state/logcapture/store"
     env["XDG_STATE_HOME"] = str(tmp_path / "state")
     assert S.resolve_dsn(None, env) == f"chdb://{tmp_path}/state/logcapture/store"

@@ -1,0 +1,196 @@
+"""The store commands end to end, in process, against the real embedded engine: `upload`
+(exit codes and messages), `ls`/`logs`/`show` from the store, `export`, `db init`, and the
+`agent` command as a process stopped with TERM."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from logcapture.cli import main
+from logcapture.records import End, Line, Metadata, Note, Start
+from logcapture.spool import SpoolWriter, create_run_dir, segments
+
+T0 = time.time()
+
+
+def make_run(root: Path, run: str, n: int = 30, extra: bytes = b"") -> Path:
+    rd = create_run_dir(root, run)
+    w = SpoolWriter(rd, fsync=False, segment_bytes=2048)
+    w.write([Start(run=run, stream="run", seq=0, ts=T0, command=["python", "train.py"],
+                   user=pwd.getpwuid(os.getuid()).pw_name, uid=os.getuid(), host="n1")])
+    w.write([Line(run=run, stream="stdout", seq=i, ts=T0 + i / 1000, text=f"step {i}")
+             for i in range(n)])
+    w.write([Note(run=run, stream="stdout", seq=n, ts=T0 + 1, note="repeat", count=4,
+                  text="4 repeats"),
+             Metadata(run=run, stream="stdout", seq=n + 1, ts=T0 + 2,
+                      fields={"epoch": 1, "loss": 0.5}),
+             Metadata(run=run, stream="stdout", seq=n + 2, ts=T0 + 3,
+                      fields={"epoch": 2, "loss": 0.25}),
+             Line(run=run, stream="stderr", seq=0, ts=T0 + 4, text="warning: x")])
+    w.flush()
+    if extra:
+        with open(segments(rd)[-1].path, "ab") as f:
+            f.write(extra)
+    w.write([End(run=run, stream="run", seq=1, ts=T0 + 5, exit_status=0, state="COMPLETED",
+                 duration=5.0, counts={"stdout": {"lines": n}, "stderr": {"lines": 1}})])
+    w.close()
+    return rd
+
+
+def lc(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    try:
+        main(list(args))
+        code = 0
+    except SystemExit as e:
+        code = int(e.code or 0)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.fixture(scope="module")
+def store_dsn(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return f"chdb://{tmp_path_factory.mktemp('clistore') / 'store'}"
+
+
+@pytest.fixture
+def env(tmp_path: Path, store_dsn: str, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("LOGCAPTURE_STORE", store_dsn)
+    monkeypatch.setenv("LOGCAPTURE_CONFIG", str(tmp_path / "no-config.yaml"))
+    root = tmp_path / "spool"
+    root.mkdir()
+    return root
+
+
+def test_upload_then_logs_show_from_store_equal_spool(capsys: pytest.CaptureFixture[str],
+                                                      env: Path) -> None:
+    make_run(env, "cli1")
+    code, _, err = lc(capsys, "upload", "--spool", str(env), "--keep")
+    assert code == 0, err
+    assert "shipped 36 records" in err and "of 1 run(s)" in err
+    for args in (["logs", "cli1"], ["logs", "cli1", "--stream", "stdout"]):
+        spool = lc(capsys, *args, "--spool", str(env), "--source", "spool")
+        store = lc(capsys, *args, "--spool", str(env), "--source", "store")
+        auto = lc(capsys, *args, "--spool", str(env))
+        assert spool[0] == store[0] == 0
+        assert spool[1] == store[1] == auto[1]
+        assert "step 29" in store[1]
+    s_spool = json.loads(lc(capsys, "show", "cli1", "--json", "--spool", str(env),
+                            "--source", "spool")[1])
+    s_store = json.loads(lc(capsys, "show", "cli1", "--json", "--spool", str(env),
+                            "--source", "store")[1])
+    assert s_store.pop("stored in").startswith("chdb://")
+    assert s_spool == s_store
+
+
+def test_upload_exit_codes_and_messages(capsys: pytest.CaptureFixture[str], env: Path,
+                                        store_dsn: str) -> None:
+    make_run(env, "cli2")
+    assert lc(capsys, "upload", "cli2", "--spool", str(env), "--keep")[0] == 0
+    code, _, err = lc(capsys, "upload", "--run", "cli2", "--spool", str(env))
+    assert code == 2
+    assert "logcapture: error: run cli2 was already uploaded on" in err
+    assert "Pass --force to re-upload." in err
+    code, _, err = lc(capsys, "upload", "--all", "--spool", str(env))
+    assert code == 0 and "1 already shipped" in err
+    code, _, err = lc(capsys, "upload", "--run", "cli2", "--force", "--spool", str(env))
+    assert code == 0 and "shipped 36 records" in err
+    code, _, err = lc(capsys, "upload", "--run", "cli2", "--all", "--spool", str(env))
+    assert code == 2 and "mutually exclusive" in err
+    code, _, err = lc(capsys, "upload", "--run", "nope", "--spool", str(env))
+    assert code == 2 and "no run 'nope'" in err
+    # corrupt lines: skipped, counted, reported; exit 1
+    make_run(env, "cli3", extra=b"not json at all\n")
+    code, _, err = lc(capsys, "upload", "cli3", "--spool", str(env))
+    assert code == 1
+    assert "corrupt line skipped" in err and "1 corrupt line(s) skipped" in err
+    # unreachable server: exit 2, spool kept, a later upload ships it
+    make_run(env, "cli4")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code, _, err = lc(capsys, "upload", "cli4", "--spool", str(env), "--timeout", "0.5",
+                      "--store", f"http://u:pw@127.0.0.1:{port}/logcapture")
+    assert code == 2 and "gave up after" in err and "pw" not in err
+    assert segments(env / "cli4")
+    assert lc(capsys, "upload", "cli4", "--spool", str(env))[0] == 0
+
+
+def test_ls_and_logs_after_the_spool_is_gone(capsys: pytest.CaptureFixture[str],
+                                             env: Path) -> None:
+    make_run(env, "gone1")
+    code, _, err = lc(capsys, "upload", "gone1", "--spool", str(env), "--retention-days", "0")
+    assert code == 0 and not segments(env / "gone1")
+    code, out, _ = lc(capsys, "ls", "--spool", str(env))
+    row = [ln for ln in out.splitlines() if ln.startswith("gone1")]
+    assert row and "COMPLETED" in row[0] and "python train.py" in row[0]
+    code, out, _ = lc(capsys, "logs", "gone1", "--spool", str(env))
+    assert code == 0 and out.splitlines()[0] == "step 0"
+    code, out, _ = lc(capsys, "ls", "--json", "--spool", str(env))
+    assert any(json.loads(x)["run"] == "gone1" for x in out.splitlines())
+
+
+def test_export_formats(capsys: pytest.CaptureFixture[str], env: Path, tmp_path: Path) -> None:
+    make_run(env, "exp1")
+    assert lc(capsys, "upload", "exp1", "--spool", str(env), "--keep")[0] == 0
+    code, out, err = lc(capsys, "export", "exp1", "--what", "metadata", "--format", "csv")
+    assert code == 0, err
+    assert out.splitlines()[0] == "ts,seq,epoch,loss" and len(out.splitlines()) == 3
+    dest = tmp_path / "m.parquet"
+    code, _, err = lc(capsys, "export", "exp1", "--format", "parquet", "-o", str(dest))
+    assert code == 0 and "2 metadata row(s)" in err
+    assert pq.read_table(dest).column("loss").to_pylist() == [0.5, 0.25]
+    dest = tmp_path / "l.ndjson"
+    assert lc(capsys, "export", "exp1", "--what", "lines", "--format", "ndjson", "-o",
+              str(dest))[0] == 0
+    rows = [json.loads(x) for x in dest.read_text().splitlines()]
+    assert [r["text"] for r in rows[:2]] == ["step 0", "step 1"]
+    code, _, err = lc(capsys, "export", "nope", "--what", "lines")
+    assert code == 1 and "not in the store" in err
+
+
+def test_db_init(capsys: pytest.CaptureFixture[str], env: Path) -> None:
+    code, _, err = lc(capsys, "db", "init", "--ttl-days", "3650")
+    assert code == 0 and "schema version 1" in err and "TTL 3650 days" in err
+    code, _, err = lc(capsys, "db", "init", "--ttl-days", "0")
+    assert code == 0
+    code, _, err = lc(capsys, "db", "init", "--row-policies")
+    assert code == 2 and "row policies need a ClickHouse server" in err
+
+
+def test_agent_command_ships_and_exits_on_term(env: Path, store_dsn: str,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    rd = make_run(env, "agent1", n=500)
+    p = subprocess.Popen([sys.executable, "-m", "logcapture", "agent", "--spool", str(env),
+                          "--interval", "0.1", "--keep"], stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, "LOGCAPTURE_STORE": store_dsn,
+                              "LOGCAPTURE_CONFIG": "/nonexistent"})
+    try:
+        assert p.stderr is not None and "agent shipping" in p.stderr.readline()
+        deadline = time.monotonic() + 60
+        cursor = rd / ".logcapture-cursor.json"
+        while time.monotonic() < deadline:
+            if cursor.exists() and json.loads(cursor.read_text()).get("shipped_at"):
+                break
+            time.sleep(0.05)
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    assert p.returncode == 0, err
+    assert "agent stopped: 506 records shipped" in err
+    code, out, _ = lc(capsys, "logs", "agent1", "--spool", str(env), "--source", "store")
+    assert code == 0 and len(out.splitlines()) == 500 + 2  # lines, the note, stderr
+    assert segments(rd)  # --keep: the spool segments stay
