@@ -59,6 +59,7 @@ MAX_SEGMENT_BYTES = 64 * 1024 * 1024  # compressed or plain size of the segment 
 MAX_DECOMPRESSED_BYTES = 256 * 1024 * 1024
 MAX_END_LINE_BYTES = 1024 * 1024
 MAX_DIR_ENTRIES = 100_000
+SHIP_DEADLINE = 15.0  # seconds the epilog tries the store before leaving runs to the agent
 MAX_END_CANDIDATES = 8  # segments tried, newest first, when looking for the End record
 
 
@@ -682,30 +683,42 @@ def _remove_job(root_fd: int, job_id: str) -> None:
         pass
 
 
-def _ship(root: str, job_id: str, runs: list[str], admin: object,
-          timeout: float = 60.0) -> bool:
-    """Ship the job's runs now with ``logcapture upload`` when a store is configured; True
-    when the store accepted everything. Otherwise the agent ships them later."""
-    import subprocess
-
-    if not getattr(admin, "store", None):
-        return False
+def _ship(root: str, job_id: str, runs: list[str], admin: object, record: dict[str, object],
+          deadline: float = SHIP_DEADLINE) -> tuple[bool, str]:
+    """Ship the job's runs now when a store is configured, with the trusted identity of the
+    job record, and say how it went. False leaves them to the agent: no store configured,
+    the store unreachable or busy past ``deadline`` (an embedded chDB store is held by the
+    agent while it runs), or anything not accepted."""
+    store = getattr(admin, "store", None)
+    if not store:
+        return False, "no store configured"
     try:
-        from .cli import cli
-        if "upload" not in getattr(cli, "commands", {}):
-            return False
-    except Exception:  # noqa: BLE001
-        return False
+        from pathlib import Path
+
+        from .ship import upload
+        from .store import Identity
+    except Exception as e:  # noqa: BLE001 - shipping is optional here
+        return False, f"shipping unavailable ({type(e).__name__})"
+    uid, user = record.get("uid"), record.get("user")
+    if not isinstance(uid, int) or not isinstance(user, str):
+        return False, "job record without user"
+
+    def identify(run_dir: Path) -> Identity:
+        return Identity(run=run_dir.name, user=user, uid=uid,
+                        cluster=str(record.get("cluster", "")), job_id=job_id)
+
     ok = True
+    why = ""
     for run in runs:
         try:
-            r = subprocess.run([sys.executable, "-m", "logcapture", "upload", "--spool",
-                                os.path.join(root, job_id), run], capture_output=True,
-                               timeout=timeout, check=False, stdin=subprocess.DEVNULL)
-            ok = ok and r.returncode == 0
-        except (OSError, subprocess.SubprocessError):
-            ok = False
-    return ok
+            result = upload(Path(root) / job_id, run=run, dsn=store, deadline=deadline,
+                            retention_days=0, identify=identify)
+        except Exception as e:  # noqa: BLE001
+            ok, why = False, f"upload failed ({type(e).__name__})"
+            continue
+        if result.exit_code != 0:
+            ok, why = False, f"upload exit {result.exit_code}"
+    return ok, why
 
 
 def epilog(env: dict[str, str] | os._Environ[str], *, now: float | None = None,
@@ -768,14 +781,15 @@ def epilog(env: dict[str, str] | os._Environ[str], *, now: float | None = None,
                              json.dumps(record, sort_keys=True).encode() + b"\n", 0o600)
         finally:
             os.close(jobs_fd)
-        if record["slurm_state"] in ("", "COMPLETING") and not callable(state_of):
+        if info and record["slurm_state"] in ("", "COMPLETING") and not callable(state_of):
             _record_final_state_later(root, job.job_id)
-        if _ship(root, job.job_id, runs, admin):
+        shipped, why = _ship(root, job.job_id, runs, admin, record)
+        if shipped:
             _remove_job(root_fd, job.job_id)
             messages.append(f"shipped run(s) {', '.join(runs)} and removed the job's spool")
         else:
             messages.append(f"run(s) {', '.join(runs)} left in {root}/{job.job_id} for the "
-                            "agent")
+                            f"agent ({why})")
     finally:
         os.close(root_fd)
     return messages

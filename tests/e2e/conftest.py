@@ -14,6 +14,7 @@ import json
 import os
 import pwd
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
@@ -59,6 +60,30 @@ class Cluster:
     @property
     def spool_root(self) -> Path:
         return self.dir / "spool"
+
+    # --- the admin config --------------------------------------------------------------------
+    def set_store(self, enabled: bool) -> None:
+        """With the store, epilogs ship each job and remove its spool; without, runs stay in
+        the spool (for the agent), where most tests read them. Epilogs re-read the config."""
+        path = self.dir / "etc" / "config.yaml"
+        kept = [ln for ln in path.read_text().splitlines()
+                if not ln.startswith(("store:", "#store:"))]
+        dsn = self.env["LOGCAPTURE_STORE"]
+        kept.append(f"store: {dsn}" if enabled else f"#store: {dsn}")
+        path.write_text("\n".join(kept) + "\n")
+
+    def store_query(self, code: str, *args: str) -> str:
+        """Run Python ``code`` (with ``store`` open on the cluster's store) in a subprocess: an
+        embedded chDB store is held by one process at a time, and epilogs need it too."""
+        import sys
+
+        prog = ("import sys, json\nfrom logcapture.store import open_store\n"
+                "with open_store(sys.argv[1], must_exist=True, wait=30) as store:\n"
+                + "".join(f"    {line}\n" for line in code.splitlines()))
+        r = subprocess.run([sys.executable, "-c", prog, self.env["LOGCAPTURE_STORE"], *args],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
 
     # --- users -----------------------------------------------------------------------------
     def home(self, user: str) -> Path:
@@ -200,6 +225,19 @@ class Cluster:
         return path.read_text(errors="replace") if path.exists() else ""
 
 
+def _free_ports(n: int) -> list[int]:
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
     reason = _why_not()
@@ -210,10 +248,12 @@ def cluster() -> Iterator[Cluster]:
     base.chmod(0o755)
     directory = base / "cluster"
     env = dict(os.environ)
+    # Free ports of our own: another cluster on this machine (a person's dev cluster, another
+    # test session) must never answer our sbatch.
+    ctld_port, slurmd_port = _free_ports(2)
     env.update({"LOGCAPTURE_DEV_DIR": str(directory),
-                "LOGCAPTURE_DEV_CTLD_PORT": os.environ.get("LOGCAPTURE_E2E_CTLD_PORT", "6917"),
-                "LOGCAPTURE_DEV_SLURMD_PORT": os.environ.get("LOGCAPTURE_E2E_SLURMD_PORT",
-                                                             "6918"),
+                "LOGCAPTURE_DEV_CTLD_PORT": str(ctld_port),
+                "LOGCAPTURE_DEV_SLURMD_PORT": str(slurmd_port),
                 "LOGCAPTURE_DEV_CLUSTER": "e2e"})
     r = subprocess.run([str(DEV_CLUSTER), "up"], env=env, capture_output=True, text=True,
                        timeout=120)
@@ -238,7 +278,9 @@ def cluster() -> Iterator[Cluster]:
 
 @pytest.fixture
 def lc(cluster: Cluster) -> Iterator[Cluster]:
-    """The cluster, with both test users opted out before and after the test."""
+    """The cluster, with both test users opted out before and after the test, and runs left
+    in the spool (no store for the epilog)."""
+    cluster.set_store(False)
     for user in USERS:
         cluster.optin(user, None)
     yield cluster

@@ -8,6 +8,7 @@ together, to keep the suite short on two cores.
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
@@ -305,3 +306,34 @@ def test_planted_symlinks_fifos_and_huge_files_gain_nothing_and_break_nothing(
     info = subprocess.run(["sinfo", "-h", "-o", "%T"], env=lc.env, capture_output=True,
                           text=True, timeout=30).stdout.split()
     assert info and all(s in ("idle", "mixed", "allocated") for s in info), info
+
+
+def test_the_epilog_ships_to_the_store_with_the_trusted_identity(lc: Cluster) -> None:
+    lc.set_store(True)
+    lc.optin(U1, "")
+    lc.optin(U2, "")
+    j1 = lc.submit(U1, "#!/bin/bash\necho 'shipped line one'\n", name="ship")
+    j2 = lc.submit(U2, "#!/bin/bash\necho 'shipped line two'\nexit 2\n", name="ship")
+    lc.wait(j1, j2)
+    out = lc.store_query(
+        "runs = {r['run']: r for r in store.runs()}\n"
+        "for run in sys.argv[2:]:\n"
+        "    r = runs[run]\n"
+        "    texts = [x['text'] for x in store.records(run) if x['kind'] == 'line']\n"
+        "    print(json.dumps([r['owner'], r['job_id'], r['exit_status'], texts]))",
+        j1.id, j2.id)
+    rows = [json.loads(x) for x in out.splitlines()]
+    assert rows == [[U1, j1.id, 0, ["shipped line one"]], [U2, j2.id, 2, ["shipped line two"]]]
+    # Shipped jobs leave nothing in the spool (a job whose epilog found the store busy is left
+    # to the agent instead, and says so in the log).
+    for job in (j1, j2):
+        assert not (lc.spool_root / job.id).exists(), lc.slurm_log()
+    # A job id is a run id for `logcapture logs`, from the store.
+    r = subprocess.run([lc.env["LOGCAPTURE_BIN"] + "/logcapture", "logs", "--store",
+                        lc.env["LOGCAPTURE_STORE"], j2.id], capture_output=True, text=True,
+                       env=lc.env, timeout=120)
+    assert r.returncode == 0 and "shipped line two" in r.stdout, r.stderr
+    # The embedded store is root's: users read neither their own nor each other's rows there.
+    store_dir = lc.env["LOGCAPTURE_STORE"].removeprefix("chdb://")
+    for user in (U1, U2):
+        assert lc.as_user(user, ["ls", store_dir]).returncode != 0

@@ -1,0 +1,486 @@
+"""Unit tests of logcapture/slurm.py: the job wrapper, the prolog and the epilog, without Slurm.
+
+The wrapper runs for real (as a subprocess, on scripts written the way job_submit.lua writes
+them); the prolog and epilog run for real on a temporary spool root, as root, for a job of
+the ``nobody`` user (they skip when not root: they chown to the job's user). The end-to-end
+tests on a real cluster are in tests/e2e/.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import pwd
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from logcapture import slurm
+from logcapture.records import End, Line, Start
+from logcapture.spool import SpoolWriter, iter_run
+
+REPO = Path(__file__).resolve().parent.parent
+LUA = REPO / "slurm" / "job_submit.lua"
+
+root_only = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: the prolog and epilog "
+                               "chown the job's directory to the job's user")
+
+
+# ------------------------------------------------------------------------------ shebangs
+
+
+@pytest.mark.parametrize("line, argv", [
+    (b"#!/bin/bash", ["/bin/bash"]),
+    (b"#!/bin/bash\n", ["/bin/bash"]),
+    (b"#! /usr/bin/env python3", ["/usr/bin/env", "python3"]),
+    (b"#!/usr/bin/env -S python3 -u  ", ["/usr/bin/env", "-S python3 -u"]),
+    (b"#!/bin/sh\t-e", ["/bin/sh", "-e"]),
+    (b"#!/bin/bash -l\r\n", ["/bin/bash", "-l"]),
+    (b"#!", None),
+    (b"#!   ", None),
+    (b"echo hi", None),
+])
+def test_parse_shebang_splits_as_linux_does(line: bytes, argv: list[str] | None) -> None:
+    assert slurm.parse_shebang(line) == argv
+
+
+def test_script_interpreter_reads_line_two(tmp_path: Path) -> None:
+    script = tmp_path / "s"
+    script.write_bytes(b"#!/opt/lc/bin/logcapture-job\n#!/usr/bin/python3 -u\nprint(1)\n")
+    assert slurm.script_interpreter(str(script)) == ["/usr/bin/python3", "-u"]
+    script.write_bytes(b"#!/opt/lc/bin/logcapture-job\necho no shebang\n")
+    assert slurm.script_interpreter(str(script)) == ["/bin/sh"]
+    assert slurm.script_interpreter(str(tmp_path / "missing")) == ["/bin/sh"]
+
+
+def test_wrapper_options_stop_at_the_script() -> None:
+    assert slurm._wrapper_args(["--spool-root=/s", "/x/script", "--spool-root=/t"]) == (
+        {"spool-root": "/s"}, ["/x/script", "--spool-root=/t"])
+    assert slurm._wrapper_args(["--other=1", "a"]) == ({}, ["--other=1", "a"])
+    assert slurm._wrapper_args([]) == ({}, [])
+
+
+def test_optin_exists_in_any_form(tmp_path: Path) -> None:
+    env = {"HOME": str(tmp_path)}
+    assert not slurm.optin_exists(env)
+    (tmp_path / ".logoptin").symlink_to(tmp_path / "nowhere")
+    assert slurm.optin_exists(env)  # a dangling symlink opts in (then falls back to disabled)
+    assert slurm.optin_exists({"LOGCAPTURE_OPTIN": str(tmp_path / ".logoptin")})
+    assert not slurm.optin_exists({"LOGCAPTURE_OPTIN": str(tmp_path / "other")})
+
+
+def test_run_id_for_requeued_jobs() -> None:
+    assert slurm.run_id_for({"SLURM_JOB_ID": "12"}) == "12"
+    assert slurm.run_id_for({"SLURM_JOB_ID": "12", "SLURM_RESTART_COUNT": "0"}) == "12"
+    assert slurm.run_id_for({"SLURM_JOB_ID": "12", "SLURM_RESTART_COUNT": "2"}) == "12.2"
+    assert slurm.run_id_for({}) is None
+
+
+# ------------------------------------------------------------------------------ the wrapper
+
+
+def _wrapped(tmp_path: Path, body: str, interpreter: str = "/bin/bash") -> Path:
+    """A batch script as slurmd runs it after job_submit.lua: the wrapper line, then the
+    script's own."""
+    script = tmp_path / "slurm_script"
+    script.write_text(f"#!/opt/logcapture/bin/logcapture-job\n#!{interpreter}\n{body}")
+    script.chmod(0o755)
+    return script
+
+
+def _job_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path / "home"),
+           "LANG": "C.UTF-8", "XDG_STATE_HOME": str(tmp_path / "state")}
+    (tmp_path / "home").mkdir(exist_ok=True)
+    env.update(extra)
+    return env
+
+
+def _run_wrapper(args: list[str], env: dict[str, str], *flags: str) -> subprocess.CompletedProcess:
+    code = "import sys; from logcapture.slurm import job_main; sys.exit(job_main())"
+    return subprocess.run([sys.executable, *flags, "-c", code, *args], env=env,
+                          capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+
+
+def test_without_logoptin_the_script_runs_as_the_kernel_would_run_it(tmp_path: Path) -> None:
+    script = _wrapped(tmp_path, 'echo "argv0=$0 args=$*"\n[ -t 1 ] && echo tty || echo no-tty\n'
+                                "env | grep -c '^LOGCAPTURE' || true\nexit 3\n")
+    env = _job_env(tmp_path)
+    r = _run_wrapper(["--spool-root=/nonexistent", str(script), "a b", "c"], env)
+    assert r.returncode == 3
+    assert r.stdout.decode().splitlines() == [f"argv0={script} args=a b c", "no-tty", "0"]
+    assert r.stderr == b""
+    assert not (tmp_path / "state").exists()  # no file anywhere
+
+
+def test_without_logoptin_nothing_heavy_is_imported_before_the_exec(tmp_path: Path) -> None:
+    script = _wrapped(tmp_path, "true\n")
+    r = _run_wrapper([str(script)], _job_env(tmp_path), "-X", "importtime")
+    imported = {line.split("|")[-1].strip() for line in r.stderr.decode().splitlines()
+                if line.startswith("import time:")}
+    assert "logcapture.slurm" in imported
+    for heavy in ("click", "yaml", "logcapture.pipeline", "logcapture.config", "pyte",
+                  "json", "subprocess"):
+        assert heavy not in imported, heavy
+
+
+def test_without_logoptin_a_signal_death_is_the_scripts(tmp_path: Path) -> None:
+    script = _wrapped(tmp_path, "kill -USR1 $$\n")
+    r = _run_wrapper([str(script)], _job_env(tmp_path))
+    assert r.returncode == -10
+
+
+def test_a_missing_interpreter_fails_like_the_kernel(tmp_path: Path) -> None:
+    script = _wrapped(tmp_path, "true\n", interpreter="/no/such/interpreter")
+    r = _run_wrapper([str(script)], _job_env(tmp_path))
+    assert r.returncode == 127 and b"/no/such/interpreter" in r.stderr
+
+
+def test_with_logoptin_the_job_is_captured_into_its_job_directory(tmp_path: Path) -> None:
+    root = tmp_path / "spool"
+    (root / "77").mkdir(parents=True, mode=0o700)
+    script = _wrapped(tmp_path, 'echo "run $LOGCAPTURE_RUN_ID"\necho oops >&2\nexit 5\n')
+    env = _job_env(tmp_path, SLURM_JOB_ID="77", SLURM_CLUSTER_NAME="c1",
+                   SLURMD_NODENAME="n1", LOGCAPTURE_FLUSH_INTERVAL="0.1")
+    (tmp_path / "home" / ".logoptin").write_text("mode: enabled\n")
+    r = _run_wrapper([f"--spool-root={root}", str(script)], env)
+    assert r.returncode == 5, r.stderr
+    assert r.stdout == b"run 77\n" and r.stderr == b"oops\n"
+    records = list(iter_run(root / "77" / "77"))
+    assert isinstance(records[0], Start) and records[0].slurm["cluster"] == "c1"
+    assert [x.text for x in records if isinstance(x, Line)] == ["run 77", "oops"]
+    assert isinstance(records[-1], End) and records[-1].exit_status == 5
+
+
+def test_with_logoptin_but_no_job_directory_capture_falls_back_to_the_users_spool(
+        tmp_path: Path) -> None:
+    script = _wrapped(tmp_path, "echo hello\n")
+    env = _job_env(tmp_path, SLURM_JOB_ID="78", LOGCAPTURE_FLUSH_INTERVAL="0.1")
+    (tmp_path / "home" / ".logoptin").write_text("")
+    r = _run_wrapper([f"--spool-root={tmp_path / 'nope'}", str(script)], env)
+    assert r.returncode == 0 and r.stdout == b"hello\n"
+    assert b"spool directory" in r.stderr and b"missing" in r.stderr
+    fallback = tmp_path / "state" / "logcapture" / "spool" / "78"
+    assert [x.text for x in iter_run(fallback) if isinstance(x, Line)] == ["hello"]
+
+
+def test_wrapper_usage_without_a_script() -> None:
+    assert slurm.job_main([]) == 2
+
+
+# ------------------------------------------------------------------------------ job_submit.lua
+
+
+def _lua() -> str:
+    for name in ("lua5.1", "lua5.3", "lua5.4", "lua"):
+        path = shutil.which(name)
+        if path:
+            return path
+    pytest.skip("no lua interpreter (apt-get install lua5.1)")
+
+
+LUA_HARNESS = r"""
+slurm = {SUCCESS = 0, ERROR = -1, log_error = function(...) end, log_info = function(...) end}
+dofile(arg[1])
+local function show(s) if s == nil then return "<nil>" end return s end
+local job = {script = "#!/bin/bash\necho hi\n"}
+slurm_job_submit(job, {}, 1000)
+io.write("once=", show(job.script), "|")
+slurm_job_submit(job, {}, 1000)
+io.write("twice=", show(job.script), "|")
+local alloc = {}
+slurm_job_submit(alloc, {}, 1000)
+io.write("alloc=", show(alloc.script), "|")
+local noshebang = {script = "echo hi\n"}
+slurm_job_submit(noshebang, {}, 1000)
+io.write("plain=", show(noshebang.script), "|")
+"""
+
+
+def test_job_submit_lua_wraps_batch_scripts_once_and_leaves_allocations(tmp_path: Path) -> None:
+    lua = _lua()
+    harness = tmp_path / "harness.lua"
+    harness.write_text(LUA_HARNESS)
+    r = subprocess.run([lua, str(harness), str(LUA)], capture_output=True, text=True,
+                       timeout=30)
+    assert r.returncode == 0, r.stderr
+    parts = dict(p.split("=", 1) for p in r.stdout.split("|") if p)
+    header = "#!/usr/bin/env -S /opt/logcapture/bin/python3 -I /opt/logcapture/bin/logcapture-job\n"
+    assert parts["once"] == header + "#!/bin/bash\necho hi\n"
+    assert parts["twice"] == parts["once"]
+    assert parts["alloc"] == "<nil>"
+    assert parts["plain"] == "echo hi\n"
+
+
+def test_job_submit_lua_line_is_what_dev_cluster_rewrites() -> None:
+    text = LUA.read_text()
+    assert text.count("\nlocal LOGCAPTURE_JOB_LINE = ") == 1
+    assert "s|^local LOGCAPTURE_JOB_LINE = .*|" in (REPO / "slurm" / "dev-cluster").read_text()
+
+
+# ------------------------------------------------------------------------------ prolog / epilog
+
+
+NOBODY = pwd.getpwnam("nobody")
+
+
+def _hook_env(root: Path, job_id: str = "4242", store: bool = False,
+              **extra: str) -> dict[str, str]:
+    config = root.parent / "config.yaml"
+    config.write_text(f"spool_root: {root}\ncluster: unit\n"
+                      + (f"store: chdb://{root.parent / 'store'}\n" if store else ""))
+    env = {"SLURM_JOB_ID": job_id, "SLURM_JOB_USER": "nobody",
+           "SLURM_JOB_UID": str(NOBODY.pw_uid), "SLURM_JOB_GID": str(NOBODY.pw_gid),
+           "SLURM_JOB_PARTITION": "debug", "SLURM_NODELIST": "n[1-2]",
+           "SLURMD_NODENAME": "n1", "SLURM_CLUSTER_NAME": "unit",
+           "LOGCAPTURE_CONFIG": str(config)}
+    env.update(extra)
+    return env
+
+
+def _captured_run(root: Path, job_id: str, exit_status: int | None = 0,
+                  signal: int | None = None) -> Path:
+    """What the wrapper leaves: <root>/<job>/<job>/seg-*.ndjson.gz owned by the job's user."""
+    run_dir = root / job_id / job_id
+    run_dir.mkdir(mode=0o700)
+    w = SpoolWriter(run_dir, flush_interval=0.05, fsync=False)
+    w.write([Start(run=job_id, stream="run", seq=0, ts=1.0),
+             Line(run=job_id, stream="stdout", seq=0, ts=1.0, text="hello"),
+             End(run=job_id, stream="run", seq=1, ts=2.0, exit_status=exit_status,
+                 signal=signal, state="SIGNALED" if signal else "COMPLETED", duration=1.0)])
+    w.close()
+    for path in [run_dir, *run_dir.iterdir()]:
+        os.chown(path, NOBODY.pw_uid, NOBODY.pw_gid)
+    return run_dir
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    tmp_path.chmod(0o755)
+    return tmp_path / "spool"
+
+
+@root_only
+def test_prolog_makes_the_users_job_directory_and_a_trusted_record(root: Path) -> None:
+    env = _hook_env(root, store=True, SLURM_ARRAY_JOB_ID="4240", SLURM_ARRAY_TASK_ID="2")
+    assert slurm.prolog(env, now=123.0) == []
+    st = (root / "4242").stat()
+    assert (st.st_uid, st.st_gid) == (NOBODY.pw_uid, NOBODY.pw_gid)
+    assert stat.S_IMODE(st.st_mode) == 0o700
+    rec_path = root / ".jobs" / "4242.json"
+    assert rec_path.stat().st_uid == 0 and stat.S_IMODE(rec_path.stat().st_mode) == 0o600
+    assert stat.S_IMODE((root / ".jobs").stat().st_mode) == 0o700
+    rec = json.loads(rec_path.read_text())
+    assert rec["user"] == "nobody" and rec["uid"] == NOBODY.pw_uid and rec["start"] == 123.0
+    assert (rec["array_job_id"], rec["array_task_id"]) == ("4240", "2")
+    assert rec["partition"] == "debug" and rec["nodes"] == "n[1-2]"
+    assert slurm.read_job_record(str(root), "4242") == rec
+    public = (root / PUBLIC).read_text()
+    assert "spool_root" in public and "chdb" not in public and "store" not in public
+    assert stat.S_IMODE((root / PUBLIC).stat().st_mode) == 0o644
+    # Idempotent: a second prolog (requeue) keeps the directory.
+    assert slurm.prolog(env) == [f"job directory {root}/4242 already existed (requeue?): kept"]
+
+
+PUBLIC = slurm.PUBLIC_CONFIG
+
+
+@root_only
+def test_prolog_refuses_a_spool_root_others_can_write(root: Path) -> None:
+    root.mkdir(mode=0o777)
+    root.chmod(0o777)
+    assert slurm._hook_main("prolog", _hook_env(root)) == 1
+    assert not (root / "4242").exists()
+
+
+def test_hooks_never_raise_outside_slurm(capsys: pytest.CaptureFixture[str]) -> None:
+    assert slurm._hook_main("epilog", {}) == 1
+    assert "SLURM_JOB_ID" in capsys.readouterr().err
+
+
+@root_only
+def test_epilog_records_the_wrappers_exit_status_and_slurms_state(root: Path) -> None:
+    env = _hook_env(root, SLURM_JOB_EXIT_CODE2="0:0")
+    slurm.prolog(env)
+    _captured_run(root, "4242", exit_status=None, signal=15)
+    messages = slurm.epilog(env, now=200.0, state_of=lambda j: {"JobState": "CANCELLED"})
+    assert messages == [f"run(s) 4242 left in {root}/4242 for the agent (no store configured)"]
+    rec = slurm.read_job_record(str(root), "4242")
+    assert rec is not None
+    assert (rec["exit_status"], rec["signal"], rec["wrapper_state"]) == (None, 15, "SIGNALED")
+    assert rec["slurm_state"] == "CANCELLED" and rec["slurm_exit_code"] == "0:0"
+    assert rec["end"] == 200.0 and rec["user"] == "nobody"
+    assert (root / "4242" / "4242").is_dir()  # left for the agent
+
+
+@root_only
+def test_epilog_of_a_job_that_captured_nothing_leaves_nothing(root: Path) -> None:
+    env = _hook_env(root)
+    slurm.prolog(env)
+    assert slurm.epilog(env, state_of=lambda j: {}) == []
+    assert not (root / "4242").exists() and not (root / ".jobs" / "4242.json").exists()
+
+
+@root_only
+def test_epilog_takes_array_ids_from_slurm(root: Path) -> None:
+    env = _hook_env(root)
+    slurm.prolog(env)
+    _captured_run(root, "4242")
+    slurm.epilog(env, state_of=lambda j: {"JobState": "COMPLETED", "ArrayJobId": "4240",
+                                          "ArrayTaskId": "3"})
+    rec = slurm.read_job_record(str(root), "4242")
+    assert rec is not None and (rec["array_job_id"], rec["array_task_id"]) == ("4240", "3")
+
+
+@root_only
+def test_planted_symlinks_fifos_and_huge_files_gain_nothing(root: Path, tmp_path: Path) -> None:
+    env = _hook_env(root)
+    slurm.prolog(env)
+    run_dir = _captured_run(root, "4242", exit_status=7)
+    secret = tmp_path / "secret"
+    secret.write_text('{"kind":"end","run":"4242","stream":"run","seq":9,"ts":1,'
+                      '"exit_status":99}\nTOP-SECRET\n')
+    secret.chmod(0o600)
+    os.symlink(secret, run_dir / "seg-999999.ndjson")
+    os.symlink("/etc/shadow", run_dir / "seg-999998.ndjson.gz")
+    os.mkfifo(run_dir / "seg-999997.ndjson")
+    with open(run_dir / "seg-999996.ndjson", "wb") as f:
+        f.truncate(slurm.MAX_SEGMENT_BYTES + 1)
+    hard = run_dir / "seg-999995.ndjson"
+    try:
+        os.link(secret, hard)  # root-owned: refused by owner
+    except OSError:
+        pass
+    other = tmp_path / "other-user-spool"
+    other.mkdir()
+    os.symlink(other, root / "4242" / "4242.1")
+    for path in run_dir.iterdir():
+        if not path.is_symlink():
+            os.chown(path, NOBODY.pw_uid, NOBODY.pw_gid) if path.name != hard.name else None
+    messages = slurm.epilog(env, state_of=lambda j: {"JobState": "FAILED"})
+    rec = slurm.read_job_record(str(root), "4242")
+    assert rec is not None and rec["exit_status"] == 7 and rec["runs"] == ["4242"]
+    assert not any("SECRET" in m or "99" in m for m in messages)
+    assert secret.exists() and other.exists()
+    # Removing the job (after shipping) does not follow the plants either.
+    slurm._remove_job(os.open(root, os.O_RDONLY), "4242")
+    assert not (root / "4242").exists() and secret.read_text().endswith("TOP-SECRET\n")
+    assert other.is_dir()
+
+
+QUERY = """
+import json, sys
+from logcapture.store import open_store
+with open_store(sys.argv[1], must_exist=True) as s:
+    print(json.dumps({"runs": s.runs(), "lines": [r.get("text") for r in s.records("4242")
+                                                 if r.get("kind") == "line"]}))
+"""
+
+
+@root_only
+def test_epilog_ships_with_the_trusted_identity_and_removes_the_spool(root: Path) -> None:
+    env = _hook_env(root, store=True)
+    slurm.prolog(env)
+    run_dir = _captured_run(root, "4242", exit_status=0)
+    # The user's Start record claims to be someone else: the rows must not believe it.
+    forged = run_dir / "seg-000001.ndjson"
+    forged.write_text(json.dumps({"kind": "line", "run": "4242", "stream": "stdout", "seq": 1,
+                                  "ts": 1.5, "text": "second"}) + "\n")
+    os.chown(forged, NOBODY.pw_uid, NOBODY.pw_gid)
+    r = subprocess.run([sys.executable, "-m", "logcapture.slurm", "epilog"], env={
+        **os.environ, **env}, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "shipped run(s) 4242 and removed the job's spool" in r.stderr
+    assert not (root / "4242").exists() and not (root / ".jobs" / "4242.json").exists()
+    q = subprocess.run([sys.executable, "-c", QUERY, f"chdb://{root.parent / 'store'}"],
+                       capture_output=True, text=True, timeout=120)
+    assert q.returncode == 0, q.stderr
+    found = json.loads(q.stdout.strip().splitlines()[-1])
+    assert [(x["run"], x["owner"], x["uid"], x["job_id"]) for x in found["runs"]] == [
+        ("4242", "nobody", NOBODY.pw_uid, "4242")]
+    assert found["lines"] == ["hello", "second"]
+
+
+def test_read_end_bounds_and_validates(tmp_path: Path) -> None:
+    uid = os.getuid()
+    run = tmp_path / "9"
+    run.mkdir()
+    good = {"kind": "end", "run": "9", "stream": "run", "seq": 3, "ts": 1.0,
+            "exit_status": 2, "signal": None, "state": "FAILED", "duration": 1.5}
+    payload = b"x" * 100 + b"\n" + json.dumps(good).encode() + b"\n"
+    (run / "seg-000000.ndjson.gz").write_bytes(gzip.compress(payload))
+    fd = os.open(tmp_path, os.O_RDONLY)
+    try:
+        assert slurm.read_end(fd, "9", uid) == {"exit_status": 2, "signal": None,
+                                                "state": "FAILED", "duration": 1.5}
+        assert slurm.read_end(fd, "9", uid + 1) is None  # not the job user's
+        bad = dict(good, exit_status=999)
+        (run / "seg-000001.ndjson").write_bytes(json.dumps(bad).encode() + b"\n")
+        assert slurm.read_end(fd, "9", uid)["exit_status"] == 2  # invalid End skipped
+        (run / "seg-000002.ndjson").write_bytes(json.dumps(dict(good, run="8")).encode()
+                                                + b"\n")
+        assert slurm.read_end(fd, "9", uid)["exit_status"] == 2  # another run's End
+    finally:
+        os.close(fd)
+    assert slurm._valid_end({"kind": "end", "run": "9", "state": "<script>"}, "9") == {
+        "exit_status": None, "signal": None, "state": "", "duration": None}
+    assert slurm._valid_end({"kind": "end", "run": "9", "signal": True}, "9") is None
+
+
+def test_a_gzip_bomb_is_read_only_up_to_the_bound(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(slurm, "MAX_DECOMPRESSED_BYTES", 4 << 20)
+    path = tmp_path / "bomb.gz"
+    with gzip.open(path, "wb") as f:
+        for _ in range(64):
+            f.write(b"\0" * (1 << 20))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        tail = slurm._tail(fd, path.stat().st_size, compressed=True)
+    finally:
+        os.close(fd)
+    assert len(tail) <= slurm.MAX_END_LINE_BYTES
+
+
+# ------------------------------------------------------------------------------ scripts
+
+
+@pytest.mark.parametrize("script", ["prolog/logcapture-prolog", "epilog/logcapture-epilog"])
+def test_thin_scripts_always_exit_0_and_log_the_job_id(tmp_path: Path, script: str) -> None:
+    text = (REPO / script).read_text()
+    log = tmp_path / "log"
+    text = text.replace("\nLOGCAPTURE=/opt/logcapture/bin/logcapture\n",
+                        f"\nLOGCAPTURE={tmp_path / 'fake'}\n")
+    text = text.replace("\nLOG_FILE=\n", f"\nLOG_FILE={log}\n")
+    fake = tmp_path / "fake"
+    fake.write_text("#!/bin/sh\necho \"called with $*\"\nexit 1\n")
+    fake.chmod(0o755)
+    copy = tmp_path / "script"
+    copy.write_text(text)
+    copy.chmod(0o755)
+    r = subprocess.run([str(copy)], env={"SLURM_JOB_ID": "31", "SLURM_ARRAY_JOB_ID": "30",
+                                         "SLURM_ARRAY_TASK_ID": "1"},
+                       capture_output=True, timeout=60)
+    assert r.returncode == 0
+    which = "prolog" if "prolog" in script else "epilog"
+    assert f"job 31 (array 30_1): called with slurm {which}" in log.read_text()
+    fake.unlink()
+    r = subprocess.run([str(copy)], env={"SLURM_JOB_ID": "32"}, capture_output=True,
+                       timeout=60)
+    assert r.returncode == 0 and "job 32: " in log.read_text() and "missing" in log.read_text()
+
+
+def test_dev_cluster_script_is_valid_bash_and_reports_when_down(tmp_path: Path) -> None:
+    dev = REPO / "slurm" / "dev-cluster"
+    assert subprocess.run(["bash", "-n", str(dev)], timeout=30).returncode == 0
+    r = subprocess.run([str(dev), "status"], env={**os.environ,
+                                                  "LOGCAPTURE_DEV_DIR": str(tmp_path / "x")},
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 3 and "down" in r.stdout
+    r = subprocess.run([str(dev), "bogus"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "usage" in r.stderr
