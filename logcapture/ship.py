@@ -37,10 +37,12 @@ import pwd
 import signal
 import threading
 import time
+from bisect import bisect_right
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -333,22 +335,26 @@ def _prepare(job: _RunJob, result: UploadResult, force: bool) -> None:
 
 
 def _pieces(jobs: list[_RunJob], max_bytes: int) -> Iterator[list[_Piece]]:
-    """Batches of about ``max_bytes``, across segments and runs, in spool order."""
+    """Batches of about ``max_bytes``, across segments and runs, in spool order. Sizes are
+    summed with ``accumulate`` and cut with ``bisect`` (no per-line Python loop)."""
     batch: list[_Piece] = []
     size = 0
     for job in jobs:
         for p in job.pending:
+            if not p.lines:
+                continue
+            ends = list(accumulate(len(x) + 1 for x in p.lines))  # bytes through line k
             i = 0
+            base = 0
             while i < len(p.lines):
-                n = 0
-                part = 0
-                while i + n < len(p.lines) and (n == 0 or size + part < max_bytes):
-                    part += len(p.lines[i + n]) + 1
-                    n += 1
-                data = b"\n".join(p.lines[i:i + n]) + b"\n"
-                batch.append(_Piece(job, p.seg, p.skip + i, n, data))
-                size += part
-                i += n
+                room = max_bytes - size
+                # take lines while they fit in the room (at least one)
+                j = max(i + 1, bisect_right(ends, base + room, lo=i))
+                data = b"\n".join(p.lines[i:j]) + b"\n"
+                batch.append(_Piece(job, p.seg, p.skip + i, j - i, data))
+                size += ends[j - 1] - base
+                base = ends[j - 1]
+                i = j
                 if size >= max_bytes:
                     yield batch
                     batch, size = [], 0

@@ -1,0 +1,208 @@
+"""Benchmark: the embedded store (chDB through clickhouse-connect).
+
+Three figures, each printed with its ratio against a baseline measured in the same run
+(SPEC.md §7):
+
+1. Ingest: spool -> store with one agent (``Agent.flush``: read gzip segments, splice the
+   identity, ``raw_insert`` JSONEachRow into the Null ``ingest`` table, views route rows,
+   cursor saved). Baselines: ``raw_insert`` of the same NDJSON into a bare MergeTree table
+   (the engine's own JSONEachRow rate, no views, no identity), and ``Store.insert_ndjson``
+   alone (the store path without spool reading). Target: >= 500k lines/s.
+2. Tail: the last 10k lines of one job (``Store.lines(run, limit=10000)`` and its SQL alone)
+   from a ``lines`` table of N rows (default 2M; ``--full``: 50M). Baseline: reading the same
+   job's lines from its spool (``iter_run``) and keeping the last 10k. Target: <= 50 ms.
+3. Size: bytes the store keeps for the ingested run's lines (compressed, all columns) vs
+   ``gzip -6`` of the raw text alone.
+
+Usage: ``python bench/bench_store.py [--full] [--lines N] [--table-rows N]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import os
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from logcapture import store as S  # noqa: E402
+from logcapture.records import End, Line, Start  # noqa: E402
+from logcapture.ship import Agent  # noqa: E402
+from logcapture.spool import SpoolWriter, create_run_dir, iter_run, read_lines, segments  # noqa: E402,E501
+
+
+def make_text(rng: random.Random, i: int) -> str:
+    r = rng.random()
+    if r < 0.6:
+        return (f"epoch {i // 5000} step {i} loss={rng.random():.4f} "
+                f"lr={1e-3 * rng.random():.6f} grad_norm={rng.random() * 3:.3f}")
+    if r < 0.8:
+        return f"[{time.strftime('%H:%M:%S')}] INFO worker-{i % 8}: processed batch {i}"
+    if r < 0.95:
+        return f"Validation: accuracy {rng.random():.4f} on {rng.randint(1000, 9999)} samples"
+    return "WARNING: " + " ".join(rng.choice(["disk", "slow", "retry", "node", "gpu",
+                                               "timeout", "memory"]) for _ in range(8))
+
+
+def write_spool(root: Path, run: str, n: int) -> tuple[Path, list[str]]:
+    rng = random.Random(42)
+    rd = create_run_dir(root, run)
+    w = SpoolWriter(rd, fsync=False, flush_interval=3600, flush_records=50_000)
+    t0 = time.time()
+    w.write([Start(run=run, stream="run", seq=0, ts=t0, command=["python", "train.py"])])
+    texts = []
+    batch = []
+    for i in range(n):
+        text = make_text(rng, i)
+        texts.append(text)
+        batch.append(Line(run=run, stream="stdout", seq=i, ts=t0 + i * 1e-4, text=text))
+        if len(batch) == 50_000:
+            w.write(batch)
+            batch = []
+    w.write(batch)
+    w.write([End(run=run, stream="run", seq=1, ts=t0 + n * 1e-4, state="COMPLETED")])
+    w.close()
+    return rd, texts
+
+
+def ms(x: float) -> str:
+    return f"{x * 1000:.1f} ms"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--full", action="store_true",
+                    help="large sizes: 2M lines ingested, a 50M-row table for the tail query")
+    ap.add_argument("--lines", type=int, default=None, help="lines to ingest")
+    ap.add_argument("--table-rows", type=int, default=None, help="rows in the tail table")
+    args = ap.parse_args()
+    n = args.lines or (2_000_000 if args.full else 300_000)
+    table_rows = args.table_rows or (50_000_000 if args.full else 2_000_000)
+    tmp = Path(tempfile.mkdtemp(prefix="bench-store-"))
+    try:
+        run_bench(tmp, n, table_rows)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def run_bench(tmp: Path, n: int, table_rows: int) -> None:
+    root = tmp / "spool"
+    dsn = f"chdb://{tmp / 'store'}"
+    print(f"# bench_store: {n:,} lines ingested, tail query on {table_rows:,} rows, "
+          f"{os.cpu_count()} CPUs")
+    t = time.perf_counter()
+    rd, texts = write_spool(root, "bench-run", n)
+    print(f"spool written: {len(segments(rd))} segments in {time.perf_counter() - t:.1f}s")
+    spool_bytes = b"".join(b"\n".join(read_lines(s)[0]) + b"\n" for s in segments(rd))
+
+    with S.open_store(dsn) as st:  # create the schema outside the timings
+        st.client.command(
+            "CREATE TABLE IF NOT EXISTS bare (run String, stream LowCardinality(String), "
+            "seq UInt64, ts DateTime64(9, 'UTC'), kind LowCardinality(String), text String "
+            "CODEC(ZSTD(1))) ENGINE = MergeTree ORDER BY (run, stream, seq)")
+        # baseline 1: the engine's own JSONEachRow rate into a bare table
+        t = time.perf_counter()
+        st.client.raw_insert("bare", None, insert_block=spool_bytes, fmt="JSONEachRow",
+                             settings={"input_format_skip_unknown_fields": 1})
+        bare = time.perf_counter() - t
+        # the store path alone (a different run id, same bytes)
+        ident = S.Identity(run="store-only", user="bench", uid=os.getuid())
+        chunks = []
+        start = 0
+        while start < len(spool_bytes):  # ~8 MiB chunks cut at line ends
+            end = spool_bytes.find(b"\n", min(start + (8 << 20), len(spool_bytes)) - 1)
+            end = len(spool_bytes) if end < 0 else end + 1
+            chunks.append(spool_bytes[start:end])
+            start = end
+        t = time.perf_counter()
+        for chunk in chunks:
+            res = st.insert_ndjson(chunk, ident)
+            assert not res.slow_path
+        store_only = time.perf_counter() - t
+    # the full path: one agent flush (reads gzip segments, cursor, retention off)
+    agent = Agent(root, dsn, batch_bytes=8 << 20, retention_days=None)
+    t = time.perf_counter()
+    agent.flush()
+    full = time.perf_counter() - t
+    rows = n + 2
+    assert agent.stats.records == rows, agent.stats
+
+    print("\n## 1. ingest (lines/s; target >= 500,000)")
+    print(f"baseline raw_insert into a bare MergeTree: {rows / bare:12,.0f} lines/s")
+    print(f"Store.insert_ndjson (splice + views):      {rows / store_only:12,.0f} lines/s  "
+          f"ratio {bare / store_only:.2f}x slower than baseline")
+    print(f"one agent, spool -> store (end to end):    {rows / full:12,.0f} lines/s  "
+          f"ratio {bare / full:.2f}x slower than baseline")
+
+    with S.open_store(dsn) as st:
+        # 3. size
+        parts = st.client.query(
+            "SELECT sum(data_compressed_bytes), sum(data_uncompressed_bytes), sum(rows) "
+            "FROM system.parts WHERE active AND database = currentDatabase() AND "
+            "table = 'lines'").result_rows[0]
+        stored_per_row = parts[0] / parts[2]
+        stored = stored_per_row * n  # lines holds two runs of n lines: scale to one
+        raw_text = ("\n".join(texts) + "\n").encode()
+        gz = len(gzip.compress(raw_text, compresslevel=6))
+        print("\n## 3. size of one run's lines")
+        print(f"raw text {len(raw_text) / 1e6:.1f} MB; gzip -6 (baseline) {gz / 1e6:.2f} MB; "
+              f"store {stored / 1e6:.2f} MB (all columns, ZSTD)  ratio store/gzip "
+              f"{stored / gz:.2f}")
+
+        # 2. tail of one job in a big table
+        t = time.perf_counter()
+        fill_table(st, table_rows)
+        print(f"\n## 2. last 10k lines of one job among {table_rows:,} rows "
+              f"(table filled in {time.perf_counter() - t:.1f}s; target <= 50 ms)")
+        total = int(st.client.command("SELECT count() FROM lines"))
+        sql_times, api_times = [], []
+        for _ in range(7):
+            t = time.perf_counter()
+            st.client.query(
+                "SELECT stream, seq, ts, kind, text FROM lines FINAL WHERE run = {run:String} "
+                "ORDER BY ts DESC, stream DESC, seq DESC LIMIT 10000",
+                parameters={"run": "bench-run"})
+            sql_times.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            got = st.lines("bench-run", limit=10_000)
+            api_times.append(time.perf_counter() - t)
+        assert len(got) == 10_000 and got[-1]["seq"] == n - 1
+    t = time.perf_counter()
+    tail = [r for r in iter_run(rd) if r.kind == "line"][-10_000:]
+    spool_time = time.perf_counter() - t
+    assert len(tail) == 10_000
+    sql_med, api_med = statistics.median(sql_times), statistics.median(api_times)
+    print(f"table rows {total:,}; job {n:,} lines")
+    print(f"baseline: the job's spool, last 10k (iter_run): {ms(spool_time)}")
+    print(f"SQL alone (FINAL, ORDER BY ts DESC LIMIT 10000): {ms(sql_med)}  "
+          f"ratio {spool_time / sql_med:.1f}x faster than baseline")
+    print(f"Store.lines(run, limit=10000) (3 tables + dicts): {ms(api_med)}  "
+          f"ratio {spool_time / api_med:.1f}x faster than baseline")
+
+
+def fill_table(st: S.Store, table_rows: int) -> None:
+    """Other jobs' lines straight into ``lines`` (generated by the engine), 10k jobs."""
+    have = int(st.client.command("SELECT count() FROM lines"))
+    need = max(0, table_rows - have)
+    step = 5_000_000
+    for start in range(0, need, step):
+        st.client.command(
+            "INSERT INTO lines (run, owner, uid, stream, seq, ts, kind, text, options) "
+            "SELECT concat('job-', toString(number % 10000)), 'user' || toString(number % 97),"
+            " 1000 + number % 97, if(number % 7 = 0, 'stderr', 'stdout'), "
+            "intDiv(number, 10000), toDateTime64(1.79e9 + number / 1000, 9, 'UTC'), 'line', "
+            "concat('epoch ', toString(intDiv(number, 100000)), ' step ', toString(number), "
+            "' loss=', toString(round(cityHash64(number) % 10000 / 10000, 4))), '' "
+            "FROM numbers({start:UInt64}, {count:UInt64})",
+            parameters={"start": start, "count": min(step, need - start)})
+
+
+if __name__ == "__main__":
+    main()
