@@ -484,3 +484,15 @@ def test_dev_cluster_script_is_valid_bash_and_reports_when_down(tmp_path: Path) 
     assert r.returncode == 3 and "down" in r.stdout
     r = subprocess.run([str(dev), "bogus"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and "usage" in r.stderr
+
+
+@pytest.mark.parametrize("name", ["config.yaml.example", "config.yaml.in"])
+def test_shipped_admin_configs_are_valid(tmp_path: Path, name: str) -> None:
+    from logcapture.config import load_admin
+
+    text = (REPO / "slurm" / name).read_text().replace("@DIR@", "/tmp/x").replace(
+        "@CLUSTER@", "dev")
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    admin = load_admin(path, env={})
+    assert admin.spool_root and admin.store and admin.cluster
