@@ -137,9 +137,9 @@ def run_bench(tmp: Path, n: int, table_rows: int) -> None:
     print("\n## 1. ingest (lines/s; target >= 500,000)")
     print(f"baseline raw_insert into a bare MergeTree: {rows / bare:12,.0f} lines/s")
     print(f"Store.insert_ndjson (splice + views):      {rows / store_only:12,.0f} lines/s  "
-          f"ratio {bare / store_only:.2f}x slower than baseline")
+          f"ratio {bare / store_only:.2f}x the baseline rate")
     print(f"one agent, spool -> store (end to end):    {rows / full:12,.0f} lines/s  "
-          f"ratio {bare / full:.2f}x slower than baseline")
+          f"ratio {bare / full:.2f}x the baseline rate")
 
     with S.open_store(dsn) as st:
         # 3. size

@@ -62,7 +62,8 @@ DEFAULT_DATABASE = "logcapture"
 # The tables a user-facing name may refer to (the identifier allow-list).
 TABLES = ("runs", "lines", "notes", "metadata", "samples")
 ALL_TABLES = ("ingest", *TABLES, "schema_version")
-VIEWS = ("ingest_runs", "ingest_lines", "ingest_notes", "ingest_metadata", "ingest_samples")
+VIEWS = ("ingest_runs_seen", "ingest_runs", "ingest_lines", "ingest_notes", "ingest_metadata",
+         "ingest_samples")
 ADMIN_ROLE = "logcapture_admin"
 
 # ClickHouse error codes (src/Common/ErrorCodes.cpp) that mean "the data is wrong": never
@@ -189,44 +190,40 @@ ORDER BY (run, owner)""",
     job String CODEC(ZSTD(1)),
     job_metrics Map(LowCardinality(String), Float64) CODEC(ZSTD(1))
 ) {_RECORD_TABLE}""",
-        # One row per run and insert block (GROUP BY), whatever kinds the block holds, so a
-        # run shows up as soon as any of its records is shipped.
-        # One row per run and insert block (GROUP BY), whatever kinds the block holds, so a
-        # run shows up as soon as any of its records is shipped. The subquery renames the
-        # input so no output alias shadows an input column.
-        """CREATE MATERIALIZED VIEW IF NOT EXISTS ingest_runs TO runs AS
-SELECT t_run AS run, t_owner AS owner,
-    any(t_uid) AS uid, any(t_cluster) AS cluster, any(t_job_id) AS job_id,
-    minIf(i_ts, i_kind = 'start') AS start_ts,
-    maxIf(i_ts, i_kind = 'end') AS end_ts,
-    max(assumeNotNull(i_ts)) AS last_ts,
-    anyLastIf(i_seq, i_kind = 'start') AS start_seq,
-    anyLastIf(i_seq, i_kind = 'end') AS end_seq,
-    anyLastIf(toNullable(i_host), i_kind = 'start') AS host,
-    anyLastIf(toNullable(i_command), i_kind = 'start') AS command,
-    anyLastIf(toNullable(i_cwd), i_kind = 'start') AS cwd,
-    anyLastIf(toNullable(i_user), i_kind = 'start') AS record_user,
-    anyLastIf(toNullable(i_uid), i_kind = 'start') AS record_uid,
-    anyLastIf(toNullable(i_pid), i_kind = 'start') AS pid,
-    anyLastIf(toNullable(i_mode), i_kind = 'start') AS mode,
-    anyLastIf(toNullable(i_slurm), i_kind = 'start') AS slurm,
-    anyLastIf(toNullable(i_inventory), i_kind = 'start') AS inventory,
-    anyLastIf(toNullable(i_config), i_kind = 'start') AS config,
-    anyLastIf(toNullable(i_exit_status), i_kind = 'end') AS exit_status,
-    anyLastIf(toNullable(i_signal), i_kind = 'end') AS signal,
-    anyLastIf(toNullable(i_state), i_kind = 'end') AS state,
-    anyLastIf(toNullable(i_duration), i_kind = 'end') AS duration,
-    anyLastIf(toNullable(i_counts), i_kind = 'end') AS counts
-FROM (
-    SELECT assumeNotNull(_run) AS t_run, assumeNotNull(_owner) AS t_owner,
-        assumeNotNull(_uid) AS t_uid, _cluster AS t_cluster, _job_id AS t_job_id,
-        kind AS i_kind, ts AS i_ts, seq AS i_seq,
-        host AS i_host, command AS i_command, cwd AS i_cwd, user AS i_user, uid AS i_uid,
-        pid AS i_pid, mode AS i_mode, slurm AS i_slurm, inventory AS i_inventory, config AS
-        i_config, exit_status AS i_exit_status, signal AS i_signal, state AS i_state,
-        duration AS i_duration, counts AS i_counts
-    FROM ingest)
+        # Two views feed ``runs``: one row per run and insert block for any record (so a run
+        # shows up as soon as anything of it is shipped; few, cheap aggregates), and one row
+        # per Start/End record with their fields (the rest of the columns stay NULL there).
+        """CREATE MATERIALIZED VIEW IF NOT EXISTS ingest_runs_seen TO runs AS
+SELECT t_run AS run, t_owner AS owner, any(t_uid) AS uid, any(t_cluster) AS cluster,
+    any(t_job_id) AS job_id, max(t_ts) AS last_ts
+FROM (SELECT assumeNotNull(_run) AS t_run, assumeNotNull(_owner) AS t_owner,
+    assumeNotNull(_uid) AS t_uid, _cluster AS t_cluster, _job_id AS t_job_id,
+    assumeNotNull(ts) AS t_ts FROM ingest)
 GROUP BY t_run, t_owner""",
+        """CREATE MATERIALIZED VIEW IF NOT EXISTS ingest_runs TO runs AS
+SELECT assumeNotNull(_run) AS run, assumeNotNull(_owner) AS owner, assumeNotNull(_uid) AS uid,
+    _cluster AS cluster, _job_id AS job_id,
+    if(kind = 'start', ts, NULL) AS start_ts,
+    if(kind = 'end', ts, NULL) AS end_ts,
+    assumeNotNull(ts) AS last_ts,
+    if(kind = 'start', seq, NULL) AS start_seq,
+    if(kind = 'end', seq, NULL) AS end_seq,
+    if(kind = 'start', host, NULL) AS host,
+    if(kind = 'start', command, NULL) AS command,
+    if(kind = 'start', cwd, NULL) AS cwd,
+    if(kind = 'start', user, NULL) AS record_user,
+    if(kind = 'start', uid, NULL) AS record_uid,
+    if(kind = 'start', pid, NULL) AS pid,
+    if(kind = 'start', mode, NULL) AS mode,
+    if(kind = 'start', slurm, NULL) AS slurm,
+    if(kind = 'start', inventory, NULL) AS inventory,
+    if(kind = 'start', config, NULL) AS config,
+    if(kind = 'end', exit_status, NULL) AS exit_status,
+    if(kind = 'end', signal, NULL) AS signal,
+    if(kind = 'end', state, NULL) AS state,
+    if(kind = 'end', duration, NULL) AS duration,
+    if(kind = 'end', counts, NULL) AS counts
+FROM ingest WHERE kind IN ('start', 'end')""",
         """CREATE MATERIALIZED VIEW IF NOT EXISTS ingest_lines TO lines AS
 SELECT assumeNotNull(_run) AS run, assumeNotNull(_owner) AS owner, assumeNotNull(_uid) AS uid,
     assumeNotNull(stream) AS stream, assumeNotNull(seq) AS seq, assumeNotNull(ts) AS ts,
