@@ -400,14 +400,14 @@ def grafana_install(directory: Path, store_url: str | None, host: str | None,
 def _open_reader_store(dsn: str | None) -> Any:
     """The store for reading, or None when there is none (an embedded store never created)
     or it cannot be reached now (another process holds the embedded store)."""
-    from .errors import NotFound, StoreError
+    from .errors import ConfigError, NotFound
     from .store import open_store
 
     try:
         return open_store(dsn, wait=5.0, must_exist=True)
-    except NotFound:
+    except (NotFound, ConfigError):  # no store, or its config is root's (credentials)
         return None
-    except StoreError as e:
+    except LogcaptureError as e:
         click.echo(f"logcapture: store not read: {e.message}", err=True)
         return None
 
