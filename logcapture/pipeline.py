@@ -14,10 +14,12 @@ dropped (SPEC.md §2).
 from __future__ import annotations
 
 import codecs
+import json
 import os
 import pwd
 import re
 import resource
+import select
 import socket
 import threading
 import time
@@ -121,16 +123,20 @@ class Pipeline:
             self._warn_out(text)
 
     # --- the sink ------------------------------------------------------------------------
-    def feed(self, stream: str, data: bytes, now: float) -> None:
-        self._last_data[stream] = time.monotonic()
+    def feed(self, stream: str, data: bytes, now: float, mono: float | None = None) -> None:
+        """``data`` read from ``stream`` at ``now`` (epoch seconds; the records' ts) and
+        ``mono`` (time.monotonic(), default: now). The capture worker passes the reader's
+        times, so a backlog is rendered as if it had been rendered when it was read."""
+        self._last_data[stream] = time.monotonic() if mono is None else mono
         self._idled[stream] = False
         self._through(stream, now, lambda r: r.feed(data))
 
-    def tick(self, now: float) -> None:
+    def tick(self, now: float, mono: float | None = None) -> None:
         """Commit finished lines of a stream that has been quiet for IDLE_COMMIT seconds, and
         of a busy one every IDLE_EVERY seconds (a bar redrawn without pause must not hold
         back the lines printed above it)."""
-        mono = time.monotonic()
+        if mono is None:
+            mono = time.monotonic()
         for stream in OUTPUT_STREAMS:
             if self._idled[stream]:
                 continue
@@ -175,10 +181,7 @@ class Pipeline:
         self.filters[stream] = LineFilter()
 
     # --- the end -------------------------------------------------------------------------
-    def finish(self, *, exit_status: int | None, signal: int | None, state: str,
-               duration: float, bytes_read: dict[str, int],
-               extra_counts: dict[str, dict[str, int]] | None = None) -> End:
-        now = time.time()
+    def _final_lines(self, now: float) -> None:
         for stream in OUTPUT_STREAMS:
             try:
                 lines = self.renderers[stream].finish()
@@ -186,6 +189,19 @@ class Pipeline:
                 self._fault(stream, "rendering", e)
                 lines = self.renderers[stream].finish()
             self._emit(stream, now, lines, final=True)
+
+    def close_unfinished(self) -> None:
+        """The wrapper went away without an outcome (killed): keep every line rendered so far
+        and close the spool without an end record; the epilog, which knows the job's end,
+        writes that (SPEC.md §4)."""
+        self._final_lines(time.time())
+        self.spool.close()
+
+    def finish(self, *, exit_status: int | None, signal: int | None, state: str,
+               duration: float, bytes_read: dict[str, int],
+               extra_counts: dict[str, dict[str, int]] | None = None) -> End:
+        now = time.time()
+        self._final_lines(now)
         counts: dict[str, dict[str, int]] = {}
         for stream in OUTPUT_STREAMS:
             c = dict(self.classifier.counts.get(stream, {}))
@@ -215,17 +231,22 @@ def capture_command(argv: list[str], *, spool_root: Path, run_id: str | None = N
     """Run ``argv`` under ptys with capture; return the exit code for ``sys.exit`` (after
     re-raising the command's signal if it was killed by one).
 
+    This process reads the ptys and copies the bytes to the real outputs, nothing more;
+    rendering, classifying, spooling and resource sampling run in a capture worker process
+    (``_capture_worker``) forked here, before any thread starts and before the command is
+    spawned, so that they run on another core and never stall the reader (a thread would:
+    the GIL makes the job block on the ~4 KB pty buffer; docs/performance.md).
+
     Whatever fails in here before the command starts (a bad config, an unwritable spool)
     is reported through ``warn`` and the command runs without capture (or in the most private
     mode): the job's outcome never depends on logcapture (SPEC.md §3).
     """
     from . import runner
     from .config import FALLBACK_MESSAGE, load_admin, load_optin, optin_path
-    from .spool import SpoolWriter, create_run_dir
+    from .spool import create_run_dir
 
     base_env = dict(os.environ if env is None else env)
-    pipeline: Pipeline | None = None
-    sampler: Any = None
+    worker: runner.Worker | None = None
     problems: list[str] = []
     try:
         try:
@@ -243,30 +264,20 @@ def capture_command(argv: list[str], *, spool_root: Path, run_id: str | None = N
             effective_mode = optin.config.mode if optin.opted_in else ENABLED
         rid = run_id or default_run_id(base_env)
         run_dir = create_run_dir(spool_root, rid)
-        spool = SpoolWriter(run_dir, segment_bytes=admin.segment_bytes,
-                            flush_interval=admin.flush_interval,
-                            flush_records=admin.flush_records, warn=warn)
         rows, cols = runner.caller_winsize()
-        pipeline = Pipeline(rid, spool, mode=effective_mode, columns=cols, rows=rows, warn=warn)
-        quiet: list[str] = []  # notes for the log only, not the user's stderr
-        sampler, inventory = _start_sampler(rid, admin.sample_interval, base_env, spool,
-                                            quiet, sample)
-        pipeline.start(inventory=inventory, command=list(argv), cwd=os.getcwd(),
-                       user=_user_name(), uid=os.getuid(), host=socket.gethostname(),
-                       pid=os.getpid(),
-                       slurm=slurm if slurm is not None else slurm_identity(base_env),
-                       config={"mode": effective_mode,
-                               "optin": str(path) if optin.opted_in else None,
-                               "columns": cols, "rows": rows})
-        for problem in problems:
-            pipeline.warn(problem)
-        for text in quiet:
-            pipeline.warn(text, tell_user=False)
-        if sampler is not None:
-            sampler_warn = pipeline.warn
-            sampler.warn = lambda text: sampler_warn(f"resource sampling: {text}",
-                                                     tell_user=False)
-            sampler.start()
+        start_fields: dict[str, Any] = dict(
+            command=list(argv), cwd=os.getcwd(), user=_user_name(), uid=os.getuid(),
+            host=socket.gethostname(), pid=os.getpid(),
+            slurm=slurm if slurm is not None else slurm_identity(base_env),
+            config={"mode": effective_mode, "optin": str(path) if optin.opted_in else None,
+                    "columns": cols, "rows": rows})
+        for problem in problems:  # on the user's stderr now, in the spool by the worker
+            warn(problem)
+        settings = _WorkerSettings(
+            run_id=rid, run_dir=run_dir, admin=admin, mode=effective_mode, rows=rows,
+            columns=cols, env=dict(base_env), problems=problems, sample=sample,
+            start_fields=start_fields, wrapper_pid=os.getpid(), warn=warn)
+        worker = runner.fork_worker(lambda fd: _capture_worker(fd, settings))
         base_env["LOGCAPTURE_RUN_ID"] = rid
         winsize: tuple[int, int] | None = (rows, cols)
     except Exception as e:  # noqa: BLE001 - never break the job
@@ -274,39 +285,162 @@ def capture_command(argv: list[str], *, spool_root: Path, run_id: str | None = N
             warn(problem)
         reason = e.message if isinstance(e, LogcaptureError) else type(e).__name__
         warn(f"capture disabled for this run: {reason}; the command runs normally")
-        pipeline = None
+        worker = None
         winsize = None
-        if sampler is not None:
-            sampler.stop(final_sample=False)
-            sampler = None
 
-    outcome = runner.run(argv, pipeline, runner.Options(env=base_env, warn=warn,
-                                                         winsize=winsize))
+    outcome = runner.run(argv, worker, runner.Options(env=base_env, warn=warn,
+                                                      winsize=winsize))
     if outcome.spawn_error:
         warn(outcome.spawn_error)
+    return runner.exit_like(outcome)
+
+
+class _WorkerSettings:
+    """What the capture worker needs from the wrapper (it is forked, so this is a plain copy)."""
+
+    def __init__(self, **kw: Any):
+        self.__dict__.update(kw)
+
+    run_id: str
+    run_dir: Path
+    admin: AdminConfig
+    mode: str
+    rows: int
+    columns: int
+    env: dict[str, str]
+    problems: list[str]
+    sample: bool
+    start_fields: dict[str, Any]
+    wrapper_pid: int
+    warn: Callable[[str], None]
+
+
+def _capture_worker(fd: int, s: _WorkerSettings) -> int:
+    """The capture process: own the spool, the pipeline and the sampler; render what the
+    reader sends until its end frame; write the end record. Returns the exit status."""
+    warn = s.warn
+    sampler: Any = None
+    try:
+        spool = SpoolWriter(s.run_dir, segment_bytes=s.admin.segment_bytes,
+                            flush_interval=s.admin.flush_interval,
+                            flush_records=s.admin.flush_records, warn=warn)
+        pipeline = Pipeline(s.run_id, spool, mode=s.mode, columns=s.columns, rows=s.rows,
+                            warn=warn)
+        quiet: list[str] = []  # notes for the log only, not the user's stderr
+        sampler, inventory = _start_sampler(s.run_id, s.admin.sample_interval, s.env, spool,
+                                            quiet, s.sample, root_pid=s.wrapper_pid)
+        pipeline.start(inventory=inventory, **s.start_fields)
+        for problem in s.problems:  # the wrapper told the user already
+            pipeline.warn(problem, tell_user=False)
+        for text in quiet:
+            pipeline.warn(text, tell_user=False)
+        if sampler is not None:
+            sampler_warn = pipeline.warn
+            sampler.warn = lambda text: sampler_warn(f"resource sampling: {text}",
+                                                     tell_user=False)
+            sampler.start()
+    except Exception as e:  # noqa: BLE001 - never break the job
+        reason = e.message if isinstance(e, LogcaptureError) else type(e).__name__
+        warn(f"capture disabled for this run: {reason}; the command runs normally")
+        if sampler is not None:
+            sampler.stop(final_sample=False)
+        _discard(fd)  # the reader's writes must keep succeeding
+        return 0
+
+    end = serve(fd, pipeline)
     if sampler is not None:
         try:
             sampler.stop()
         except Exception as e:  # noqa: BLE001
             warn(f"resource sampling failed to stop ({type(e).__name__})")
-    if pipeline is not None:
-        try:
-            state = "FAILED" if outcome.spawn_error else outcome.state
-            usage = resource.getrusage(resource.RUSAGE_SELF)
-            pipeline.finish(exit_status=outcome.exit_status, signal=outcome.signal,
-                            state=state, duration=outcome.duration,
-                            bytes_read=outcome.bytes,
-                            extra_counts={"capture": {
-                                # The wrapper's own CPU (all its threads), for bench/ and show.
-                                "cpu_ms": int(1000 * (usage.ru_utime + usage.ru_stime)),
-                                "max_rss_kib": usage.ru_maxrss}})
-        except Exception as e:  # noqa: BLE001
-            warn(f"could not finish the spool ({type(e).__name__})")
-    return runner.exit_like(outcome)
+    try:
+        if end is None:
+            pipeline.close_unfinished()
+            return 0
+        from .runner import Outcome
+        outcome = Outcome(end["exit_status"], end["signal"], end["pid"], end["started"],
+                          end["ended"], end["bytes"], spawn_error=end["spawn_error"])
+        reader = end.get("reader", {})
+        mine = _own_usage()
+        pipeline.finish(exit_status=outcome.exit_status, signal=outcome.signal,
+                        state="FAILED" if outcome.spawn_error else outcome.state,
+                        duration=outcome.duration, bytes_read=outcome.bytes,
+                        extra_counts={"capture": {
+                            # Both capture processes (reader and worker), for bench/ and show.
+                            "cpu_ms": reader.get("cpu_ms", 0) + mine["cpu_ms"],
+                            "max_rss_kib": max(reader.get("max_rss_kib", 0),
+                                               mine["max_rss_kib"]),
+                            "reader_cpu_ms": reader.get("cpu_ms", 0),
+                            "worker_cpu_ms": mine["cpu_ms"]}})
+    except Exception as e:  # noqa: BLE001
+        warn(f"could not finish the spool ({type(e).__name__})")
+    return 0
+
+
+def _own_usage() -> dict[str, int]:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return {"cpu_ms": int(1000 * (usage.ru_utime + usage.ru_stime)),
+            "max_rss_kib": int(usage.ru_maxrss)}
+
+
+def _discard(fd: int) -> None:
+    try:
+        while os.read(fd, 1 << 20):
+            pass
+    except OSError:
+        pass
+
+
+def serve(fd: int, pipeline: Pipeline) -> dict[str, Any] | None:
+    """Feed ``pipeline`` the frames read from ``fd`` (runner.FRAME) until the end frame;
+    return its payload (the outcome), or None at end of file without one (the wrapper was
+    killed). Ticks: every TICK seconds of the reader's clock, taken from the frames' times
+    while there is a backlog (so a backlog renders as it would have when it was read), from
+    this process's clock when the pipe is empty."""
+    from .runner import FRAME, FRAME_END, FRAME_STREAMS, TICK
+
+    unpack = FRAME.unpack_from
+    header = FRAME.size
+    buf = bytearray()
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    last_tick = time.monotonic()
+    while True:
+        wait = last_tick + TICK - time.monotonic()
+        if not poller.poll(max(0, int(wait * 1000) + 1) if wait > 0 else 0):
+            last_tick = time.monotonic()
+            pipeline.tick(time.time(), last_tick)
+            continue
+        data = os.read(fd, 1 << 20)
+        if not data:
+            return None
+        buf += data
+        pos = 0
+        size = len(buf)
+        while size - pos >= header:
+            kind, length, wall, mono = unpack(buf, pos)
+            end = pos + header + length
+            if end > size:
+                break
+            payload = bytes(buf[pos + header:end])
+            pos = end
+            if kind == FRAME_END:
+                return dict(json.loads(payload))
+            if mono - last_tick >= TICK:
+                # The reader's clock moved on by a tick or more since the last one: tick as
+                # it would have (after a few ticks more change nothing: idled streams stay so).
+                steps = 0
+                while last_tick + TICK <= mono:
+                    last_tick = last_tick + TICK if steps < 4 else mono
+                    steps += 1
+                    pipeline.tick(wall - (mono - last_tick), last_tick)
+            pipeline.feed(FRAME_STREAMS[kind], payload, wall, mono)
+        del buf[:pos]
 
 
 def _start_sampler(run_id: str, interval: float, env: dict[str, str], spool: SpoolWriter,
-                   problems: list[str], enabled: bool) -> tuple[Any, dict[str, Any]]:
+                   problems: list[str], enabled: bool,
+                   root_pid: int | None = None) -> tuple[Any, dict[str, Any]]:
     """The resource sampler of this node (SPEC.md §5) and the hardware inventory for the start
     record. Returns (None, inventory) when sampling is off; never raises. Its problems (no
     NVML on a CPU node, say) go to the log only: they are not the user's to fix."""
@@ -314,9 +448,11 @@ def _start_sampler(run_id: str, interval: float, env: dict[str, str], spool: Spo
 
     inventory_warnings: list[str] = []
     try:
-        me = os.getpid()
-        job = S.JobCollector(root_pid=me, cgroup_path=S.find_job_cgroup(me),
-                             exclude_pids={me}, cpus_allocated=S.cpus_allocated_from_env(env))
+        # The job is the wrapper's child; the wrapper and this capture worker are not the job.
+        root = root_pid if root_pid is not None else os.getpid()
+        job = S.JobCollector(root_pid=root, cgroup_path=S.find_job_cgroup(root),
+                             exclude_pids={root, os.getpid()},
+                             cpus_allocated=S.cpus_allocated_from_env(env))
         gpu = S.GpuCollector(job_gpus=S.job_gpus_from_env(env), pids_fn=job.pids)
         inventory = S.inventory(env=env, gpu=gpu, warn=inventory_warnings.append)
     except Exception as e:  # noqa: BLE001

@@ -19,6 +19,17 @@ Entry point: ``run(argv, sink, options) -> Outcome``.
   exits only after the command, with its status.
 - Every chunk read is first copied to the real output, then handed to ``sink.feed``. A sink
   that raises is disabled with one ``logcapture:`` warning; the command and its output go on.
+- The sink may be a ``Worker``: a capture process forked by ``fork_worker`` before the command
+  is spawned and before any thread starts, so that rendering runs on another core and never
+  holds the GIL of this reader. Chunks then go to it as frames ``(stream, wall time,
+  monotonic time, data)`` over a pipe written without blocking; what the pipe cannot take at
+  once waits in a buffer of at most ``Options.worker_buffer`` bytes. When that buffer is
+  full the reader stops reading the ptys until the worker catches up: the job is then slowed
+  by the terminal's own flow control, and nothing is lost. The reader never sleeps and never
+  waits on the worker while the command runs, except in that case. A worker that exits or
+  accepts nothing for ``worker_timeout`` seconds is given up with one ``logcapture:`` warning;
+  the command and its output go on. At the end the reader sends the ``Outcome`` (an ``end``
+  frame) and waits up to ``worker_timeout`` seconds for the worker to finish the spool.
 - After the command exits the ptys are drained until every writer has closed them (EIO), or
   they have been quiet for ``drain_idle`` seconds, or ``drain_timeout`` seconds have passed: a
   background grandchild that holds the pty open cannot hang the wrapper.
@@ -28,11 +39,13 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import os
 import select
 import signal
 import struct
 import subprocess
+import sys
 import termios
 import time
 from collections.abc import Callable, Sequence
@@ -49,6 +62,15 @@ READ_SIZE = 65536
 DEFAULT_COLUMNS = 80
 DEFAULT_LINES = 24
 TICK = 0.2  # seconds between sink.tick() calls while the command is quiet
+
+# Frames to a capture worker: kind, payload length, time.time(), time.monotonic() of the read.
+FRAME = struct.Struct("=BIdd")
+FRAME_STREAMS = (STDOUT, STDERR)  # kind 0 and 1: data of that stream
+FRAME_END = 2  # payload: the Outcome as JSON; no frame follows
+WORKER_PIPE_BYTES = 1 << 20  # asked of F_SETPIPE_SZ; the kernel may grant less
+WORKER_BUFFER = 16 << 20  # bytes the reader holds for a worker before it stops reading
+WORKER_TIMEOUT = 20.0  # seconds a worker may accept nothing before it is given up
+_KIND = {STDOUT: 0, STDERR: 1}
 
 
 class Sink(Protocol):
@@ -67,6 +89,8 @@ class Options:
     drain_timeout: float = 5.0
     warn: Callable[[str], None] | None = None
     on_start: Callable[[int], None] | None = None  # called with the child's pid
+    worker_buffer: int = WORKER_BUFFER
+    worker_timeout: float = WORKER_TIMEOUT
 
 
 @dataclass
@@ -88,6 +112,182 @@ class Outcome:
         if self.signal is not None:
             return "SIGNALED"
         return "COMPLETED" if self.exit_status == 0 else "FAILED"
+
+
+class Worker:
+    """A capture process, as the reader sees it: its pid, the write end of its pipe, and the
+    frames the pipe has not taken yet. Made by ``fork_worker``; passed to ``run`` as the sink."""
+
+    def __init__(self, pid: int, fd: int):
+        self.pid = pid
+        self.fd = fd
+        self.buffer = bytearray()
+        self.gone = False  # given up: exited, hung, or finished
+        self.last_progress = time.monotonic()
+
+    def send(self, kind: int, data: bytes, wall: float, mono: float) -> None:
+        if not self.buffer:
+            self.last_progress = mono  # the no-progress clock starts with the wait
+        self.buffer += FRAME.pack(kind, len(data), wall, mono)
+        self.buffer += data
+
+    def pump(self) -> None:
+        """Write what the pipe takes now, without blocking. Raises OSError (EPIPE) when the
+        worker has exited."""
+        try:
+            n = os.write(self.fd, self.buffer)
+        except BlockingIOError:
+            return
+        if n:
+            del self.buffer[:n]
+            self.last_progress = time.monotonic()
+
+    def give_up(self) -> None:
+        """Stop talking to the worker: drop what it did not take, close the pipe, kill it
+        (it may be hung), reap it."""
+        if self.gone:
+            return
+        self.gone = True
+        self.buffer = bytearray()
+        self._close()
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.reap(None)
+
+    def _close(self) -> None:
+        if self.fd >= 0:
+            try:
+                os.close(self.fd)
+            except OSError:
+                pass
+            self.fd = -1
+
+    def reap(self, timeout: float | None) -> int | None:
+        """Wait for the worker to exit (``timeout`` None: as long as it takes); its wait status,
+        or None if it is still running after ``timeout`` seconds or was reaped already."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pause = 0.001
+        while True:
+            try:
+                pid, status = os.waitpid(self.pid, 0 if deadline is None else os.WNOHANG)
+            except ChildProcessError:
+                return None
+            except InterruptedError:  # pragma: no cover - PEP 475 retries
+                continue
+            if pid:
+                return status
+            if deadline is None or time.monotonic() >= deadline:
+                return None
+            time.sleep(pause)  # the command has ended: nothing waits on this reader now
+            pause = min(pause * 2, 0.05)
+
+    def finish(self, outcome: Outcome, timeout: float, warn: Callable[[str], None]) -> None:
+        """Send the outcome, let the worker take everything, and wait for it to finish the
+        spool. A worker that accepts nothing, or does not exit, for ``timeout`` seconds is
+        killed with one warning."""
+        if self.gone:
+            return
+        payload = json.dumps({
+            "exit_status": outcome.exit_status, "signal": outcome.signal, "pid": outcome.pid,
+            "started": outcome.started, "ended": outcome.ended, "bytes": outcome.bytes,
+            "spawn_error": outcome.spawn_error, "reader": _own_usage()}).encode()
+        self.send(FRAME_END, payload, time.time(), time.monotonic())
+        poller = select.poll()
+        poller.register(self.fd, select.POLLOUT)
+        try:
+            while self.buffer:
+                if time.monotonic() - self.last_progress > timeout:
+                    warn("the capture process stopped responding; what it had not written "
+                         "to the spool is lost (the command's output files are complete)")
+                    self.give_up()
+                    return
+                poller.poll(200)
+                self.pump()
+        except OSError:
+            self._died(warn)
+            return
+        self._close()  # end of file for the worker, whatever it makes of the end frame
+        status = self.reap(timeout)
+        if status is None:
+            warn("the capture process did not finish the spool in time and was stopped "
+                 "(the command's output files are complete)")
+            self.give_up()
+            return
+        self.gone = True
+        if status != 0:
+            self._report(status, warn)
+
+    def _died(self, warn: Callable[[str], None]) -> None:
+        self.buffer = bytearray()
+        self._close()
+        status = self.reap(1.0)
+        if status is None:
+            self.give_up()
+        self.gone = True
+        self._report(status, warn)
+
+    @staticmethod
+    def _report(status: int | None, warn: Callable[[str], None]) -> None:
+        how = ""
+        if status is not None and os.WIFSIGNALED(status):
+            how = f" (killed by signal {os.WTERMSIG(status)})"
+        elif status is not None and os.WIFEXITED(status):
+            how = f" (exit status {os.WEXITSTATUS(status)})"
+        warn(f"capture stopped: the capture process ended unexpectedly{how}; the command "
+             "goes on and its output still reaches its files")
+
+
+def _own_usage() -> dict[str, int]:
+    import resource
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return {"cpu_ms": int(1000 * (usage.ru_utime + usage.ru_stime)),
+            "max_rss_kib": int(usage.ru_maxrss)}
+
+
+# Signals the worker ignores: the wrapper forwards them to the command, and a terminal's
+# job-control signals must not stop or kill the capture behind the wrapper's back.
+_WORKER_IGNORES = (*FORWARDED_SIGNALS, signal.SIGWINCH, signal.SIGTTIN, signal.SIGTTOU)
+
+
+def fork_worker(target: Callable[[int], int]) -> Worker:
+    """Fork the capture process: ``target(read_fd)`` runs in the child, which exits with its
+    return value (70 if it raised). Call it before any thread starts (a fork copies only the
+    calling thread, and the locks other threads held) and before the command is spawned.
+    The child gets its own process group and ignores the forwarded signals, so neither the
+    wrapper's forwarding nor a terminal's ^C or ^Z reaches it; it reads frames until the end
+    frame or end of file."""
+    r, w = os.pipe2(os.O_CLOEXEC)
+    try:
+        # Fewer wake-ups and more slack; unprivileged users may get up to pipe-max-size.
+        fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, WORKER_PIPE_BYTES)  # type: ignore[attr-defined]
+    except (OSError, AttributeError):
+        pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()  # or the child would write the parent's buffered text again
+        except (OSError, ValueError, AttributeError):
+            pass
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child, measured by the tests through it
+        code = 70
+        try:
+            os.close(w)
+            try:
+                os.setpgid(0, 0)
+            except OSError:
+                pass
+            for sig in _WORKER_IGNORES:
+                signal.signal(sig, signal.SIG_IGN)
+            code = target(r)
+        except BaseException:  # noqa: BLE001 - the child must never return into the caller
+            code = 70
+        finally:
+            os._exit(code)
+    os.close(r)
+    os.set_blocking(w, False)
+    return Worker(pid, w)
 
 
 def caller_winsize(fds: Sequence[int] = (0, 1, 2),
@@ -140,9 +340,13 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[n:]
 
 
-def run(argv: Sequence[str], sink: Sink | None, options: Options | None = None) -> Outcome:
+def run(argv: Sequence[str], sink: Sink | Worker | None,
+        options: Options | None = None) -> Outcome:
     opts = options or Options()
     warn = opts.warn or (lambda msg: None)
+    worker = sink if isinstance(sink, Worker) else None
+    if worker is not None:
+        sink = None
     rows, cols = opts.winsize or caller_winsize()
     out_m, out_s = _open_pty(rows, cols)
     err_m, err_s = _open_pty(rows, cols)
@@ -186,16 +390,19 @@ def run(argv: Sequence[str], sink: Sink | None, options: Options | None = None) 
                 os.close(fd)
             code = 127 if isinstance(e, (FileNotFoundError, NotADirectoryError)) else 126
             what = "command not found" if code == 127 else (e.strerror or str(e))
-            return Outcome(code, None, 0, started, time.time(), counts,
-                           spawn_error=f"{argv[0]}: {what}")
+            outcome = Outcome(code, None, 0, started, time.time(), counts,
+                              spawn_error=f"{argv[0]}: {what}")
+            if worker is not None:
+                worker.finish(outcome, opts.worker_timeout, warn)
+            return outcome
         os.close(out_s)
         os.close(err_s)
         if opts.on_start:
             opts.on_start(child.pid)
 
-        def deliver(stream: str, data: bytes, now: float) -> None:
-            nonlocal sink
-            counts[stream] += len(data)
+        broken: set[str] = set()
+
+        def copy(stream: str, data: bytes) -> None:
             if stream not in broken:
                 try:
                     _write_all(real[stream], data)
@@ -205,6 +412,9 @@ def run(argv: Sequence[str], sink: Sink | None, options: Options | None = None) 
                     # running.
                     broken.add(stream)
                     warn(f"cannot copy the command's {stream} to its output: {e.strerror}")
+
+        def deliver(stream: str, data: bytes, now: float) -> None:
+            nonlocal sink
             if sink is not None:
                 try:
                     sink.feed(stream, data, now)
@@ -223,36 +433,90 @@ def run(argv: Sequence[str], sink: Sink | None, options: Options | None = None) 
                     warn(f"capture stopped after an internal error ({type(e).__name__})")
                     sink = None
 
-        broken: set[str] = set()
+        # poll(2) with a registration kept across iterations: the loop runs once per read,
+        # up to ~100k times a second, so it does as few system calls as it can.
+        POLLIN = select.POLLIN | select.POLLHUP | select.POLLERR
+        poller = select.poll()
+        for fd in masters:
+            poller.register(fd, POLLIN)
+        poller.register(wake_r, select.POLLIN)
         open_fds = set(masters)
+        reading = True  # the ptys are registered (False: the worker's buffer is full)
+        pumping = False  # the worker's pipe is registered for POLLOUT
+        check_child = True  # a SIGCHLD (or a quiet spell) since the last look
         exited_at: float | None = None
         last_data = time.monotonic()
         last_tick = last_data
+        read = os.read
         while open_fds:
             now_m = time.monotonic()
-            if exited_at is None and child.poll() is not None:
-                exited_at = now_m
-                last_data = now_m  # the drain's idle clock starts at the exit
+            if check_child and exited_at is None:
+                check_child = False
+                if child.poll() is not None:
+                    exited_at = now_m
+                    last_data = now_m  # the drain's idle clock starts at the exit
             if exited_at is not None:
                 if now_m - last_data >= opts.drain_idle or now_m - exited_at >= opts.drain_timeout:
                     break
+            if worker is not None:
+                if worker.gone:
+                    worker = None
+                    if pumping:
+                        pumping = False  # its fd is closed, and poll() forgets it
+                    if not reading:
+                        reading = True
+                        for fd in open_fds:
+                            poller.register(fd, POLLIN)
+                else:
+                    full = len(worker.buffer) >= opts.worker_buffer
+                    if full == reading:  # stop reading the ptys while the buffer is full
+                        reading = not full
+                        for fd in open_fds:
+                            if reading:
+                                poller.register(fd, POLLIN)
+                            else:
+                                poller.unregister(fd)
+                    if bool(worker.buffer) != pumping:
+                        pumping = not pumping
+                        if pumping:
+                            poller.register(worker.fd, select.POLLOUT)
+                        else:
+                            poller.unregister(worker.fd)
+                    if pumping and now_m - worker.last_progress > opts.worker_timeout:
+                        warn("the capture process stopped responding; capture stopped, the "
+                             "command goes on and its output still reaches its files")
+                        poller.unregister(worker.fd)
+                        pumping = False
+                        worker.give_up()
+                        continue
+                    if not reading:
+                        last_data = now_m  # not reading is not being quiet
             try:
-                ready, _, _ = select.select([*open_fds, wake_r], [], [], TICK)
-            except InterruptedError:
+                events = poller.poll(TICK * 1000)
+            except InterruptedError:  # pragma: no cover - PEP 475 retries
                 continue
-            if wake_r in ready:
-                try:
-                    while os.read(wake_r, 512):
-                        pass
-                except BlockingIOError:
-                    pass
             now = time.time()
-            got = False
-            for fd in ready:
+            now_m = time.monotonic()
+            if not events:
+                check_child = True
+            for fd, _ in events:
                 if fd == wake_r:
+                    try:
+                        while True:
+                            got = read(wake_r, 512)
+                            if not got:
+                                break
+                            if signal.SIGCHLD in got:
+                                check_child = True
+                    except BlockingIOError:
+                        pass
+                    continue
+                if worker is not None and fd == worker.fd:
+                    continue  # pumped below
+                if fd not in open_fds:
                     continue
                 try:
-                    data = os.read(fd, READ_SIZE)
+                    data = read(fd, READ_SIZE)
                 except BlockingIOError:
                     continue
                 except OSError as e:
@@ -261,19 +525,36 @@ def run(argv: Sequence[str], sink: Sink | None, options: Options | None = None) 
                     data = b""
                 if not data:  # EIO: every writer has closed the pty
                     open_fds.discard(fd)
+                    if reading:
+                        poller.unregister(fd)
                     continue
-                got = True
-                deliver(masters[fd], data, now)
-            now_m = time.monotonic()
-            if got:
+                stream = masters[fd]
+                counts[stream] += len(data)
+                copy(stream, data)
                 last_data = now_m
-            if now_m - last_tick >= TICK:
+                if worker is not None:
+                    worker.send(_KIND[stream], data, now, now_m)
+                elif sink is not None:
+                    deliver(stream, data, now)
+            if worker is not None:
+                if worker.buffer:
+                    try:
+                        worker.pump()
+                    except OSError:
+                        if pumping:
+                            poller.unregister(worker.fd)
+                            pumping = False
+                        worker._died(warn)
+            elif sink is not None and now_m - last_tick >= TICK:
                 last_tick = now_m
                 tick(now)
         status = child.wait()
         ended = time.time()
-        return Outcome(status if status >= 0 else None, -status if status < 0 else None,
-                       child.pid, started, ended, counts)
+        outcome = Outcome(status if status >= 0 else None, -status if status < 0 else None,
+                          child.pid, started, ended, counts)
+        if worker is not None:
+            worker.finish(outcome, opts.worker_timeout, warn)
+        return outcome
     finally:
         signal.set_wakeup_fd(old_wakeup)
         for sig, handler in previous.items():
