@@ -116,9 +116,12 @@ _ID_COLUMNS = """
     seq UInt64 CODEC(Delta, ZSTD(1)),
     ts DateTime64(9, 'UTC') CODEC(Delta, ZSTD(1)),"""
 
+# ORDER BY: one job first, then time (a job's page reads its newest lines: the tail is a
+# reverse read of one key range). The record identity (run, owner, stream, seq) is all in
+# the key; ts is part of the record, identical in every copy, so copies still collapse.
 _RECORD_TABLE = """ENGINE = ReplacingMergeTree
 PARTITION BY toDate(ts)
-ORDER BY (run, owner, stream, seq)
+ORDER BY (run, owner, ts, stream, seq)
 SETTINGS index_granularity = 8192"""
 
 MIGRATIONS: list[tuple[int, list[str]]] = [
@@ -769,12 +772,28 @@ class Store:
         one stream; ``limit`` keeps the last N. Run-level notes (stream ``run``) included
         when ``stream`` is None."""
         params: dict[str, Any] = {"run": run, "stream": stream or "",
-                                  "limit": int(limit) if limit else 0}
-        cond = "run = {run:String} AND ({stream:String} = '' OR stream = {stream:String})"
+                                  "limit": int(limit) if limit else 0, "since": 0}
+        cond = ("run = {run:String} AND ({stream:String} = '' OR stream = {stream:String}) "
+                "AND ts >= fromUnixTimestamp64Nano({since:Int64}, 'UTC')")
         lim = " ORDER BY ts DESC, stream DESC, seq DESC LIMIT {limit:UInt64}" if limit else ""
+        if limit:
+            # The tail of a big job: find the ts of the limit-th newest line by a reverse
+            # read of the key range without FINAL (cheap), then read only from there with
+            # FINAL. Duplicates not yet merged can only push that ts too high: then fewer
+            # than ``limit`` rows come back and we read again without the bound.
+            rows = self._query(
+                "SELECT toUnixTimestamp64Nano(ts) FROM lines WHERE run = {run:String} AND "
+                "({stream:String} = '' OR stream = {stream:String}) ORDER BY owner DESC, "
+                "ts DESC LIMIT 1 OFFSET {off:UInt64}", {**params, "off": int(limit) - 1})
+            params["since"] = rows[0][0] if rows else 0
         out: list[dict[str, Any]] = []
-        for r in self._query("SELECT stream, seq, toUnixTimestamp64Nano(ts), kind, text, "
-                             "options FROM lines FINAL WHERE " + cond + lim, params):
+        sql = ("SELECT stream, seq, toUnixTimestamp64Nano(ts), kind, text, options FROM lines "
+               "FINAL WHERE " + cond + lim)
+        found = self._query(sql, params)
+        if limit and params["since"] and len(found) < limit:
+            found = self._query(sql, {**params, "since": 0})
+        params["since"] = 0
+        for r in found:
             d = {"kind": r[3], "run": run, "stream": r[0], "seq": r[1], "ts": _ns_to_float(r[2]),
                  "text": r[4]}
             if r[3] == "command":
