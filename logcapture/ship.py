@@ -412,11 +412,18 @@ def _finish(job: _RunJob, result: UploadResult, retention_days: float | None) ->
 def ship_runs(store: Store, jobs: list[_RunJob], result: UploadResult, *,
               max_bytes: int = BATCH_BYTES, retention_days: float | None = RETENTION_DAYS,
               force: bool = False) -> list[bool]:
+    ready = []
     for job in jobs:
-        _prepare(job, result, force)
-    for batch in _pieces(jobs, max_bytes):
+        try:
+            _prepare(job, result, force)
+            ready.append(job)
+        except SpoolError as e:  # this run cannot be read now; the others go on
+            result.warnings.append(f"run {job.run_dir.name}: {e.message}")
+            result.failed.append(job.run_dir.name)
+    jobs_ok = {id(j) for j in ready}
+    for batch in _pieces(ready, max_bytes):
         _ship_batch(store, batch, result)
-    return [_finish(job, result, retention_days) for job in jobs]
+    return [id(job) in jobs_ok and _finish(job, result, retention_days) for job in jobs]
 
 
 def ship_run(store: Store, run_dir: Path, identity: Identity, rc: RunCursor,
@@ -717,6 +724,8 @@ class Agent:
             self.warn(f"run {run}: {seg} line {no}: corrupt line skipped: {why}")
         for run, seg, why in result.set_aside:
             self.warn(f"run {run}: {seg} set aside: {why}")
+        for w in result.warnings:
+            self.warn(w)
         self.stats.flushes += 1
         self.stats.records += result.records
         return result
