@@ -337,6 +337,18 @@ def slurm_epilog() -> None:
     sys.exit(epilog_main())
 
 
+@slurm_group.command(name="sampler")
+@click.option("--job", "job_id", required=True, metavar="ID",
+              help="The job id; must equal SLURM_JOB_ID (it names the process for the epilog).")
+def slurm_sampler(job_id: str) -> None:
+    """The node sampler the prolog starts detached for an opted-in job: samples the job's
+    cgroup and GPUs on this node every sample_interval seconds into the root-owned
+    <spool root>/.samples/ until the epilog stops it (TERM). Not for interactive use."""
+    from .slurm import sampler_main
+
+    sys.exit(sampler_main(job_id))
+
+
 # ------------------------------------------------------------------------------ grafana
 
 

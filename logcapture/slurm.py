@@ -44,12 +44,18 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 # Nothing heavier than os and sys at module level: the wrapper execs the job's interpreter
 # before it imports anything else (issue 5 §1: no measurable cost without ~/.logoptin).
 
 DEFAULT_SPOOL_ROOT = "/var/spool/logcapture"
 JOBS_DIR = ".jobs"
+SAMPLES_DIR = ".samples"  # root, 0700: the node samplers' spool, laid out like a spool root
+SAMPLERS_DIR = ".samplers"  # root, 0755: <job id>.pid of each running node sampler (0644)
 PUBLIC_CONFIG = ".config.yaml"
 SHEBANG_MAX = 256  # Linux reads at most this many bytes of a "#!" line (BINPRM_BUF_SIZE)
 WRAPPER_OPTIONS = ("--spool-root",)
@@ -59,6 +65,8 @@ MAX_SEGMENT_BYTES = 64 * 1024 * 1024  # compressed or plain size of the segment 
 MAX_DECOMPRESSED_BYTES = 256 * 1024 * 1024
 MAX_END_LINE_BYTES = 1024 * 1024
 MAX_DIR_ENTRIES = 100_000
+OPTIN_CHECK_TIMEOUT = 2.0  # seconds the prolog waits for ~/.logoptin (a hung NFS home)
+SAMPLER_STOP_WAIT = 10.0  # seconds the epilog waits for a node sampler to end after TERM
 SHIP_DEADLINE = 15.0  # seconds the epilog tries the store before leaving runs to the agent
 MAX_END_CANDIDATES = 8  # segments tried, newest first, when looking for the End record
 
@@ -214,7 +222,337 @@ def _captured(job: list[str], opts: dict[str, str]) -> int:
         spool = default_root(env)
         warn(f"the job's spool directory under {root} is missing (did the logcapture prolog "
              f"run?); capturing to {spool} instead, which the agent does not ship")
-    return capture_command(job, spool_root=spool, run_id=run_id, warn=warn, env=env)
+    # The prolog's node sampler samples this node (and every other node of the job): the
+    # wrapper samples only when there is none, so no node is sampled twice. The hardware
+    # inventory still goes into the Start record.
+    sample = not node_sampler_running(str(root), env.get("SLURM_JOB_ID", ""))
+    return capture_command(job, spool_root=spool, run_id=run_id, warn=warn, env=env,
+                           sample=sample)
+
+
+# ============================================================================ the node sampler
+# Started by the prolog on every node of a job whose user has ~/.logoptin (root checks it),
+# stopped by the epilog. Its spool is root's: <spool root>/.samples/<job id>/<run id>/.
+
+
+def _proc_start_time(pid: int, proc_root: str = "/proc") -> tuple[int, str] | None:
+    """(start time in clock ticks since boot, state letter) of a process, or None."""
+    try:
+        with open(f"{proc_root}/{pid}/stat", "rb") as f:
+            data = f.read(4096)
+    except OSError:
+        return None
+    fields = data[data.rfind(b")") + 2:].split()
+    try:
+        return int(fields[19]), fields[0].decode()
+    except (IndexError, ValueError):
+        return None
+
+
+def _parse_pidfile(data: bytes | None) -> tuple[int, int] | None:
+    if not data:
+        return None
+    parts = data.split()
+    if len(parts) < 2 or not parts[0].isdigit() or not parts[1].isdigit():
+        return None
+    return int(parts[0]), int(parts[1])
+
+
+def _sampler_alive(pid: int, start: int, job_id: str, proc_root: str = "/proc") -> bool:
+    """Whether ``pid`` is still the node sampler of ``job_id`` that the prolog started: same
+    start time (a recycled pid has another), not a zombie, root's, and its command line says
+    ``slurm sampler --job <job id>``."""
+    info = _proc_start_time(pid, proc_root)
+    if info is None or info[0] != start or info[1] in ("Z", "X"):
+        return False
+    try:
+        if os.stat(f"{proc_root}/{pid}").st_uid != 0:
+            return False
+        with open(f"{proc_root}/{pid}/cmdline", "rb") as f:
+            argv = f.read(4096).split(b"\0")
+    except OSError:
+        return False
+    return b"sampler" in argv and job_id.encode() in argv
+
+
+def node_sampler_running(root: str, job_id: str, proc_root: str = "/proc") -> bool:
+    """Whether the prolog started a node sampler for ``job_id`` on this node and it runs
+    (read by the job wrapper, as the user: the pid file is public, 0644)."""
+    import stat
+
+    if not job_id.isdigit():
+        return False
+    path = os.path.join(root, SAMPLERS_DIR, f"{job_id}.pid")
+    try:
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != 0 or st.st_size > 256:
+            return False
+        with open(path, "rb") as f:
+            parsed = _parse_pidfile(f.read(256))
+    except OSError:
+        return False
+    return parsed is not None and _sampler_alive(*parsed, job_id, proc_root)
+
+
+def optin_for_uid(uid: int, timeout: float = OPTIN_CHECK_TIMEOUT) -> bool:
+    """The prolog's opt-in rule (docs/admin.md): the job's user has ``~/.logoptin`` (passwd
+    home) in any form, checked as root by ``config.load_optin`` (lstat, no symlink followed,
+    a bounded read, owned by that user or refused, which still counts as opted in, like the
+    wrapper). Waits at most ``timeout`` seconds (a hung home file system or user database
+    counts as not opted in); a home root cannot search (NFS root_squash) too."""
+    import threading
+
+    result: list[bool] = []
+
+    def check() -> None:
+        import pwd
+
+        from .config import load_optin
+
+        try:
+            home = pwd.getpwuid(uid).pw_dir
+        except KeyError:
+            return
+        result.append(load_optin(os.path.join(home, ".logoptin"), uid=uid).opted_in)
+
+    t = threading.Thread(target=check, name="logcapture-optin", daemon=True)
+    t.start()
+    t.join(timeout)
+    return bool(result and result[0])
+
+
+def _open_root_subdir(root_fd: int, name: str, mode: int) -> int:
+    """A directory of the spool root that only root writes (made when missing)."""
+    import stat
+
+    try:
+        os.mkdir(name, mode, dir_fd=root_fd)
+    except FileExistsError:
+        pass
+    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 dir_fd=root_fd)
+    st = os.fstat(fd)
+    if st.st_uid != 0 or stat.S_IMODE(st.st_mode) != mode:
+        os.fchown(fd, 0, 0)
+        os.fchmod(fd, mode)
+    return fd
+
+
+def start_node_sampler(root_fd: int, job: JobInfo, env: dict[str, str] | os._Environ[str],
+                       record: dict[str, object], argv0: list[str] | None = None) -> str:
+    """Start ``logcapture slurm sampler --job <id>`` detached (its own session, no inherited
+    descriptors: neither slurmd nor the prolog script waits for it) and write its pid file
+    ``.samplers/<job id>.pid`` ("pid start-time"). Also leaves a copy of the trusted job
+    record in ``.samples/.jobs/`` for an agent that ships ``.samples``. Returns a message."""
+    import json
+    import subprocess
+
+    sfd = _open_root_subdir(root_fd, SAMPLES_DIR, 0o700)
+    try:
+        jobs_fd = _open_jobs_dir(sfd)
+        try:
+            _write_root_file(jobs_fd, f"{job.job_id}.json",
+                             json.dumps(record, sort_keys=True).encode() + b"\n", 0o600)
+        finally:
+            os.close(jobs_fd)
+    finally:
+        os.close(sfd)
+    pfd = _open_root_subdir(root_fd, SAMPLERS_DIR, 0o755)
+    try:
+        old = _parse_pidfile(_read_root_file(pfd, f"{job.job_id}.pid", 256))
+        if old is not None and _sampler_alive(*old, job.job_id):
+            return f"node sampler already running (pid {old[0]})"
+        cmd = (argv0 or [sys.executable, "-I", "-m", "logcapture"]) + [
+            "slurm", "sampler", "--job", job.job_id]
+        proc = subprocess.Popen(cmd, env=dict(env), cwd="/", stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                close_fds=True, start_new_session=True)
+        info = _proc_start_time(proc.pid)
+        proc.returncode = 0  # not ours to wait for: init reaps it once the prolog is gone
+        if info is None:
+            return "node sampler exited at once"
+        _write_root_file(pfd, f"{job.job_id}.pid", f"{proc.pid} {info[0]}\n".encode(), 0o644)
+    finally:
+        os.close(pfd)
+    return f"node sampler started (pid {proc.pid})"
+
+
+def stop_node_sampler(root_fd: int, job_id: str, wait: float = SAMPLER_STOP_WAIT,
+                      proc_root: str = "/proc") -> list[str]:
+    """TERM the node sampler of ``job_id`` named by its pid file, if it is still ours, and wait
+    (at most ``wait`` seconds, then KILL) while it takes its last sample and closes its spool.
+    Removes the pid file. Returns messages."""
+    import signal
+    import time
+
+    try:
+        pfd = os.open(SAMPLERS_DIR, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                      dir_fd=root_fd)
+    except OSError:
+        return []
+    messages: list[str] = []
+    try:
+        parsed = _parse_pidfile(_read_root_file(pfd, f"{job_id}.pid", 256))
+        if parsed is not None and _sampler_alive(*parsed, job_id, proc_root):
+            pid, start = parsed
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except OSError:
+                pass
+            deadline = time.monotonic() + wait
+            while _sampler_alive(pid, start, job_id, proc_root):
+                if time.monotonic() > deadline:
+                    messages.append(f"node sampler (pid {pid}) did not stop within "
+                                    f"{wait:.0f}s: killed")
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except OSError:
+                        pass
+                    break
+                time.sleep(0.02)
+        try:
+            os.unlink(f"{job_id}.pid", dir_fd=pfd)
+        except FileNotFoundError:
+            pass
+    finally:
+        os.close(pfd)
+    return messages
+
+
+def _sample_runs(root_fd: int, job_id: str) -> list[str]:
+    """The node sampler's run directories of a job (root's own: ``.samples/<job id>/``)."""
+    try:
+        fd = os.open(f"{SAMPLES_DIR}/{job_id}",
+                     os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=root_fd)
+    except OSError:
+        return []
+    try:
+        return _run_dirs(_list_dir(fd), job_id)
+    finally:
+        os.close(fd)
+
+
+def _remove_samples(root_fd: int, job_id: str) -> None:
+    import shutil
+
+    try:
+        sfd = os.open(SAMPLES_DIR, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                      dir_fd=root_fd)
+    except OSError:
+        return
+    try:
+        try:
+            shutil.rmtree(job_id, dir_fd=sfd)
+        except FileNotFoundError:
+            pass
+        try:
+            os.unlink(f"{JOBS_DIR}/{job_id}.json", dir_fd=sfd)
+        except FileNotFoundError:
+            pass
+    finally:
+        os.close(sfd)
+
+
+def node_sampler(env: dict[str, str] | os._Environ[str], job_arg: str, *,
+                 stop: object = None, cgroup_root: str = "/sys/fs/cgroup",
+                 proc_root: str = "/proc", nvml: object = None,
+                 idle_limit: float = 600.0) -> int:
+    """The node sampler daemon (``logcapture slurm sampler --job ID``, root): samples the
+    job's cgroup (or, without one, its processes) and GPUs on this node every
+    ``sample_interval`` seconds into ``.samples/<job id>/<run id>/`` until TERM (the epilog),
+    the job's cgroup disappears, or, without a cgroup, no process of the job has been seen for
+    ``idle_limit`` seconds. A last sample is taken on the way out."""
+    import signal
+    import socket
+    import threading
+    import time
+    from pathlib import Path
+
+    from .config import load_admin
+    from .errors import ConfigError, UsageError
+    from .sampler import (
+        GpuCollector,
+        Sampler,
+        cpus_allocated_from_env,
+        job_gpus_from_env,
+        sample_interval,
+    )
+    from .sampling.node import NodeJobCollector
+    from .spool import SpoolWriter, create_run_dir
+
+    job = JobInfo(env)
+    if job_arg != job.job_id:
+        raise UsageError(f"--job {job_arg} is not SLURM_JOB_ID ({job.job_id})")
+    admin = load_admin(env=env)
+    try:
+        interval = sample_interval(env, admin.sample_interval)
+    except ConfigError:
+        interval = admin.sample_interval
+    root = _spool_root(admin)
+    root_fd = _open_root(root, create=False)
+    try:
+        os.close(_open_root_subdir(root_fd, SAMPLES_DIR, 0o700))
+    finally:
+        os.close(root_fd)
+    run = run_id_for({"SLURM_JOB_ID": job.job_id, "SLURM_RESTART_COUNT": job.restart_count})
+    assert run is not None
+    run_dir = create_run_dir(Path(root) / SAMPLES_DIR / job.job_id, run)
+    log = _syslog_warner(job.job_id)
+    spool = SpoolWriter(run_dir, warn=log)
+    collector = NodeJobCollector(job.job_id, job.uid, cgroup_root=cgroup_root,
+                                 proc_root=proc_root,
+                                 cpus_allocated=cpus_allocated_from_env(env),
+                                 exclude_pids={os.getpid()})
+    gpu = GpuCollector(nvml=nvml, job_gpus=job_gpus_from_env(env), pids_fn=collector.pids)
+    node = (job.node or socket.gethostname()).split(".")[0]
+    sampler = Sampler(run, node=node, gpu=gpu, job=collector, interval=interval,
+                      emit=lambda rec: spool.write([rec]), warn=log)
+    event = stop if isinstance(stop, threading.Event) else threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda *_: event.set())
+        signal.signal(signal.SIGINT, lambda *_: event.set())
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    poll = min(0.5, interval)
+    seen = time.monotonic()
+    try:
+        sampler.start()
+        while not event.wait(poll):
+            collector.poll_cpu()
+            if collector.ended:
+                break
+            if collector.cgroup_path is None:
+                if collector.pids():
+                    seen = time.monotonic()
+                elif time.monotonic() - seen > idle_limit:
+                    log(f"no process of job {job.job_id} for {idle_limit:.0f}s: stopping")
+                    break
+    finally:
+        sampler.stop()
+        spool.close()
+    return 0
+
+
+def _syslog_warner(job_id: str) -> Callable[[str], None]:
+    def warn(message: str) -> None:
+        try:
+            import syslog
+
+            syslog.openlog("logcapture-sampler", 0, syslog.LOG_DAEMON)
+            syslog.syslog(syslog.LOG_WARNING, f"job {job_id}: {message}")
+        except Exception:  # noqa: BLE001 - nowhere else to report
+            pass
+    return warn
+
+
+def sampler_main(job_arg: str) -> int:
+    """``logcapture slurm sampler --job ID``: 0 after a clean stop, 1 after a problem (which
+    goes to syslog: the daemon has no terminal)."""
+    try:
+        return node_sampler(os.environ, job_arg)
+    except Exception as e:  # noqa: BLE001
+        why = getattr(e, "message", "") or type(e).__name__
+        _syslog_warner(job_arg)(f"node sampler failed: {why}")
+        return 1
 
 
 # ============================================================================ prolog and epilog
@@ -422,6 +760,15 @@ def prolog(env: dict[str, str] | os._Environ[str], *, now: float | None = None) 
                              json.dumps(record, sort_keys=True).encode() + b"\n", 0o600)
         finally:
             os.close(jobs_fd)
+        # The resource sampler of this node (every node of the job: the wrapper's opt-in
+        # decision is taken on the batch node only, later), for users with ~/.logoptin now.
+        if optin_for_uid(job.uid):
+            try:
+                messages.append(start_node_sampler(root_fd, job, env, record))
+            except Exception as e:  # noqa: BLE001 - the job's capture does not depend on it
+                why = e.strerror if isinstance(e, OSError) else type(e).__name__
+                messages.append(f"node sampler not started ({why}): the wrapper samples "
+                                "the batch node itself")
     finally:
         os.close(root_fd)
     return messages
@@ -684,7 +1031,8 @@ def _remove_job(root_fd: int, job_id: str) -> None:
 
 
 def _ship(root: str, job_id: str, runs: list[str], admin: object, record: dict[str, object],
-          deadline: float = SHIP_DEADLINE) -> tuple[bool, str]:
+          deadline: float = SHIP_DEADLINE, samples: list[str] | None = None
+          ) -> tuple[bool, str]:
     """Ship the job's runs now when a store is configured, with the trusted identity of the
     job record, and say how it went. False leaves them to the agent: no store configured,
     the store unreachable or busy past ``deadline`` (an embedded chDB store is held by the
@@ -709,9 +1057,13 @@ def _ship(root: str, job_id: str, runs: list[str], admin: object, record: dict[s
 
     ok = True
     why = ""
-    for run in runs:
+    # The wrapper's runs, then the node sampler's (root's spool; same run ids, so the samples
+    # join the job's run in the store under the same trusted identity).
+    todo = [(Path(root) / job_id, run) for run in runs]
+    todo += [(Path(root) / SAMPLES_DIR / job_id, run) for run in samples or []]
+    for spool_dir, run in todo:
         try:
-            result = upload(Path(root) / job_id, run=run, dsn=store, deadline=deadline,
+            result = upload(spool_dir, run=run, dsn=store, deadline=deadline,
                             retention_days=0, identify=identify)
         except Exception as e:  # noqa: BLE001
             ok, why = False, f"upload failed ({type(e).__name__})"
@@ -722,7 +1074,7 @@ def _ship(root: str, job_id: str, runs: list[str], admin: object, record: dict[s
 
 
 def epilog(env: dict[str, str] | os._Environ[str], *, now: float | None = None,
-           state_of: object = None) -> list[str]:
+           state_of: object = None, sampler_wait: float = SAMPLER_STOP_WAIT) -> list[str]:
     """Record the job's end, ship or leave to the agent, clean up. Returns log messages."""
     import json
     import time
@@ -738,6 +1090,9 @@ def epilog(env: dict[str, str] | os._Environ[str], *, now: float | None = None,
     except FileNotFoundError:
         return [f"spool root {root} does not exist: nothing to do"]
     try:
+        # First the node sampler: its last sample must be in its spool before shipping.
+        messages += stop_node_sampler(root_fd, job.job_id, wait=sampler_wait)
+        samples = _sample_runs(root_fd, job.job_id)
         job_fd = _open_user_dir(job.job_id, root_fd, job.uid)
         runs: list[str] = []
         if job_fd is not None:
@@ -747,11 +1102,24 @@ def epilog(env: dict[str, str] | os._Environ[str], *, now: float | None = None,
                 ends = {run: read_end(job_fd, run, job.uid) for run in runs}
             finally:
                 os.close(job_fd)
-        if not runs:
+        if not runs and not samples:
             # Not opted in (or capture never started): leave nothing behind.
             _remove_job(root_fd, job.job_id)
+            _remove_samples(root_fd, job.job_id)
             return messages
         record = read_job_record(root, job.job_id) or job.record()
+        if not runs:
+            # A node without the wrapper's run (not the batch node, or the wrapper decided
+            # against capture): only this node's samples, under the prolog's record.
+            shipped, why = _ship(root, job.job_id, [], admin, record, samples=samples)
+            _remove_job(root_fd, job.job_id)
+            if shipped:
+                _remove_samples(root_fd, job.job_id)
+                messages.append(f"shipped this node's samples ({', '.join(samples)})")
+            else:
+                messages.append(f"samples left in {root}/{SAMPLES_DIR}/{job.job_id} for the "
+                                f"agent ({why})")
+            return messages
         current = run_id_for({"SLURM_JOB_ID": job.job_id,
                               "SLURM_RESTART_COUNT": job.restart_count})
         run = current if current in runs else runs[-1]
@@ -783,10 +1151,13 @@ def epilog(env: dict[str, str] | os._Environ[str], *, now: float | None = None,
             os.close(jobs_fd)
         if info and record["slurm_state"] in ("", "COMPLETING") and not callable(state_of):
             _record_final_state_later(root, job.job_id)
-        shipped, why = _ship(root, job.job_id, runs, admin, record)
+        shipped, why = _ship(root, job.job_id, runs, admin, record, samples=samples)
         if shipped:
             _remove_job(root_fd, job.job_id)
-            messages.append(f"shipped run(s) {', '.join(runs)} and removed the job's spool")
+            _remove_samples(root_fd, job.job_id)
+            messages.append(f"shipped run(s) {', '.join(runs)}"
+                            + (" with this node's samples" if samples else "")
+                            + " and removed the job's spool")
         else:
             messages.append(f"run(s) {', '.join(runs)} left in {root}/{job.job_id} for the "
                             f"agent ({why})")
