@@ -294,7 +294,8 @@ def node_sampler_running(root: str, job_id: str, proc_root: str = "/proc") -> bo
     return parsed is not None and _sampler_alive(*parsed, job_id, proc_root)
 
 
-def optin_for_uid(uid: int, timeout: float = OPTIN_CHECK_TIMEOUT) -> bool:
+def optin_for_uid(uid: int, timeout: float = OPTIN_CHECK_TIMEOUT,
+                  home: str | None = None) -> bool:
     """The prolog's opt-in rule (docs/admin.md): the job's user has ``~/.logoptin`` (passwd
     home) in any form, checked as root by ``config.load_optin`` (lstat, no symlink followed,
     a bounded read, owned by that user or refused, which still counts as opted in, like the
@@ -310,10 +311,10 @@ def optin_for_uid(uid: int, timeout: float = OPTIN_CHECK_TIMEOUT) -> bool:
         from .config import load_optin
 
         try:
-            home = pwd.getpwuid(uid).pw_dir
+            where = home if home is not None else pwd.getpwuid(uid).pw_dir
         except KeyError:
             return
-        result.append(load_optin(os.path.join(home, ".logoptin"), uid=uid).opted_in)
+        result.append(load_optin(os.path.join(where, ".logoptin"), uid=uid).opted_in)
 
     t = threading.Thread(target=check, name="logcapture-optin", daemon=True)
     t.start()
@@ -713,7 +714,8 @@ def read_job_record(root: str, job_id: str) -> dict[str, object] | None:
     return obj if isinstance(obj, dict) else None
 
 
-def prolog(env: dict[str, str] | os._Environ[str], *, now: float | None = None) -> list[str]:
+def prolog(env: dict[str, str] | os._Environ[str], *, now: float | None = None,
+           optin: Callable[[int], bool] | None = None) -> list[str]:
     """Prepare this node for the job: its spool directory (owned by the user, 0700) and its
     trusted record. Returns messages for the log (paths and numbers only)."""
     import json
@@ -762,7 +764,7 @@ def prolog(env: dict[str, str] | os._Environ[str], *, now: float | None = None) 
             os.close(jobs_fd)
         # The resource sampler of this node (every node of the job: the wrapper's opt-in
         # decision is taken on the batch node only, later), for users with ~/.logoptin now.
-        if optin_for_uid(job.uid):
+        if (optin or optin_for_uid)(job.uid):
             try:
                 messages.append(start_node_sampler(root_fd, job, env, record))
             except Exception as e:  # noqa: BLE001 - the job's capture does not depend on it

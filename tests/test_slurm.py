@@ -16,12 +16,19 @@ import shutil
 import stat
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from logcapture import slurm
-from logcapture.records import End, Line, Start
+from logcapture.records import End, Line, Sample, Start
+from logcapture.sampling.node import (
+    NodeJobCollector,
+    find_job_cgroup_by_id,
+    job_pids_from_environ,
+)
 from logcapture.spool import SpoolWriter, iter_run
 
 REPO = Path(__file__).resolve().parent.parent
@@ -496,3 +503,267 @@ def test_shipped_admin_configs_are_valid(tmp_path: Path, name: str) -> None:
     path.write_text(text)
     admin = load_admin(path, env={})
     assert admin.spool_root and admin.store and admin.cluster
+
+
+# ------------------------------------------------------------------------------ node sampler
+
+def _cgroup(path: Path, procs: str = "", usage_ns: int | None = None,
+            usage_usec: int | None = None) -> Path:
+    path.mkdir(parents=True)
+    (path / "cgroup.procs").write_text(procs)
+    if usage_ns is not None:
+        (path / "cpuacct.usage").write_text(f"{usage_ns}\n")
+    if usage_usec is not None:
+        (path / "cpu.stat").write_text(f"usage_usec {usage_usec}\nuser_usec 0\n")
+    return path
+
+
+def test_the_job_cgroup_is_found_by_id_in_slurm_2205_layouts(tmp_path: Path) -> None:
+    v1 = tmp_path / "v1"
+    freezer = _cgroup(v1 / "freezer" / "slurm_n1" / "uid_1001" / "job_7")
+    assert find_job_cgroup_by_id("7", 1001, v1) == freezer
+    # cpuacct (which counts CPU time) wins over hierarchies that only list processes
+    cpuacct = _cgroup(v1 / "cpu,cpuacct" / "slurm" / "uid_1001" / "job_7", usage_ns=1)
+    assert find_job_cgroup_by_id("7", 1001, v1) == cpuacct
+    assert find_job_cgroup_by_id("7", None, v1) == cpuacct
+    assert find_job_cgroup_by_id("7", 1002, v1) is None  # another user's uid_ directory
+    assert find_job_cgroup_by_id("70", 1001, v1) is None
+    assert find_job_cgroup_by_id("../7", 1001, v1) is None
+    # cgroup v2: <slurmd's cgroup>/slurmstepd.scope/job_<id>, on a pure or hybrid host
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "cgroup.controllers").write_text("cpu memory pids\n")
+    job = _cgroup(v2 / "system.slice" / "slurmstepd.scope" / "job_7", usage_usec=5)
+    assert find_job_cgroup_by_id("7", 1001, v2) == job
+    hybrid = tmp_path / "hybrid"
+    (hybrid / "unified").mkdir(parents=True)
+    (hybrid / "unified" / "cgroup.controllers").write_text("")
+    job = _cgroup(hybrid / "unified" / "slurmstepd.scope" / "job_7")
+    assert find_job_cgroup_by_id("7", 1001, hybrid) == job
+    assert find_job_cgroup_by_id("7", 1001, tmp_path / "missing") is None
+
+
+def test_without_a_cgroup_the_jobs_processes_are_found_by_their_environment(
+        tmp_path: Path) -> None:
+    proc = tmp_path / "proc"
+    for pid, environ in ((10, b"A=1\0SLURM_JOB_ID=7\0"), (11, b"SLURM_JOB_ID=7\0B=2\0"),
+                         (12, b"SLURM_JOB_ID=70\0"), (13, b"X=SLURM_JOB_ID=7\0"),
+                         (14, b"")):
+        (proc / str(pid)).mkdir(parents=True)
+        (proc / str(pid) / "environ").write_bytes(environ)
+    (proc / "self").mkdir()
+    assert job_pids_from_environ("7", os.getuid(), proc) == [10, 11]
+    assert job_pids_from_environ("7", os.getuid() + 1, proc) == []  # other users' processes
+
+
+def test_the_node_collector_keeps_the_cgroups_last_cpu_reading_when_it_vanishes(
+        tmp_path: Path) -> None:
+    cg = _cgroup(tmp_path / "cpuacct" / "slurm" / "uid_1001" / "job_7", usage_ns=1_500_000_000)
+    t = [0.0]
+    c = NodeJobCollector("7", 1001, cgroup_root=tmp_path, proc_root=tmp_path / "proc",
+                         clock=lambda: t[0], cpus_allocated=2)
+    first = c.collect()
+    assert first["cpu_seconds_total"] == 1.5 and first["processes"] == 0
+    (cg / "cpuacct.usage").write_text("2500000000\n")
+    c.poll_cpu()  # between two samples
+    shutil.rmtree(tmp_path / "cpuacct")  # slurmd removes the job's cgroup
+    t[0] = 1.0
+    last = c.collect()
+    assert last["cpu_seconds_total"] == 2.5 and last["cpu_percent"] == pytest.approx(100.0)
+    assert c.ended
+
+
+def test_a_cgroup_that_appears_after_the_sampler_started_is_picked_up(tmp_path: Path) -> None:
+    c = NodeJobCollector("7", 1001, cgroup_root=tmp_path, proc_root=tmp_path / "proc")
+    assert c.collect()["processes"] == 0 and c.cgroup_path is None and not c.ended
+    _cgroup(tmp_path / "freezer" / "slurm" / "uid_1001" / "job_7" / "step_batch",
+            procs=f"{os.getpid()}\n")
+    (tmp_path / "freezer" / "slurm" / "uid_1001" / "job_7" / "cgroup.procs").write_text("")
+    out = c.collect()
+    assert c.cgroup_path == tmp_path / "freezer" / "slurm" / "uid_1001" / "job_7"
+    assert out["processes"] == 1 and c.pids() == [os.getpid()]
+
+
+def _samples(run_dir: Path) -> list[Sample]:
+    return [r for r in iter_run(run_dir) if isinstance(r, Sample)]
+
+
+@root_only
+def test_node_sampler_samples_the_jobs_cgroup_and_gpus_until_stopped(
+        root: Path, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    from fakenvml import FakeGPU, FakeNVML
+
+    env = _hook_env(root, SLURM_JOB_GPUS="1", LOGCAPTURE_SAMPLE_INTERVAL="0.05")
+    slurm.prolog(env, optin=lambda uid: False)
+    job = subprocess.Popen(["sleep", "30"])  # stands in for the job's process
+    request.addfinalizer(lambda: (job.kill(), job.wait()))
+    cgroups = tmp_path / "cgroup"
+    cg = _cgroup(cgroups / "cpuacct" / "slurm" / f"uid_{NOBODY.pw_uid}" / "job_4242",
+                 procs=f"{job.pid}\n", usage_ns=3_000_000_000)
+    nvml = FakeNVML([FakeGPU("GPU-aaaa", minor=0), FakeGPU("GPU-bbbb", minor=1,
+                                                           processes=[(job.pid, 1 << 30)])])
+    stop = threading.Event()
+    codes: list[int] = []
+    t = threading.Thread(target=lambda: codes.append(slurm.node_sampler(
+        env, "4242", stop=stop, cgroup_root=str(cgroups), nvml=nvml)))
+    t.start()
+    run_dir = root / slurm.SAMPLES_DIR / "4242" / "4242"
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not list(run_dir.glob("seg-*")):
+        time.sleep(0.05)
+    time.sleep(0.3)
+    (cg / "cpuacct.usage").write_text("4000000000\n")
+    time.sleep(0.2)
+    stop.set()
+    t.join(10)
+    assert codes == [0]
+    samples = _samples(run_dir)
+    assert len(samples) >= 3
+    assert {s.stream for s in samples} == {"sample:n1"} and {s.run for s in samples} == {"4242"}
+    assert [s.seq for s in samples] == list(range(len(samples)))
+    assert samples[0].job["cpu_seconds_total"] == 3.0
+    assert samples[-1].job["cpu_seconds_total"] == 4.0
+    assert samples[-1].job["processes"] == 1
+    # only the job's GPU (SLURM_JOB_GPUS=1 -> minor 1), with the job's own GPU memory
+    assert [g["uuid"] for g in samples[-1].gpus] == ["GPU-bbbb"]
+    assert samples[-1].gpus[0]["job_memory_used_bytes"] == 1 << 30
+    # root's spool, not the user's
+    for path in (root / slurm.SAMPLES_DIR, run_dir.parent, run_dir):
+        st = path.stat()
+        assert st.st_uid == 0 and stat.S_IMODE(st.st_mode) == 0o700
+    assert not any((root / "4242").iterdir())
+
+
+@root_only
+def test_node_sampler_stops_by_itself_when_the_jobs_cgroup_is_gone(root: Path,
+                                                                   tmp_path: Path) -> None:
+    env = _hook_env(root, LOGCAPTURE_SAMPLE_INTERVAL="0.05")
+    slurm.prolog(env, optin=lambda uid: False)
+    cgroups = tmp_path / "cgroup"
+    _cgroup(cgroups / "cpuacct" / "slurm" / f"uid_{NOBODY.pw_uid}" / "job_4242",
+            usage_ns=2_000_000_000)
+    t = threading.Thread(target=slurm.node_sampler, args=(env, "4242"),
+                         kwargs={"cgroup_root": str(cgroups)})
+    t.start()
+    time.sleep(0.5)
+    shutil.rmtree(cgroups / "cpuacct")
+    t.join(10)
+    assert not t.is_alive()
+    samples = _samples(root / slurm.SAMPLES_DIR / "4242" / "4242")
+    assert samples[-1].job["cpu_seconds_total"] == 2.0
+
+
+def test_the_prologs_optin_rule_is_logoptin_in_the_passwd_home_in_any_form(
+        tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    uid = os.getuid()
+    assert not slurm.optin_for_uid(uid, home=str(home))
+    (home / ".logoptin").write_text("mode: enabled\n")
+    assert slurm.optin_for_uid(uid, home=str(home))
+    (home / ".logoptin").unlink()
+    (home / ".logoptin").symlink_to("/etc/passwd")  # refused, but it opts in (as the wrapper)
+    assert slurm.optin_for_uid(uid, home=str(home))
+    assert not slurm.optin_for_uid(uid, home=str(tmp_path / "missing"))
+
+
+@root_only
+def test_prolog_starts_a_detached_node_sampler_and_epilog_stops_and_cleans_it(
+        root: Path) -> None:
+    env = _hook_env(root, LOGCAPTURE_SAMPLE_INTERVAL="0.1")
+    messages = slurm.prolog(env, optin=lambda uid: True)
+    assert len(messages) == 1 and messages[0].startswith("node sampler started (pid ")
+    pidfile = root / slurm.SAMPLERS_DIR / "4242.pid"
+    st = pidfile.stat()
+    assert st.st_uid == 0 and stat.S_IMODE(st.st_mode) == 0o644  # the wrapper reads it
+    assert stat.S_IMODE((root / slurm.SAMPLERS_DIR).stat().st_mode) == 0o755
+    pid = int(pidfile.read_text().split()[0])
+    try:
+        assert os.getsid(pid) == pid  # its own session: the prolog script does not wait
+        assert slurm.node_sampler_running(str(root), "4242")
+        assert not slurm.node_sampler_running(str(root), "4243")
+        # a copy of the trusted record, for an agent shipping .samples
+        assert slurm.read_job_record(str(root / slurm.SAMPLES_DIR), "4242")["user"] == "nobody"
+        run_dir = root / slurm.SAMPLES_DIR / "4242" / "4242"
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not _spooled(run_dir):
+            time.sleep(0.1)
+        # A second prolog (a retry) does not start a second sampler.
+        assert slurm.prolog(env, optin=lambda uid: True)[-1] == (
+            f"node sampler already running (pid {pid})")
+        # No run of the wrapper on this node (not the batch node): the samples alone are
+        # left for the agent, the user's empty directory goes.
+        messages = slurm.epilog(env, state_of=lambda j: {})
+        assert messages == [f"samples left in {root}/.samples/4242 for the agent "
+                            "(no store configured)"]
+        assert not slurm._sampler_alive(pid, slurm._proc_start_time(pid)[0] if
+                                        slurm._proc_start_time(pid) else 0, "4242")
+        assert not pidfile.exists() and not (root / "4242").exists()
+        samples = _samples(run_dir)
+        assert samples and samples[-1].node == "n1" and samples[-1].run == "4242"
+    finally:
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+
+
+def _spooled(run_dir: Path) -> bool:
+    try:
+        return bool(_samples(run_dir))
+    except Exception:  # noqa: BLE001 - not there yet
+        return False
+
+
+@root_only
+def test_epilog_never_signals_a_process_that_is_not_the_jobs_sampler(root: Path) -> None:
+    env = _hook_env(root)
+    slurm.prolog(env, optin=lambda uid: False)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        (root / slurm.SAMPLERS_DIR).mkdir(mode=0o755)
+        start = slurm._proc_start_time(other.pid)
+        assert start is not None
+        pidfile = root / slurm.SAMPLERS_DIR / "4242.pid"
+        for content in (f"{other.pid} {start[0]}\n",  # not a sampler
+                        f"{other.pid} {start[0] + 1}\n", "junk\n"):  # recycled pid; garbage
+            pidfile.write_text(content)
+            assert not slurm.node_sampler_running(str(root), "4242")
+            slurm.prolog(env, optin=lambda uid: False)
+            slurm.epilog(env, state_of=lambda j: {}, sampler_wait=0.2)
+            assert other.poll() is None and not pidfile.exists()
+    finally:
+        other.kill()
+        other.wait()
+
+
+@root_only
+def test_the_wrapper_does_not_sample_a_node_the_prologs_sampler_samples(
+        root: Path, tmp_path: Path) -> None:
+    (root / "77").mkdir(parents=True, mode=0o700)
+    (root / slurm.SAMPLERS_DIR).mkdir(mode=0o755)
+    root.chmod(0o755)
+    script = _wrapped(tmp_path, "echo hi\n")
+    env = _job_env(tmp_path, SLURM_JOB_ID="77", SLURMD_NODENAME="n1",
+                   LOGCAPTURE_FLUSH_INTERVAL="0.1")
+    (tmp_path / "home" / ".logoptin").write_text("")
+    # Stands in for `logcapture slurm sampler --job 77` (root's, that command line).
+    fake = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "slurm",
+                             "sampler", "--job", "77"])
+    try:
+        info = slurm._proc_start_time(fake.pid)
+        assert info is not None
+        (root / slurm.SAMPLERS_DIR / "77.pid").write_text(f"{fake.pid} {info[0]}\n")
+        r = _run_wrapper([f"--spool-root={root}", str(script)], env)
+        assert r.returncode == 0, r.stderr
+        records = list(iter_run(root / "77" / "77"))
+        assert not [x for x in records if isinstance(x, Sample)]
+        assert isinstance(records[0], Start) and records[0].inventory.get("cpus")
+    finally:
+        fake.kill()
+        fake.wait()
+    # Without a running node sampler the wrapper samples its node itself.
+    shutil.rmtree(root / "77" / "77")
+    r = _run_wrapper([f"--spool-root={root}", str(script)], env)
+    assert r.returncode == 0, r.stderr
+    assert [x for x in iter_run(root / "77" / "77") if isinstance(x, Sample)]
