@@ -448,11 +448,10 @@ def _splice(data: bytes, prefix: bytes) -> bytes:
 
 
 def _ns_to_float(ns: int) -> float:
-    # The decimal text of the original float (DateTime64(9) parsed the JSON text exactly), so
-    # float() gives back the very float the spool held.
-    sign = "-" if ns < 0 else ""
-    ns = abs(ns)
-    return float(f"{sign}{ns // 1_000_000_000}.{ns % 1_000_000_000:09d}")
+    # DateTime64(9) parsed the spool's JSON decimal text exactly (a float of a 10-digit epoch
+    # has at most 7 decimals); int / int is correctly rounded, as is float(text), so this is
+    # the very float the spool held.
+    return ns / 1_000_000_000
 
 
 def _loads(text: str | None, default: Any) -> Any:
