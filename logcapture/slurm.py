@@ -18,9 +18,14 @@ Three entry points, one per moment of a job's life:
     nodes, start. That record, not anything in the user's directory, is the trusted identity
     of the job's rows. Also refreshes ``<spool root>/.config.yaml``, the admin config without
     its secrets, so jobs (which cannot read the root-only config) get the same spool settings.
+    When the job's user has ``~/.logoptin`` (checked as root, ``optin_for_uid``), starts this
+    node's resource sampler, ``logcapture slurm sampler`` (``node_sampler``), detached, with
+    its pid file ``.samplers/<job id>.pid``: every node of the job is sampled, and the wrapper
+    then does not sample the batch node itself (docs/sampling.md).
 
 ``epilog`` (root, every node, after the job)
-    Reads the job's exit status from the wrapper's own End record (Slurm's epilog sees 0 for a
+    Stops this node's sampler (TERM, verified to be ours, last sample, bounded wait). Reads the
+    job's exit status from the wrapper's own End record (Slurm's epilog sees 0 for a
     cancelled job), asks Slurm for the job's state, writes both into the job record, ships the
     job's runs when a store is configured (else leaves them to the agent), and removes what is
     no longer needed: a job that captured nothing leaves nothing behind.
@@ -33,6 +38,10 @@ Spool layout on a Slurm node::
       <job id>/                   the job's user, 0700 (made by the prolog)
         <run id>/seg-*.ndjson*    the wrapper's run (run id = job id; ``<job id>.<n>`` after
                                   the n-th requeue)
+      .samplers/<job id>.pid      root, 0644: "<pid> <start time>" of this node's sampler
+      .samples/                   root, 0700: the node samplers' spool (a spool root itself)
+        .jobs/<job id>.json       copy of the trusted record, for an agent on .samples
+        <job id>/<run id>/seg-*   this node's Sample records (stream ``sample:<node>``)
 
 Root never trusts the user's directory (issue 5 §6): everything root opens below
 ``<job id>/`` is opened relative to a directory descriptor with ``O_NOFOLLOW``, must be a

@@ -498,7 +498,7 @@ def test_shipped_admin_configs_are_valid(tmp_path: Path, name: str) -> None:
     from logcapture.config import load_admin
 
     text = (REPO / "slurm" / name).read_text().replace("@DIR@", "/tmp/x").replace(
-        "@CLUSTER@", "dev")
+        "@CLUSTER@", "dev").replace("@SAMPLE_INTERVAL@", "10")
     path = tmp_path / "config.yaml"
     path.write_text(text)
     admin = load_admin(path, env={})

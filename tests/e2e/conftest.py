@@ -72,6 +72,19 @@ class Cluster:
         kept.append(f"store: {dsn}" if enabled else f"#store: {dsn}")
         path.write_text("\n".join(kept) + "\n")
 
+    def set_sample_interval(self, seconds: float) -> None:
+        """The admin config's sample_interval, which each job's node samplers read at start."""
+        path = self.dir / "etc" / "config.yaml"
+        kept = [ln for ln in path.read_text().splitlines()
+                if not ln.startswith("sample_interval:")]
+        kept.append(f"sample_interval: {seconds}")
+        path.write_text("\n".join(kept) + "\n")
+
+    def samples_dir(self, job: Job | str) -> Path:
+        """Where the node sampler of this node spools the job's samples (root's)."""
+        job_id = job.id if isinstance(job, Job) else job
+        return self.spool_root / ".samples" / job_id / job_id
+
     def store_query(self, code: str, *args: str) -> str:
         """Run Python ``code`` (with ``store`` open on the cluster's store) in a subprocess: an
         embedded chDB store is held by one process at a time, and epilogs need it too."""
@@ -281,6 +294,7 @@ def lc(cluster: Cluster) -> Iterator[Cluster]:
     """The cluster, with both test users opted out before and after the test, and runs left
     in the spool (no store for the epilog)."""
     cluster.set_store(False)
+    cluster.set_sample_interval(10)
     for user in USERS:
         cluster.optin(user, None)
     yield cluster

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import stat
 import subprocess
 import time
@@ -337,3 +338,54 @@ def test_the_epilog_ships_to_the_store_with_the_trusted_identity(lc: Cluster) ->
     store_dir = lc.env["LOGCAPTURE_STORE"].removeprefix("chdb://")
     for user in (U1, U2):
         assert lc.as_user(user, ["ls", store_dir]).returncode != 0
+
+
+BURN = r"""#!/bin/bash
+echo "burning on $SLURMD_NODENAME"
+timeout 2 sh -c 'while :; do :; done'
+echo burnt
+"""
+
+
+def test_the_prologs_node_sampler_records_the_jobs_cpu_and_ships_it_with_the_job(
+        lc: Cluster) -> None:
+    """SPEC.md §5 / issue 6 §4: samples come from the node sampler the prolog starts on each
+    node of an opted-in job (the wrapper does not sample a second time), in root's spool, and
+    the epilog stops it and ships its samples with the job's identity."""
+    lc.set_sample_interval(0.25)
+    lc.optin(U1, "")
+    # Left in the spool (no store): the samples are root's, apart from the user's run.
+    j1 = lc.submit(U1, BURN, name="burn")
+    assert lc.wait(j1)[j1.id] == ("COMPLETED", "0:0")
+    records = lc.records(j1)
+    assert lines(records) == [f"burning on {socket.gethostname().split('.')[0]}", "burnt"]
+    assert not [r for r in records if r["kind"] == "sample"]  # not sampled twice
+    assert records[0]["inventory"]["cpus"]  # the inventory is still the wrapper's
+    from logcapture.spool import iter_run
+
+    samples = [r.to_dict() for r in iter_run(lc.samples_dir(j1))]
+    node = samples[0]["node"]
+    assert {s["kind"] for s in samples} == {"sample"}
+    assert {s["stream"] for s in samples} == {f"sample:{node}"}
+    cpu = max(s["job"]["cpu_seconds_total"] for s in samples)
+    assert 1.5 <= cpu <= 10, samples  # the 2 s busy loop (plus the wrapper's own share)
+    st = lc.samples_dir(j1).stat()
+    assert st.st_uid == 0 and stat.S_IMODE(st.st_mode) == 0o700
+    assert not (lc.spool_root / ".samplers" / f"{j1.id}.pid").exists()  # stopped
+    assert "node sampler started" in lc.slurm_log()
+
+    # With a store: shipped with the job's lines under the job's identity, spool cleaned.
+    lc.set_store(True)
+    j2 = lc.submit(U1, BURN, name="burn")
+    assert lc.wait(j2)[j2.id] == ("COMPLETED", "0:0")
+    assert not (lc.spool_root / ".samples" / j2.id).exists(), lc.slurm_log()
+    r = subprocess.run([lc.env["LOGCAPTURE_BIN"] + "/logcapture", "export", j2.id, "--what",
+                        "samples", "--format", "ndjson", "--store", lc.env["LOGCAPTURE_STORE"]],
+                       capture_output=True, text=True, env=lc.env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(x) for x in r.stdout.splitlines()]
+    assert rows and {row["node"] for row in rows} == {node}
+    assert max(row["job.cpu_seconds_total"] for row in rows) >= 1.5
+    owner = lc.store_query("print(json.dumps({r['run']: r['owner'] for r in store.runs()}"
+                           "[sys.argv[2]]))", j2.id)
+    assert json.loads(owner) == U1
