@@ -116,8 +116,8 @@ def run_bench(tmp: Path, n: int, table_rows: int) -> None:
         ident = S.Identity(run="store-only", user="bench", uid=os.getuid())
         chunks = []
         start = 0
-        while start < len(spool_bytes):  # ~8 MiB chunks cut at line ends
-            end = spool_bytes.find(b"\n", min(start + (8 << 20), len(spool_bytes)) - 1)
+        while start < len(spool_bytes):  # ~16 MiB chunks cut at line ends
+            end = spool_bytes.find(b"\n", min(start + (16 << 20), len(spool_bytes)) - 1)
             end = len(spool_bytes) if end < 0 else end + 1
             chunks.append(spool_bytes[start:end])
             start = end
@@ -127,7 +127,7 @@ def run_bench(tmp: Path, n: int, table_rows: int) -> None:
             assert not res.slow_path
         store_only = time.perf_counter() - t
     # the full path: one agent flush (reads gzip segments, cursor, retention off)
-    agent = Agent(root, dsn, batch_bytes=8 << 20, retention_days=None)
+    agent = Agent(root, dsn, batch_bytes=16 << 20, retention_days=None)
     t = time.perf_counter()
     agent.flush()
     full = time.perf_counter() - t

@@ -540,7 +540,7 @@ def upload(spool: Path | None, store_dsn: str | None, run_arg: str | None,
 @cli.command()
 @_spool_option
 @_store_option
-@click.option("--batch-bytes", type=int, default=4 * 1024 * 1024, show_default=True,
+@click.option("--batch-bytes", type=int, default=16 * 1024 * 1024, show_default=True,
               help="Ship when this many new spool bytes are waiting.")
 @click.option("--interval", type=float, default=2.0, show_default=True,
               help="Ship at least this often (seconds) when anything is waiting.")

@@ -269,6 +269,7 @@ INGEST_SETTINGS = {
     "input_format_json_read_arrays_as_strings": 1,
     "input_format_json_read_numbers_as_strings": 1,
     "date_time_input_format": "best_effort",
+    "parallel_view_processing": 1,  # the five views in parallel (bench_store: +10-15 %)
 }
 
 
