@@ -490,6 +490,12 @@ def node_sampler(env: dict[str, str] | os._Environ[str], job_arg: str, *,
     from .sampling.node import NodeJobCollector
     from .spool import SpoolWriter, create_run_dir
 
+    event = stop if isinstance(stop, threading.Event) else threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        # At once: an epilog may come right after the prolog (a job that fails at start).
+        signal.signal(signal.SIGTERM, lambda *_: event.set())
+        signal.signal(signal.SIGINT, lambda *_: event.set())
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
     job = JobInfo(env)
     if job_arg != job.job_id:
         raise UsageError(f"--job {job_arg} is not SLURM_JOB_ID ({job.job_id})")
@@ -517,11 +523,6 @@ def node_sampler(env: dict[str, str] | os._Environ[str], job_arg: str, *,
     node = (job.node or socket.gethostname()).split(".")[0]
     sampler = Sampler(run, node=node, gpu=gpu, job=collector, interval=interval,
                       emit=lambda rec: spool.write([rec]), warn=log)
-    event = stop if isinstance(stop, threading.Event) else threading.Event()
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, lambda *_: event.set())
-        signal.signal(signal.SIGINT, lambda *_: event.set())
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
     poll = min(0.5, interval)
     seen = time.monotonic()
     try:
