@@ -48,6 +48,7 @@ from .records import (
     Command,
     Dropped,
     Line,
+    Lines,
     Metadata,
     Note,
     Record,
@@ -246,9 +247,67 @@ class Classifier:
         """The records to keep for one item of ``stream``'s filter output."""
         self._check_stream(stream)
         with self._lock:
-            if isinstance(item, Dropped):
-                return self._dropped(stream, item, ts)
-            return self._rendered(stream, item, ts)
+            return self._one(stream, item, ts)
+
+    def feed_many(self, stream: str, items: list[Rendered | Dropped],
+                  ts: float) -> list[Record]:
+        """The records to keep for ``items`` of ``stream``'s filter output, in order: the same
+        records as ``feed`` on each item (tests/test_pipeline.py holds them equal), except
+        that runs of plain lines come as one ``Lines`` record each. A plain line is an uncut
+        ``Rendered`` in mode ``enabled`` that is neither a command attempt nor (on stdout) a
+        metadata candidate: it becomes a ``Line`` and nothing else, so it needs no per-line
+        work beyond the check."""
+        self._check_stream(stream)
+        with self._lock:
+            if self.mode != ENABLED:
+                return [rec for item in items for rec in self._one(stream, item, ts)]
+            json_stream = stream == STDOUT
+            # The usual batch: all lines, all plain, found with C-level operations on the joined
+            # texts (a command prefix or a "{" opening a line cannot hide from these checks;
+            # a false alarm only sends the batch through the loop below).
+            try:
+                uncut = not any([item.cut for item in items])  # type: ignore[union-attr]
+            except AttributeError:  # a Dropped among them
+                uncut = False
+            if uncut:
+                texts = [item.text for item in items]  # type: ignore[union-attr]
+                joined = "\n".join(texts)
+                if COMMAND_PREFIX not in joined and not (
+                        json_stream and (joined[:1] == "{" or "\n{" in joined)):
+                    return [self._lines(stream, texts, ts)] if texts else []
+            out: list[Record] = []
+            run: list[str] = []  # texts of the current run of plain lines
+            for i, item in enumerate(items):
+                if type(item) is Rendered and not item.cut:
+                    text = item.text
+                    if COMMAND_PREFIX not in text and not (json_stream and text[:1] == "{"):
+                        run.append(text)
+                        continue
+                if run:
+                    out.append(self._lines(stream, run, ts))
+                    run = []
+                out += self._one(stream, item, ts)
+                if self.mode != ENABLED:  # a command changed it: the rest one by one
+                    for rest in items[i + 1:]:
+                        out += self._one(stream, rest, ts)
+                    return out
+            if run:
+                out.append(self._lines(stream, run, ts))
+            return out
+
+    def _lines(self, stream: str, texts: list[str], ts: float) -> Lines:
+        n = len(texts)
+        seq = self._seq[stream]
+        self._seq[stream] = seq + n
+        self._line_no[stream] += n
+        self._last_kept[stream] = True
+        self.counts[stream]["lines"] += n
+        return Lines(run=self.run, stream=stream, seq=seq, ts=ts, texts=tuple(texts))
+
+    def _one(self, stream: str, item: Rendered | Dropped, ts: float) -> list[Record]:
+        if isinstance(item, Dropped):
+            return self._dropped(stream, item, ts)
+        return self._rendered(stream, item, ts)
 
     # ------------------------------------------------------------------------------- internals
 

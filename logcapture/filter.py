@@ -31,9 +31,35 @@ class LineFilter:
         self._run = 0  # lines dropped in the current run
 
     def feed(self, lines: list[Rendered]) -> list[Rendered | Dropped]:
+        n = len(lines)
+        counts = self.counts
+        counts["lines_in"] += n
+        if n > 1:
+            # Two cases cover a burst, checked with C-level operations over the texts; any
+            # other batch takes the line-by-line loop below (the rule itself).
+            texts = [line.text for line in lines]
+            last = self._last
+            if last is not None and texts.count(last.text) == n \
+                    and [line.cut for line in lines].count(last.cut) == n:
+                # Every line equals the last one kept: all dropped, one run.
+                self._run += n
+                return []
+            if all(map(str.rstrip, texts)) and (last is None or texts[0] != last.text) \
+                    and not any(map(str.__eq__, texts, texts[1:])):
+                # No blank line, no two neighbours with the same text, the first unlike the
+                # last one kept: every line is kept; a pending run ends before the first.
+                out: list[Rendered | Dropped] = []
+                self._end_run(out)
+                out += lines
+                counts["lines_out"] += n
+                self._last = lines[-1]
+                self._last_blank = False
+                return out
+        return self._each(lines)
+
+    def _each(self, lines: list[Rendered]) -> list[Rendered | Dropped]:
         out: list[Rendered | Dropped] = []
         counts = self.counts
-        counts["lines_in"] += len(lines)
         for line in lines:
             blank = not line.text.rstrip()
             if self._last is not None and (

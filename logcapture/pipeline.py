@@ -14,6 +14,7 @@ dropped (SPEC.md §2).
 from __future__ import annotations
 
 import codecs
+import gc
 import json
 import os
 import pwd
@@ -25,12 +26,10 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .classify import Classifier
 from .config import AdminConfig
 from .errors import ConfigError, LogcaptureError
-from .filter import LineFilter
 from .records import (
     ENABLED,
     NOTE_WARNING,
@@ -38,15 +37,23 @@ from .records import (
     RUN,
     End,
     Note,
-    Record,
     Rendered,
     Start,
 )
-from .render import LINE_LIMIT, Renderer
 from .spool import SpoolWriter
+
+if TYPE_CHECKING:
+    from .classify import Classifier
+    from .filter import LineFilter
+    from .render import Renderer
+
+# The stages (render pulls in pyte and wcwidth's tables) are imported where a Pipeline is
+# made: in the capture worker, after the fork, so the wrapper starts the command sooner.
+LINE_LIMIT = 65536  # render.LINE_LIMIT, held equal by tests/test_pipeline.py
 
 IDLE_COMMIT = 0.3  # seconds a stream must be quiet before its finished lines are committed
 IDLE_EVERY = 0.5  # seconds between commits of a stream that is never quiet
+COALESCE = 0.005  # frames of one stream read this close together are rendered as one chunk
 
 _ESCAPES = re.compile(
     r"\x1b(\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)?|[@-Z\\-_])"  # CSI, OSC, ESC x
@@ -88,13 +95,18 @@ class Pipeline:
 
     def __init__(self, run_id: str, spool: SpoolWriter, *, mode: str, columns: int, rows: int,
                  warn: Callable[[str], None] | None = None):
+        from .classify import Classifier
+        from .filter import LineFilter
+        from .render import Renderer
+
         self.run_id = run_id
         self.spool = spool
         self._warn_out = warn or (lambda msg: None)
         self.renderers: dict[str, Renderer | _PlainLines] = {
             s: Renderer(columns=columns, rows=rows) for s in OUTPUT_STREAMS}
-        self.filters = {s: LineFilter() for s in OUTPUT_STREAMS}
-        self.classifier = Classifier(run_id, mode)
+        self.filters: dict[str, LineFilter] = {s: LineFilter() for s in OUTPUT_STREAMS}
+        self.classifier: Classifier = Classifier(run_id, mode)
+        self._new_filter = LineFilter
         self._run_seq = 0
         self._run_lock = threading.Lock()
         self._last_data = {s: 0.0 for s in OUTPUT_STREAMS}
@@ -161,9 +173,7 @@ class Pipeline:
             items = self.filters[stream].feed(list(lines))
             if final:
                 items += self.filters[stream].finish()
-            records: list[Record] = []
-            for item in items:
-                records += self.classifier.feed(stream, item, now)
+            records = self.classifier.feed_many(stream, items, now) if items else []
         except Exception as e:  # noqa: BLE001
             self._fault(stream, "classifying", e)
             return
@@ -178,7 +188,7 @@ class Pipeline:
         self.warn(f"internal error while {stage} {stream} ({type(e).__name__}); "
                   f"{stream} continues with plain line splitting")
         self.renderers[stream] = _PlainLines()
-        self.filters[stream] = LineFilter()
+        self.filters[stream] = self._new_filter()
 
     # --- the end -------------------------------------------------------------------------
     def _final_lines(self, now: float) -> None:
@@ -347,7 +357,22 @@ def _capture_worker(fd: int, s: _WorkerSettings) -> int:
         _discard(fd)  # the reader's writes must keep succeeding
         return 0
 
-    end = serve(fd, pipeline)
+    # Everything made so far lives as long as this process: out of the collector's sight,
+    # so its collections scan only what rendering allocates.
+    gc.freeze()
+    try:
+        end = serve(fd, pipeline)
+    except Exception as e:  # noqa: BLE001 - a bug here must not reach the job
+        warn(f"capture stopped after an internal error ({type(e).__name__}); the command "
+             "goes on and its output still reaches its files")
+        try:
+            if sampler is not None:
+                sampler.stop(final_sample=False)
+            pipeline.close_unfinished()  # keep what was rendered
+        except Exception:  # noqa: BLE001, S110 - already warned; the reader must go on
+            pass
+        _discard(fd)  # the reader's writes must keep succeeding
+        return 0
     if sampler is not None:
         try:
             sampler.stop()
@@ -394,9 +419,14 @@ def _discard(fd: int) -> None:
 def serve(fd: int, pipeline: Pipeline) -> dict[str, Any] | None:
     """Feed ``pipeline`` the frames read from ``fd`` (runner.FRAME) until the end frame;
     return its payload (the outcome), or None at end of file without one (the wrapper was
-    killed). Ticks: every TICK seconds of the reader's clock, taken from the frames' times
-    while there is a backlog (so a backlog renders as it would have when it was read), from
-    this process's clock when the pipe is empty."""
+    killed).
+
+    Ticks: every TICK seconds of the reader's clock, taken from the frames' times while there
+    is a backlog (so a backlog renders as it would have when it was read), from this
+    process's clock when the pipe is empty. Consecutive frames of one stream read within
+    COALESCE seconds of each other are rendered as one chunk stamped with the last one's
+    times: a worker that fell behind catches up in large chunks instead of paying the
+    per-chunk cost for every short read (docs/performance.md)."""
     from .runner import FRAME, FRAME_END, FRAME_STREAMS, TICK
 
     unpack = FRAME.unpack_from
@@ -415,6 +445,7 @@ def serve(fd: int, pipeline: Pipeline) -> dict[str, Any] | None:
         if not data:
             return None
         buf += data
+        frames: list[tuple[int, float, float, int, int]] = []
         pos = 0
         size = len(buf)
         while size - pos >= header:
@@ -422,10 +453,13 @@ def serve(fd: int, pipeline: Pipeline) -> dict[str, Any] | None:
             end = pos + header + length
             if end > size:
                 break
-            payload = bytes(buf[pos + header:end])
+            frames.append((kind, wall, mono, pos + header, end))
             pos = end
+        i, n = 0, len(frames)
+        while i < n:
+            kind, wall, mono, start, end = frames[i]
             if kind == FRAME_END:
-                return dict(json.loads(payload))
+                return dict(json.loads(bytes(buf[start:end])))
             if mono - last_tick >= TICK:
                 # The reader's clock moved on by a tick or more since the last one: tick as
                 # it would have (after a few ticks more change nothing: idled streams stay so).
@@ -434,7 +468,16 @@ def serve(fd: int, pipeline: Pipeline) -> dict[str, Any] | None:
                     last_tick = last_tick + TICK if steps < 4 else mono
                     steps += 1
                     pipeline.tick(wall - (mono - last_tick), last_tick)
-            pipeline.feed(FRAME_STREAMS[kind], payload, wall, mono)
+            j = i + 1
+            while j < n and frames[j][0] == kind and frames[j][1] - wall <= COALESCE:
+                j += 1
+            if j == i + 1:
+                chunk = bytes(buf[start:end])
+            else:
+                chunk = b"".join([buf[f[3]:f[4]] for f in frames[i:j]])
+                _, wall, mono, _, _ = frames[j - 1]
+            pipeline.feed(FRAME_STREAMS[kind], chunk, wall, mono)
+            i = j
         del buf[:pos]
 
 

@@ -36,7 +36,7 @@ from pyte import modes as mo
 from pyte.screens import Char, StaticDefaultDict
 from wcwidth import wcwidth
 
-from .records import Rendered
+from .records import Rendered, rendered_many
 
 __all__ = ["LINE_LIMIT", "Renderer"]
 
@@ -84,6 +84,9 @@ _S = _width1_class()
 _SIMPLE_RUN = re.compile(f"[{_S}]+")
 # The fast path's whole vocabulary: text (with newlines), carriage returns, SGR, erase-line.
 _FAST = re.compile(f"([{_S}\\n]+)|(\\r+)|\\x1b\\[([0-9;]{{0,64}})m|\\x1b\\[([012]?)K")
+
+# ASCII bytes outside the pattern's text run: controls other than newline, and DEL.
+_NOT_PLAIN_ASCII = bytes([*range(0x0a), *range(0x0b, 0x20), 0x7f])
 
 _DEFAULT = Char(data=" ", fg="default", bg="default", reverse=False)
 
@@ -533,6 +536,13 @@ class Renderer:
 
     def _fast(self, text: str, pos: int) -> int:
         """Consume what the fast path models; return where it stopped."""
+        if not pos and text.isascii():
+            # The usual chunk: printable ASCII and newlines only, which the pattern below
+            # would match as one run of text; checked at C speed instead of by the pattern.
+            raw = text.encode("ascii")
+            if len(raw.translate(None, _NOT_PLAIN_ASCII)) == len(raw):
+                self._plain(text)
+                return len(text)
         match = _FAST.match
         while True:
             m = match(text, pos)
@@ -567,16 +577,27 @@ class Renderer:
         pending = self._pending
         pending.append(Rendered(self._cur.rstrip(" "), self._cut))
         width = self.width
-        for mid in parts[1:-1]:
-            if len(mid) > width:
-                pending.append(Rendered(mid[:width].rstrip(" "), len(mid) - width))
-            else:
-                pending.append(Rendered(mid.rstrip(" ")))
+        mids = parts[1:-1]
+        if not mids:
+            pass
+        elif len(max(mids, key=len)) > width:
+            for mid in mids:
+                if len(mid) > width:
+                    pending.append(Rendered(mid[:width].rstrip(" "), len(mid) - width))
+                else:
+                    pending.append(Rendered(mid.rstrip(" ")))
+        elif mids.count(mids[0]) == len(mids):
+            # The same line over and over (a burst of one message): one immutable object.
+            pending.extend([Rendered(mids[0].rstrip(" "))] * len(mids))
+        else:
+            pending.extend(rendered_many([mid.rstrip(" ") for mid in mids]))
         keep = self.rows - 1
-        if len(pending) > keep:
-            out = self._out
-            while len(pending) > keep:
-                out.append(pending.popleft())
+        if len(pending) > keep:  # rows scrolled off the top: committed, oldest first
+            rows = list(pending)
+            gone = len(rows) - keep
+            self._out += rows[:gone]
+            pending.clear()
+            pending.extend(rows[gone:])
         self._cur, self._x, self._cut = "", 0, 0
         self._draw(parts[-1])
 

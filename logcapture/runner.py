@@ -62,6 +62,7 @@ READ_SIZE = 65536
 DEFAULT_COLUMNS = 80
 DEFAULT_LINES = 24
 TICK = 0.2  # seconds between sink.tick() calls while the command is quiet
+TICK_MS = int(TICK * 1000)
 
 # Frames to a capture worker: kind, payload length, time.time(), time.monotonic() of the read.
 FRAME = struct.Struct("=BIdd")
@@ -70,6 +71,12 @@ FRAME_END = 2  # payload: the Outcome as JSON; no frame follows
 WORKER_PIPE_BYTES = 1 << 20  # asked of F_SETPIPE_SZ; the kernel may grant less
 WORKER_BUFFER = 16 << 20  # bytes the reader holds for a worker before it stops reading
 WORKER_TIMEOUT = 20.0  # seconds a worker may accept nothing before it is given up
+# Frames go to the worker in batches: when this many bytes wait, or the oldest has waited
+# this long. Each write wakes the worker, which then pays its per-chunk cost; a burst of short
+# reads is cheaper to render as one chunk. Only capture waits: the copy to the real output
+# never does.
+PUMP_BYTES = 64 * 1024
+PUMP_DELAY = 0.01
 _KIND = {STDOUT: 0, STDERR: 1}
 
 
@@ -123,13 +130,19 @@ class Worker:
         self.fd = fd
         self.buffer = bytearray()
         self.gone = False  # given up: exited, hung, or finished
+        self.blocked = False  # the pipe was full at the last write
+        self.since = 0.0  # monotonic time the oldest unsent frame was read
         self.last_progress = time.monotonic()
 
     def send(self, kind: int, data: bytes, wall: float, mono: float) -> None:
         if not self.buffer:
-            self.last_progress = mono  # the no-progress clock starts with the wait
+            self.since = mono
         self.buffer += FRAME.pack(kind, len(data), wall, mono)
         self.buffer += data
+
+    def due(self, now: float) -> bool:
+        return bool(self.buffer) and (self.blocked or len(self.buffer) >= PUMP_BYTES
+                                      or now - self.since >= PUMP_DELAY)
 
     def pump(self) -> None:
         """Write what the pipe takes now, without blocking. Raises OSError (EPIPE) when the
@@ -137,10 +150,13 @@ class Worker:
         try:
             n = os.write(self.fd, self.buffer)
         except BlockingIOError:
+            if not self.blocked:
+                self.blocked = True
+                self.last_progress = time.monotonic()  # the no-progress clock starts now
             return
-        if n:
-            del self.buffer[:n]
-            self.last_progress = time.monotonic()
+        del self.buffer[:n]
+        self.last_progress = time.monotonic()
+        self.blocked = bool(self.buffer)
 
     def give_up(self) -> None:
         """Stop talking to the worker: drop what it did not take, close the pipe, kill it
@@ -167,6 +183,17 @@ class Worker:
     def reap(self, timeout: float | None) -> int | None:
         """Wait for the worker to exit (``timeout`` None: as long as it takes); its wait status,
         or None if it is still running after ``timeout`` seconds or was reaped already."""
+        if timeout is not None:
+            try:
+                pidfd = os.pidfd_open(self.pid)  # readable once the process has exited
+            except (AttributeError, OSError):
+                pass
+            else:
+                try:
+                    select.select([pidfd], [], [], timeout)
+                finally:
+                    os.close(pidfd)
+                timeout = 0.0
         deadline = None if timeout is None else time.monotonic() + timeout
         pause = 0.001
         while True:
@@ -198,12 +225,13 @@ class Worker:
         poller.register(self.fd, select.POLLOUT)
         try:
             while self.buffer:
-                if time.monotonic() - self.last_progress > timeout:
-                    warn("the capture process stopped responding; what it had not written "
-                         "to the spool is lost (the command's output files are complete)")
-                    self.give_up()
-                    return
-                poller.poll(200)
+                if self.blocked:
+                    if time.monotonic() - self.last_progress > timeout:
+                        warn("the capture process stopped responding; what it had not written "
+                             "to the spool is lost (the command's output files are complete)")
+                        self.give_up()
+                        return
+                    poller.poll(200)
                 self.pump()
         except OSError:
             self._died(warn)
@@ -443,6 +471,7 @@ def run(argv: Sequence[str], sink: Sink | Worker | None,
         open_fds = set(masters)
         reading = True  # the ptys are registered (False: the worker's buffer is full)
         pumping = False  # the worker's pipe is registered for POLLOUT
+        worker_fd = worker.fd if worker is not None else -1
         check_child = True  # a SIGCHLD (or a quiet spell) since the last look
         exited_at: float | None = None
         last_data = time.monotonic()
@@ -458,11 +487,16 @@ def run(argv: Sequence[str], sink: Sink | Worker | None,
             if exited_at is not None:
                 if now_m - last_data >= opts.drain_idle or now_m - exited_at >= opts.drain_timeout:
                     break
+            timeout = TICK_MS
             if worker is not None:
                 if worker.gone:
-                    worker = None
+                    gone_fd, worker = worker_fd, None
                     if pumping:
-                        pumping = False  # its fd is closed, and poll() forgets it
+                        pumping = False
+                        try:
+                            poller.unregister(gone_fd)
+                        except KeyError:
+                            pass
                     if not reading:
                         reading = True
                         for fd in open_fds:
@@ -476,12 +510,14 @@ def run(argv: Sequence[str], sink: Sink | Worker | None,
                                 poller.register(fd, POLLIN)
                             else:
                                 poller.unregister(fd)
-                    if bool(worker.buffer) != pumping:
+                    if worker.blocked != pumping:  # POLLOUT only while the pipe is full
                         pumping = not pumping
                         if pumping:
                             poller.register(worker.fd, select.POLLOUT)
                         else:
                             poller.unregister(worker.fd)
+                    elif worker.buffer and not pumping:
+                        timeout = max(0, int((worker.since + PUMP_DELAY - now_m) * 1000) + 1)
                     if pumping and now_m - worker.last_progress > opts.worker_timeout:
                         warn("the capture process stopped responding; capture stopped, the "
                              "command goes on and its output still reaches its files")
@@ -492,7 +528,7 @@ def run(argv: Sequence[str], sink: Sink | Worker | None,
                     if not reading:
                         last_data = now_m  # not reading is not being quiet
             try:
-                events = poller.poll(TICK * 1000)
+                events = poller.poll(timeout)
             except InterruptedError:  # pragma: no cover - PEP 475 retries
                 continue
             now = time.time()
@@ -537,7 +573,7 @@ def run(argv: Sequence[str], sink: Sink | Worker | None,
                 elif sink is not None:
                     deliver(stream, data, now)
             if worker is not None:
-                if worker.buffer:
+                if worker.due(now_m):
                     try:
                         worker.pump()
                     except OSError:

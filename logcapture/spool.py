@@ -222,9 +222,14 @@ class SpoolWriter:
 
     # --- producer side -------------------------------------------------------------------
     def write(self, records: Iterable[Record]) -> None:
-        lines = [(r.to_json() + "\n").encode("utf-8", "surrogatepass") for r in records]
-        if not lines:
+        texts = [r.to_json() for r in records]
+        if not texts:
             return
+        # One encode for the batch, split back into lines at C speed: a JSON line holds no
+        # raw newline or carriage return, and 'surrogatepass' encodes each code point on its
+        # own, so these are exactly the bytes of encoding each record alone. A ``Lines``
+        # record gives several lines.
+        lines = ("\n".join(texts) + "\n").encode("utf-8", "surrogatepass").splitlines(True)
         with self._lock:
             room = self.max_pending - len(self._pending)
             if room < len(lines):
@@ -284,15 +289,20 @@ class SpoolWriter:
             if self._fd < 0 and not self._open_next():
                 return done
             # Fill the segment up to its size limit, at least one line.
-            chunk: list[bytes] = []
-            size = 0
-            while done + len(chunk) < len(batch):
-                line = batch[done + len(chunk)]
-                if chunk and self._size + size + len(line) > self.segment_bytes:
-                    break
-                chunk.append(line)
-                size += len(line)
-            data = b"".join(chunk)
+            rest = batch[done:] if done else batch
+            data = b"".join(rest)
+            if self._size + len(data) <= self.segment_bytes:
+                chunk = rest  # all of it fits: no line-by-line count needed
+            else:
+                chunk = []
+                size = 0
+                while done + len(chunk) < len(batch):
+                    line = batch[done + len(chunk)]
+                    if chunk and self._size + size + len(line) > self.segment_bytes:
+                        break
+                    chunk.append(line)
+                    size += len(line)
+                data = b"".join(chunk)
             try:
                 n = os.write(self._fd, data)
                 while n < len(data):

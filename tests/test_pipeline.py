@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import signal
@@ -21,12 +22,26 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
+from logcapture import pipeline as pipeline_module
 from logcapture import runner
+from logcapture.classify import Classifier
+from logcapture.filter import LineFilter
 from logcapture.pipeline import Pipeline, serve
-from logcapture.records import Record
+from logcapture.records import (
+    NOTE_BLANK,
+    NOTE_REPEAT,
+    Dropped,
+    Line,
+    Lines,
+    Record,
+    Rendered,
+    rendered_many,
+)
 from logcapture.runs import find_run
-from logcapture.spool import SpoolWriter, create_run_dir, iter_run
+from logcapture.spool import Segment, SpoolWriter, create_run_dir, iter_run, segments
 
 from .conftest import LOGCAPTURE, run_lc
 
@@ -284,3 +299,195 @@ def test_end_of_file_without_an_end_frame_keeps_the_lines(tmp_path: Path) -> Non
     records = list(iter_run(root / "r"))
     assert [getattr(x, "text", None) for x in records] == ["one", "two"]
     assert not any(x.kind == "end" for x in records)
+
+
+# ------------------------------------------------------------------ batch paths = per-item paths
+# The per-line hot paths (LineFilter's fast cases, Classifier.feed_many and its Lines records,
+# rendered_many, the spool's bulk encoding) must write exactly what the per-item code writes.
+
+SPECIAL = ["a", "a", "b", "", "  ", "\t", '{"x": 1, "y": {"z": [1, 2]}}', "{}", "{not json}",
+           '/LOGCOMMAND {"mode": "metadata"}', '/LOGCOMMAND {"mode": "enabled"}',
+           '/LOGCOMMAND {"mode": "disabled"}', "/LOGCOMMAND bad", " /LOGCOMMAND {}",
+           "x /LOGCOMMAND", '"quoted" \\ back', "é ü 漢 \u2028", "\x00\x1f\x7f", "{", "}"]
+texts_st = st.one_of(st.sampled_from(SPECIAL), st.text(max_size=12))
+rendered_st = st.builds(Rendered, texts_st, st.sampled_from([0, 0, 0, 3]))
+items_st = st.lists(st.one_of(rendered_st, rendered_st, rendered_st,
+                              st.builds(Dropped, st.sampled_from([NOTE_REPEAT, NOTE_BLANK]),
+                                        st.integers(1, 5))), max_size=40)
+
+
+def _expand(records: list[Record]) -> list[Record]:
+    out: list[Record] = []
+    for r in records:
+        out += r.lines() if isinstance(r, Lines) else [r]
+    return out
+
+
+def _splits(items: list[Any], cuts: list[int]) -> list[list[Any]]:
+    bounds = sorted({min(c, len(items)) for c in cuts} | {0, len(items)})
+    return [items[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(items=items_st, cuts=st.lists(st.integers(0, 40), max_size=6),
+       mode=st.sampled_from(["enabled", "metadata", "disabled"]),
+       streams=st.lists(st.sampled_from(["stdout", "stderr"]), min_size=1, max_size=7))
+def test_classifier_feed_many_equals_feed_one_by_one(items: list[Any], cuts: list[int],
+                                                     mode: str, streams: list[str]) -> None:
+    one, many = Classifier("r", mode), Classifier("r", mode)
+    expected: list[Record] = []
+    got: list[Record] = []
+    for i, batch in enumerate(_splits(items, cuts)):
+        stream = streams[i % len(streams)]
+        for item in batch:
+            expected += one.feed(stream, item, 1.5)
+        got += many.feed_many(stream, batch, 1.5)
+    assert _expand(got) == expected
+    assert [r.to_json() for r in _expand(got)] == [r.to_json() for r in expected]
+    assert many.counts == one.counts and many.mode == one.mode
+
+
+line_st = st.builds(Rendered, st.sampled_from(["a", "a", "a", "b", "", " ", "  ", "c\t"]),
+                    st.sampled_from([0, 0, 0, 1]))
+few_st = st.builds(Rendered, st.sampled_from(["a", "b", ""]), st.sampled_from([0, 1]))
+
+
+@settings(max_examples=500, deadline=None)
+@given(lines=st.one_of(st.lists(st.one_of(line_st, rendered_st), max_size=60),
+                       st.lists(few_st, max_size=30)),
+       cuts=st.lists(st.integers(0, 30), max_size=12), shared=st.booleans())
+@example(lines=[Rendered("a"), Rendered("a", 1), Rendered("a", 1)], cuts=[1], shared=False)
+@example(lines=[Rendered(""), Rendered(" "), Rendered("")], cuts=[1], shared=False)
+@example(lines=[Rendered("a"), Rendered("b"), Rendered("b")], cuts=[1], shared=False)
+def test_line_filter_batches_equal_the_line_by_line_rule(lines: list[Rendered],
+                                                         cuts: list[int], shared: bool) -> None:
+    if shared:  # the renderer hands out one object for a burst of one line
+        lines = [lines[0]] * len(lines) if lines else lines
+    ref, fast = LineFilter(), LineFilter()
+    expected: list[Any] = []
+    got: list[Any] = []
+    for batch in _splits(lines, cuts):
+        for line in batch:
+            expected += ref._each([line])
+        got += fast.feed(list(batch))
+    expected += ref.finish()
+    got += fast.finish()
+    ref.counts["lines_in"] = fast.counts["lines_in"]  # _each alone does not count lines in
+    assert got == expected
+    assert fast.counts == {**ref.counts, "lines_in": len(lines)}
+
+
+@settings(max_examples=300, deadline=None)
+@given(texts=st.lists(st.one_of(st.sampled_from(SPECIAL), st.text()), min_size=1, max_size=20),
+       seq=st.integers(0, 2**40), ts=st.floats(0, 2e9), run=st.sampled_from(["r", 'q"\\é']))
+def test_lines_encode_as_their_line_records(texts: list[str], seq: int, ts: float,
+                                            run: str) -> None:
+    batch = Lines(run=run, stream="stdout", seq=seq, ts=ts, texts=tuple(texts))
+    lines = batch.lines()
+    assert lines == [Line(run=run, stream="stdout", seq=seq + i, ts=ts, text=t)
+                     for i, t in enumerate(texts)]
+    assert batch.to_json() == "\n".join(line.to_json() for line in lines)
+    assert rendered_many(texts) == [Rendered(t) for t in texts]
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batches=st.lists(st.lists(st.one_of(
+    st.builds(Lines, run=st.just("r"), stream=st.just("stdout"), seq=st.integers(0, 99),
+              ts=st.just(1.0), texts=st.lists(texts_st, min_size=1, max_size=30).map(tuple)),
+    st.builds(Line, run=st.just("r"), stream=st.just("stderr"), seq=st.integers(0, 99),
+              ts=st.just(2.0), text=texts_st)), max_size=5), max_size=12),
+    segment_bytes=st.integers(1024, 4096))
+def test_the_spool_writes_the_bytes_of_each_record_encoded_alone(
+        tmp_path_factory: pytest.TempPathFactory, batches: list[list[Record]],
+        segment_bytes: int) -> None:
+    root = tmp_path_factory.mktemp("spool")
+    writer = SpoolWriter(create_run_dir(root, "r"), segment_bytes=segment_bytes, fsync=False,
+                         flush_records=7)
+    expected: list[bytes] = []
+    for batch in batches:
+        writer.write(batch)
+        expected += [(r.to_json() + "\n").encode("utf-8", "surrogatepass")
+                     for r in _expand(batch)]
+    writer.close()
+    assert writer.written == len(expected)
+    # Segments hold whole lines; a segment is closed once it reaches segment_bytes.
+    got = [_segment_bytes(seg) for seg in segments(root / "r")]
+    assert b"".join(got) == b"".join(expected)
+    size, want = 0, [bytearray()]
+    for line in expected:  # the rule, line by line
+        want[-1] += line
+        size += len(line)
+        if size >= max(1024, segment_bytes):
+            want.append(bytearray())
+            size = 0
+    assert [bytes(w) for w in want if w] == [g for g in got if g]
+
+
+class _PerItemPipeline(Pipeline):
+    """The pipeline as it was before the batch paths: the filter's line-by-line rule and one
+    classifier call per item."""
+
+    def _emit(self, stream: str, now: float, lines: Any, final: bool = False) -> None:
+        f = self.filters[stream]
+        lines = list(lines)
+        f.counts["lines_in"] += len(lines)
+        items = f._each(lines)
+        if final:
+            items += f.finish()
+        records: list[Record] = []
+        for item in items:
+            records += self.classifier.feed(stream, item, now)
+        if records:
+            self.spool.write(records)
+
+
+class _FixedClock:
+    """Stands for the time module in logcapture.pipeline: records made at finish() get a
+    fixed ts, so two runs can be compared byte for byte."""
+
+    monotonic = staticmethod(time.monotonic)
+
+    @staticmethod
+    def time() -> float:
+        return 1234.5
+
+
+token_st = st.one_of(st.sampled_from(SPECIAL), st.sampled_from(
+    ["\n", "\n", "\n", "\r", "\x1b[32m", "\x1b[0m", "\x1b[K", "\x1b[2K", "\x1b[1A", "\t",
+     "line", "line", "progress 50%", "\x1b[?1049h", "\x1b[?1049l"]))
+
+
+@settings(max_examples=80, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(tokens=st.lists(token_st, max_size=120), cuts=st.lists(st.integers(0, 2000), max_size=8),
+       idles=st.lists(st.integers(0, 2000), max_size=3),
+       mode=st.sampled_from(["enabled", "metadata", "disabled"]))
+def test_the_pipeline_writes_what_the_per_item_pipeline_writes(
+        tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch,
+        tokens: list[str], cuts: list[int], idles: list[int], mode: str) -> None:
+    monkeypatch.setattr(pipeline_module, "time", _FixedClock)
+    data = "".join(tokens).encode()
+    out: list[bytes] = []
+    for cls in (Pipeline, _PerItemPipeline):
+        root = tmp_path_factory.mktemp("p")
+        p = cls("r", SpoolWriter(create_run_dir(root, "r"), fsync=False), mode=mode,
+                columns=80, rows=5)
+        for i, chunk in enumerate(_splits(list(data), cuts)):
+            stream = "stdout" if i % 3 else "stderr"
+            p.feed(stream, bytes(chunk), 1000.0 + i, 0.0)
+            if i in idles:
+                p.tick(1000.0 + i, 10.0 * (i + 1))
+        p.finish(exit_status=0, signal=None, state="COMPLETED", duration=0.0, bytes_read={})
+        out.append(b"".join(_segment_bytes(seg) for seg in segments(root / "r")))
+    assert out[0] == out[1]
+
+
+def _segment_bytes(seg: Segment) -> bytes:
+    data = seg.path.read_bytes()
+    return gzip.decompress(data) if seg.closed else data
+
+
+def test_the_pipelines_line_limit_is_the_renderers() -> None:
+    from logcapture.render import LINE_LIMIT
+    assert pipeline_module.LINE_LIMIT == LINE_LIMIT
