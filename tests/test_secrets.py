@@ -1,0 +1,106 @@
+"""Text dropped by a mode is never written anywhere by logcapture (SPEC.md §2, issue 3 §7).
+
+A real job prints secrets while logging is `disabled` (from .logoptin) or `metadata`, in every
+shape the pipeline handles differently: plain lines, progress-bar redraws, repeated lines,
+blank runs, an over-long line, stderr, a malformed /LOGCOMMAND, a printed Python dict. Then
+everything logcapture wrote (the spool, compressed segments included, the embedded store
+and the temporary folder it was given) is searched for the secrets, and the store is queried.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import run_lc
+
+SECRETS = [f"S3CR3T-{i}-7f9c2d" for i in range(9)]
+
+JOB = f"""
+import sys
+s = {SECRETS!r}
+print(s[0])                                       # a plain line
+for i in range(20):                               # a progress bar redrawn in place
+    sys.stdout.write(f"\\r{{s[1]}} {{i}}/20"); sys.stdout.flush()
+print()
+for _ in range(5): print(s[2])                    # repeats -> would be a repeat note
+print("\\n\\n\\n")                                # a blank run -> would be a blank note
+print(s[3] + "x" * 70000)                         # longer than the line limit -> a cut note
+print(s[4], file=sys.stderr)                      # stderr
+print('/LOGCOMMAND {{"mode": "' + s[5] + '"}}')     # a malformed command naming a secret
+print("{{'token': '" + s[6] + "'}}")              # a Python dict: not metadata
+print('{{"visible_metric": 1.5}}')                # metadata: kept in metadata mode
+print("/LOGCOMMAND {{bad json " + s[7])           # malformed JSON after the prefix
+sys.stdout.write(s[8])                            # an unterminated last line
+"""
+
+
+def _walk_bytes(folder: Path) -> list[tuple[Path, bytes]]:
+    out = []
+    for path in folder.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            data = path.read_bytes()
+            if path.suffix == ".gz":
+                data += gzip.decompress(data)
+            out.append((path, data))
+    return out
+
+
+@pytest.mark.parametrize("mode", ["disabled", "metadata"])
+def test_secrets_never_reach_spool_store_temp_files_or_messages(
+        lc_env: dict[str, str], tmp_path: Path, mode: str) -> None:
+    optin = tmp_path / "logoptin"
+    optin.write_text(f"mode: {mode}\n")
+    optin.chmod(0o600)
+    store_dir = tmp_path / "store"
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    env = dict(lc_env, LOGCAPTURE_OPTIN=str(optin), TMPDIR=str(tmpdir),
+               LOGCAPTURE_STORE=f"chdb://{store_dir}")
+    job = tmp_path / "job.py"  # a file: the command line is recorded, the output is not
+    job.write_text(JOB)
+    res = run_lc(["run", "--run-id", "secret-run", "--", sys.executable, str(job)], env)
+    assert res.returncode == 0, res.stderr
+    assert SECRETS[0].encode() in res.stdout  # the job's own output is untouched
+    # logcapture's own messages on stderr: only the job's stderr line may hold a secret.
+    own = [ln for ln in res.stderr.decode().splitlines() if ln.startswith("logcapture")]
+    assert not [ln for ln in own if any(s in ln for s in SECRETS)]
+
+    up = run_lc(["upload", "--run", "secret-run"], env)
+    assert up.returncode == 0, up.stderr
+    for cmd in (["logs", "secret-run"], ["show", "secret-run"],
+                ["export", "secret-run", "--what", "lines", "--format", "ndjson"],
+                ["export", "secret-run", "--what", "metadata", "--format", "ndjson"]):
+        out = run_lc(cmd, env)
+        text = (out.stdout + out.stderr).decode(errors="replace")
+        assert not [s for s in SECRETS if s in text], (cmd, text)
+
+    spool = Path(lc_env["LOGCAPTURE_SPOOL"])
+    job.unlink()
+    for folder in (spool, tmpdir, store_dir, tmp_path):
+        for path, data in _walk_bytes(folder):
+            leaked = [s for s in SECRETS if s.encode() in data]
+            assert not leaked, f"{leaked} found in {path}"
+
+    # The store's own view of every text column.
+    import clickhouse_connect
+    client = clickhouse_connect.get_client(dsn=f"chdb://{store_dir}")
+    try:
+        tables = [r[0] for r in client.query(
+            "SELECT name FROM system.tables WHERE database = 'logcapture' "
+            "AND engine LIKE '%MergeTree%'").result_rows]
+        assert tables
+        for table in tables:
+            rows = client.query(f"SELECT * FROM logcapture.`{table}`").result_rows
+            dump = repr(rows)
+            assert not [s for s in SECRETS if s in dump], table
+        if mode == "metadata":
+            kept = client.query("SELECT count() FROM logcapture.metadata").result_rows
+            assert kept[0][0] >= 1  # the metadata line itself is kept
+    finally:
+        client.close()
+    assert not os.environ.get("LOGCAPTURE_STORE")  # nothing leaked into the test process
