@@ -37,8 +37,25 @@ class LineFilter:
         if n > 1:
             # Two cases cover a burst, checked with C-level operations over the texts; any
             # other batch takes the line-by-line loop below (the rule itself).
-            texts = [line.text for line in lines]
             last = self._last
+            first = lines[0]
+            if lines[-1] is first and lines.count(first) == n:
+                # One object n times (the renderer shares it for a burst of one line; count
+                # compares by identity first, so this costs no per-line Python work).
+                blank = not first.text.rstrip()
+                if last is not None and ((blank and self._last_blank)
+                                         or (not blank and first == last)):
+                    self._run += n
+                    return []
+                out_one: list[Rendered | Dropped] = []
+                self._end_run(out_one)
+                out_one.append(first)
+                counts["lines_out"] += 1
+                self._last = first
+                self._last_blank = blank
+                self._run = n - 1
+                return out_one
+            texts = [line.text for line in lines]
             if last is not None and texts.count(last.text) == n \
                     and [line.cut for line in lines].count(last.cut) == n:
                 # Every line equals the last one kept: all dropped, one run.

@@ -580,7 +580,7 @@ class Renderer:
         mids = parts[1:-1]
         if not mids:
             pass
-        elif len(max(mids, key=len)) > width:
+        elif len(s) > width and max(map(len, mids)) > width:
             for mid in mids:
                 if len(mid) > width:
                     pending.append(Rendered(mid[:width].rstrip(" "), len(mid) - width))

@@ -59,6 +59,7 @@ FORWARDED_SIGNALS = (
     signal.SIGUSR2, signal.SIGCONT, signal.SIGTSTP, signal.SIGALRM,
 )
 READ_SIZE = 65536
+FULL_READ = 4095  # what one read of a pty returns at most (PTY-RENDER.md: ~4 KB)
 DEFAULT_COLUMNS = 80
 DEFAULT_LINES = 24
 TICK = 0.2  # seconds between sink.tick() calls while the command is quiet
@@ -551,27 +552,34 @@ def run(argv: Sequence[str], sink: Sink | Worker | None,
                     continue  # pumped below
                 if fd not in open_fds:
                     continue
-                try:
-                    data = read(fd, READ_SIZE)
-                except BlockingIOError:
-                    continue
-                except OSError as e:
-                    if e.errno != errno.EIO:
-                        warn(f"reading the command's {masters[fd]} failed: {e.strerror}")
-                    data = b""
-                if not data:  # EIO: every writer has closed the pty
-                    open_fds.discard(fd)
-                    if reading:
-                        poller.unregister(fd)
-                    continue
                 stream = masters[fd]
-                counts[stream] += len(data)
-                copy(stream, data)
-                last_data = now_m
-                if worker is not None:
-                    worker.send(_KIND[stream], data, now, now_m)
-                elif sink is not None:
-                    deliver(stream, data, now)
+                # A full read (the pty hands out at most 4095 bytes) means more is waiting:
+                # read again at once instead of asking poll(), up to 64 KiB in a row.
+                for _ in range(16):
+                    try:
+                        data = read(fd, READ_SIZE)
+                    except BlockingIOError:
+                        break
+                    except OSError as e:
+                        if e.errno != errno.EIO:
+                            warn(f"reading the command's {stream} failed: {e.strerror}")
+                        data = b""
+                    if not data:  # EIO: every writer has closed the pty
+                        open_fds.discard(fd)
+                        if reading:
+                            poller.unregister(fd)
+                        break
+                    counts[stream] += len(data)
+                    copy(stream, data)
+                    last_data = now_m
+                    if worker is not None:
+                        worker.send(_KIND[stream], data, now, now_m)
+                        if len(worker.buffer) >= opts.worker_buffer:
+                            break  # flow control: the loop above stops reading
+                    elif sink is not None:
+                        deliver(stream, data, now)
+                    if len(data) < FULL_READ:
+                        break
             if worker is not None:
                 if worker.due(now_m):
                     try:

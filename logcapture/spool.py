@@ -20,6 +20,7 @@ and counted; a line that is not a valid record is skipped, counted and reported 
 
 from __future__ import annotations
 
+import bisect
 import gzip
 import json
 import os
@@ -29,6 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from itertools import accumulate
 from pathlib import Path
 
 from .errors import RecordError, SpoolError
@@ -294,14 +296,10 @@ class SpoolWriter:
             if self._size + len(data) <= self.segment_bytes:
                 chunk = rest  # all of it fits: no line-by-line count needed
             else:
-                chunk = []
-                size = 0
-                while done + len(chunk) < len(batch):
-                    line = batch[done + len(chunk)]
-                    if chunk and self._size + size + len(line) > self.segment_bytes:
-                        break
-                    chunk.append(line)
-                    size += len(line)
+                # The lines whose running total stays within the segment, at least one.
+                room = self.segment_bytes - self._size
+                chunk = rest[:max(1, bisect.bisect_right(list(accumulate(map(len, rest))),
+                                                         room))]
                 data = b"".join(chunk)
             try:
                 n = os.write(self._fd, data)
