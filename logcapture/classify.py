@@ -67,6 +67,9 @@ def flatten(obj: dict[str, Any]) -> dict[str, Any]:
     Lists stay lists; an empty nested object stays as ``{}`` under its key. Iterative, so any
     depth the JSON parser accepted is fine. On a clash (``{"a.b": 1, "a": {"b": 2}}``) the value
     written later in the line wins."""
+    if all(type(key) is str for key in obj) \
+            and not any(isinstance(value, dict) for value in obj.values()):
+        return dict(obj)  # already flat: the loop below would copy it as it is
     out: dict[str, Any] = {}
     stack: list[tuple[str, Any]] = [("", obj)]
     # Depth-first, keeping the order of keys as written.

@@ -263,11 +263,17 @@ def dumps(obj: dict[str, Any]) -> str:
     json writes as bare NaN/Infinity (not JSON), are written as strings "NaN", "Infinity",
     "-Infinity" so every spool line is strict JSON that ClickHouse can parse."""
     try:
-        return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False,
-                          default=_json_default)
+        return _encode(obj)
     except ValueError:
-        return json.dumps(_finite(obj), ensure_ascii=False, separators=(",", ":"),
-                          default=_json_default)
+        return _encode_nan(_finite(obj))
+
+
+# What json.dumps(obj, ensure_ascii=False, separators=(",", ":"), default=_json_default, ...)
+# does, without building an encoder per call (a metadata line costs two records).
+_encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False,
+                           default=_json_default).encode
+_encode_nan = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"),
+                               default=_json_default).encode
 
 
 def _finite(o: Any) -> Any:

@@ -80,10 +80,24 @@ def _range(a: int, b: int) -> str:
     return f"\\u{a:04x}" if a == b else f"\\u{a:04x}-\\u{b:04x}"
 
 
-_S = _width1_class()
-_SIMPLE_RUN = re.compile(f"[{_S}]+")
-# The fast path's whole vocabulary: text (with newlines), carriage returns, SGR, erase-line.
-_FAST = re.compile(f"([{_S}\\n]+)|(\\r+)|\\x1b\\[([0-9;]{{0,64}})m|\\x1b\\[([012]?)K")
+class _Patterns:
+    """Compiled on first use, not at import: building the class of one-cell characters asks
+    wcwidth about 12,000 code points, and a stream of plain ASCII never needs it."""
+
+    simple_run: re.Pattern[str]
+    fast: re.Pattern[str]
+
+    def __getattr__(self, name: str) -> re.Pattern[str]:
+        one_cell = _width1_class()
+        self.simple_run = re.compile(f"[{one_cell}]+")
+        # The fast path's whole vocabulary: text (with newlines), carriage returns, SGR,
+        # erase-line.
+        self.fast = re.compile(
+            f"([{one_cell}\\n]+)|(\\r+)|\\x1b\\[([0-9;]{{0,64}})m|\\x1b\\[([012]?)K")
+        return getattr(self, name)  # type: ignore[no-any-return]
+
+
+_PATTERNS = _Patterns()
 
 # ASCII bytes outside the pattern's text run: controls other than newline, and DEL.
 _NOT_PLAIN_ASCII = bytes([*range(0x0a), *range(0x0b, 0x20), 0x7f])
@@ -210,7 +224,7 @@ class _Screen(pyte.Screen):
         insert = mo.IRM in self.mode
         i, n = 0, len(data)
         while i < n:
-            m = None if insert else _SIMPLE_RUN.match(data, i)
+            m = None if insert else _PATTERNS.simple_run.match(data, i)
             if m is not None:
                 run = m.group()
                 i = m.end()
@@ -417,6 +431,7 @@ class Renderer:
         # and the cursor row (``_cur``, one character per cell), nothing below the cursor.
         self._line_mode = True
         self._pending: deque[Rendered] = deque()
+        self._burst: Rendered | None = None  # the line of the last burst of one line
         self._cur = ""
         self._x = 0
         self._cut = 0
@@ -543,7 +558,7 @@ class Renderer:
             if len(raw.translate(None, _NOT_PLAIN_ASCII)) == len(raw):
                 self._plain(text)
                 return len(text)
-        match = _FAST.match
+        match = _PATTERNS.fast.match
         while True:
             m = match(text, pos)
             if m is None:
@@ -587,8 +602,13 @@ class Renderer:
                 else:
                     pending.append(Rendered(mid.rstrip(" ")))
         elif mids.count(mids[0]) == len(mids):
-            # The same line over and over (a burst of one message): one immutable object.
-            pending.extend([Rendered(mids[0].rstrip(" "))] * len(mids))
+            # The same line over and over (a burst of one message): one immutable object,
+            # the same as the last burst's when the text is (the filter counts by identity).
+            text = mids[0].rstrip(" ")
+            same = self._burst
+            if same is None or same.text != text:
+                same = self._burst = Rendered(text)
+            pending.extend([same] * len(mids))
         else:
             pending.extend(rendered_many([mid.rstrip(" ") for mid in mids]))
         keep = self.rows - 1

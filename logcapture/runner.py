@@ -48,8 +48,10 @@ import subprocess
 import sys
 import termios
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Protocol
 
 from .records import STDERR, STDOUT
@@ -79,6 +81,7 @@ WORKER_TIMEOUT = 20.0  # seconds a worker may accept nothing before it is given 
 PUMP_BYTES = 64 * 1024
 PUMP_DELAY = 0.01
 _KIND = {STDOUT: 0, STDERR: 1}
+_IOV_MAX = 512  # pieces per writev (Linux allows 1024)
 
 
 class Sink(Protocol):
@@ -129,35 +132,55 @@ class Worker:
     def __init__(self, pid: int, fd: int):
         self.pid = pid
         self.fd = fd
-        self.buffer = bytearray()
+        # Unsent frames as the pieces they were read in (headers and pty reads, never
+        # copied): a bytearray that is appended to at one end and written from the other
+        # would be copied whole each time it grows past its allocation.
+        self.pieces: deque[bytes | memoryview] = deque()
+        self.size = 0  # bytes in pieces
         self.gone = False  # given up: exited, hung, or finished
         self.blocked = False  # the pipe was full at the last write
         self.since = 0.0  # monotonic time the oldest unsent frame was read
         self.last_progress = time.monotonic()
 
-    def send(self, kind: int, data: bytes, wall: float, mono: float) -> None:
-        if not self.buffer:
+    def send(self, kind: int, parts: list[bytes], wall: float, mono: float) -> None:
+        """One frame: ``parts`` (consecutive reads of one stream) read at ``wall``/``mono``."""
+        if not self.size:
             self.since = mono
-        self.buffer += FRAME.pack(kind, len(data), wall, mono)
-        self.buffer += data
+        n = sum(map(len, parts))
+        self.pieces.append(FRAME.pack(kind, n, wall, mono))
+        self.pieces.extend(parts)
+        self.size += FRAME.size + n
 
     def due(self, now: float) -> bool:
-        return bool(self.buffer) and (self.blocked or len(self.buffer) >= PUMP_BYTES
-                                      or now - self.since >= PUMP_DELAY)
+        return self.size > 0 and (self.blocked or self.size >= PUMP_BYTES
+                                  or now - self.since >= PUMP_DELAY)
 
     def pump(self) -> None:
         """Write what the pipe takes now, without blocking. Raises OSError (EPIPE) when the
         worker has exited."""
+        pieces = self.pieces
         try:
-            n = os.write(self.fd, self.buffer)
+            n = os.writev(self.fd, list(islice(pieces, _IOV_MAX)))
         except BlockingIOError:
             if not self.blocked:
                 self.blocked = True
                 self.last_progress = time.monotonic()  # the no-progress clock starts now
             return
-        del self.buffer[:n]
+        self.size -= n
+        while n:
+            first = pieces[0]
+            if len(first) <= n:
+                n -= len(first)
+                pieces.popleft()
+            else:
+                pieces[0] = memoryview(first)[n:]
+                n = 0
         self.last_progress = time.monotonic()
-        self.blocked = bool(self.buffer)
+        self.blocked = self.size > 0
+
+    def drop(self) -> None:
+        self.pieces.clear()
+        self.size = 0
 
     def give_up(self) -> None:
         """Stop talking to the worker: drop what it did not take, close the pipe, kill it
@@ -165,7 +188,7 @@ class Worker:
         if self.gone:
             return
         self.gone = True
-        self.buffer = bytearray()
+        self.drop()
         self._close()
         try:
             os.kill(self.pid, signal.SIGKILL)
@@ -221,11 +244,11 @@ class Worker:
             "exit_status": outcome.exit_status, "signal": outcome.signal, "pid": outcome.pid,
             "started": outcome.started, "ended": outcome.ended, "bytes": outcome.bytes,
             "spawn_error": outcome.spawn_error, "reader": _own_usage()}).encode()
-        self.send(FRAME_END, payload, time.time(), time.monotonic())
+        self.send(FRAME_END, [payload], time.time(), time.monotonic())
         poller = select.poll()
         poller.register(self.fd, select.POLLOUT)
         try:
-            while self.buffer:
+            while self.size:
                 if self.blocked:
                     if time.monotonic() - self.last_progress > timeout:
                         warn("the capture process stopped responding; what it had not written "
@@ -249,7 +272,7 @@ class Worker:
             self._report(status, warn)
 
     def _died(self, warn: Callable[[str], None]) -> None:
-        self.buffer = bytearray()
+        self.drop()
         self._close()
         status = self.reap(1.0)
         if status is None:
@@ -503,7 +526,7 @@ def run(argv: Sequence[str], sink: Sink | Worker | None,
                         for fd in open_fds:
                             poller.register(fd, POLLIN)
                 else:
-                    full = len(worker.buffer) >= opts.worker_buffer
+                    full = worker.size >= opts.worker_buffer
                     if full == reading:  # stop reading the ptys while the buffer is full
                         reading = not full
                         for fd in open_fds:
@@ -517,7 +540,7 @@ def run(argv: Sequence[str], sink: Sink | Worker | None,
                             poller.register(worker.fd, select.POLLOUT)
                         else:
                             poller.unregister(worker.fd)
-                    elif worker.buffer and not pumping:
+                    elif worker.size and not pumping:
                         timeout = max(0, int((worker.since + PUMP_DELAY - now_m) * 1000) + 1)
                     if pumping and now_m - worker.last_progress > opts.worker_timeout:
                         warn("the capture process stopped responding; capture stopped, the "
@@ -553,6 +576,7 @@ def run(argv: Sequence[str], sink: Sink | Worker | None,
                 if fd not in open_fds:
                     continue
                 stream = masters[fd]
+                burst: list[bytes] = []  # what this stream gave in this round: one frame
                 # A full read (the pty hands out at most 4095 bytes) means more is waiting:
                 # read again at once instead of asking poll(), up to 64 KiB in a row.
                 for _ in range(16):
@@ -573,13 +597,15 @@ def run(argv: Sequence[str], sink: Sink | Worker | None,
                     copy(stream, data)
                     last_data = now_m
                     if worker is not None:
-                        worker.send(_KIND[stream], data, now, now_m)
-                        if len(worker.buffer) >= opts.worker_buffer:
+                        burst.append(data)
+                        if worker.size + len(burst) * READ_SIZE >= opts.worker_buffer:
                             break  # flow control: the loop above stops reading
                     elif sink is not None:
                         deliver(stream, data, now)
                     if len(data) < FULL_READ:
                         break
+                if burst and worker is not None:
+                    worker.send(_KIND[stream], burst, now, now_m)
             if worker is not None:
                 if worker.due(now_m):
                     try:

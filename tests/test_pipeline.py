@@ -491,3 +491,47 @@ def _segment_bytes(seg: Segment) -> bytes:
 def test_the_pipelines_line_limit_is_the_renderers() -> None:
     from logcapture.render import LINE_LIMIT
     assert pipeline_module.LINE_LIMIT == LINE_LIMIT
+
+
+def _flatten_loop(obj: dict[str, Any]) -> dict[str, Any]:
+    """classify.flatten before its shortcut for flat objects: the loop alone."""
+    out: dict[str, Any] = {}
+    stack: list[tuple[str, Any]] = [("", obj)]
+    while stack:
+        prefix, value = stack.pop()
+        if isinstance(value, dict) and (value or not prefix):
+            for key, item in reversed(list(value.items())):
+                stack.append((f"{prefix}.{key}" if prefix else str(key), item))
+        else:
+            out.pop(prefix, None)
+            out[prefix] = value
+    return out
+
+
+json_values = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=5)),
+    lambda inner: st.one_of(st.lists(inner, max_size=3),
+                            st.dictionaries(st.sampled_from(["a", "b", "a.b", "", "c"]), inner,
+                                            max_size=4)), max_leaves=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(obj=st.dictionaries(st.one_of(st.sampled_from(["a", "b", "a.b", "", "x.y"]),
+                                     st.integers(0, 3)), json_values, max_size=5))
+def test_flatten_equals_the_loop(obj: dict[Any, Any]) -> None:
+    from logcapture.classify import flatten
+    got, want = flatten(obj), _flatten_loop(obj)
+    assert got == want and list(got) == list(want)
+    assert [type(k) for k in got] == [type(k) for k in want]
+
+
+@settings(max_examples=300, deadline=None)
+@given(obj=st.dictionaries(st.text(max_size=4), json_values, max_size=5))
+def test_dumps_equals_json_dumps(obj: dict[str, Any]) -> None:
+    from logcapture.records import _finite, _json_default, dumps
+    kw: dict[str, Any] = dict(ensure_ascii=False, separators=(",", ":"), default=_json_default)
+    try:
+        want = json.dumps(obj, allow_nan=False, **kw)
+    except ValueError:
+        want = json.dumps(_finite(obj), **kw)
+    assert dumps(obj) == want
