@@ -463,7 +463,7 @@ class AdminConfig:
     sample_interval: float = 10.0  # seconds between resource samples
     retention_days: int = 90  # the store's TTL
     cluster: str = ""  # the cluster's name in records; "" = Slurm's ClusterName when known
-    flush_interval: float = 1.0  # seconds between spool flushes
+    flush_interval: float = 0.5  # seconds between spool flushes (a quiet line lands within 1 s)
     flush_records: int = 1000  # flush after this many buffered records
     segment_bytes: int = 8 * 1024 * 1024  # rotate spool segments at this size
 

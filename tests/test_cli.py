@@ -111,3 +111,25 @@ def test_a_reused_run_id_still_runs_the_command(lc_env: dict[str, str]) -> None:
     res = run_lc(["run", "--run-id", "dup", "--", "sh", "-c", "echo again; exit 5"], lc_env)
     assert res.returncode == 5 and res.stdout == b"again\n"
     assert b"already exists" in res.stderr
+
+
+def test_a_line_followed_by_silence_reaches_the_spool_while_the_job_waits(
+        lc_env: dict[str, str]) -> None:
+    # Issue 3: a printed line reaches the spool within 1 s when the job then stays quiet. No
+    # clock is asserted: the job prints, then waits (up to 20 s) until the line is in the spool,
+    # and says whether it got there before it gave up. Default flush settings.
+    lc_env.pop("LOGCAPTURE_FLUSH_INTERVAL")
+    spool = Path(lc_env["LOGCAPTURE_SPOOL"])
+    probe = (
+        "import gzip, pathlib, sys, time\n"
+        f"run = pathlib.Path({str(spool)!r}) / 'quiet'\n"
+        "print('hello, spool', flush=True)\n"
+        "deadline = time.time() + 20\n"
+        "while time.time() < deadline:\n"
+        "    data = b''.join(p.read_bytes() for p in run.glob('seg-*.ndjson'))\n"
+        "    if b'hello, spool' in data:\n"
+        "        print('seen while waiting', file=sys.stderr); break\n"
+        "    time.sleep(0.05)\n")
+    res = run_lc(["run", "--run-id", "quiet", "--", sys.executable, "-c", probe], lc_env)
+    assert res.returncode == 0
+    assert b"seen while waiting" in res.stderr
