@@ -13,18 +13,26 @@ One client library, one schema, one code path for both targets (SPEC.md §1, §6
 The DSN comes from ``--store``, else ``$LOGCAPTURE_STORE``, else the ``store:`` key of the
 config file, else the embedded default (``resolve_dsn``).
 
-Ingest (docs/storage.md): spool NDJSON bytes go as they are into the ``ingest`` table (engine
-Null) with ``raw_insert(fmt='JSONEachRow')``; materialized views route each record by kind
-into ``runs``, ``lines``, ``notes``, ``metadata`` and ``samples``. The owner and run identity
-of every row are *not* read from the records: the caller passes an ``Identity`` from a trusted
-source, and its fields are spliced into each line as ``_run``/``_owner``/... keys. A record
-that tries to carry those keys itself is a duplicate key, which ClickHouse refuses (code 117);
-the batch then goes through the slow path, which parses every line in Python, skips and
-reports bad lines, and inserts the rest re-encoded.
+Ingest (docs/storage.md): spool NDJSON bytes go to the engine as they are. The owner and run
+identity of every row are *not* read from the records: the caller passes an ``Identity`` from a
+trusted source. The hot path (embedded store; line and command records, >95 % of a spool, told
+apart at the bytes level by their last key ``"kind":"line"}``) writes the bytes to a private
+temporary file and runs one ``INSERT INTO lines SELECT {run}, {owner}, {uid}, ... FROM
+file(...)`` per run, the identity passed as query parameters: no per-line Python, no view.
+A record key the structure does not name (``owner``, ``_owner``, ...) is refused
+(``input_format_skip_unknown_fields = 0``, code 117) and a line record without stream, seq or ts
+trips ``throwIf`` (code 395). Every other record (and everything on a ClickHouse server, which
+cannot read the client's files) goes into the ``ingest`` table (engine Null) with the identity
+spliced into each line as ``_run``/``_owner``/... keys; materialized views route it by kind
+into ``runs``, ``lines``, ``notes``, ``metadata`` and ``samples``. A record that tries to carry
+those keys itself is a duplicate key, which ClickHouse refuses (code 117). A refused batch goes
+through the slow path, which parses every line in Python, skips and reports bad lines, and
+inserts the rest re-encoded.
 
 Idempotency: every table is a ReplacingMergeTree (AggregatingMergeTree for ``runs``) whose
-ORDER BY is the record identity ``(run, owner, stream, seq)``, and every query reads with
-``FINAL``, so a re-inserted record never shows twice, before or after merges.
+ORDER BY holds the record identity ``(run, owner, stream, seq)``. Queries read with ``FINAL``,
+or, for the tail of a job (``lines(run, limit=N)``), with ``LIMIT 1 BY`` the whole key over a
+read in key order, so a re-inserted record never shows twice, before or after merges.
 
 No SQL is built by pasting values or identifiers: values are clickhouse-connect server-side
 parameters (``{name:Type}``) and table names come from the fixed allow-list ``TABLES``
@@ -39,6 +47,7 @@ import io
 import json
 import os
 import re
+import tempfile
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -65,6 +74,7 @@ ALL_TABLES = ("ingest", *TABLES, "schema_version")
 VIEWS = ("ingest_runs_seen", "ingest_runs", "ingest_lines", "ingest_notes", "ingest_metadata",
          "ingest_samples")
 ADMIN_ROLE = "logcapture_admin"
+TAIL_MARGIN = 1024  # extra rows the tail read takes to absorb unmerged copies (Store._rows)
 
 # ClickHouse error codes (src/Common/ErrorCodes.cpp) that mean "the data is wrong": never
 # retried (Vector's ClickHouse sink does the same for 117 and 53).
@@ -108,20 +118,24 @@ _HTTP_STATUS_RE = re.compile(r"\b(?:HTTP|status)[^0-9]{0,20}(401|403)\b", re.IGN
 
 # --- the schema ------------------------------------------------------------------------------
 # Columns shared by every per-record table: the trusted identity first, then the record's.
+# Codecs (bench_store, 2M lines): DoubleDelta stores a steady ts or seq in ~0.1 bit per row
+# (Delta: 4 bits); ZSTD(3) on run, constant over a job's key range, 0.5 MB -> 0.03 MB.
 _ID_COLUMNS = """
-    run String CODEC(ZSTD(1)),
+    run String CODEC(ZSTD(3)),
     owner LowCardinality(String),
     uid UInt32,
     stream LowCardinality(String),
-    seq UInt64 CODEC(Delta, ZSTD(1)),
-    ts DateTime64(9, 'UTC') CODEC(Delta, ZSTD(1)),"""
+    seq UInt64 CODEC(DoubleDelta, ZSTD(1)),
+    ts DateTime64(9, 'UTC') CODEC(DoubleDelta, ZSTD(1)),"""
 
-# ORDER BY: one job first, then time (a job's page reads its newest lines: the tail is a
-# reverse read of one key range). The record identity (run, owner, stream, seq) is all in
-# the key; ts is part of the record, identical in every copy, so copies still collapse.
+# ORDER BY: one job first, then time, then the rest of the record identity (run, owner,
+# stream, seq): the order a job's page reads. The tail of a job is a reverse read of one key
+# range (optimize_read_in_order, no sort), and its duplicates are adjacent there, so
+# ``LIMIT 1 BY`` the key drops them without FINAL. ts is part of the record, identical in every
+# copy, so copies still collapse. owner last: two users who chose the same run id stay apart.
 _RECORD_TABLE = """ENGINE = ReplacingMergeTree
 PARTITION BY toDate(ts)
-ORDER BY (run, owner, ts, stream, seq)
+ORDER BY (run, ts, stream, seq, owner)
 SETTINGS index_granularity = 8192"""
 
 MIGRATIONS: list[tuple[int, list[str]]] = [
@@ -172,9 +186,12 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
     counts SimpleAggregateFunction(anyLast, Nullable(String))
 ) ENGINE = AggregatingMergeTree
 ORDER BY (run, owner)""",
+        # text: ZSTD(8) is the lowest level below gzip -6 of the text (bench_store: ZSTD(1)
+        # 1.05x gzip, ZSTD(7) 1.01x, ZSTD(8) 0.96x; ZSTD(9) no smaller, slower) at about the same
+        # insert rate.
         f"""CREATE TABLE IF NOT EXISTS lines ({_ID_COLUMNS}
     kind LowCardinality(String),
-    text String CODEC(ZSTD(1)),
+    text String CODEC(ZSTD(8)),
     options String CODEC(ZSTD(1)),
     INDEX text_tokens text TYPE tokenbf_v1(32768, 3, 0) GRANULARITY 1
 ) {_RECORD_TABLE}""",
@@ -271,6 +288,57 @@ INGEST_SETTINGS = {
     "date_time_input_format": "best_effort",
     "parallel_view_processing": 1,  # the five views in parallel (bench_store: +10-15 %)
 }
+
+# The hot path (``Store._insert_lines``): line and command records straight into ``lines``
+# from a private temporary file, the trusted identity as query parameters. The structure names
+# every key a line or command record has; any other key is refused (unknown field, code 117),
+# so a record cannot bring its own owner. The record's ``run`` is read only to be checked (and
+# so that it is not an unknown field: the reader drops columns a query does not use) and is
+# replaced by the trusted one. A line without stream, seq or ts trips throwIf (code 395): the
+# shipper then parses the batch line by line and reports it (the ``ingest`` table's
+# constraints do the same for the other records).
+_LINES_STRUCTURE = ("run String, stream Nullable(String), seq Nullable(UInt64), "
+                    "ts Nullable(DateTime64(9, 'UTC')), kind Nullable(String), text String, "
+                    "options String")
+_LINES_FROM_FILE = """INSERT INTO lines (run, owner, uid, stream, seq, ts, kind, text, options)
+SELECT {run:String}, {owner:String}, {uid:UInt32}, assumeNotNull(stream), assumeNotNull(seq),
+    assumeNotNull(ts), assumeNotNull(kind), text, options
+FROM file({path:String}, 'JSONEachRow', {structure:String})
+WHERE throwIf(stream IS NULL OR seq IS NULL OR ts IS NULL OR kind NOT IN ('line', 'command')
+    OR empty(run), 'a line record without run, stream, seq or ts') = 0"""
+# What ``ingest_runs_seen`` does for the other records: one ``runs`` row per run and insert,
+# its newest ts read in key order (one granule per part).
+_RUNS_SEEN = """INSERT INTO runs (run, owner, uid, cluster, job_id, last_ts)
+SELECT {run:String}, {owner:String}, {uid:UInt32}, {cluster:String}, {job_id:String}, ts
+FROM lines WHERE run = {run:String} AND owner = {owner:String} ORDER BY ts DESC LIMIT 1"""
+FILE_INGEST_SETTINGS = {
+    "input_format_skip_unknown_fields": 0,
+    "input_format_json_read_objects_as_strings": 1,
+    "input_format_json_read_arrays_as_strings": 1,
+    "input_format_json_read_numbers_as_strings": 1,
+    "date_time_input_format": "best_effort",
+    # Replacing on insert sorts and collapses copies within the block: the reads drop copies
+    # anyway (FINAL, LIMIT 1 BY), and a block of one shipment holds none (bench_store: +25 %).
+    "optimize_on_insert": 0,
+}
+# The last key of a line or command record (records.Line.to_json, Record.to_dict: ``kind`` is
+# written last). A JSON string cannot hold an unescaped quote, so text never ends a line so.
+_HOT_ENDS = (b'"kind":"line"}', b'"kind":"command"}')
+
+
+def split_by_kind(data: bytes) -> tuple[bytes, bytes]:
+    """NDJSON (complete lines) -> (line and command records, every other line). All lines
+    (the common batch) cost one ``count``; a mixed batch one ``endswith`` per line."""
+    n = data.count(b"\n")
+    if data.count(b'"kind":"line"}\n') == n:
+        return data, b""
+    lines = data.split(b"\n")
+    lines.pop()
+    hot = [x for x in lines if x.endswith(_HOT_ENDS)]
+    if len(hot) == n:
+        return data, b""
+    rest = [x for x in lines if not x.endswith(_HOT_ENDS)]
+    return (b"\n".join(hot) + b"\n" if hot else b""), b"\n".join(rest) + b"\n"
 
 
 def row_policy_statements() -> list[str]:
@@ -569,38 +637,76 @@ class Store:
     # --- inserting
     def insert_ndjson(self, data: bytes, identity: Identity) -> InsertResult:
         """Insert spool NDJSON lines (complete lines, each ending in ``\\n``) as rows of
-        ``identity``'s run. Fast path: the bytes go as they are, with the identity spliced in.
-        When the store refuses them as data, every line is parsed here: bad lines are skipped
-        and reported in the result, the rest inserted. ``StoreDataError`` only when even
-        the validated records are refused."""
+        ``identity``'s run. Fast path: the bytes go as they are (``insert_many``). When the
+        store refuses them as data, every line is parsed here: bad lines are skipped and
+        reported in the result, the rest inserted. ``StoreDataError`` only when even the
+        validated records are refused."""
         if not data:
             return InsertResult()
         if not data.endswith(b"\n"):
             data += b"\n"
-        body = _splice(data, identity.splice_prefix())
         try:
-            self._raw_insert(body)
-            return InsertResult(rows=data.count(b"\n"))
+            return InsertResult(rows=self.insert_many([(data, identity)]))
         except StoreDataError:
             pass
         return self._insert_checked(data.split(b"\n")[:-1], identity)
 
     def insert_many(self, batches: Iterable[tuple[bytes, Identity]]) -> int:
-        """One insert of several runs' NDJSON (complete lines), each spliced with its own
-        identity; returns the number of lines sent. No slow path: ``StoreDataError`` when the
-        store refuses any of it (then insert each with ``insert_ndjson``)."""
-        parts: list[bytes] = []
+        """Insert several runs' NDJSON (complete lines), each as its own identity's rows;
+        returns the number of lines sent. No slow path: ``StoreDataError`` when the store
+        refuses any of it (then insert each with ``insert_ndjson``; what was already taken is
+        taken again, and the store drops the copies).
+
+        Embedded store: line and command records of each run go straight into ``lines``
+        (``_insert_lines``), the other records through ``ingest`` and its views. Server: all
+        through ``ingest``."""
+        hot: dict[Identity, list[bytes]] = {}
+        rest: list[bytes] = []
         n = 0
         for data, identity in batches:
             if not data:
                 continue
             if not data.endswith(b"\n"):
                 data += b"\n"
-            parts.append(_splice(data, identity.splice_prefix()))
             n += data.count(b"\n")
-        if parts:
-            self._raw_insert(b"".join(parts))
+            if self.embedded:
+                lines, others = split_by_kind(data)
+            else:
+                lines, others = b"", data
+            if lines:
+                hot.setdefault(identity, []).append(lines)
+            if others:
+                rest.append(_splice(others, identity.splice_prefix()))
+        # The few other records first: a corrupt line is most likely among them, and then
+        # nothing of the batch is in yet when the caller falls back to the slow path.
+        if rest:
+            self._raw_insert(b"".join(rest))
+        for identity, parts in hot.items():
+            self._insert_lines(parts, identity)
         return n
+
+    def _insert_lines(self, parts: list[bytes], identity: Identity) -> None:
+        """Line and command records of one run into ``lines``, the identity as parameters;
+        then one ``runs`` row (identity, newest ts) so the run is listed at once."""
+        fd, path = tempfile.mkstemp(prefix="logcapture-ingest-", suffix=".ndjson")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.writelines(parts)
+            params = {"run": identity.run, "owner": identity.user, "uid": int(identity.uid),
+                      "path": path, "structure": _LINES_STRUCTURE}
+            try:
+                self.client.command(_LINES_FROM_FILE, parameters=params,
+                                    settings=FILE_INGEST_SETTINGS)
+            except Exception as e:  # noqa: BLE001
+                raise classify(e, "inserting") from None
+        finally:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        self._command(_RUNS_SEEN, {"run": identity.run, "owner": identity.user,
+                                   "uid": int(identity.uid), "cluster": identity.cluster,
+                                   "job_id": identity.job_id}, what="inserting")
 
     def _raw_insert(self, body: bytes) -> None:
         try:
@@ -765,48 +871,68 @@ class Store:
         return int(self._query("SELECT count() FROM {t:Identifier} FINAL WHERE run = "
                                "{run:String}", {"t": table, "run": run})[0][0])
 
+    def _rows(self, table: str, columns: str, cond: str, params: dict[str, Any],
+              limit: int | None) -> list[tuple[Any, ...]]:
+        """``stream, seq, ts (ns), *columns`` of ``table``'s rows matching ``cond``, each record
+        once: all of them (FINAL), or the newest ``limit``. ``table`` and ``columns`` are
+        constants of this module, never input.
+
+        The tail without FINAL (bench_store: 50M rows, the last 10k of a 2M-line job): the
+        newest ``limit`` + a margin rows in key order, a reverse read that stops early (no
+        sort, no merge of the job's whole key range); the copies a re-shipment left unmerged
+        share the whole key, so keeping the first row of each key leaves each record once.
+        When that leaves ``limit`` rows, or the read ran out of rows, they are the newest
+        ``limit`` records; when copies ate the margin, the exact FINAL read answers
+        (partitions hold whole keys: ts is in the key)."""
+        assert table in TABLES and re.fullmatch(r"[a-z_, ]+", columns)
+        head = "SELECT stream, seq, toUnixTimestamp64Nano(ts), " + columns
+        if limit:
+            order = " ORDER BY ts DESC, stream DESC, seq DESC, owner DESC"
+            reach = int(limit) + max(TAIL_MARGIN, limit // 8)
+            rows = self._query(head + ", owner FROM " + table + " WHERE " + cond + order
+                               + " LIMIT {reach:UInt64}", {**params, "reach": reach})
+            once = rows  # rows end with owner, which callers do not read
+            keys = [(r[0], r[1], r[2], r[-1]) for r in rows]
+            if len(set(keys)) < len(keys):
+                seen: set[tuple[Any, ...]] = set()
+                once = []
+                for k, r in zip(keys, rows, strict=True):
+                    if k not in seen:
+                        seen.add(k)
+                        once.append(r)
+            if len(once) >= limit or len(rows) < reach:
+                return once[:limit]
+            return self._query(head + " FROM " + table + " FINAL WHERE " + cond + order
+                               + " LIMIT {limit:UInt64} SETTINGS "
+                               "do_not_merge_across_partitions_select_final = 1",
+                               {**params, "limit": int(limit)})
+        return self._query(head + " FROM " + table + " FINAL WHERE " + cond, params)
+
     def lines(self, run: str, stream: str | None = None, limit: int | None = None
               ) -> list[dict[str, Any]]:
         """What ``logcapture logs`` shows: the run's output-stream records (line, command,
         note, metadata) as spool record dicts, in order (ts, stream, seq); ``stream`` picks
         one stream; ``limit`` keeps the last N. Run-level notes (stream ``run``) included
         when ``stream`` is None."""
-        params: dict[str, Any] = {"run": run, "stream": stream or "",
-                                  "limit": int(limit) if limit else 0, "since": 0}
-        cond = ("run = {run:String} AND ({stream:String} = '' OR stream = {stream:String}) "
-                "AND ts >= fromUnixTimestamp64Nano({since:Int64}, 'UTC')")
-        lim = " ORDER BY ts DESC, stream DESC, seq DESC LIMIT {limit:UInt64}" if limit else ""
-        if limit:
-            # The tail of a big job: find the ts of the limit-th newest line by a reverse
-            # read of the key range without FINAL (cheap), then read only from there with
-            # FINAL. Duplicates not yet merged can only push that ts too high: then fewer
-            # than ``limit`` rows come back and we read again without the bound.
-            rows = self._query(
-                "SELECT toUnixTimestamp64Nano(ts) FROM lines WHERE run = {run:String} AND "
-                "({stream:String} = '' OR stream = {stream:String}) ORDER BY owner DESC, "
-                "ts DESC LIMIT 1 OFFSET {off:UInt64}", {**params, "off": int(limit) - 1})
-            params["since"] = rows[0][0] if rows else 0
-        out: list[dict[str, Any]] = []
-        sql = ("SELECT stream, seq, toUnixTimestamp64Nano(ts), kind, text, options FROM lines "
-               "FINAL WHERE " + cond + lim)
-        found = self._query(sql, params)
-        if limit and params["since"] and len(found) < limit:
-            found = self._query(sql, {**params, "since": 0})
-        params["since"] = 0
-        for r in found:
-            d = {"kind": r[3], "run": run, "stream": r[0], "seq": r[1], "ts": _ns_to_float(r[2]),
-                 "text": r[4]}
-            if r[3] == "command":
-                d["options"] = _loads(r[5], {})
-            out.append(d)
-        for r in self._query("SELECT stream, seq, toUnixTimestamp64Nano(ts), note, count, text "
-                             "FROM notes FINAL WHERE " + cond + lim, params):
-            out.append({"kind": "note", "run": run, "stream": r[0], "seq": r[1],
-                        "ts": _ns_to_float(r[2]), "note": r[3], "count": r[4], "text": r[5]})
-        for r in self._query("SELECT stream, seq, toUnixTimestamp64Nano(ts), fields FROM "
-                             "metadata FINAL WHERE " + cond + lim, params):
-            out.append({"kind": "metadata", "run": run, "stream": r[0], "seq": r[1],
-                        "ts": _ns_to_float(r[2]), "fields": _loads(r[3], {})})
+        params: dict[str, Any] = {"run": run, "stream": stream or ""}
+        cond = "run = {run:String} AND ({stream:String} = '' OR stream = {stream:String})"
+        # ts: DateTime64(9) parsed the spool's JSON decimal text exactly, so ns / 1e9 is the
+        # very float the spool held (``_ns_to_float``), inlined: 10k rows per tail.
+        lines = [{"kind": r[3], "run": run, "stream": r[0], "seq": r[1],
+                  "ts": r[2] / 1_000_000_000, "text": r[4]} if r[3] != "command" else
+                 {"kind": r[3], "run": run, "stream": r[0], "seq": r[1],
+                  "ts": r[2] / 1_000_000_000, "text": r[4], "options": _loads(r[5], {})}
+                 for r in self._rows("lines", "kind, text, options", cond, params, limit)]
+        notes = [{"kind": "note", "run": run, "stream": r[0], "seq": r[1],
+                  "ts": r[2] / 1_000_000_000, "note": r[3], "count": r[4], "text": r[5]}
+                 for r in self._rows("notes", "note, count, text", cond, params, limit)]
+        meta = [{"kind": "metadata", "run": run, "stream": r[0], "seq": r[1],
+                 "ts": r[2] / 1_000_000_000, "fields": _loads(r[3], {})}
+                for r in self._rows("metadata", "fields", cond, params, limit)]
+        if limit and not notes and not meta:
+            lines.reverse()  # the tail comes newest first, in key order
+            return lines
+        out = lines + notes + meta
         out.sort(key=lambda d: (d["ts"], d["stream"], d["seq"]))
         return out[-limit:] if limit else out
 

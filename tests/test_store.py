@@ -103,7 +103,7 @@ def test_documented_columns_exist(db: S.Store) -> None:
         assert f"`{table}`" in doc
     sorting = db.client.command("SELECT sorting_key FROM system.tables WHERE database = "
                                 "currentDatabase() AND name = 'lines'")
-    assert sorting == "run, owner, ts, stream, seq"
+    assert sorting == "run, ts, stream, seq, owner"
 
 
 def test_round_trip_every_kind(db: S.Store) -> None:
