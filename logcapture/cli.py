@@ -628,14 +628,22 @@ def db_init(store_dsn: str | None, ttl_days: int | None, row_policies: bool) -> 
 def export_cmd(store_dsn: str | None, run_ref: str, what: str, fmt: str,
                output: Path | None) -> None:
     """Write your own data of RUN from the store: its lines, metadata (one column per key)
-    or resource samples, as CSV, NDJSON or Parquet."""
+    or resource samples, as CSV, NDJSON or Parquet. RUN: a run id, a Slurm job id, or
+    `latest` (the newest run in the store)."""
     from .errors import NotFound
+    from .runs import find_run
     from .store import open_store
 
     with open_store(store_dsn, wait=10.0, must_exist=True) as st:
-        if not st.has_run(run_ref):
-            raise NotFound(f"run {run_ref!r} is not in the store (ship it with "
-                           "`logcapture upload`)")
+        try:
+            run_ref = st.resolve_run(run_ref)
+        except NotFound:
+            try:  # a Slurm job id the store does not know, named in the user's spool
+                run_ref = find_run(_root(None), run_ref).name
+            except LogcaptureError:
+                run_ref = ""
+            if not run_ref or not st.has_run(run_ref):
+                raise
         if output is None:
             out = sys.stdout.buffer
             n = st.export(run_ref, what, fmt, out)

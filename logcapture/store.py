@@ -772,6 +772,24 @@ class Store:
         return bool(self._query("SELECT count() FROM runs WHERE run = {run:String}",
                                 {"run": run})[0][0])
 
+    def resolve_run(self, ref: str | None) -> str:
+        """The run id RUN names, as the other commands take it (``runs.find_run`` on the spool
+        side): None or ``latest`` (the newest run in the store), a run id, or a Slurm job id
+        (``runs.job_id``, the newest such run). NotFound when the store has none."""
+        if ref is None or ref == "latest":
+            rows = self._query("SELECT run FROM runs FINAL ORDER BY ifNull(start_ts, last_ts) "
+                               "DESC, run DESC LIMIT 1")
+            if not rows:
+                raise NotFound("the store has no runs yet (ship one with `logcapture upload`)")
+            return str(rows[0][0])
+        if self.has_run(ref):
+            return ref
+        rows = self._query("SELECT run FROM runs FINAL WHERE job_id = {ref:String} ORDER BY "
+                           "ifNull(start_ts, last_ts) DESC LIMIT 1", {"ref": ref})
+        if rows:
+            return str(rows[0][0])
+        raise NotFound(f"run {ref!r} is not in the store (ship it with `logcapture upload`)")
+
     def run_info(self, run: str) -> dict[str, Any]:
         """The run's summary (as ``runs()``) plus ``start_record`` and ``end_record`` (record
         dicts as in the spool, or None) and per-table row counts."""

@@ -159,6 +159,25 @@ def test_export_formats(capsys: pytest.CaptureFixture[str], env: Path, tmp_path:
     assert code == 1 and "not in the store" in err
 
 
+def test_export_latest_and_slurm_job_id(capsys: pytest.CaptureFixture[str], env: Path,
+                                        tmp_path: Path) -> None:
+    """RUN is what the other commands take: `latest` and a Slurm job id too."""
+    rd = create_run_dir(env, "exp-newest")
+    w = SpoolWriter(rd, fsync=False)
+    late = T0 + 10_000_000  # the newest run of this store
+    w.write([Start(run="exp-newest", stream="run", seq=0, ts=late, command=["x"],
+                   slurm={"job_id": "424242", "cluster": "c1"}),
+             Line(run="exp-newest", stream="stdout", seq=0, ts=late + 1, text="newest line"),
+             End(run="exp-newest", stream="run", seq=1, ts=late + 2, state="COMPLETED")])
+    w.close()
+    assert lc(capsys, "upload", "exp-newest", "--spool", str(env), "--keep")[0] == 0
+    for ref in ("latest", "424242", "exp-newest"):
+        code, out, err = lc(capsys, "export", ref, "--what", "lines", "--format", "ndjson")
+        assert code == 0, (ref, err)
+        assert [json.loads(x)["text"] for x in out.splitlines()] == ["newest line"], ref
+        assert "run exp-newest" in err
+
+
 def test_db_init(capsys: pytest.CaptureFixture[str], env: Path) -> None:
     code, _, err = lc(capsys, "db", "init", "--ttl-days", "3650")
     assert code == 0 and "schema version 1" in err and "TTL 3650 days" in err
