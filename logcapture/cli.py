@@ -540,7 +540,7 @@ def upload(spool: Path | None, store_dsn: str | None, run_arg: str | None,
 @cli.command()
 @_spool_option
 @_store_option
-@click.option("--batch-bytes", type=int, default=16 * 1024 * 1024, show_default=True,
+@click.option("--batch-bytes", type=int, default=64 * 1024 * 1024, show_default=True,
               help="Ship when this many new spool bytes are waiting.")
 @click.option("--interval", type=float, default=2.0, show_default=True,
               help="Ship at least this often (seconds) when anything is waiting.")
@@ -552,8 +552,10 @@ def agent(spool: Path | None, store_dsn: str | None, batch_bytes: int, interval:
           retention_days: float, keep: bool) -> None:
     """Tail the spool and ship new lines to the store in batches, until TERM or INT (then
     ship what is waiting and exit 0). Holds an embedded store only while shipping a batch.
-    Run as root on each node for every user's spool (the spool root of the config file)."""
+    Run as root on each node for every user's spool (the spool root of the config file),
+    the node samplers' samples (<spool root>/.samples) included."""
     from .ship import Agent, describe_dsn
+    from .slurm import samples_job_ended
 
     root = _root(spool)
     if spool is None:
@@ -564,7 +566,8 @@ def agent(spool: Path | None, store_dsn: str | None, batch_bytes: int, interval:
             root = Path(admin.spool_root)
     a = Agent(root, store_dsn, batch_bytes=batch_bytes, batch_interval=interval,
               retention_days=None if keep else retention_days,
-              identify=_trusted_identity, warn=Warner(limit=1000))
+              identify=_trusted_identity, job_ended=samples_job_ended,
+              warn=Warner(limit=1000))
     a.install_signal_handlers()
     click.echo(f"logcapture: agent shipping {root} to {describe_dsn(store_dsn)}", err=True)
     stats = a.run()

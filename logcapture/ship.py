@@ -65,6 +65,8 @@ BATCH_INTERVAL = 2.0
 DEADLINE = 300.0  # gpufl's total timeout (5 min)
 RETENTION_DAYS = 7.0
 _END_MARK = b'"kind":"end"'  # a string value can never contain this unescaped
+SAMPLES_DIR = ".samples"  # slurm.SAMPLES_DIR: the node samplers' spool, inside the spool root
+SAMPLES_IDLE = 900.0  # seconds without a new sample after which a samples-only run is done
 
 Warn = Callable[[str], None]
 
@@ -697,6 +699,13 @@ class Agent:
     other processes can use an embedded store in between. ``stop()`` (the CLI calls it on
     TERM/INT) makes ``run()`` flush what is pending and return.
 
+    The node samplers' spool ``spool_root/.samples`` (docs/admin.md: laid out like a spool
+    root, ``.samples/JOB/RUN``) is tailed too, so one agent per node ships both. A samples-only
+    run has no End record: it is done once everything it holds is shipped and either
+    ``job_ended(run_dir)`` says its job ended (the CLI reads the job's trusted record) and its
+    segments are closed, or no sample came for ``samples_idle`` seconds; then it is no longer
+    watched.
+
     Transient store failures keep the data and retry on the next flush with backoff; an
     authentication failure stops the agent (``run()`` raises StoreAuthError)."""
 
@@ -704,8 +713,14 @@ class Agent:
                  batch_bytes: int = BATCH_BYTES, batch_interval: float = BATCH_INTERVAL,
                  poll: float = 0.25, retention_days: float | None = RETENTION_DAYS,
                  identify: Callable[[Path], Identity] = identity_from_spool,
-                 warn: Warn | None = None, clock: Callable[[], float] = time.monotonic):
+                 job_ended: Callable[[Path], bool] = lambda run_dir: False,
+                 samples_idle: float = SAMPLES_IDLE, warn: Warn | None = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time):
         self.spool_root = Path(spool_root)
+        self.job_ended = job_ended
+        self.samples_idle = samples_idle
+        self.wall = wall
         self.dsn = dsn
         self.batch_bytes = batch_bytes
         self.batch_interval = batch_interval
@@ -730,10 +745,42 @@ class Agent:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self.stop())
 
+    def run_dirs(self) -> list[Path]:
+        """The runs to tail: the spool root's, then the node samplers' (``.samples``, when it
+        is a directory and not a symlink)."""
+        out = find_run_dirs(self.spool_root)
+        samples = self.spool_root / SAMPLES_DIR
+        try:
+            if stat.S_ISDIR(os.stat(samples, follow_symlinks=False).st_mode):
+                out += find_run_dirs(samples)
+        except OSError:
+            pass
+        return out
+
+    def _is_samples(self, run_dir: Path) -> bool:
+        return run_dir.parent.parent == self.spool_root / SAMPLES_DIR
+
+    def _samples_done(self, job: _RunJob) -> bool:
+        """A samples-only run (no End record) is done when all its complete lines are in the
+        store, nothing is set aside, and its job ended (segments closed) or it is idle."""
+        cur = job.rc.cursor
+        if cur.aside or any(cur.lines.get(p.seg.index, 0) < p.skip + p.count
+                            for p in job.pending):
+            return False
+        closed = all(p.seg.closed for p in job.pending)
+        if not (closed and self.job_ended(job.run_dir)):
+            # segments only: the directory's mtime moves with every cursor save
+            newest = max((_mtime(p.seg.path) for p in job.pending), default=0.0)
+            if self.wall() - newest < self.samples_idle:
+                return False
+        cur.shipped_at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        job.rc.save()
+        return True
+
     def scan(self) -> int:
         """Bytes appended to spools since the last look (stat only, no reading)."""
         grown = 0
-        for run_dir in find_run_dirs(self.spool_root):
+        for run_dir in self.run_dirs():
             if str(run_dir) in self._done:
                 continue
             try:
@@ -769,7 +816,7 @@ class Agent:
         """Ship everything pending now (one store session for all runs)."""
         result = UploadResult()
         self._dirty_since, self._dirty_bytes = None, 0
-        runs = [r for r in find_run_dirs(self.spool_root) if str(r) not in self._done]
+        runs = [r for r in self.run_dirs() if str(r) not in self._done]
         if not runs:
             return result
         try:
@@ -790,6 +837,8 @@ class Agent:
                 done = ship_runs(store, jobs, result, max_bytes=self.batch_bytes,
                                  retention_days=self.retention_days)
                 for job, d in zip(jobs, done, strict=True):
+                    if not d and self._is_samples(job.run_dir):
+                        d = self._samples_done(job)
                     if d:
                         self._done.add(str(job.run_dir))
                         result.runs.append(job.run_dir.name)

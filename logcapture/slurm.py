@@ -40,7 +40,7 @@ Spool layout on a Slurm node::
                                   the n-th requeue)
       .samplers/<job id>.pid      root, 0644: "<pid> <start time>" of this node's sampler
       .samples/                   root, 0700: the node samplers' spool (a spool root itself)
-        .jobs/<job id>.json       copy of the trusted record, for an agent on .samples
+        .jobs/<job id>.json       copy of the trusted record, for the agent (it tails .samples)
         <job id>/<run id>/seg-*   this node's Sample records (stream ``sample:<node>``)
 
 Root never trusts the user's directory (issue 5 §6): everything root opens below
@@ -57,6 +57,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from pathlib import Path
 
 # Nothing heavier than os and sys at module level: the wrapper execs the job's interpreter
 # before it imports anything else (issue 5 §1: no measurable cost without ~/.logoptin).
@@ -353,7 +354,7 @@ def start_node_sampler(root_fd: int, job: JobInfo, env: dict[str, str] | os._Env
     """Start ``logcapture slurm sampler --job <id>`` detached (its own session, no inherited
     descriptors: neither slurmd nor the prolog script waits for it) and write its pid file
     ``.samplers/<job id>.pid`` ("pid start-time"). Also leaves a copy of the trusted job
-    record in ``.samples/.jobs/`` for an agent that ships ``.samples``. Returns a message."""
+    record in ``.samples/.jobs/`` for the agent, which ships ``.samples``. Returns a message."""
     import json
     import subprocess
 
@@ -722,6 +723,19 @@ def read_job_record(root: str, job_id: str) -> dict[str, object] | None:
     except ValueError:
         return None
     return obj if isinstance(obj, dict) else None
+
+
+def samples_job_ended(run_dir: Path) -> bool:
+    """For the agent: whether the job of a node sampler's run (``<root>/.samples/<job id>/<run
+    id>``) has ended, by its trusted record: the epilog writes ``end`` into ``<root>/.jobs/``
+    (the copy in ``.samples/.jobs/`` is the prolog's)."""
+    job_id = run_dir.parent.name
+    samples = run_dir.parent.parent
+    for root in (samples, samples.parent):
+        rec = read_job_record(str(root), job_id)
+        if rec and rec.get("end"):
+            return True
+    return False
 
 
 def prolog(env: dict[str, str] | os._Environ[str], *, now: float | None = None,

@@ -401,3 +401,47 @@ def test_agent_sigkill_mid_batch_then_restart_loses_and_duplicates_nothing(
     final, raw, distinct = counts(dsn, "killed")
     assert final == n and distinct == n  # nothing lost, nothing shown twice
     assert raw >= n  # a batch in flight at the kill may be on disk twice; FINAL hides it
+
+
+def _samples_run(root: Path, job: str) -> Path:
+    """A node sampler's run as slurm.node_sampler leaves it: no Start, no End, closed."""
+    from logcapture.records import Sample
+
+    rd = create_run_dir(root / ship.SAMPLES_DIR / job, job)
+    w = SpoolWriter(rd, fsync=False)
+    w.write([Sample(run=job, stream="sample:n1", seq=i, ts=T0 + i, node="n1", gpus=[],
+                    job={"cpu_percent": float(i)}) for i in range(5)])
+    w.close()
+    return rd
+
+
+def test_agent_ships_the_samples_spool_and_finishes_samples_runs(tmp_path: Path,
+                                                                  dsn: str) -> None:
+    """One agent on the spool root also ships ``.samples`` (no second agent); a samples-only
+    run is done when its job's record says the job ended, or once idle, not watched forever."""
+    root = tmp_path / "spool"
+    make_run(root, "main1", 10)
+    ended = _samples_run(root, "9001")
+    idle = _samples_run(root, "9002")
+    live = _samples_run(root, "9003")
+    for rd in (ended, idle):
+        os.utime(rd / "seg-000000.ndjson.gz", (T0 - 7200, T0 - 7200))
+
+    def ident(rd: Path) -> S.Identity:
+        return S.Identity(run=rd.name, user="alice", uid=1000, job_id=rd.parent.name)
+
+    agent = ship.Agent(root, dsn, retention_days=None, identify=ident,
+                       job_ended=lambda rd: rd.parent.name == "9001", samples_idle=3600,
+                       wall=lambda: T0)
+    assert {p.name for p in agent.run_dirs()} == {"main1", "9001", "9002", "9003"}
+    res = agent.flush()
+    assert res.exit_code == 0 and res.records == 14 + 3 * 5
+    assert sorted(res.runs) == ["9001", "9002", "main1"]  # 9003: its sampler may go on
+    with S.open_store(dsn, wait=30) as st:
+        assert len(st.samples("9001")) == 5 and len(st.samples("9003")) == 5
+        assert st.run_info("9001")["owner"] == "alice"
+    shipped = json.loads((live / ship.CURSOR_NAME).read_text())
+    assert not shipped["shipped_at"] and shipped["records"] == 5
+    assert json.loads((ended / ship.CURSOR_NAME).read_text())["shipped_at"]
+    again = agent.flush()
+    assert again.records == 0 and not again.runs
