@@ -134,12 +134,45 @@ def test_lines_limit_and_stream(db: S.Store) -> None:
     assert len(db.lines("lim")) == 50
 
 
-def test_tail_with_unmerged_duplicates(db: S.Store) -> None:
-    recs = [Line(run="tail", stream="stdout", seq=i, ts=T0 + i, text=str(i)) for i in range(30)]
-    db.insert_records(recs, ident("tail"))
-    db.insert_records(recs[20:], ident("tail"))  # the newest 10 twice: the bound overshoots
-    assert [d["text"] for d in db.lines("tail", limit=15)] == [str(i) for i in range(15, 30)]
-    assert [d["text"] for d in db.lines("tail", limit=100)] == [str(i) for i in range(30)]
+@pytest.mark.parametrize("margin", [S.TAIL_MARGIN, 0])
+def test_tail_with_unmerged_duplicates(db: S.Store, margin: int,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tail read without FINAL drops unmerged copies; when they eat its margin (margin 0:
+    the newest 10 come three times), it falls back to FINAL. Same answer either way."""
+    monkeypatch.setattr(S, "TAIL_MARGIN", margin)
+    run = f"tail{margin}"
+    recs = [Line(run=run, stream="stdout", seq=i, ts=T0 + i, text=str(i)) for i in range(30)]
+    recs.append(Note(run=run, stream="stdout", seq=30, ts=T0 + 30, note="blank", count=1,
+                     text="1 blank line dropped"))
+    db.client.command("SYSTEM STOP MERGES")
+    try:
+        for part in (recs, recs[20:], recs[20:]):  # the newest 10 and the note three times
+            db.insert_records(part, ident(run))
+        assert int(db.client.command("SELECT count() FROM lines WHERE run = {r:String}",
+                                     parameters={"r": run})) == 50
+        texts = [d["text"] for d in db.lines(run, limit=15)]
+        assert texts == [str(i) for i in range(16, 30)] + ["1 blank line dropped"]
+        assert [d["text"] for d in db.lines(run, limit=100)][:-1] == [str(i) for i in range(30)]
+        assert [d["seq"] for d in db.lines(run, stream="stdout", limit=3)] == [28, 29, 30]
+    finally:
+        db.client.command("SYSTEM START MERGES")
+
+
+def test_hot_path_refuses_forged_keys_and_incomplete_lines(db: S.Store) -> None:
+    """Line records that go straight into ``lines`` (their last key is kind): a record
+    naming an owner or any other unknown key, or lacking seq, is reported, never stored."""
+    good = Line(run="hot", stream="stdout", seq=0, ts=T0, text="ok").to_json().encode()
+    forged = (b'{"run":"hot","stream":"stdout","seq":1,"ts":1.5,"owner":"root","uid":0,'
+              b'"text":"x","kind":"line"}')
+    no_seq = b'{"run":"hot","stream":"stdout","ts":1.5,"text":"y","kind":"line"}'
+    assert S.split_by_kind(good + b"\n" + forged + b"\n")[1] == b""  # both on the hot path
+    res = db.insert_ndjson(b"\n".join([good, forged, no_seq]) + b"\n", ident("hot", "mallory"))
+    assert res.slow_path and res.rows == 1 and [n for n, _ in res.bad] == [2, 3]
+    rows = db.client.query("SELECT owner, text FROM lines FINAL WHERE run = 'hot'").result_rows
+    assert rows == [("mallory", "ok")]
+    # a lines-only batch lists the run at once, as the views do for the other records
+    db.insert_ndjson(good + b"\n", ident("hot-only", "mallory"))
+    assert db.run_info("hot-only")["owner"] == "mallory"
 
 
 def test_reinsert_never_duplicates_before_or_after_merges(db: S.Store) -> None:
