@@ -74,7 +74,7 @@ ALL_TABLES = ("ingest", *TABLES, "schema_version")
 VIEWS = ("ingest_runs_seen", "ingest_runs", "ingest_lines", "ingest_notes", "ingest_metadata",
          "ingest_samples")
 ADMIN_ROLE = "logcapture_admin"
-TAIL_MARGIN = 1024  # extra rows the tail read takes to absorb unmerged copies (Store._rows)
+TAIL_MARGIN = 256  # extra rows the tail read takes to absorb unmerged copies (Store._tail)
 
 # ClickHouse error codes (src/Common/ErrorCodes.cpp) that mean "the data is wrong": never
 # retried (Vector's ClickHouse sink does the same for 117 and 53).
@@ -311,6 +311,21 @@ WHERE throwIf(stream IS NULL OR seq IS NULL OR ts IS NULL OR kind NOT IN ('line'
 _RUNS_SEEN = """INSERT INTO runs (run, owner, uid, cluster, job_id, last_ts)
 SELECT {run:String}, {owner:String}, {uid:UInt32}, {cluster:String}, {job_id:String}, ts
 FROM lines WHERE run = {run:String} AND owner = {owner:String} ORDER BY ts DESC LIMIT 1"""
+# Store._tail: the newest rows of lines, notes and metadata in one query (one round trip),
+# each a reverse read in key order that stops after {reach} rows (an outer ORDER BY cost more
+# than the three reads on 2 busy cores: Store._tail checks the order instead); ``{cond}`` is
+# replaced by a constant condition of Store.lines (its values are parameters).
+_TAIL_ORDER = "ORDER BY ts DESC, stream DESC, seq DESC, owner DESC LIMIT {reach:UInt64}"
+_TAIL_SQL = f"""SELECT stream, seq, toUnixTimestamp64Nano(ts), CAST(kind AS String), text, options,
+    CAST(owner AS String), 0
+FROM (SELECT stream, seq, ts, kind, text, options, owner FROM lines WHERE {{cond}} {_TAIL_ORDER})
+UNION ALL
+SELECT stream, seq, toUnixTimestamp64Nano(ts), CAST(note AS String), toString(count), text,
+    CAST(owner AS String), 1
+FROM (SELECT stream, seq, ts, note, count, text, owner FROM notes WHERE {{cond}} {_TAIL_ORDER})
+UNION ALL
+SELECT stream, seq, toUnixTimestamp64Nano(ts), fields, '', '', CAST(owner AS String), 2
+FROM (SELECT stream, seq, ts, fields, owner FROM metadata WHERE {{cond}} {_TAIL_ORDER})"""
 FILE_INGEST_SETTINGS = {
     "input_format_skip_unknown_fields": 0,
     "input_format_json_read_objects_as_strings": 1,
@@ -890,41 +905,56 @@ class Store:
                                "{run:String}", {"t": table, "run": run})[0][0])
 
     def _rows(self, table: str, columns: str, cond: str, params: dict[str, Any],
-              limit: int | None) -> list[tuple[Any, ...]]:
+              limit: int | None = None) -> list[tuple[Any, ...]]:
         """``stream, seq, ts (ns), *columns`` of ``table``'s rows matching ``cond``, each record
-        once: all of them (FINAL), or the newest ``limit``. ``table`` and ``columns`` are
-        constants of this module, never input.
-
-        The tail without FINAL (bench_store: 50M rows, the last 10k of a 2M-line job): the
-        newest ``limit`` + a margin rows in key order, a reverse read that stops early (no
-        sort, no merge of the job's whole key range); the copies a re-shipment left unmerged
-        share the whole key, so keeping the first row of each key leaves each record once.
-        When that leaves ``limit`` rows, or the read ran out of rows, they are the newest
-        ``limit`` records; when copies ate the margin, the exact FINAL read answers
-        (partitions hold whole keys: ts is in the key)."""
+        once (FINAL): all of them, or the newest ``limit``. ``table`` and ``columns`` are
+        constants of this module, never input."""
         assert table in TABLES and re.fullmatch(r"[a-z_, ]+", columns)
-        head = "SELECT stream, seq, toUnixTimestamp64Nano(ts), " + columns
-        if limit:
-            order = " ORDER BY ts DESC, stream DESC, seq DESC, owner DESC"
-            reach = int(limit) + max(TAIL_MARGIN, limit // 8)
-            rows = self._query(head + ", owner FROM " + table + " WHERE " + cond + order
-                               + " LIMIT {reach:UInt64}", {**params, "reach": reach})
-            once = rows  # rows end with owner, which callers do not read
-            keys = [(r[0], r[1], r[2], r[-1]) for r in rows]
+        sql = ("SELECT stream, seq, toUnixTimestamp64Nano(ts), " + columns + " FROM " + table
+               + " FINAL WHERE " + cond)
+        if not limit:
+            return self._query(sql, params)
+        # A key never spans partitions (ts is in it), so FINAL may merge each one alone.
+        return self._query(sql + " ORDER BY ts DESC, stream DESC, seq DESC, owner DESC LIMIT "
+                           "{limit:UInt64} SETTINGS "
+                           "do_not_merge_across_partitions_select_final = 1",
+                           {**params, "limit": int(limit)})
+
+    def _tail(self, cond: str, params: dict[str, Any], limit: int
+              ) -> tuple[list[tuple[Any, ...]], ...]:
+        """The newest ``limit`` records of lines, notes and metadata matching ``cond``, each
+        once, without FINAL (bench_store: 50M rows, the last 10k of a 2M-line job), in one
+        query: per table the newest ``limit`` + a margin rows in key order, a reverse read
+        that stops early (no sort, no merge of the job's whole key range). The copies a
+        re-shipment left unmerged share the whole key, so keeping the first row of each key
+        leaves each record once; when that leaves ``limit`` rows, or the read ran out of rows,
+        they are the newest ``limit`` records. When copies ate the margin, that table is read
+        again with FINAL. Rows: ``stream, seq, ts (ns), a, b, c, owner, table`` with (a, b, c)
+        = lines (kind, text, options), notes (note, count as text, text), metadata (fields)."""
+        reach = limit + max(TAIL_MARGIN, limit // 32)
+        rows = self._query(_TAIL_SQL.replace("{cond}", cond), {**params, "reach": reach})
+        out = []
+        for t, (table, columns) in enumerate((("lines", "kind, text, options"),
+                                              ("notes", "note, count, text"),
+                                              ("metadata", "fields"))):
+            mine = [r for r in rows if r[7] == t]
+            keys = [(r[2], r[0], r[1], r[6]) for r in mine]  # the key, ts first
+            if any(a < b for a, b in zip(keys, keys[1:], strict=False)):  # UNION ALL keeps
+                pairs = sorted(zip(keys, mine, strict=True), key=lambda kr: kr[0],  # no order
+                               reverse=True)
+                keys, mine = [k for k, _ in pairs], [r for _, r in pairs]
             if len(set(keys)) < len(keys):
                 seen: set[tuple[Any, ...]] = set()
                 once = []
-                for k, r in zip(keys, rows, strict=True):
+                for k, r in zip(keys, mine, strict=True):
                     if k not in seen:
                         seen.add(k)
                         once.append(r)
-            if len(once) >= limit or len(rows) < reach:
-                return once[:limit]
-            return self._query(head + " FROM " + table + " FINAL WHERE " + cond + order
-                               + " LIMIT {limit:UInt64} SETTINGS "
-                               "do_not_merge_across_partitions_select_final = 1",
-                               {**params, "limit": int(limit)})
-        return self._query(head + " FROM " + table + " FINAL WHERE " + cond, params)
+                mine = once
+            if len(mine) < limit and len(keys) >= reach:
+                mine = self._rows(table, columns, cond, params, limit)
+            out.append(mine[:limit])
+        return tuple(out)
 
     def lines(self, run: str, stream: str | None = None, limit: int | None = None
               ) -> list[dict[str, Any]]:
@@ -934,19 +964,24 @@ class Store:
         when ``stream`` is None."""
         params: dict[str, Any] = {"run": run, "stream": stream or ""}
         cond = "run = {run:String} AND ({stream:String} = '' OR stream = {stream:String})"
+        if limit:
+            line_rows, note_rows, meta_rows = self._tail(cond, params, int(limit))
+        else:
+            line_rows = self._rows("lines", "kind, text, options", cond, params)
+            note_rows = self._rows("notes", "note, count, text", cond, params)
+            meta_rows = self._rows("metadata", "fields", cond, params)
         # ts: DateTime64(9) parsed the spool's JSON decimal text exactly, so ns / 1e9 is the
         # very float the spool held (``_ns_to_float``), inlined: 10k rows per tail.
         lines = [{"kind": r[3], "run": run, "stream": r[0], "seq": r[1],
                   "ts": r[2] / 1_000_000_000, "text": r[4]} if r[3] != "command" else
                  {"kind": r[3], "run": run, "stream": r[0], "seq": r[1],
                   "ts": r[2] / 1_000_000_000, "text": r[4], "options": _loads(r[5], {})}
-                 for r in self._rows("lines", "kind, text, options", cond, params, limit)]
+                 for r in line_rows]
         notes = [{"kind": "note", "run": run, "stream": r[0], "seq": r[1],
-                  "ts": r[2] / 1_000_000_000, "note": r[3], "count": r[4], "text": r[5]}
-                 for r in self._rows("notes", "note, count, text", cond, params, limit)]
+                  "ts": r[2] / 1_000_000_000, "note": r[3], "count": int(r[4]), "text": r[5]}
+                 for r in note_rows]
         meta = [{"kind": "metadata", "run": run, "stream": r[0], "seq": r[1],
-                 "ts": r[2] / 1_000_000_000, "fields": _loads(r[3], {})}
-                for r in self._rows("metadata", "fields", cond, params, limit)]
+                 "ts": r[2] / 1_000_000_000, "fields": _loads(r[3], {})} for r in meta_rows]
         if limit and not notes and not meta:
             lines.reverse()  # the tail comes newest first, in key order
             return lines
