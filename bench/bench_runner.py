@@ -7,6 +7,7 @@ ratios. Workloads (issue 2 §7):
   training  ~1k lines/s for 10 s with a progress bar redrawn at 10 Hz (capture CPU share)
 
   .venv/bin/python bench/bench_runner.py [--rounds 3] [--scale 1.0] [--only prints,bulk]
+  .venv/bin/python bench/bench_runner.py --pipeline   # the capture worker's work alone
 
 --scale shrinks the throughput workloads for a quick look (0.1 = 100k lines, 20 MB).
 Targets: logcapture <= 1.05 x the bare tee and no slower than script on throughput;
@@ -70,23 +71,26 @@ def workloads(scale: float) -> dict[str, list[str]]:
     }
 
 
-def variants(cmd: list[str], spool: str) -> dict[str, list[str]]:
+def variants(cmd: list[str], spool: str, before: str | None = None) -> dict[str, list[str]]:
     out = {
         "file": cmd,
         "tee": [PY, "-c", TEE, *cmd],
         "logcapture": [*LOGCAPTURE, "run", "--", *cmd],
     }
+    if before:  # the same command from another checkout, in the same rounds
+        out["before"] = [*LOGCAPTURE, "run", "--", *cmd]
     if shutil.which("script"):
         out["script"] = ["script", "-q", "-e", "-c", subprocess.list2cmdline(cmd), "/dev/null"]
     return out
 
 
-def timed(argv: list[str], env: dict[str, str], out_path: str) -> tuple[float, float]:
+def timed(argv: list[str], env: dict[str, str], out_path: str,
+          cwd: str | None = None) -> tuple[float, float]:
     """Wall seconds and CPU seconds (the process and its children)."""
     with open(out_path, "wb") as out:
         t0 = time.perf_counter()
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                stdin=subprocess.DEVNULL)
+                                stdin=subprocess.DEVNULL, cwd=cwd)
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - t0
     if os.waitstatus_to_exitcode(status) != 0:
@@ -94,14 +98,86 @@ def timed(argv: list[str], env: dict[str, str], out_path: str) -> tuple[float, f
     return wall, usage.ru_utime + usage.ru_stime
 
 
-def capture_cpu(spool: Path) -> float | None:
-    """The wrapper's own CPU seconds, as recorded in the newest run's end record."""
+def capture_cpu(spool: Path) -> dict[str, float]:
+    """Capture's own CPU seconds, as recorded in the newest run's end record: ``cpu`` (all
+    capture processes: the reader and, since the capture worker, the worker) and, when
+    recorded, ``reader`` and ``worker`` apart."""
     from logcapture.runs import find_run
     from logcapture.spool import iter_run
     for rec in iter_run(find_run(spool, None)):
         if rec.kind == "end":
-            return rec.counts.get("capture", {}).get("cpu_ms", 0) / 1000  # type: ignore[attr-defined]
-    return None
+            c = rec.counts.get("capture", {})  # type: ignore[attr-defined]
+            out = {"cpu": c.get("cpu_ms", 0) / 1000}
+            for k in ("reader", "worker"):
+                if f"{k}_cpu_ms" in c:
+                    out[k] = c[f"{k}_cpu_ms"] / 1000
+            return out
+    return {}
+
+
+def load() -> str:
+    """The machine is shared: say how busy it was (1-minute load average, 2 cores here)."""
+    try:
+        return f"{os.getloadavg()[0]:.2f}"
+    except OSError:
+        return "?"
+
+
+def pipeline_streams(scale: float) -> dict[str, bytes]:
+    """The bytes the three workloads print (a smaller share of them), for --pipeline."""
+    n = int(200_000 * scale)
+    training = []
+    for k in range(n // 100):
+        training.append("\r\x1b[K" + "".join(
+            json.dumps({"step": i, "loss": 1 / (i + 1)}) + "\n"
+            for i in range(100 * k, 100 * k + 100)) + f"\r{k}% |{'#' * (k // 4)}|")
+    return {
+        "prints": b"".join(b"line %d %s\n" % (i, b"x" * 60) for i in range(n)),
+        "bulk": (b"y" * 79 + b"\n") * n * 5,
+        "training": "".join(training).encode(),
+    }
+
+
+def bench_pipeline(rounds: int, scale: float) -> None:
+    """The capture worker's work alone, in this process: the bytes of each workload fed to a
+    Pipeline (render, filter, classify, spool) in 64 KiB chunks (what a worker that has
+    fallen behind gets) and in 4 KiB chunks (one pty read each). CPU seconds per line, best
+    of ``rounds``. Runs against any tree (PYTHONPATH=<old checkout> gives the before figure);
+    the baseline in the same run is the bare split of the bytes into lines."""
+    import inspect
+    import time
+
+    from logcapture.pipeline import Pipeline
+    from logcapture.spool import SpoolWriter, create_run_dir
+
+    with_mono = "mono" in inspect.signature(Pipeline.feed).parameters
+    tmp = Path(tempfile.mkdtemp(prefix="bench-pipeline-"))
+    print(f"\n== pipeline alone (best of {rounds}; load average {load()})")
+    for name, data in pipeline_streams(scale).items():
+        lines = data.count(b"\n")
+        for size in (65536, 4096):
+            chunks = [data[i:i + size] for i in range(0, len(data), size)]
+            best = base = float("inf")
+            for r in range(rounds):
+                t0 = time.process_time()
+                for chunk in chunks:
+                    chunk.split(b"\n")
+                base = min(base, time.process_time() - t0)
+                spool = SpoolWriter(create_run_dir(tmp, f"{name}-{size}-{r}"))
+                p = Pipeline("r", spool, mode="enabled", columns=120, rows=24)
+                t0 = time.process_time()
+                for k, chunk in enumerate(chunks):
+                    if with_mono:
+                        p.feed("stdout", chunk, 1.0 + k, 1.0 + k)
+                    else:
+                        p.feed("stdout", chunk, 1.0 + k)
+                p.finish(exit_status=0, signal=None, state="COMPLETED", duration=1.0,
+                         bytes_read={})
+                best = min(best, time.process_time() - t0)
+            print(f"  {name:<9} {size // 1024:>2} KiB chunks: {1e6 * best / lines:6.2f} us/line "
+                  f"{len(data) / best / 1e6:7.1f} MB/s   ratio to bare split "
+                  f"{best / max(base, 1e-9):6.1f}")
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 def main() -> None:
@@ -110,7 +186,15 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--scale", type=float, default=1.0)
     ap.add_argument("--only", default="prints,bulk,training")
+    ap.add_argument("--before", default=None, metavar="DIR",
+                    help="also run logcapture from another checkout (a directory holding its "
+                         "logcapture/ package, e.g. from `git archive`), as variant 'before'")
+    ap.add_argument("--pipeline", action="store_true",
+                    help="measure the capture worker's work alone, in this process")
     args = ap.parse_args()
+    if args.pipeline:
+        bench_pipeline(args.rounds, args.scale)
+        return
     tmp = Path(tempfile.mkdtemp(prefix="bench-runner-"))
     env = dict(os.environ, LOGCAPTURE_SPOOL=str(tmp / "spool"),
                LOGCAPTURE_OPTIN=str(tmp / "none"), LOGCAPTURE_CONFIG=str(tmp / "none.yaml"),
@@ -122,15 +206,30 @@ def main() -> None:
         rounds = 1 if name == "training" else args.rounds
         walls: dict[str, list[float]] = {}
         cpus: dict[str, list[float]] = {}
+        split: dict[str, list[float]] = {}
+        load_before = load()
         for _ in range(rounds):
-            for vname, argv in variants(cmd, str(tmp / "spool")).items():
-                w, c = timed(argv, env, str(tmp / "out"))
+            for vname, argv in variants(cmd, str(tmp / "spool"), args.before).items():
+                if vname == "before":
+                    # PYTHONPATH and a working directory without a logcapture/ in it, so
+                    # `python -m logcapture` imports the other checkout's package.
+                    w, c = timed(argv, dict(env, PYTHONPATH=args.before), str(tmp / "out"),
+                                 cwd=args.before)
+                else:
+                    w, c = timed(argv, env, str(tmp / "out"))
                 walls.setdefault(vname, []).append(w)
                 cpus.setdefault(vname, []).append(c)
-                if vname == "logcapture" and name == "training":
-                    cpus.setdefault("capture_only", []).append(capture_cpu(tmp / "spool") or 0)
+                if vname == "logcapture":
+                    for k, v in capture_cpu(tmp / "spool").items():
+                        split.setdefault(k, []).append(v)
+                    if name == "training":
+                        cpus.setdefault("capture_only", []).append(split["cpu"][-1])
+                if vname == "before" and name == "training":
+                    cpus.setdefault("before_capture_only", []).append(
+                        capture_cpu(tmp / "spool").get("cpu", 0.0))
         med = {k: statistics.median(v) for k, v in walls.items()}
-        print(f"\n== {name} ({rounds} round(s), median wall seconds)")
+        print(f"\n== {name} ({rounds} round(s), median wall seconds; "
+              f"load average {load_before} before, {load()} after)")
         for k, v in med.items():
             print(f"  {k:<11} {v:8.3f} s   cpu {statistics.median(cpus[k]):7.3f} s")
         r_tee = med["logcapture"] / med["tee"]
@@ -139,11 +238,24 @@ def main() -> None:
             print(f"  ratio logcapture / script = {med['logcapture'] / med['script']:.3f}  "
                   "(target <= 1.0)")
         print(f"  ratio logcapture / file   = {med['logcapture'] / med['file']:.3f}")
-        row = {"median_wall": med, "ratio_tee": r_tee}
+        if "before" in med:
+            print(f"  ratio before / tee        = {med['before'] / med['tee']:.3f}")
+            print(f"  ratio logcapture / before = {med['logcapture'] / med['before']:.3f}")
+        if split:
+            print("  capture cpu (end record)  = " + ", ".join(
+                f"{k} {statistics.median(v):.3f} s" for k, v in split.items()))
+        print("  all rounds (wall s): " + "; ".join(
+            f"{k} " + " ".join(f"{x:.2f}" for x in v) for k, v in walls.items()))
+        row: dict[str, object] = {"median_wall": med, "ratio_tee": r_tee, "walls": walls,
+                                  "load": [load_before, load()]}
         if name == "training" and cpus.get("capture_only"):
             share = statistics.median(cpus["capture_only"]) / med["logcapture"]
             print(f"  capture CPU share of a core = {100 * share:.2f}%  (target <= 2%)")
             row["capture_cpu_share"] = share
+            if cpus.get("before_capture_only"):
+                before = statistics.median(cpus["before_capture_only"]) / med["before"]
+                print(f"  before: capture CPU share = {100 * before:.2f}%")
+                row["before_capture_cpu_share"] = before
         results[name] = row
     print("\n" + json.dumps(results, default=float))
     shutil.rmtree(tmp, ignore_errors=True)
