@@ -67,8 +67,8 @@ def flatten(obj: dict[str, Any]) -> dict[str, Any]:
     Lists stay lists; an empty nested object stays as ``{}`` under its key. Iterative, so any
     depth the JSON parser accepted is fine. On a clash (``{"a.b": 1, "a": {"b": 2}}``) the value
     written later in the line wins."""
-    if all(type(key) is str for key in obj) \
-            and not any(isinstance(value, dict) for value in obj.values()):
+    if set(map(type, obj)) <= {str} \
+            and not any(issubclass(t, dict) for t in set(map(type, obj.values()))):
         return dict(obj)  # already flat: the loop below would copy it as it is
     out: dict[str, Any] = {}
     stack: list[tuple[str, Any]] = [("", obj)]
@@ -283,8 +283,21 @@ class Classifier:
             for i, item in enumerate(items):
                 if type(item) is Rendered and not item.cut:
                     text = item.text
-                    if COMMAND_PREFIX not in text and not (json_stream and text[:1] == "{"):
+                    if COMMAND_PREFIX not in text:
+                        if not (json_stream and text[:1] == "{"):
+                            run.append(text)
+                            continue
+                        # A metadata candidate: kept as a line in any case (mode enabled),
+                        # followed by its Metadata record when it is one JSON object.
+                        fields = parse_metadata(text)
                         run.append(text)
+                        if fields is None:
+                            continue
+                        out.append(self._lines(stream, run, ts))
+                        run = []
+                        self.counts[stream]["metadata"] += 1
+                        out.append(Metadata(run=self.run, stream=stream,
+                                            seq=self._next(stream), ts=ts, fields=fields))
                         continue
                 if run:
                     out.append(self._lines(stream, run, ts))
@@ -298,13 +311,15 @@ class Classifier:
                 out.append(self._lines(stream, run, ts))
             return out
 
-    def _lines(self, stream: str, texts: list[str], ts: float) -> Lines:
+    def _lines(self, stream: str, texts: list[str], ts: float) -> Lines | Line:
         n = len(texts)
         seq = self._seq[stream]
         self._seq[stream] = seq + n
         self._line_no[stream] += n
         self._last_kept[stream] = True
         self.counts[stream]["lines"] += n
+        if n == 1:
+            return Line(run=self.run, stream=stream, seq=seq, ts=ts, text=texts[0])
         return Lines(run=self.run, stream=stream, seq=seq, ts=ts, texts=tuple(texts))
 
     def _one(self, stream: str, item: Rendered | Dropped, ts: float) -> list[Record]:

@@ -175,6 +175,20 @@ class Metadata(Record):
     kind: ClassVar[str] = "metadata"
     fields: dict[str, Any] = field(default_factory=dict)
 
+    def to_json(self) -> str:
+        # A metadata line's hot path: the same bytes as dumps(self.to_dict()) (a test holds
+        # them equal), without the intermediate dict; anything unusual takes the generic way.
+        ts = self.ts
+        if type(ts) is float and type(self.seq) is int and type(self.run) is str \
+                and type(self.stream) is str and ts - ts == 0.0:  # finite
+            try:
+                body = _encode(self.fields)
+            except ValueError:  # a non-finite number somewhere: the generic way
+                return dumps(self.to_dict())
+            return (f'{{"run":{_string(self.run)},"stream":{_string(self.stream)},'
+                    f'"seq":{self.seq},"ts":{ts!r},"fields":{body},"kind":"metadata"}}')
+        return dumps(self.to_dict())
+
 
 @dataclass(frozen=True, slots=True)
 class Sample(Record):

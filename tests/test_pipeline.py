@@ -535,3 +535,14 @@ def test_dumps_equals_json_dumps(obj: dict[str, Any]) -> None:
     except ValueError:
         want = json.dumps(_finite(obj), **kw)
     assert dumps(obj) == want
+
+
+@settings(max_examples=300, deadline=None)
+@given(fields=st.dictionaries(st.text(max_size=4), json_values, max_size=5),
+       ts=st.one_of(st.floats(), st.integers(0, 2**40)), seq=st.integers(0, 2**40),
+       run=st.sampled_from(["r", 'q"\\é']))
+def test_metadata_encodes_as_the_generic_encoding(fields: dict[str, Any], ts: float, seq: int,
+                                                  run: str) -> None:
+    from logcapture.records import Metadata, dumps
+    rec = Metadata(run=run, stream="stdout", seq=seq, ts=ts, fields=fields)
+    assert rec.to_json() == dumps(rec.to_dict())
