@@ -9,7 +9,7 @@ Entry point: ``run(argv, sink, options) -> Outcome``.
   copied to the real stdout/stderr is byte-identical to what the command wrote (SPEC.md §3).
 - The window size is the caller's terminal's, else ``LOGCAPTURE_COLUMNS`` x ``LOGCAPTURE_LINES``,
   else 80 x 24 (a pty left at 0 x 0 makes tqdm print nothing: PTY-RENDER.md). SIGWINCH on the
-  wrapper re-reads the caller's size and applies it to both ptys.
+  wrapper re-reads the caller's size, applies it to both ptys and is forwarded to the command.
 - The command runs in its own session and process group, without a controlling terminal, as
   a batch job has none: a background process it leaves behind is not sent SIGHUP when it
   exits, and reading an interactive stdin never stops it with SIGTTIN. TERM,
@@ -418,7 +418,8 @@ def run(argv: Sequence[str], sink: Sink | Worker | None,
                 set_winsize(err_m, r, c)
             except OSError:
                 pass
-            return
+            # The ptys are no controlling terminal, so the kernel tells nobody of the new
+            # size: forward the signal like the others.
         if child is not None and child.returncode is None:
             try:
                 os.killpg(child.pid, signum)

@@ -240,3 +240,21 @@ def test_a_huge_line_without_newline_keeps_memory_bounded(lc_env: dict[str, str]
     logs = run_lc(["logs"], lc_env)
     text = logs.stdout.decode()
     assert "line cut" in text
+
+
+def test_a_resized_terminal_resizes_the_commands_ptys(lc_env: dict[str, str]) -> None:
+    script = ("import os, signal, sys, time\n"
+              "def h(s, f): print('size', os.get_terminal_size().columns,"
+              " os.get_terminal_size(2).lines, flush=True)\n"
+              "signal.signal(signal.SIGWINCH, h)\n"
+              "h(0, 0)\n"
+              "time.sleep(30)\n")
+    child = pexpect.spawn(LOGCAPTURE[0], [*LOGCAPTURE[1:], "run", "--", PY, "-c", script],
+                          env=lc_env, timeout=30, dimensions=(24, 80))
+    child.expect("size 80 24")
+    child.setwinsize(33, 101)  # the kernel sends SIGWINCH to the wrapper
+    child.expect("size 101 33")
+    child.kill(signal.SIGTERM)
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.signalstatus == signal.SIGTERM
