@@ -269,7 +269,7 @@ def capture_command(argv: list[str], *, spool_root: Path, run_id: str | None = N
         optin = load_optin(path)
         if optin.problems:
             problems += optin.problems
-            problems.append(FALLBACK_MESSAGE)
+            problems.append(FALLBACK_MESSAGE.removeprefix("logcapture: "))  # the note adds its own
         if effective_mode is None:
             effective_mode = optin.config.mode if optin.opted_in else ENABLED
         rid = run_id or default_run_id(base_env)
