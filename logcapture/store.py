@@ -30,9 +30,9 @@ through the slow path, which parses every line in Python, skips and reports bad 
 inserts the rest re-encoded.
 
 Idempotency: every table is a ReplacingMergeTree (AggregatingMergeTree for ``runs``) whose
-ORDER BY holds the record identity ``(run, owner, stream, seq)``. Queries read with ``FINAL``,
-or, for the tail of a job (``lines(run, limit=N)``), with ``LIMIT 1 BY`` the whole key over a
-read in key order, so a re-inserted record never shows twice, before or after merges.
+ORDER BY holds the record identity ``(run, owner, stream, seq)``, and every query reads with
+``FINAL``, so a re-inserted record never shows twice, before or after merges. The tail of a
+job (``lines(run, limit=N)``) is a FINAL read in key order that stops after N rows.
 
 No SQL is built by pasting values or identifiers: values are clickhouse-connect server-side
 parameters (``{name:Type}``) and table names come from the fixed allow-list ``TABLES``
@@ -74,7 +74,6 @@ ALL_TABLES = ("ingest", *TABLES, "schema_version")
 VIEWS = ("ingest_runs_seen", "ingest_runs", "ingest_lines", "ingest_notes", "ingest_metadata",
          "ingest_samples")
 ADMIN_ROLE = "logcapture_admin"
-TAIL_MARGIN = 256  # extra rows the tail read takes to absorb unmerged copies (Store._tail)
 
 # ClickHouse error codes (src/Common/ErrorCodes.cpp) that mean "the data is wrong": never
 # retried (Vector's ClickHouse sink does the same for 117 and 53).
@@ -130,9 +129,9 @@ _ID_COLUMNS = """
 
 # ORDER BY: one job first, then time, then the rest of the record identity (run, owner,
 # stream, seq): the order a job's page reads. The tail of a job is a reverse read of one key
-# range (optimize_read_in_order, no sort), and its duplicates are adjacent there, so
-# ``LIMIT 1 BY`` the key drops them without FINAL. ts is part of the record, identical in every
-# copy, so copies still collapse. owner last: two users who chose the same run id stay apart.
+# range (optimize_read_in_order: no sort; FINAL merges only what it reads). ts is part of the
+# record, identical in every copy, so copies still collapse. owner last: two users who chose
+# the same run id stay apart.
 _RECORD_TABLE = """ENGINE = ReplacingMergeTree
 PARTITION BY toDate(ts)
 ORDER BY (run, ts, stream, seq, owner)
@@ -312,20 +311,26 @@ _RUNS_SEEN = """INSERT INTO runs (run, owner, uid, cluster, job_id, last_ts)
 SELECT {run:String}, {owner:String}, {uid:UInt32}, {cluster:String}, {job_id:String}, ts
 FROM lines WHERE run = {run:String} AND owner = {owner:String} ORDER BY ts DESC LIMIT 1"""
 # Store._tail: the newest rows of lines, notes and metadata in one query (one round trip),
-# each a reverse read in key order that stops after {reach} rows (an outer ORDER BY cost more
-# than the three reads on 2 busy cores: Store._tail checks the order instead); ``{cond}`` is
-# replaced by a constant condition of Store.lines (its values are parameters).
-_TAIL_ORDER = "ORDER BY ts DESC, stream DESC, seq DESC, owner DESC LIMIT {reach:UInt64}"
+# each a FINAL read in key order that stops after {limit} rows (bench_store, 50M rows: 32 ms
+# for the last 10k lines of a 2M-line job, vs 34-100 ms for the newest rows without FINAL
+# with the copies dropped by key). A key never spans partitions (ts is in it), so FINAL may
+# merge each partition alone. No outer ORDER BY (it cost more than the three reads):
+# Store._tail checks the order. ``{cond}`` is replaced by a constant condition of
+# Store.lines (its values are parameters).
+_TAIL_ORDER = "ORDER BY ts DESC, stream DESC, seq DESC, owner DESC LIMIT {limit:UInt64}"
 _TAIL_SQL = f"""SELECT stream, seq, toUnixTimestamp64Nano(ts), CAST(kind AS String), text, options,
     CAST(owner AS String), 0
-FROM (SELECT stream, seq, ts, kind, text, options, owner FROM lines WHERE {{cond}} {_TAIL_ORDER})
+FROM (SELECT stream, seq, ts, kind, text, options, owner FROM lines FINAL WHERE {{cond}}
+    {_TAIL_ORDER})
 UNION ALL
 SELECT stream, seq, toUnixTimestamp64Nano(ts), CAST(note AS String), toString(count), text,
     CAST(owner AS String), 1
-FROM (SELECT stream, seq, ts, note, count, text, owner FROM notes WHERE {{cond}} {_TAIL_ORDER})
+FROM (SELECT stream, seq, ts, note, count, text, owner FROM notes FINAL WHERE {{cond}}
+    {_TAIL_ORDER})
 UNION ALL
 SELECT stream, seq, toUnixTimestamp64Nano(ts), fields, '', '', CAST(owner AS String), 2
-FROM (SELECT stream, seq, ts, fields, owner FROM metadata WHERE {{cond}} {_TAIL_ORDER})"""
+FROM (SELECT stream, seq, ts, fields, owner FROM metadata FINAL WHERE {{cond}} {_TAIL_ORDER})
+SETTINGS do_not_merge_across_partitions_select_final = 1"""
 FILE_INGEST_SETTINGS = {
     "input_format_skip_unknown_fields": 0,
     "input_format_json_read_objects_as_strings": 1,
@@ -333,7 +338,7 @@ FILE_INGEST_SETTINGS = {
     "input_format_json_read_numbers_as_strings": 1,
     "date_time_input_format": "best_effort",
     # Replacing on insert sorts and collapses copies within the block: the reads drop copies
-    # anyway (FINAL, LIMIT 1 BY), and a block of one shipment holds none (bench_store: +25 %).
+    # anyway (FINAL), and a block of one shipment holds none (bench_store: +25 %).
     "optimize_on_insert": 0,
 }
 # The last key of a line or command record (records.Line.to_json, Record.to_dict: ``kind`` is
@@ -904,56 +909,30 @@ class Store:
         return int(self._query("SELECT count() FROM {t:Identifier} FINAL WHERE run = "
                                "{run:String}", {"t": table, "run": run})[0][0])
 
-    def _rows(self, table: str, columns: str, cond: str, params: dict[str, Any],
-              limit: int | None = None) -> list[tuple[Any, ...]]:
+    def _rows(self, table: str, columns: str, cond: str, params: dict[str, Any]
+              ) -> list[tuple[Any, ...]]:
         """``stream, seq, ts (ns), *columns`` of ``table``'s rows matching ``cond``, each record
-        once (FINAL): all of them, or the newest ``limit``. ``table`` and ``columns`` are
-        constants of this module, never input."""
+        once (FINAL). ``table`` and ``columns`` are constants of this module, never input."""
         assert table in TABLES and re.fullmatch(r"[a-z_, ]+", columns)
-        sql = ("SELECT stream, seq, toUnixTimestamp64Nano(ts), " + columns + " FROM " + table
-               + " FINAL WHERE " + cond)
-        if not limit:
-            return self._query(sql, params)
-        # A key never spans partitions (ts is in it), so FINAL may merge each one alone.
-        return self._query(sql + " ORDER BY ts DESC, stream DESC, seq DESC, owner DESC LIMIT "
-                           "{limit:UInt64} SETTINGS "
-                           "do_not_merge_across_partitions_select_final = 1",
-                           {**params, "limit": int(limit)})
+        return self._query("SELECT stream, seq, toUnixTimestamp64Nano(ts), " + columns
+                           + " FROM " + table + " FINAL WHERE " + cond, params)
 
     def _tail(self, cond: str, params: dict[str, Any], limit: int
               ) -> tuple[list[tuple[Any, ...]], ...]:
         """The newest ``limit`` records of lines, notes and metadata matching ``cond``, each
-        once, without FINAL (bench_store: 50M rows, the last 10k of a 2M-line job), in one
-        query: per table the newest ``limit`` + a margin rows in key order, a reverse read
-        that stops early (no sort, no merge of the job's whole key range). The copies a
-        re-shipment left unmerged share the whole key, so keeping the first row of each key
-        leaves each record once; when that leaves ``limit`` rows, or the read ran out of rows,
-        they are the newest ``limit`` records. When copies ate the margin, that table is read
-        again with FINAL. Rows: ``stream, seq, ts (ns), a, b, c, owner, table`` with (a, b, c)
-        = lines (kind, text, options), notes (note, count as text, text), metadata (fields)."""
-        reach = limit + max(TAIL_MARGIN, limit // 32)
-        rows = self._query(_TAIL_SQL.replace("{cond}", cond), {**params, "reach": reach})
+        once (FINAL), newest first, in one query (``_TAIL_SQL``). Rows: ``stream, seq, ts (ns),
+        a, b, c, owner, table`` with (a, b, c) = lines (kind, text, options), notes (note,
+        count as text, text), metadata (fields)."""
+        rows = self._query(_TAIL_SQL.replace("{cond}", cond), {**params, "limit": limit})
         out = []
-        for t, (table, columns) in enumerate((("lines", "kind, text, options"),
-                                              ("notes", "note, count, text"),
-                                              ("metadata", "fields"))):
+        for t in range(3):
             mine = [r for r in rows if r[7] == t]
             keys = [(r[2], r[0], r[1], r[6]) for r in mine]  # the key, ts first
             if any(a < b for a, b in zip(keys, keys[1:], strict=False)):  # UNION ALL keeps
                 pairs = sorted(zip(keys, mine, strict=True), key=lambda kr: kr[0],  # no order
                                reverse=True)
-                keys, mine = [k for k, _ in pairs], [r for _, r in pairs]
-            if len(set(keys)) < len(keys):
-                seen: set[tuple[Any, ...]] = set()
-                once = []
-                for k, r in zip(keys, mine, strict=True):
-                    if k not in seen:
-                        seen.add(k)
-                        once.append(r)
-                mine = once
-            if len(mine) < limit and len(keys) >= reach:
-                mine = self._rows(table, columns, cond, params, limit)
-            out.append(mine[:limit])
+                mine = [r for _, r in pairs]
+            out.append(mine)
         return tuple(out)
 
     def lines(self, run: str, stream: str | None = None, limit: int | None = None
