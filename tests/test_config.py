@@ -410,7 +410,7 @@ def test_problems_never_quote_secrets(tmp_path, template):
 def test_admin_missing_file_is_defaults(tmp_path):
     config = load_admin(tmp_path / "none.yaml", env={})
     assert config == AdminConfig()
-    assert config.flush_interval == 1.0
+    assert config.flush_interval == 0.5
     assert config.flush_records == 1000
     assert config.segment_bytes == 8 * 1024 * 1024
 

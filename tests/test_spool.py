@@ -48,7 +48,8 @@ def record_lists(draw: st.DrawFn) -> list[Record]:
     return out
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(records=record_lists(), segment_bytes=st.integers(1024, 8192))
 def test_round_trip_through_rotated_compressed_segments(tmp_path_factory: pytest.TempPathFactory,
                                                         records: list[Record],
