@@ -355,17 +355,11 @@ def start_node_sampler(root_fd: int, job: JobInfo, env: dict[str, str] | os._Env
     descriptors: neither slurmd nor the prolog script waits for it) and write its pid file
     ``.samplers/<job id>.pid`` ("pid start-time"). Also leaves a copy of the trusted job
     record in ``.samples/.jobs/`` for the agent, which ships ``.samples``. Returns a message."""
-    import json
     import subprocess
 
     sfd = _open_root_subdir(root_fd, SAMPLES_DIR, 0o700)
     try:
-        jobs_fd = _open_jobs_dir(sfd)
-        try:
-            _write_root_file(jobs_fd, f"{job.job_id}.json",
-                             json.dumps(record, sort_keys=True).encode() + b"\n", 0o600)
-        finally:
-            os.close(jobs_fd)
+        _write_job_record(sfd, job.job_id, record)
     finally:
         os.close(sfd)
     pfd = _open_root_subdir(root_fd, SAMPLERS_DIR, 0o755)
@@ -678,19 +672,20 @@ def public_config(admin: object) -> bytes:
 
 
 def _open_jobs_dir(root_fd: int) -> int:
-    import stat
+    return _open_root_subdir(root_fd, JOBS_DIR, 0o700)
 
+
+def _write_job_record(root_fd: int, job_id: str, record: dict[str, object]) -> None:
+    """Atomically replace the trusted record ``.jobs/<job id>.json`` below ``root_fd`` (the
+    spool root, or its samples directory), making ``.jobs`` when missing."""
+    import json
+
+    jobs_fd = _open_jobs_dir(root_fd)
     try:
-        os.mkdir(JOBS_DIR, 0o700, dir_fd=root_fd)
-    except FileExistsError:
-        pass
-    fd = os.open(JOBS_DIR, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                 dir_fd=root_fd)
-    st = os.fstat(fd)
-    if st.st_uid != 0 or stat.S_IMODE(st.st_mode) != 0o700:
-        os.fchown(fd, 0, 0)
-        os.fchmod(fd, 0o700)
-    return fd
+        _write_root_file(jobs_fd, f"{job_id}.json",
+                         json.dumps(record, sort_keys=True).encode() + b"\n", 0o600)
+    finally:
+        os.close(jobs_fd)
 
 
 def read_job_record(root: str, job_id: str) -> dict[str, object] | None:
@@ -742,7 +737,6 @@ def prolog(env: dict[str, str] | os._Environ[str], *, now: float | None = None,
            optin: Callable[[int], bool] | None = None) -> list[str]:
     """Prepare this node for the job: its spool directory (owned by the user, 0700) and its
     trusted record. Returns messages for the log (paths and numbers only)."""
-    import json
     import stat
     import time
 
@@ -780,12 +774,7 @@ def prolog(env: dict[str, str] | os._Environ[str], *, now: float | None = None,
         record = job.record()
         record["start"] = time.time() if now is None else now
         record["restart_count"] = job.restart_count
-        jobs_fd = _open_jobs_dir(root_fd)
-        try:
-            _write_root_file(jobs_fd, f"{job.job_id}.json",
-                             json.dumps(record, sort_keys=True).encode() + b"\n", 0o600)
-        finally:
-            os.close(jobs_fd)
+        _write_job_record(root_fd, job.job_id, record)
         # The resource sampler of this node (every node of the job: the wrapper's opt-in
         # decision is taken on the batch node only, later), for users with ~/.logoptin now.
         if (optin or optin_for_uid)(job.uid):
@@ -980,20 +969,13 @@ def slurm_state(job_id: str, timeout: float = 10.0) -> str:
 
 def _update_record(root: str, job_id: str, fields: dict[str, object]) -> bool:
     """Merge ``fields`` into an existing job record; False when there is none any more."""
-    import json
-
     record = read_job_record(root, job_id)
     if record is None:
         return False
     record.update(fields)
     root_fd = _open_root(root, create=False)
     try:
-        jobs_fd = _open_jobs_dir(root_fd)
-        try:
-            _write_root_file(jobs_fd, f"{job_id}.json",
-                             json.dumps(record, sort_keys=True).encode() + b"\n", 0o600)
-        finally:
-            os.close(jobs_fd)
+        _write_job_record(root_fd, job_id, record)
     finally:
         os.close(root_fd)
     return True
@@ -1102,7 +1084,6 @@ def _ship(root: str, job_id: str, runs: list[str], admin: object, record: dict[s
 def epilog(env: dict[str, str] | os._Environ[str], *, now: float | None = None,
            state_of: object = None, sampler_wait: float = SAMPLER_STOP_WAIT) -> list[str]:
     """Record the job's end, ship or leave to the agent, clean up. Returns log messages."""
-    import json
     import time
 
     from .config import load_admin
@@ -1169,12 +1150,7 @@ def epilog(env: dict[str, str] | os._Environ[str], *, now: float | None = None,
         if end is None:
             messages.append(f"run {run}: no readable End record (the wrapper was killed, or "
                             "its spool is not as the wrapper left it)")
-        jobs_fd = _open_jobs_dir(root_fd)
-        try:
-            _write_root_file(jobs_fd, f"{job.job_id}.json",
-                             json.dumps(record, sort_keys=True).encode() + b"\n", 0o600)
-        finally:
-            os.close(jobs_fd)
+        _write_job_record(root_fd, job.job_id, record)
         if info and record["slurm_state"] in ("", "COMPLETING") and not callable(state_of):
             _record_final_state_later(root, job.job_id)
         shipped, why = _ship(root, job.job_id, runs, admin, record, samples=samples)
