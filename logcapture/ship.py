@@ -56,7 +56,7 @@ from .errors import (
 )
 from .records import Start, from_dict
 from .spool import Segment, check_run_id, list_runs, segments
-from .store import Identity, Store, open_store, redact
+from .store import Identity, Store, flock_within, open_store, redact
 
 CURSOR_NAME = ".logcapture-cursor.json"
 CURSOR_LOCK_NAME = ".logcapture-cursor.lock"
@@ -299,17 +299,9 @@ def lock_cursor(run_dir: Path, wait: float | None = None) -> Iterator[RunCursor 
         _chown_like_dir(fd, run_dir)
         if wait is None:
             fcntl.flock(fd, fcntl.LOCK_EX)
-        else:
-            deadline = time.monotonic() + wait
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() >= deadline:
-                        yield None
-                        return
-                    time.sleep(0.02)
+        elif not flock_within(fd, wait, poll=0.02):
+            yield None
+            return
         yield RunCursor(run_dir)
     finally:
         os.close(fd)

@@ -435,6 +435,22 @@ def redact(dsn: str) -> str:
     return dsn
 
 
+def flock_within(fd: int, wait: float, poll: float) -> bool:
+    """Take an exclusive flock on ``fd``, trying again every ``poll`` seconds for at most
+    ``wait`` seconds (at least once). False when another holder kept it all that time."""
+    import time
+
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(poll)
+
+
 class _StoreLock:
     """Per-process reference-counted flock on ``<store>.lock``: chDB is one engine per process,
     so clients of one process share it; another process is refused."""
@@ -452,27 +468,18 @@ class _StoreLock:
                 return
             lock_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            import time
-
-            deadline = time.monotonic() + wait
-            while True:
+            if not flock_within(fd, wait, poll=0.05):
+                holder = ""
                 try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() >= deadline:
-                        holder = ""
-                        try:
-                            holder = os.pread(fd, 32, 0).decode().strip()
-                        except OSError:
-                            pass
-                        os.close(fd)
-                        who = f" (pid {holder})" if holder.isdigit() else ""
-                        raise StoreUnavailable(
-                            f"the embedded store {lock_path.with_suffix('')} is in use by "
-                            f"another process{who}; chDB allows one process per store folder, "
-                            "try again when it has finished") from None
-                    time.sleep(0.05)
+                    holder = os.pread(fd, 32, 0).decode().strip()
+                except OSError:
+                    pass
+                os.close(fd)
+                who = f" (pid {holder})" if holder.isdigit() else ""
+                raise StoreUnavailable(
+                    f"the embedded store {lock_path.with_suffix('')} is in use by "
+                    f"another process{who}; chDB allows one process per store folder, "
+                    "try again when it has finished") from None
             os.ftruncate(fd, 0)
             os.pwrite(fd, str(os.getpid()).encode(), 0)
             cls._held[key] = (fd, 1)
