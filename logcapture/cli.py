@@ -83,6 +83,15 @@ def _source_option(f: Any) -> Any:
              "spool), else the spool.")(f)
 
 
+def _retention_options(f: Any) -> Any:
+    """--retention-days and --keep (the shipper's ``retention_days``: None with --keep)."""
+    f = click.option("--keep", is_flag=True, help="Never delete shipped spool segments.")(f)
+    return click.option(
+        "--retention-days", type=float, default=7.0, show_default=True,
+        help="Delete a closed spool segment this many days after the store accepted "
+             "it (0: at once).")(f)
+
+
 # ------------------------------------------------------------------------------ the group
 
 
@@ -494,10 +503,7 @@ def _store_rows_for_ls(dsn: str | None, known: set[str]) -> list[dict[str, Any]]
               help="Ship again runs that were already shipped (the store drops duplicates).")
 @click.option("--timeout", type=float, default=300.0, show_default=True,
               help="Total seconds to keep retrying an unreachable store.")
-@click.option("--retention-days", type=float, default=7.0, show_default=True,
-              help="Delete a closed spool segment this many days after the store accepted "
-                   "it (0: at once).")
-@click.option("--keep", is_flag=True, help="Never delete shipped spool segments.")
+@_retention_options
 def upload(spool: Path | None, store_dsn: str | None, run_arg: str | None,
            run_opt: str | None, all_runs: bool, force: bool, timeout: float,
            retention_days: float, keep: bool) -> None:
@@ -544,10 +550,7 @@ def upload(spool: Path | None, store_dsn: str | None, run_arg: str | None,
               help="Ship when this many new spool bytes are waiting.")
 @click.option("--interval", type=float, default=2.0, show_default=True,
               help="Ship at least this often (seconds) when anything is waiting.")
-@click.option("--retention-days", type=float, default=7.0, show_default=True,
-              help="Delete a closed spool segment this many days after the store accepted "
-                   "it (0: at once).")
-@click.option("--keep", is_flag=True, help="Never delete shipped spool segments.")
+@_retention_options
 def agent(spool: Path | None, store_dsn: str | None, batch_bytes: int, interval: float,
           retention_days: float, keep: bool) -> None:
     """Tail the spool and ship new lines to the store in batches, until TERM or INT (then
