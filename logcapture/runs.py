@@ -29,7 +29,7 @@ from .records import (
     Start,
 )
 from .sampler import summarize as summarize_samples
-from .spool import ReadStats, iter_run, list_runs, read_segment, segments
+from .spool import ReadStats, find_run_dirs, iter_run, read_segment, segments
 from .xaxis import choose_x_axis
 
 
@@ -117,7 +117,7 @@ def summarize(run_dir: Path) -> RunSummary:
 
 def list_summaries(root: Path) -> list[RunSummary]:
     out = []
-    for run_dir in list_runs(root):
+    for run_dir in find_run_dirs(root):
         try:
             out.append(summarize(run_dir))
         except SpoolError:
@@ -128,7 +128,7 @@ def list_summaries(root: Path) -> list[RunSummary]:
 def find_run(root: Path, ref: str | None) -> Path:
     """A run directory by run id, by Slurm job id (``1234`` or ``1234_5`` for an array
     task), or the latest run when ``ref`` is None or ``latest``."""
-    runs = list_runs(root)
+    runs = find_run_dirs(root)
     if ref is None or ref == "latest":
         if not runs:
             raise NotFound(f"no runs in {root}")

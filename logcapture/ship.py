@@ -55,10 +55,18 @@ from .errors import (
     StoreUnavailable,
 )
 from .records import Start, from_dict
-from .spool import Segment, check_run_id, list_runs, segments
+from .spool import (
+    CURSOR_NAME,
+    Segment,
+    check_run_id,
+    find_run_dirs,
+    segments,
+)
+from .spool import (
+    mtime as _mtime,
+)
 from .store import Identity, Store, flock_within, open_store, redact
 
-CURSOR_NAME = ".logcapture-cursor.json"
 CURSOR_LOCK_NAME = ".logcapture-cursor.lock"
 BATCH_BYTES = 64 * 1024 * 1024  # bench_store: 16 MiB inserts ran 20-30 % slower, 4 MiB at half
 BATCH_INTERVAL = 2.0
@@ -180,36 +188,6 @@ def _first_line(seg: Segment, limit: int = 1 << 20) -> bytes:
 
 
 # --- finding runs -------------------------------------------------------------------------
-def _is_run_dir(path: Path) -> bool:
-    try:
-        return any(n.startswith("seg-") or n == CURSOR_NAME for n in os.listdir(path))
-    except OSError:
-        return False
-
-
-def find_run_dirs(root: Path) -> list[Path]:
-    """Run directories under ``root``, oldest first: ``root/RUN`` (a user's spool) and
-    ``root/JOB/RUN`` (the Slurm layout, one directory per job)."""
-    out: list[Path] = []
-    for entry in list_runs(root):
-        if _is_run_dir(entry):
-            out.append(entry)
-            continue
-        try:
-            out.extend(sub for sub in list_runs(entry) if _is_run_dir(sub))
-        except SpoolError:
-            continue
-    out.sort(key=lambda p: (_mtime(p), p.name))
-    return out
-
-
-def _mtime(path: Path) -> float:
-    try:
-        return os.stat(path, follow_symlinks=False).st_mtime
-    except OSError:
-        return 0.0
-
-
 # --- the cursor ---------------------------------------------------------------------------
 @dataclass
 class Cursor:

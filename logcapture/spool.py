@@ -124,6 +124,42 @@ def list_runs(root: Path) -> list[Path]:
     return [Path(e.path) for e in entries]
 
 
+# The shipper's cursor (logcapture/ship.py) lives in the run directory; a run whose segments
+# were all shipped and deleted is still a run while its cursor is there.
+CURSOR_NAME = ".logcapture-cursor.json"
+
+
+def _is_run_dir(path: Path) -> bool:
+    try:
+        return any(n.startswith("seg-") or n == CURSOR_NAME for n in os.listdir(path))
+    except OSError:
+        return False
+
+
+def find_run_dirs(root: Path) -> list[Path]:
+    """Run directories under ``root``, oldest first: ``root/RUN`` (a user's spool) and
+    ``root/JOB/RUN`` (the Slurm layout under the admin's spool root, one directory per job)."""
+    out: list[Path] = []
+    for entry in list_runs(root):
+        if _is_run_dir(entry):
+            out.append(entry)
+            continue
+        try:
+            out.extend(sub for sub in list_runs(entry) if _is_run_dir(sub))
+        except SpoolError:
+            continue
+    out.sort(key=lambda p: (mtime(p), p.name))
+    return out
+
+
+def mtime(path: Path) -> float:
+    """A path's modification time without following symlinks; 0 when it cannot be read."""
+    try:
+        return os.stat(path, follow_symlinks=False).st_mtime
+    except OSError:
+        return 0.0
+
+
 @dataclass
 class ReadStats:
     lines: int = 0  # complete lines read (the cursor unit)

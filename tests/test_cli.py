@@ -133,3 +133,22 @@ def test_a_line_followed_by_silence_reaches_the_spool_while_the_job_waits(
     res = run_lc(["run", "--run-id", "quiet", "--", sys.executable, "-c", probe], lc_env)
     assert res.returncode == 0
     assert b"seen while waiting" in res.stderr
+
+
+def test_ls_and_logs_read_the_slurm_layout_of_the_admins_spool_root(
+        lc_env: dict[str, str], tmp_path: Path) -> None:
+    # Under the admin's spool root a job's runs sit one level down: ROOT/JOB/RUN.
+    from logcapture.records import Line, Start
+    from logcapture.spool import SpoolWriter, create_run_dir
+
+    root = tmp_path / "slurm-spool"
+    run_dir = create_run_dir(root / "77", "77")
+    w = SpoolWriter(run_dir)
+    w.write([Start(run="77", stream="run", seq=0, ts=1.0, command=["job.sh"],
+                   slurm={"job_id": "77"}),
+             Line(run="77", stream="stdout", seq=0, ts=1.0, text="from the job")])
+    w.close()
+    ls = run_lc(["ls", "--spool", str(root)], lc_env)
+    assert any(ln.startswith("77 ") for ln in ls.stdout.decode().splitlines()), ls.stdout
+    logs = run_lc(["logs", "77", "--spool", str(root), "--source", "spool"], lc_env)
+    assert logs.stdout == b"from the job\n", logs.stderr
