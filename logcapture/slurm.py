@@ -438,22 +438,15 @@ def _sample_runs(root_fd: int, job_id: str) -> list[str]:
 
 
 def _remove_samples(root_fd: int, job_id: str) -> None:
-    import shutil
-
+    """Remove the job's samples and their record copy: ``.samples`` has the spool root's
+    layout, so this is ``_remove_job`` one level down."""
     try:
         sfd = os.open(SAMPLES_DIR, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
                       dir_fd=root_fd)
     except OSError:
         return
     try:
-        try:
-            shutil.rmtree(job_id, dir_fd=sfd)
-        except FileNotFoundError:
-            pass
-        try:
-            os.unlink(f"{JOBS_DIR}/{job_id}.json", dir_fd=sfd)
-        except FileNotFoundError:
-            pass
+        _remove_job(sfd, job_id)
     finally:
         os.close(sfd)
 
