@@ -344,7 +344,22 @@ def test_hundred_concurrent_runs_one_agent(tmp_path: Path, dsn: str) -> None:
         for i, w in enumerate(writers):
             w.write([End(run=f"many{i:03d}", stream="run", seq=1, ts=T0, state="COMPLETED")])
             w.close()
-        time.sleep(0.3)
+
+        def all_shipped() -> bool:
+            for i in range(100):
+                cursor = root / f"many{i:03d}" / ship.CURSOR_NAME
+                try:
+                    if not json.loads(cursor.read_text()).get("shipped_at"):
+                        return False
+                except (OSError, ValueError):
+                    return False
+            return True
+
+        # Wait for the agent to catch up (a hang guard, not a speed claim: a loaded machine
+        # may take a while).
+        deadline = time.monotonic() + 120
+        while not all_shipped() and time.monotonic() < deadline:
+            time.sleep(0.1)
     finally:
         agent.stop()
         t.join()
