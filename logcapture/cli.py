@@ -687,4 +687,10 @@ def main(argv: list[str] | None = None) -> None:
         except OSError:
             pass
         sys.exit(0)
+    except OSError as e:
+        # A file or folder we may not read (another user's store or spool, say): one line,
+        # naming it, not a traceback.
+        where = f": {e.filename}" if e.filename else ""
+        click.echo(f"logcapture: error: {e.strerror or e}{where}", err=True)
+        sys.exit(2)
 

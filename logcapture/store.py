@@ -466,8 +466,19 @@ class _StoreLock:
                 fd, n = cls._held[key]
                 cls._held[key] = (fd, n + 1)
                 return
-            lock_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                lock_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            except PermissionError:
+                # An embedded store belongs to whoever made it (on a cluster: root, so users
+                # cannot read each other's rows); a clear message, not a traceback.
+                raise StoreAuthError(
+                    f"no permission to open the embedded store "
+                    f"{lock_path.with_suffix('')}: it belongs to another user; ask an "
+                    "administrator, or read your own spool with --source spool") from None
+            except OSError as e:
+                raise StoreUnavailable(f"cannot open the embedded store's lock {lock_path}: "
+                                       f"{e.strerror}") from None
             if not flock_within(fd, wait, poll=0.05):
                 holder = ""
                 try:

@@ -366,3 +366,32 @@ def test_same_process_shares_the_store(db: S.Store) -> None:
     t = time.monotonic()
     assert db.runs()
     assert time.monotonic() - t < 60
+
+
+def test_an_embedded_store_of_another_user_is_one_clear_error() -> None:
+    # As root, a child process switched to nobody opens root's 0700 store.
+    import pwd
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+    if os.getuid() != 0:
+        pytest.skip("needs root to switch to another user")
+    nobody = pwd.getpwnam("nobody")
+    base = Path(tempfile.mkdtemp(prefix="lc-store-perm-", dir="/tmp"))
+    try:
+        base.chmod(0o755)  # nobody can reach the store's folder, not into it
+        store = base / "store"
+        store.mkdir(mode=0o700)
+        (base / "store.lock").write_text("")
+        (base / "store.lock").chmod(0o600)
+        env = dict(os.environ, HOME="/tmp", XDG_STATE_HOME=str(base / "nobody-state"))
+        for args in (["ls", "--spool", "/nonexistent"], ["logs", "1", "--source", "store"]):
+            res = subprocess.run(
+                [sys.executable, "-m", "logcapture", *args, "--store", f"chdb://{store}"],
+                env=env, capture_output=True, text=True, timeout=60, user=nobody.pw_uid,
+                group=nobody.pw_gid)
+            assert "Traceback" not in res.stderr, res.stderr
+            assert "no permission to open the embedded store" in res.stderr, res.stderr
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
