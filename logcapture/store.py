@@ -45,6 +45,7 @@ import csv
 import fcntl
 import io
 import json
+import logging
 import os
 import re
 import tempfile
@@ -449,6 +450,13 @@ def flock_within(fd: int, wait: float, poll: float) -> bool:
             if time.monotonic() >= deadline:
                 return False
             time.sleep(poll)
+
+
+# clickhouse-connect logs each failed HTTP attempt itself ("Unexpected Http Driver Exception")
+# through Python's last-resort handler, onto the user's terminal; every failure already
+# reaches the user once, classified, from here (StoreError), so its own log stays quiet.
+logging.getLogger("clickhouse_connect").addHandler(logging.NullHandler())
+logging.getLogger("clickhouse_connect").propagate = False
 
 
 class _StoreLock:
