@@ -27,7 +27,6 @@ import os
 import re
 import stat
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import accumulate
@@ -414,14 +413,3 @@ class SpoolWriter:
             except OSError:
                 pass
             self._warn(f"cannot compress spool segment {plain}: {e.strerror}; kept uncompressed")
-
-
-def wait_for_end(run_dir: Path, poll: float = 0.2, timeout: float | None = None) -> bool:
-    """True once the run's spool holds an end record (used by tests and ``--follow``)."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while True:
-        if any(r.kind == "end" for r in iter_run(run_dir)):
-            return True
-        if deadline is not None and time.monotonic() > deadline:
-            return False
-        time.sleep(poll)
