@@ -396,6 +396,7 @@ def _capture_worker(fd: int, s: _WorkerSettings) -> int:
                             "max_rss_kib": max(reader.get("max_rss_kib", 0),
                                                mine["max_rss_kib"]),
                             "reader_cpu_ms": reader.get("cpu_ms", 0),
+                            "reader_reads": reader.get("reads", 0),
                             "worker_cpu_ms": mine["cpu_ms"]}})
     except Exception as e:  # noqa: BLE001
         warn(f"could not finish the spool ({type(e).__name__})")

@@ -80,6 +80,16 @@ WORKER_TIMEOUT = 20.0  # seconds a worker may accept nothing before it is given 
 # never does.
 PUMP_BYTES = 64 * 1024
 PUMP_DELAY = 0.01
+# After a short read (less than the pty had room for) the reader waits LINGER before the next
+# poll, so a job printing line by line is read a few KB at a time instead of one read per line
+# (each read costs the reader ~10 us of CPU). The pty holds ~17 KB: a job writing faster than
+# that per LINGER fills it during the wait, and the reads after it take LINGER_FULL or more;
+# the job may then have blocked for up to LINGER, so lingering stops for LINGER_BACKOFF
+# seconds and a flood is read without any wait (PTY-RENDER.md: a sleep after every short read, without
+# that back-off, slows a flood down 5-20 times). No lingering once the command has exited.
+LINGER = 0.002
+LINGER_FULL = 12 * 1024
+LINGER_BACKOFF = 1.0
 _KIND = {STDOUT: 0, STDERR: 1}
 _IOV_MAX = 512  # pieces per writev (Linux allows 1024)
 
@@ -113,6 +123,8 @@ class Outcome:
     ended: float
     bytes: dict[str, int] = field(default_factory=dict)
     spawn_error: str = ""  # the command could not be started (exit_status 126 or 127)
+    reads: int = 0  # pty reads that returned data (bench/ and the end record)
+    lingers: int = 0  # LINGER waits between reads
 
     @property
     def duration(self) -> float:
@@ -243,7 +255,8 @@ class Worker:
         payload = json.dumps({
             "exit_status": outcome.exit_status, "signal": outcome.signal, "pid": outcome.pid,
             "started": outcome.started, "ended": outcome.ended, "bytes": outcome.bytes,
-            "spawn_error": outcome.spawn_error, "reader": _own_usage()}).encode()
+            "spawn_error": outcome.spawn_error,
+            "reader": {**_own_usage(), "reads": outcome.reads}}).encode()
         self.send(FRAME_END, [payload], time.time(), time.monotonic())
         poller = select.poll()
         poller.register(self.fd, select.POLLOUT)
@@ -501,6 +514,9 @@ def run(argv: Sequence[str], sink: Sink | Worker | None,
         exited_at: float | None = None
         last_data = time.monotonic()
         last_tick = last_data
+        no_linger_until = 0.0
+        lingered = False  # the reads of this round follow a LINGER wait
+        reads = lingers = 0
         read = os.read
         while open_fds:
             now_m = time.monotonic()
@@ -560,6 +576,7 @@ def run(argv: Sequence[str], sink: Sink | Worker | None,
             now_m = time.monotonic()
             if not events:
                 check_child = True
+            linger = False
             for fd, _ in events:
                 if fd == wake_r:
                     try:
@@ -578,6 +595,7 @@ def run(argv: Sequence[str], sink: Sink | Worker | None,
                     continue
                 stream = masters[fd]
                 burst: list[bytes] = []  # what this stream gave in this round: one frame
+                taken = 0
                 # A full read (the pty hands out at most 4095 bytes) means more is waiting:
                 # read again at once instead of asking poll(), up to 64 KiB in a row.
                 for _ in range(16):
@@ -595,6 +613,8 @@ def run(argv: Sequence[str], sink: Sink | Worker | None,
                             poller.unregister(fd)
                         break
                     counts[stream] += len(data)
+                    taken += len(data)
+                    reads += 1
                     copy(stream, data)
                     last_data = now_m
                     if worker is not None:
@@ -604,7 +624,12 @@ def run(argv: Sequence[str], sink: Sink | Worker | None,
                     elif sink is not None:
                         deliver(stream, data, now)
                     if len(data) < FULL_READ:
+                        if exited_at is None and now_m >= no_linger_until:
+                            linger = True
                         break
+                if lingered and taken >= LINGER_FULL:  # the pty (nearly) filled up while we
+                    no_linger_until = now_m + LINGER_BACKOFF  # waited: stop waiting for a while
+                    linger = False
                 if burst and worker is not None:
                     worker.send(_KIND[stream], burst, now, now_m)
             if worker is not None:
@@ -619,10 +644,14 @@ def run(argv: Sequence[str], sink: Sink | Worker | None,
             elif sink is not None and now_m - last_tick >= TICK:
                 last_tick = now_m
                 tick(now)
+            lingered = linger
+            if linger:
+                lingers += 1
+                time.sleep(LINGER)
         status = child.wait()
         ended = time.time()
         outcome = Outcome(status if status >= 0 else None, -status if status < 0 else None,
-                          child.pid, started, ended, counts)
+                          child.pid, started, ended, counts, reads=reads, lingers=lingers)
         if worker is not None:
             worker.finish(outcome, opts.worker_timeout, warn)
         return outcome

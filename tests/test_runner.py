@@ -181,6 +181,36 @@ def test_output_is_byte_identical(tmp_path: Path) -> None:
     assert outcome.bytes == {"stdout": len(payload), "stderr": len(payload)}
 
 
+def test_a_burst_of_short_lines_is_read_in_a_few_reads(tmp_path: Path) -> None:
+    # A training step prints its lines one write() each; the reader lingers after a short
+    # read instead of waking for every line (docs/performance.md). 400 lines of ~40 bytes fit
+    # the pty (~17 KB) many times over within one linger, so even a slow machine needs far
+    # fewer reads than lines; without the linger the reader wakes for (nearly) every line.
+    job = ("import time\nfor k in range(5):\n    time.sleep(0.05)\n"
+           "    for i in range(80): print('step', k, i, 'loss', 1 / (i + 1))")
+    rec = Recorder()
+    outcome, out, _, _ = _run_to_files(tmp_path, [PY, "-c", job], rec)
+    assert outcome.exit_status == 0
+    assert out.count(b"\n") == 400 and bytes(rec.data["stdout"]) == out
+    assert outcome.lingers >= 1
+    assert outcome.reads <= 40, outcome.reads  # ~12 here; ~90 without the linger
+
+
+def test_a_flood_stops_the_linger(tmp_path: Path) -> None:
+    # A job that fills the pty during a linger may have blocked on it: the reader then reads
+    # without waiting for LINGER_BACKOFF seconds, so a flood is never slowed by sleeps.
+    job = ("import sys\nb = b'x' * 79 + b'\\n'\n"
+           "for _ in range(40000): sys.stdout.buffer.write(b * 4); sys.stdout.flush()")
+    t0 = time.monotonic()
+    outcome, out, _, _ = _run_to_files(tmp_path, [PY, "-c", job])
+    took = time.monotonic() - t0
+    assert len(out) == 40000 * 320
+    # At most one linger per back-off period (plus the first), whatever the machine's speed;
+    # without the back-off there is one after nearly every round (~270 here, 3.7 x slower).
+    assert runner.LINGER_BACKOFF >= 0.5
+    assert outcome.lingers <= 3 + took / 0.5, (outcome.lingers, took)
+
+
 def test_stdin_passes_through(lc_env: dict[str, str]) -> None:
     res = run_lc(["run", "--", "cat"], lc_env, input=b"hi\nthere")
     assert res.returncode == 0
