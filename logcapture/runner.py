@@ -85,8 +85,8 @@ PUMP_DELAY = 0.01
 # (each read costs the reader ~10 us of CPU). The pty holds ~17 KB: a job writing faster than
 # that per LINGER fills it during the wait, and the reads after it take LINGER_FULL or more;
 # the job may then have blocked for up to LINGER, so lingering stops for LINGER_BACKOFF
-# seconds and a flood is read without any wait (PTY-RENDER.md: a sleep after every short read, without
-# that back-off, slows a flood down 5-20 times). No lingering once the command has exited.
+# seconds and a flood is read without any wait (PTY-RENDER.md: a sleep after every short
+# read, without that back-off, slows a flood down 5-20 times). None after the command exits.
 LINGER = 0.002
 LINGER_FULL = 12 * 1024
 LINGER_BACKOFF = 1.0
