@@ -7,6 +7,8 @@ what pure pyte renders, and the result does not depend on how the bytes were chu
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -172,6 +174,20 @@ def test_idle_commits_completed_lines_not_the_redrawn_one() -> None:
     assert r.feed(b"\r 20%") == []
     assert r.idle() == []
     assert [x.text for x in r.finish()] == [" 20%"]
+
+
+def test_plain_text_bars_and_colours_never_load_the_emulator() -> None:
+    # pyte and wcwidth are imported on the first sequence the fast path does not model: a job
+    # printing lines, \r progress bars and colours never pays for them (docs/performance.md).
+    code = ("import sys\nfrom logcapture.render import Renderer\n"
+            "r = Renderer(120, 24)\n"
+            "r.feed(b'plain\\n\\x1b[31mred\\x1b[0m\\n 10%|#  |\\r\\x1b[K 20%|## |\\r\\n')\n"
+            "print([x.text for x in r.finish()], 'pyte' in sys.modules, 'wcwidth' in sys.modules)\n"
+            "r.feed(b'\\x1b[1Aup\\n')\n"
+            "print('pyte' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.splitlines()
+    assert out == ["['plain', 'red', ' 20%|## |'] False False", "True"]
 
 
 def test_idle_in_screen_mode() -> None:

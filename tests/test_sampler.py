@@ -116,6 +116,22 @@ def test_the_real_pynvml_without_a_driver_is_a_warning():
     col.close()
 
 
+def test_without_an_nvidia_driver_pynvml_is_not_even_loaded(monkeypatch, tmp_path):
+    from logcapture.sampling import gpu as G
+    monkeypatch.setattr(G, "DRIVER_PATHS", (str(tmp_path / "no-proc-driver-nvidia"),))
+    assert G.default_nvml() is None
+    col = GpuCollector(None, None)
+    assert col.collect() == [] and col.inventory() == []
+    (w,) = col.pop_warnings()
+    assert "no NVIDIA driver" in w
+    assert col.nvml is None
+    quiet = GpuCollector(None, [])  # a job given no GPUs: nothing to say
+    assert quiet.inventory() == [] and quiet.pop_warnings() == []
+    (tmp_path / "nvidiactl").touch()
+    monkeypatch.setattr(G, "DRIVER_PATHS", (str(tmp_path / "nvidiactl"),))
+    assert G.default_nvml() is pynvml
+
+
 def test_no_gpu_and_no_job_gpus_are_silent():
     col = GpuCollector(FakeNVML([]), None)
     assert col.collect() == [] and col.pop_warnings() == []

@@ -19,16 +19,28 @@ carries on with what it has.
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-try:  # nvidia-ml-py; only imported, the shared library is loaded by nvmlInit()
-    import pynvml as _pynvml
-except ImportError:  # pragma: no cover - it is a declared dependency
-    _pynvml = None
+# Where the NVIDIA kernel driver shows itself, on the host and in GPU containers alike. NVML
+# cannot work without it, so on a node with none of these pynvml is not even imported (it
+# costs ~30 ms of CPU at every job start; docs/performance.md).
+DRIVER_PATHS = ("/proc/driver/nvidia", "/dev/nvidiactl")
+
+
+def default_nvml() -> Any:
+    """pynvml when this node has an NVIDIA driver, else None ("NVML unavailable")."""
+    if not any(os.path.exists(p) for p in DRIVER_PATHS):
+        return None
+    try:  # nvidia-ml-py; only imported, the shared library is loaded by nvmlInit()
+        import pynvml
+    except ImportError:  # pragma: no cover - it is a declared dependency
+        return None
+    return pynvml
 
 # Token prefixes returned by job_gpus_from_env (a bare "N" is taken as an NVML index).
 MINOR = "minor:"  # a Slurm GPU id: the /dev/nvidiaN minor number
@@ -107,7 +119,8 @@ class GpuCollector:
 
     def __init__(self, nvml: Any = None, job_gpus: list[str] | None = None,
                  pids_fn: Callable[[], Iterable[int]] | None = None):
-        self.nvml = _pynvml if nvml is None else nvml
+        self.nvml = nvml  # None: default_nvml() at the first use
+        self._default_nvml = nvml is None
         self.job_gpus = None if job_gpus is None else list(job_gpus)
         self.pids_fn = pids_fn
         self._lock = threading.Lock()
@@ -136,6 +149,13 @@ class GpuCollector:
     def _ensure_started(self) -> bool:
         if self._state == "new":
             self._state = "off"
+            if self.nvml is None and self._default_nvml:
+                self.nvml = default_nvml()
+                if self.nvml is None:
+                    if self.job_gpus != []:
+                        self._warn("init", "NVML unavailable (no NVIDIA driver on this node): "
+                                   "no GPU figures")
+                    return False
             if self.nvml is None:
                 self._warn("init", "NVML unavailable (pynvml not importable): no GPU figures")
                 return False

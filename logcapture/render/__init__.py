@@ -1,0 +1,415 @@
+"""render: raw pty bytes of one stream -> committed screen lines.
+
+Each output stream of a job gets its own ``Renderer``, which plays the part of the terminal the
+job believes it writes to (SPEC.md §2 "Rendering"): what is committed is what a terminal would
+show, with no escape sequences, no colours and no carriage-return debris. docs/rendering.md
+states the rules; in short:
+
+- The emulator is pyte, with a screen ``rows`` high and ``line_limit`` cells wide, so that a
+  logical line longer than the program's ``columns`` is never broken in the log. Characters
+  beyond ``line_limit`` are dropped and counted in ``Rendered.cut``.
+- A row is committed when it scrolls off the top of the screen, when ``idle()`` finds it above
+  the cursor, when the screen is cleared, reset or left for/from the alternate screen, and at
+  ``finish()``.
+- A fast path keeps plain text, ``\\r`` redraws, SGR colours and erase-line out of pyte's
+  per-character work. It models exactly the pyte screen state it stands in for (the rows above
+  the cursor and the cursor row), hands over to pyte on anything else and takes over again when
+  the screen is back in a state it can model, so its output is identical to pure pyte's
+  (tests/test_render.py checks this differentially and under random chunking).
+
+The job's output never raises (STYLE.md practice 3): unknown sequences go to ``debug``, any
+exception inside the emulator is caught, the parser is reset and rendering goes on.
+"""
+
+from __future__ import annotations
+
+import codecs
+import logging
+import re
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from ..records import Rendered, rendered_many
+
+if TYPE_CHECKING:
+    import pyte
+
+    from .screen import Screen
+
+__all__ = ["LINE_LIMIT", "Renderer"]
+
+log = logging.getLogger(__name__)
+
+#: Longest logical line kept, in characters (cells). Longer lines are cut; ``Rendered.cut``
+#: counts the characters dropped. Also the emulator's width, so it bounds memory: at most
+#: ``rows`` x ``LINE_LIMIT`` cells are ever held.
+LINE_LIMIT = 65536
+
+# An escape sequence (CSI/OSC parameters) longer than this is abandoned: the parser is reset,
+# so a hostile "ESC [ 1111..." without end cannot grow memory.
+_MAX_SEQUENCE = 4096
+# DECSC savepoints kept (pyte's list is unbounded).
+_MAX_SAVEPOINTS = 64
+# Escape tail that may be the start of a sequence the fast path knows: held back for the next
+# chunk instead of handing the screen to pyte for one split sequence.
+_PARTIAL = re.compile(r"\x1b(?:\[[0-9;]{0,64})?\Z")
+
+
+def _width1_class() -> str:
+    """A regex character class of the characters the fast path draws: printable, one cell
+    wide (wcwidth 1). Everything else (wide, zero-width, combining, controls) goes to pyte."""
+    import unicodedata
+
+    from wcwidth import wcwidth
+
+    parts = [r"\x20-\x7e"]
+    start = prev = -2
+    for cp in list(range(0xA0, 0x3000)) + list(range(0xFF61, 0xFFDD)) + [0xFFFD]:
+        if wcwidth(chr(cp)) == 1 and unicodedata.category(chr(cp)) not in ("Cs", "Co", "Cn"):
+            if cp != prev + 1:
+                if start >= 0:
+                    parts.append(_range(start, prev))
+                start = cp
+            prev = cp
+    parts.append(_range(start, prev))
+    return "".join(parts)
+
+
+def _range(a: int, b: int) -> str:
+    return f"\\u{a:04x}" if a == b else f"\\u{a:04x}-\\u{b:04x}"
+
+
+class _Patterns:
+    """Compiled on first use, not at import: building the class of one-cell characters asks
+    wcwidth about 12,000 code points, and a stream of plain ASCII never needs it (nor
+    wcwidth's import: ``fast_ascii`` is the same pattern for text without other characters)."""
+
+    simple_run: re.Pattern[str]
+    fast: re.Pattern[str]
+    fast_ascii: re.Pattern[str]
+
+    @staticmethod
+    def _fast(one_cell: str) -> re.Pattern[str]:
+        # The fast path's whole vocabulary: text (with newlines), carriage returns, SGR,
+        # erase-line.
+        return re.compile(
+            f"([{one_cell}\\n]+)|(\\r+)|\\x1b\\[([0-9;]{{0,64}})m|\\x1b\\[([012]?)K")
+
+    def __getattr__(self, name: str) -> re.Pattern[str]:
+        if name == "fast_ascii":
+            self.fast_ascii = self._fast(r"\x20-\x7e")
+            return self.fast_ascii
+        one_cell = _width1_class()
+        self.simple_run = re.compile(f"[{one_cell}]+")
+        self.fast = self._fast(one_cell)
+        return getattr(self, name)  # type: ignore[no-any-return]
+
+
+_PATTERNS = _Patterns()
+
+# ASCII bytes outside the pattern's text run: controls other than newline, and DEL.
+_NOT_PLAIN_ASCII = bytes([*range(0x0a), *range(0x0b, 0x20), 0x7f])
+
+class Renderer:
+    """Bytes of one stream in, committed lines out (see the module docstring).
+
+    ``columns`` is what the program was told (TIOCSWINSZ): cursor addressing is bounded by it.
+    Plain text is never wrapped at it; lines are cut at ``line_limit`` characters instead.
+    """
+
+    #: Class switch for tests and the benchmark: ``False`` sends every byte through pyte.
+    fast_path = True
+
+    def __init__(self, columns: int = 80, rows: int = 24, line_limit: int = LINE_LIMIT):
+        self.width = max(1, int(line_limit))
+        self.columns = max(1, min(int(columns), self.width))
+        self.rows = max(1, int(rows))
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self._out: list[Rendered] = []
+        # The pyte screen and parser, made on the first sequence the fast path cannot model
+        # (``_emulator``): most streams never need them.
+        self._screen: Screen | None = None
+        self._stream: pyte.Stream | None = None
+        self._unground = 0
+        self._tail = ""
+        self.faults = 0  # exceptions caught inside the emulator
+        # Line mode: the screen is the rows above the cursor (``_pending``, already final text)
+        # and the cursor row (``_cur``, one character per cell), nothing below the cursor.
+        self._line_mode = True
+        self._pending: deque[Rendered] = deque()
+        self._burst: Rendered | None = None  # the line of the last burst of one line
+        self._cur = ""
+        self._x = 0
+        self._cut = 0
+        if not self.fast_path:
+            self._to_screen()
+
+    # -- the interface ------------------------------------------------------------------------
+
+    def feed(self, data: bytes) -> list[Rendered]:
+        """Raw pty bytes of one stream, any chunking; returns the newly committed lines."""
+        text = self._tail + self._decoder.decode(data)
+        self._tail = ""
+        self._process(text, final=False)
+        return self._drain()
+
+    def idle(self) -> list[Rendered]:
+        """The stream has been quiet: commit the rows above the cursor (final lines), but not
+        the cursor row, which may still be redrawn. Safe to call at any time."""
+        if self._line_mode:
+            self._out.extend(self._pending)
+            self._pending.clear()
+        else:
+            from .screen import ALT_SCREEN
+
+            s = self._screen
+            assert s is not None  # line mode is left only through _to_screen
+            if s.margins is None and not s.mode & ALT_SCREEN:
+                self._guard(s.commit_above_cursor)
+                self._maybe_line_mode()
+        return self._drain()
+
+    def finish(self) -> list[Rendered]:
+        """End of the stream: commit everything, an unterminated last line included."""
+        text = self._tail + self._decoder.decode(b"", final=True)
+        self._tail = ""
+        self._process(text, final=True)
+        if self._line_mode:
+            self._out.extend(self._pending)
+            self._pending.clear()
+            if self._cut or self._cur.rstrip(" "):
+                self._out.append(Rendered(self._cur.rstrip(" "), self._cut))
+            self._cur, self._x, self._cut = "", 0, 0
+        else:
+            s = self._screen
+            self._guard(s.commit_all)
+            s.cursor.x = s.cursor.y = 0
+            self._maybe_line_mode()
+        return self._drain()
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _drain(self) -> list[Rendered]:
+        out = self._out[:]
+        self._out.clear()
+        return out
+
+    def _process(self, text: str, final: bool) -> None:
+        pos, n = 0, len(text)
+        while pos < n:
+            if self._line_mode:
+                pos = self._fast(text, pos)
+                if pos >= n:
+                    return
+                if not final and _PARTIAL.match(text, pos):
+                    self._tail = text[pos:]
+                    return
+                self._to_screen()
+            end = text.find("\n", pos)
+            end = n if end < 0 else end + 1
+            self._guard(self._pyte_feed, text[pos:end])
+            pos = end
+            self._maybe_line_mode()
+
+    def _guard(self, fn: Any, *args: Any) -> None:
+        try:
+            fn(*args)
+        except Exception:  # the job's output never raises (STYLE.md practice 3)
+            self.faults += 1
+            log.debug("renderer fault; parser reset", exc_info=True)
+            self._stream._initialize_parser()
+            self._unground = 0
+
+    def _pyte_feed(self, data: str) -> None:
+        """pyte's ``Stream.feed``, except that an exception costs only the character that
+        raised it (so the result does not depend on chunking) and an endless sequence is cut."""
+        stream = self._stream
+        send = stream._send_to_parser
+        match_text = stream._text_pattern.match
+        draw = self._screen.draw
+        taking = stream._taking_plain_text
+        offset, n = 0, len(data)
+        while offset < n:
+            if taking:
+                m = match_text(data, offset)
+                if m:
+                    start, offset = m.span()
+                    draw(data[start:offset])
+                    continue
+                taking = False
+            ch = data[offset]
+            offset += 1
+            try:
+                taking = send(ch)
+            except Exception:
+                self.faults += 1
+                self._screen.debug("fault", ch)
+                taking = stream._taking_plain_text
+            if taking:
+                self._unground = 0
+            else:
+                self._unground += 1
+                if self._unground > _MAX_SEQUENCE:
+                    self._screen.debug("sequence too long")
+                    stream._initialize_parser()
+                    taking = stream._taking_plain_text
+                    self._unground = 0
+        stream._taking_plain_text = taking
+
+    # line mode -----------------------------------------------------------------------------
+
+    def _fast(self, text: str, pos: int) -> int:
+        """Consume what the fast path models; return where it stopped."""
+        if not pos and text.isascii():
+            # The usual chunk: printable ASCII and newlines only, which the pattern below
+            # would match as one run of text; checked at C speed instead of by the pattern.
+            raw = text.encode("ascii")
+            if len(raw.translate(None, _NOT_PLAIN_ASCII)) == len(raw):
+                self._plain(text)
+                return len(text)
+        match = (_PATTERNS.fast_ascii if text.isascii() else _PATTERNS.fast).match
+        while True:
+            m = match(text, pos)
+            if m is None:
+                return pos
+            k = m.lastindex
+            if k == 1:
+                self._plain(m.group(1))
+            elif k == 2:
+                self._x = 0
+            elif k == 4:
+                how = m.group(4)
+                x = self._x
+                if how in ("", "0"):
+                    self._cur = self._cur[:x]
+                    self._cut = 0
+                elif how == "1":
+                    cur = self._cur
+                    self._cur = " " * min(x + 1, len(cur)) + cur[x + 1:]
+                else:
+                    self._cur = ""
+                    self._cut = 0
+            # k == 3: SGR, no effect on text
+            pos = m.end()
+
+    def _plain(self, s: str) -> None:
+        if "\n" not in s:
+            self._draw(s)
+            return
+        parts = s.split("\n")
+        self._draw(parts[0])
+        pending = self._pending
+        pending.append(Rendered(self._cur.rstrip(" "), self._cut))
+        width = self.width
+        mids = parts[1:-1]
+        if not mids:
+            pass
+        elif len(s) > width and max(map(len, mids)) > width:
+            for mid in mids:
+                if len(mid) > width:
+                    pending.append(Rendered(mid[:width].rstrip(" "), len(mid) - width))
+                else:
+                    pending.append(Rendered(mid.rstrip(" ")))
+        elif mids.count(mids[0]) == len(mids):
+            # The same line over and over (a burst of one message): one immutable object,
+            # the same as the last burst's when the text is (the filter counts by identity).
+            text = mids[0].rstrip(" ")
+            same = self._burst
+            if same is None or same.text != text:
+                same = self._burst = Rendered(text)
+            pending.extend([same] * len(mids))
+        else:
+            pending.extend(rendered_many([mid.rstrip(" ") for mid in mids]))
+        keep = self.rows - 1
+        if len(pending) > keep:  # rows scrolled off the top: committed, oldest first
+            rows = list(pending)
+            gone = len(rows) - keep
+            self._out += rows[:gone]
+            pending.clear()
+            pending.extend(rows[gone:])
+        self._cur, self._x, self._cut = "", 0, 0
+        self._draw(parts[-1])
+
+    def _draw(self, t: str) -> None:
+        n = len(t)
+        if not n:
+            return
+        x = self._x
+        cur = self._cur
+        if x > len(cur):
+            cur += " " * (x - len(cur))
+        room = self.width - x
+        if n <= room:
+            cur = cur + t if x == len(cur) else cur[:x] + t + cur[x + n:]
+            self._x = x + n
+        else:
+            if room > 0:
+                cur = cur[:x] + t[:room]
+                self._x = self.width
+            self._cut += n - room
+        self._cur = cur
+
+    def _emulator(self) -> Screen:
+        if self._screen is None:
+            import pyte
+
+            from .screen import Screen
+
+            self._screen = Screen(self.width, self.rows, self.columns, self._out)
+            self._stream = pyte.Stream(self._screen)
+            # Honour ESC ( 0 and SO/SI as xterm does in UTF-8 mode: curses draws boxes with
+            # them.
+            self._stream.use_utf8 = False
+        return self._screen
+
+    def _to_screen(self) -> None:
+        """Hand the modelled state to pyte."""
+        from .screen import row_from
+
+        s = self._emulator()
+        buf = s.buffer
+        buf.clear()
+        y = 0
+        for y, r in enumerate(self._pending):
+            buf[y] = row_from(r.text, r.cut)
+        y = len(self._pending)
+        buf[y] = row_from(self._cur, self._cut)
+        s.cursor.y = y
+        s.cursor.x = self._x
+        self._pending.clear()
+        self._cur, self._x, self._cut = "", 0, 0
+        self._line_mode = False
+
+    def _maybe_line_mode(self) -> None:
+        """Take over from pyte again when the screen is in a state line mode models exactly:
+        parser at rest, default modes, no margins or savepoints, nothing below the cursor, and
+        one character per cell on the rows above and at the cursor."""
+        if not self.fast_path or self._line_mode:
+            return
+        from .screen import BLOCKERS, LAT1_MAP, cells_text
+
+        s = self._screen
+        assert s is not None and self._stream is not None
+        if not self._stream._taking_plain_text or s.margins is not None or s.savepoints:
+            return
+        if s.mode & BLOCKERS or s.charset or s.g0_charset is not LAT1_MAP:
+            return
+        buf = s.buffer
+        cy = s.cursor.y
+        for y, row in buf.items():
+            if y > cy and (row.cut or cells_text(row).strip(" ")):
+                return
+        texts = []
+        for y in range(cy + 1):
+            row = buf.get(y)
+            if row and any(len(c.data) != 1 for c in row.values()):
+                return  # a wide character's stub, or a character with combining marks
+            texts.append(cells_text(row))
+        row = buf.get(cy)
+        self._pending = deque(
+            Rendered(texts[y].rstrip(" "), (buf[y].cut if y in buf else 0)) for y in range(cy))
+        self._cur = texts[cy]
+        self._x = s.cursor.x
+        self._cut = row.cut if row is not None else 0
+        buf.clear()
+        self._line_mode = True
