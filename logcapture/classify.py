@@ -53,6 +53,7 @@ from .records import (
     Note,
     Record,
     Rendered,
+    new_metadata,
 )
 
 COMMAND_PREFIX = "/LOGCOMMAND"
@@ -84,17 +85,25 @@ def flatten(obj: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# The C scanner json.loads uses, called directly: the same parser and the same errors without
+# loads' Python layers (a metadata line's hot path; tests/test_classify.py holds the two equal).
+# A JSON object's keys are always strings, so flat means: no value is an object.
+_scan_once = json.JSONDecoder().scan_once
+
+
 def parse_metadata(text: str) -> dict[str, Any] | None:
     """The flattened fields if ``text`` is exactly one JSON object, else None."""
     if len(text) < 2 or text[0] != "{" or text[-1] != "}":
         return None
     try:
-        obj = json.loads(text)
-    except (ValueError, RecursionError):
+        obj, end = _scan_once(text, 0)
+    except (StopIteration, ValueError, RecursionError):
         return None
-    if not isinstance(obj, dict):  # pragma: no cover - "{...}" parses only to a dict
+    if end != len(text) or type(obj) is not dict:  # pragma: no branch - "{...}" is a dict
         return None
-    return flatten(obj)
+    if dict in set(map(type, obj.values())):
+        return flatten(obj)
+    return obj
 
 
 def _is_command_attempt(text: str) -> bool:
@@ -296,8 +305,7 @@ class Classifier:
                         out.append(self._lines(stream, run, ts))
                         run = []
                         self.counts[stream]["metadata"] += 1
-                        out.append(Metadata(run=self.run, stream=stream,
-                                            seq=self._next(stream), ts=ts, fields=fields))
+                        out.append(new_metadata(self.run, stream, self._next(stream), ts, fields))
                         continue
                 if run:
                     out.append(self._lines(stream, run, ts))

@@ -182,7 +182,7 @@ class Metadata(Record):
         if type(ts) is float and type(self.seq) is int and type(self.run) is str \
                 and type(self.stream) is str and ts - ts == 0.0:  # finite
             try:
-                body = _encode(self.fields)
+                body = _encode_fields(self.fields)
             except ValueError:  # a non-finite number somewhere: the generic way
                 return dumps(self.to_dict())
             return (f'{{"run":{_string(self.run)},"stream":{_string(self.stream)},'
@@ -249,6 +249,25 @@ def rendered_many(texts: Iterable[str]) -> list[Rendered]:
     return list(map(_uncut, texts))
 
 
+_metadata_setters = tuple(getattr(Metadata, name).__set__
+                          for name in ("run", "stream", "seq", "ts", "fields"))
+
+
+def new_metadata(run: str, stream: str, seq: int, ts: float,
+                 fields: dict[str, Any]) -> Metadata:
+    """``Metadata(run=run, stream=stream, seq=seq, ts=ts, fields=fields)`` without the frozen
+    dataclass's generic ``__init__`` (a metadata line's hot path); tests/test_pipeline.py holds
+    the two equal."""
+    rec = _new_object(Metadata)
+    set_run, set_stream, set_seq, set_ts, set_fields = _metadata_setters
+    set_run(rec, run)
+    set_stream(rec, stream)
+    set_seq(rec, seq)
+    set_ts(rec, ts)
+    set_fields(rec, fields)
+    return rec
+
+
 @dataclass(frozen=True, slots=True)
 class Dropped:
     """What the filter dropped: ``note`` is NOTE_REPEAT or NOTE_BLANK, ``count`` how many lines."""
@@ -288,6 +307,29 @@ _encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=
                            default=_json_default).encode
 _encode_nan = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"),
                                default=_json_default).encode
+
+try:  # the C encoder JSONEncoder.encode builds on every call, built once
+    from json.encoder import c_make_encoder as _c_make_encoder
+except ImportError:  # pragma: no cover - CPython always has it
+    _c_make_encoder = None
+
+
+def _fields_encoder() -> Any:
+    """``_encode`` for a metadata line's fields (a metadata line's hot path), without the
+    circular-reference check: fields come from the JSON parser, which makes no cycles."""
+    if _c_make_encoder is None:  # pragma: no cover
+        return _encode
+    iterencode = _c_make_encoder(None, _json_default, _string, None, ":", ",", False, False,
+                                 False)
+    join = "".join
+
+    def encode(fields: dict[str, Any]) -> str:
+        return join(iterencode(fields, 0))
+
+    return encode
+
+
+_encode_fields = _fields_encoder()
 
 
 def _finite(o: Any) -> Any:

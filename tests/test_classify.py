@@ -226,6 +226,34 @@ def test_printed_python_dict_is_not_metadata(obj):
     assert (parse_metadata(text) is not None) == is_json
 
 
+def _parse_with_loads(text: str):
+    """parse_metadata as first written: json.loads, then the rule."""
+    if len(text) < 2 or text[0] != "{" or text[-1] != "}":
+        return None
+    try:
+        obj = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    return flatten(obj) if isinstance(obj, dict) else None
+
+
+_json_ish = st.text(alphabet='{}[]":,. 0123456789abenulrtsfIiNy\\\t-+eE', max_size=30)
+
+
+@settings(max_examples=500, deadline=None)
+@given(text=_json_ish | _json_ish.map(lambda t: "{" + t + "}")
+       | st.builds(lambda o, p: json.dumps(o) + p,
+                   st.dictionaries(st.text(max_size=3), json_values, max_size=4),
+                   st.sampled_from(["", " ", "}", "{}", ",", "\n"])))
+def test_parse_metadata_is_json_loads_and_the_rule(text):
+    # parse_metadata calls the C scanner directly (its hot path); same answer as json.loads.
+    want = _parse_with_loads(text)
+    got = parse_metadata(text)
+    assert (got is None) == (want is None)
+    if want is not None:
+        assert json.dumps(got, allow_nan=True) == json.dumps(want, allow_nan=True)
+
+
 # ------------------------------------------------------------------------------ commands
 
 

@@ -36,8 +36,11 @@ from logcapture.records import (
     Dropped,
     Line,
     Lines,
+    Metadata,
     Record,
     Rendered,
+    dumps,
+    new_metadata,
     rendered_many,
 )
 from logcapture.runs import find_run
@@ -388,6 +391,10 @@ def test_lines_encode_as_their_line_records(texts: list[str], seq: int, ts: floa
                      for i, t in enumerate(texts)]
     assert batch.to_json() == "\n".join(line.to_json() for line in lines)
     assert rendered_many(texts) == [Rendered(t) for t in texts]
+    fields = {t: i for i, t in enumerate(texts)}
+    made = new_metadata(run, "stdout", seq, ts, fields)
+    assert made == Metadata(run=run, stream="stdout", seq=seq, ts=ts, fields=fields)
+    assert made.to_json() == dumps(made.to_dict())
 
 
 @settings(max_examples=60, deadline=None,
