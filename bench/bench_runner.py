@@ -4,7 +4,9 @@ Every variant runs in the same process, interleaved, N rounds; medians are print
 ratios. Workloads (issue 2 §7):
   prints    1M print() lines (line-buffered on a tty: 1M write() calls)
   bulk      200 MB of 80-character lines in large writes
-  training  ~1k lines/s for 10 s with a progress bar redrawn at 10 Hz (capture CPU share)
+  training  ~1k lines/s for 10 s with a progress bar redrawn at 10 Hz (capture CPU share):
+            log lines, every 10th a JSON metrics line (metadata), like a training loop
+  training-json  the same with every line a JSON metrics line (the classifier's worst case)
 
   .venv/bin/python bench/bench_runner.py [--rounds 3] [--scale 1.0] [--only prints,bulk]
   .venv/bin/python bench/bench_runner.py --pipeline   # the capture worker's work alone
@@ -12,6 +14,9 @@ ratios. Workloads (issue 2 §7):
 --scale shrinks the throughput workloads for a quick look (0.1 = 100k lines, 20 MB).
 Targets: logcapture <= 1.05 x the bare tee and no slower than script on throughput;
 capture CPU <= 2% of a core on the training-like job.
+
+The package is byte-compiled first (compileall), as an installed package is: a stale .pyc
+under PYTHONDONTWRITEBYTECODE would otherwise be recompiled at every start.
 """
 
 from __future__ import annotations
@@ -48,6 +53,29 @@ sys.exit(p.wait())
 """
 
 
+# Like tqdm with tqdm.write(): clear the bar, print 100 lines, redraw the bar; ten times a
+# second for ten seconds. Every json_every-th line is a JSON metrics line (metadata), the
+# others a log line.
+TRAINING = """
+import json, sys, time
+t0 = time.time()
+i = 0
+while time.time() - t0 < 10:
+    sys.stdout.write('\\r\\x1b[K')
+    for _ in range(100):
+        if i % {json_every} == 0:
+            print(json.dumps({{'step': i, 'loss': 1 / (i + 1), 'lr': 1e-4}}))
+        else:
+            print(time.strftime('%H:%M:%S'), 'INFO train: epoch', i // 5000, 'step', i,
+                  'loss', round(1 / (i + 1), 6), 'grad_norm', round((i % 97) / 31, 4))
+        i += 1
+    bar = '#' * (i // 400)
+    sys.stdout.write(f'\\r{{i // 100}}% |{{bar}}|'); sys.stdout.flush()
+    time.sleep(0.1)
+print()
+"""
+
+
 def workloads(scale: float) -> dict[str, list[str]]:
     n = int(1_000_000 * scale)
     mb = max(1, int(200 * scale))
@@ -56,18 +84,8 @@ def workloads(scale: float) -> dict[str, list[str]]:
         "bulk": [PY, "-c", (
             "import sys\nline = b'y' * 79 + b'\\n'\nblock = line * 13107\n"
             f"for _ in range({mb} * 1048576 // len(block)): sys.stdout.buffer.write(block)")],
-        "training": [PY, "-c", (
-            # Like tqdm with tqdm.write(): clear the bar, print 100 lines, redraw the bar;
-            # ten times a second for ten seconds.
-            "import json, sys, time\nt0 = time.time()\ni = 0\n"
-            "while time.time() - t0 < 10:\n"
-            "    sys.stdout.write('\\r\\x1b[K')\n"
-            "    for _ in range(100):\n"
-            "        print(json.dumps({'step': i, 'loss': 1 / (i + 1)})); i += 1\n"
-            "    bar = '#' * (i // 400)\n"
-            "    sys.stdout.write(f'\\r{i // 100}% |{bar}|'); sys.stdout.flush()\n"
-            "    time.sleep(0.1)\n"
-            "print()")],
+        "training": [PY, "-c", TRAINING.format(json_every=10)],
+        "training-json": [PY, "-c", TRAINING.format(json_every=1)],
     }
 
 
@@ -123,18 +141,30 @@ def load() -> str:
         return "?"
 
 
-def pipeline_streams(scale: float) -> dict[str, bytes]:
-    """The bytes the three workloads print (a smaller share of them), for --pipeline."""
-    n = int(200_000 * scale)
-    training = []
+def training_bytes(n: int, json_every: int) -> bytes:
+    """What TRAINING prints for ``n`` lines (the same shapes, without the clock)."""
+    out = []
     for k in range(n // 100):
-        training.append("\r\x1b[K" + "".join(
-            json.dumps({"step": i, "loss": 1 / (i + 1)}) + "\n"
-            for i in range(100 * k, 100 * k + 100)) + f"\r{k}% |{'#' * (k // 4)}|")
+        lines = []
+        for i in range(100 * k, 100 * k + 100):
+            if i % json_every == 0:
+                lines.append(json.dumps({"step": i, "loss": 1 / (i + 1), "lr": 1e-4}))
+            else:
+                lines.append(f"17:00:00 INFO train: epoch {i // 5000} step {i} loss "
+                             f"{round(1 / (i + 1), 6)} grad_norm {round((i % 97) / 31, 4)}")
+        out.append("\r\x1b[K" + "".join(line + "\n" for line in lines)
+                   + f"\r{k}% |{'#' * (k // 4)}|")
+    return "".join(out).encode()
+
+
+def pipeline_streams(scale: float) -> dict[str, bytes]:
+    """The bytes the workloads print (a smaller share of them), for --pipeline."""
+    n = int(200_000 * scale)
     return {
         "prints": b"".join(b"line %d %s\n" % (i, b"x" * 60) for i in range(n)),
         "bulk": (b"y" * 79 + b"\n") * n * 5,
-        "training": "".join(training).encode(),
+        "training": training_bytes(n, 10),
+        "training-json": training_bytes(n, 1),
     }
 
 
@@ -185,7 +215,7 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--scale", type=float, default=1.0)
-    ap.add_argument("--only", default="prints,bulk,training")
+    ap.add_argument("--only", default="prints,bulk,training,training-json")
     ap.add_argument("--before", default=None, metavar="DIR",
                     help="also run logcapture from another checkout (a directory holding its "
                          "logcapture/ package, e.g. from `git archive`), as variant 'before'")
@@ -195,6 +225,9 @@ def main() -> None:
     if args.pipeline:
         bench_pipeline(args.rounds, args.scale)
         return
+    import compileall
+    compileall.compile_dir(str(Path(__file__).resolve().parent.parent / "logcapture"),
+                           quiet=1)
     tmp = Path(tempfile.mkdtemp(prefix="bench-runner-"))
     env = dict(os.environ, LOGCAPTURE_SPOOL=str(tmp / "spool"),
                LOGCAPTURE_OPTIN=str(tmp / "none"), LOGCAPTURE_CONFIG=str(tmp / "none.yaml"),
@@ -203,7 +236,7 @@ def main() -> None:
     for name, cmd in workloads(args.scale).items():
         if name not in args.only.split(","):
             continue
-        rounds = 1 if name == "training" else args.rounds
+        rounds = 1 if name.startswith("training") else args.rounds
         walls: dict[str, list[float]] = {}
         cpus: dict[str, list[float]] = {}
         split: dict[str, list[float]] = {}
@@ -222,9 +255,9 @@ def main() -> None:
                 if vname == "logcapture":
                     for k, v in capture_cpu(tmp / "spool").items():
                         split.setdefault(k, []).append(v)
-                    if name == "training":
+                    if name.startswith("training"):
                         cpus.setdefault("capture_only", []).append(split["cpu"][-1])
-                if vname == "before" and name == "training":
+                if vname == "before" and name.startswith("training"):
                     cpus.setdefault("before_capture_only", []).append(
                         capture_cpu(tmp / "spool").get("cpu", 0.0))
         med = {k: statistics.median(v) for k, v in walls.items()}
@@ -248,7 +281,7 @@ def main() -> None:
             f"{k} " + " ".join(f"{x:.2f}" for x in v) for k, v in walls.items()))
         row: dict[str, object] = {"median_wall": med, "ratio_tee": r_tee, "walls": walls,
                                   "load": [load_before, load()]}
-        if name == "training" and cpus.get("capture_only"):
+        if name.startswith("training") and cpus.get("capture_only"):
             share = statistics.median(cpus["capture_only"]) / med["logcapture"]
             print(f"  capture CPU share of a core = {100 * share:.2f}%  (target <= 2%)")
             row["capture_cpu_share"] = share

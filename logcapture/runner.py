@@ -81,15 +81,17 @@ WORKER_TIMEOUT = 20.0  # seconds a worker may accept nothing before it is given 
 PUMP_BYTES = 64 * 1024
 PUMP_DELAY = 0.01
 # After a short read (less than the pty had room for) the reader waits LINGER before the next
-# poll, so a job printing line by line is read a few KB at a time instead of one read per line
-# (each read costs the reader ~10 us of CPU). The pty holds ~17 KB: a job writing faster than
-# that per LINGER fills it during the wait, and the reads after it take LINGER_FULL or more;
-# the job may then have blocked for up to LINGER, so lingering stops for LINGER_BACKOFF
-# seconds and a flood is read without any wait (PTY-RENDER.md: a sleep after every short
-# read, without that back-off, slows a flood down 5-20 times). None after the command exits.
-LINGER = 0.002
+# poll, so a job printing line by line is read a burst at a time instead of one read per line
+# (each round of poll, read, copy and frame costs the reader 50-150 us of CPU here). Output
+# reaches the real stdout at most LINGER later, below what a person notices. The pty holds
+# ~17 KB: a job writing faster than that per LINGER fills it during the wait, and the reads
+# after it take LINGER_FULL or more; the job may then have blocked for up to LINGER, so
+# lingering stops for LINGER_BACKOFF seconds and a flood is read without any wait (at most
+# 0.2 % of its time blocked; PTY-RENDER.md: a sleep after every short read, without that
+# back-off, slows a flood down 5-20 times). None after the command exits.
+LINGER = 0.01
 LINGER_FULL = 12 * 1024
-LINGER_BACKOFF = 1.0
+LINGER_BACKOFF = 5.0
 _KIND = {STDOUT: 0, STDERR: 1}
 _IOV_MAX = 512  # pieces per writev (Linux allows 1024)
 
@@ -256,7 +258,8 @@ class Worker:
             "exit_status": outcome.exit_status, "signal": outcome.signal, "pid": outcome.pid,
             "started": outcome.started, "ended": outcome.ended, "bytes": outcome.bytes,
             "spawn_error": outcome.spawn_error,
-            "reader": {**_own_usage(), "reads": outcome.reads}}).encode()
+            "reader": {**_own_usage(), "reads": outcome.reads,
+                       "lingers": outcome.lingers}}).encode()
         self.send(FRAME_END, [payload], time.time(), time.monotonic())
         poller = select.poll()
         poller.register(self.fd, select.POLLOUT)

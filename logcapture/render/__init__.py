@@ -24,7 +24,6 @@ exception inside the emulator is caught, the parser is reset and rendering goes 
 from __future__ import annotations
 
 import codecs
-import logging
 import re
 from collections import deque
 from typing import TYPE_CHECKING, Any
@@ -37,8 +36,6 @@ if TYPE_CHECKING:
     from .screen import Screen
 
 __all__ = ["LINE_LIMIT", "Renderer"]
-
-log = logging.getLogger(__name__)
 
 #: Longest logical line kept, in characters (cells). Longer lines are cut; ``Rendered.cut``
 #: counts the characters dropped. Also the emulator's width, so it bounds memory: at most
@@ -215,6 +212,8 @@ class Renderer:
         try:
             fn(*args)
         except Exception:  # the job's output never raises (STYLE.md practice 3)
+            from .screen import log  # only the emulator's work gets here
+
             self.faults += 1
             log.debug("renderer fault; parser reset", exc_info=True)
             self._stream._initialize_parser()
