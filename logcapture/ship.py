@@ -57,6 +57,7 @@ from .errors import (
 from .records import Start, from_dict
 from .spool import (
     CURSOR_NAME,
+    SEGMENT_BYTES,
     Segment,
     check_run_id,
     find_run_dirs,
@@ -333,6 +334,10 @@ class _Pending:
     data: bytes  # the complete lines after ``skip``, each ending in a newline
     count: int  # how many
     torn: bool
+    direct: bool = False  # a closed segment the store reads itself (``_ship_direct``)
+
+
+_UNKNOWN = 1 << 62  # the lines of a direct segment until the store has read it: never shipped
 
 
 @dataclass
@@ -354,23 +359,40 @@ class _Piece:
     data: bytes
 
 
-def _pending(run_dir: Path, cur: Cursor, result: UploadResult) -> list[_Pending]:
+def _pending(run_dir: Path, cur: Cursor, result: UploadResult, direct: bool
+             ) -> list[_Pending]:
+    """What is pending of each segment. ``direct``: a closed segment none of which is shipped
+    yet is left for the store to read itself (``_ship_direct``); its lines are counted then."""
     out = []
     for seg in segments(run_dir):
         if seg.index in cur.aside:
             continue
         skip = cur.lines.get(seg.index, 0)
-        try:
-            data, count, torn = read_segment_bytes(seg, skip)
-        except SpoolError as e:
-            cur.aside[seg.index] = str(e)
-            result.set_aside.append((run_dir.name, seg.path.name, str(e)))
-            continue
-        out.append(_Pending(seg, skip, data, count, torn))
+        p = _Pending(seg, skip, b"", _UNKNOWN, False, direct=direct and seg.closed and not skip)
+        if p.direct or _read_pending(run_dir, cur, p, result):
+            out.append(p)
     return out
 
 
-def _prepare(job: _RunJob, result: UploadResult, force: bool) -> None:
+def _read_pending(run_dir: Path, cur: Cursor, p: _Pending, result: UploadResult) -> bool:
+    """Read what is pending of ``p``'s segment here; set the segment aside when it cannot be
+    read (False)."""
+    try:
+        p.data, p.count, p.torn = read_segment_bytes(p.seg, p.skip)
+    except SpoolError as e:
+        cur.aside[p.seg.index] = str(e)
+        result.set_aside.append((run_dir.name, p.seg.path.name, str(e)))
+        return False
+    p.direct = False
+    return True
+
+
+def _note_torn(job: _RunJob, p: _Pending, result: UploadResult) -> None:
+    result.torn += 1
+    result.warnings.append(f"run {job.run_dir.name}: {p.seg.path.name}: torn last line skipped")
+
+
+def _prepare(job: _RunJob, result: UploadResult, force: bool, direct: bool = False) -> None:
     cur = job.rc.cursor
     name = job.run_dir.name
     if force:
@@ -381,11 +403,10 @@ def _prepare(job: _RunJob, result: UploadResult, force: bool) -> None:
         if cur.deleted:
             result.warnings.append(f"run {name}: {len(cur.deleted)} segment(s) were deleted "
                                    "after shipping and are not sent again")
-    job.pending = _pending(job.run_dir, cur, result)
+    job.pending = _pending(job.run_dir, cur, result, direct)
     for i, p in enumerate(job.pending):
         if p.torn and (p.seg.closed or i < len(job.pending) - 1):
-            result.torn += 1
-            result.warnings.append(f"run {name}: {p.seg.path.name}: torn last line skipped")
+            _note_torn(job, p, result)
 
 
 def _pieces(jobs: list[_RunJob], max_bytes: int) -> Iterator[list[_Piece]]:
@@ -452,6 +473,79 @@ def _ship_batch(store: Store, batch: list[_Piece], result: UploadResult) -> None
         rc.save()
 
 
+def _direct_groups(jobs: list[_RunJob], max_bytes: int) -> list[list[tuple[_RunJob, _Pending]]]:
+    """The direct segments of ``jobs`` in spool order, about ``max_bytes`` (uncompressed) a
+    group (``SEGMENT_BYTES`` each: a closed segment is about that size)."""
+    per = max(1, max_bytes // SEGMENT_BYTES)
+    flat = [(job, p) for job in jobs for p in job.pending if p.direct]
+    return [flat[i:i + per] for i in range(0, len(flat), per)]
+
+
+def _ship_direct(store: Store, group: list[tuple[_RunJob, _Pending]],
+                 result: UploadResult) -> None:
+    """Ship whole closed segments that the store reads itself (``Store.probe_segments``,
+    ``Store.insert_segments``): no decompressing or copying here. Each segment is opened here
+    (no symlink followed, a regular file: ``_open_segment``) and the store reads that
+    descriptor. A segment the store cannot read, one whose last line is torn, and a group the
+    store refuses as data are read here instead and go the bytes way (``_ship_batch``, which
+    skips and reports bad lines, or sets the segment aside)."""
+    opened: dict[int, tuple[_RunJob, _Pending]] = {}
+
+    def fall_back(job: _RunJob, p: _Pending) -> None:
+        if not _read_pending(job.run_dir, job.rc.cursor, p, result):
+            job.pending.remove(p)
+        elif p.torn:
+            _note_torn(job, p, result)
+
+    try:
+        for job, p in group:
+            try:
+                opened[_open_segment(p.seg)] = (job, p)
+            except SpoolError:
+                fall_back(job, p)  # sets it aside with the same message
+        try:
+            probes = store.probe_segments(list(opened))
+        except StoreAuthError:
+            raise
+        except StoreError:
+            probes = {}
+        runs: dict[int, tuple[_RunJob, list[int], list[bytes]]] = {}
+        for fd, (job, p) in opened.items():
+            probe = probes.get(fd)
+            if probe is None or not probe.complete:
+                fall_back(job, p)
+                continue
+            p.count = probe.lines
+            entry = runs.setdefault(id(job), (job, [], []))
+            entry[1].append(fd)
+            entry[2].extend(probe.others)
+        if not runs:
+            return
+        try:
+            store.insert_segments([(fds, job.identity, others)
+                                   for job, fds, others in runs.values()])
+        except StoreDataError:
+            for job, fds, _ in runs.values():
+                for fd in fds:
+                    fall_back(job, opened[fd][1])
+            return
+        for job, fds, others in runs.values():
+            cur = job.rc.cursor
+            if any(_END_MARK in line for line in others):
+                cur.end_shipped = True
+            for fd in fds:
+                p = opened[fd][1]
+                p.direct = False
+                cur.lines[p.seg.index] = p.count
+                cur.records += p.count
+                result.records += p.count
+                result.bytes += probes[fd].size
+            job.rc.save()
+    finally:
+        for fd in opened:
+            os.close(fd)
+
+
 def _finish(job: _RunJob, result: UploadResult, retention_days: float | None) -> bool:
     cur = job.rc.cursor
     done = (cur.end_shipped and not cur.aside and all(p.seg.closed for p in job.pending)
@@ -468,15 +562,18 @@ def ship_runs(store: Store, jobs: list[_RunJob], result: UploadResult, *,
               max_bytes: int = BATCH_BYTES, retention_days: float | None = RETENTION_DAYS,
               force: bool = False) -> list[bool]:
     ready = []
+    direct = store.reads_files
     for job in jobs:
         try:
-            _prepare(job, result, force)
+            _prepare(job, result, force, direct)
             ready.append(job)
         except SpoolError as e:  # this run cannot be read now; the others go on
             result.warnings.append(f"run {job.run_dir.name}: {e.message}")
             result.failed.append(job.run_dir.name)
     jobs_ok = {id(j) for j in ready}
-    for batch in _pieces(ready, max_bytes):
+    for group in _direct_groups(ready, max_bytes):  # closed segments: the store reads them
+        _ship_direct(store, group, result)
+    for batch in _pieces(ready, max_bytes):  # the rest, and what the store could not read
         _ship_batch(store, batch, result)
     return [id(job) in jobs_ok and _finish(job, result, retention_days) for job in jobs]
 

@@ -174,6 +174,64 @@ def test_corrupt_and_torn_lines_skipped_counted_reported(tmp_path: Path, dsn: st
     assert counts(dsn, "corrupt") == (20, 20, 20)
 
 
+def test_closed_segments_are_read_by_the_store_itself(tmp_path: Path, dsn: str,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whole closed segments are not decompressed here: the engine reads the descriptors the
+    shipper opened (only the open segment, and a closed one partly shipped, are read here)."""
+    root = tmp_path / "spool"
+    rd = make_run(root, "direct", 3000, segment_bytes=16 * 1024, end=False)
+    read_here: list[str] = []
+    real = ship.read_segment_bytes
+
+    def spy(seg, skip=0):  # noqa: ANN001, ANN202
+        read_here.append(seg.path.name)
+        return real(seg, skip)
+
+    monkeypatch.setattr(ship, "read_segment_bytes", spy)
+    res = ship.upload(root, dsn=dsn, retention_days=None)
+    assert res.exit_code == 0, res
+    segs = segments(rd)
+    assert sum(s.closed for s in segs) > 3
+    assert read_here == [s.path.name for s in segs if not s.closed]
+    assert res.records == 3000 + 3
+    cur = json.loads((rd / ship.CURSOR_NAME).read_text())
+    with_lines = {s.index: len(gzip.decompress(s.path.read_bytes()).splitlines())
+                  for s in segs if s.closed}
+    assert {int(k): v for k, v in cur["lines"].items() if int(k) in with_lines} == with_lines
+    assert counts(dsn, "direct") == (3000, 3000, 3000)
+    with S.open_store(dsn) as st:
+        got = st.records("direct")
+    assert got == sorted((r.to_dict() for r in iter_run(rd)),
+                         key=lambda d: (d["kind"] != "start", d["ts"], d["stream"], d["seq"]))
+
+
+def test_closed_segment_bad_records_reported_symlink_set_aside(tmp_path: Path, dsn: str) -> None:
+    """In a closed segment read by the engine: a line record with a key of another record or
+    an owner of its own, or without seq, is reported by line number and never stored; a
+    segment that is a symlink (here to another run's segment) is set aside, never read."""
+    root = tmp_path / "spool"
+    other = make_run(root, "victim", 50, segment_bytes=1 << 20)
+    rd = make_run(root, "forger", 20, segment_bytes=1 << 20)
+    seg = segments(rd)[0]
+    lines = gzip.decompress(seg.path.read_bytes()).splitlines(keepends=True)
+    lines[3:3] = [b'{"run":"forger","stream":"stdout","seq":900,"ts":1.5,"owner":"root",'
+                  b'"text":"x","kind":"line"}\n',
+                  b'{"run":"forger","stream":"stdout","seq":901,"ts":1.5,"note":"repeat",'
+                  b'"text":"y","kind":"line"}\n',
+                  b'{"run":"forger","stream":"stdout","ts":1.5,"text":"z","kind":"line"}\n']
+    seg.path.write_bytes(gzip.compress(b"".join(lines)))
+    os.symlink(segments(other)[0].path, rd / "seg-000007.ndjson.gz")
+    res = ship.upload(root, run="forger", dsn=dsn, retention_days=None)
+    assert res.exit_code == 1
+    assert [no for _, _, no, _ in res.bad_lines] == [4, 5, 6]
+    assert [(r, s) for r, s, _ in res.set_aside] == [("forger", "seg-000007.ndjson.gz")]
+    assert counts(dsn, "forger") == (20, 20, 20)
+    with S.open_store(dsn) as st:
+        assert {d["text"] for d in st.lines("forger") if d["kind"] == "line"} == \
+            {f"forger line {i} " + "x" * (i % 50) for i in range(20)}
+        assert not st.has_run("victim")
+
+
 def test_data_error_sets_segment_aside_rest_continues(tmp_path: Path, dsn: str) -> None:
     root = tmp_path / "spool"
     rd = create_run_dir(root, "aside")
