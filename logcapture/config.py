@@ -21,17 +21,18 @@ from __future__ import annotations
 
 import difflib
 import errno
+import importlib.util
 import math
 import os
 import pwd
 import re
 import stat
+import sys
+import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from .errors import ConfigError
 from .records import DISABLED, ENABLED, MODES
@@ -50,6 +51,26 @@ FALLBACK_MESSAGE = (
     "logcapture: because of the problem(s) above this job is logged in mode 'disabled' "
     "(only /LOGCOMMAND lines are kept); run 'logcapture check' to see every problem"
 )
+
+
+def _lazy_import(name: str) -> types.ModuleType:
+    """``import name``, executed on the first attribute access (the recipe of the importlib
+    documentation, "Implementing lazy imports"). PyYAML costs ~12 ms of CPU to import, and
+    the wrapper of every job reads config files that are usually absent or empty."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.loader is None:  # pragma: no cover - a declared dependency
+        raise ImportError(f"No module named {name!r}")
+    loader = importlib.util.LazyLoader(spec.loader)
+    spec.loader = loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    loader.exec_module(module)
+    return module
+
+
+yaml = _lazy_import("yaml")
 
 _STR = "tag:yaml.org,2002:str"
 _NULL = "tag:yaml.org,2002:null"
@@ -186,6 +207,8 @@ def load_optin(path: Path | str, uid: int | None = None) -> OptinResult:
     if len(data) > OPTIN_MAX_BYTES:
         return _refused([f"{name}: is larger than {OPTIN_MAX_BYTES} bytes "
                                f"({OPTIN_MAX_BYTES // 1024} KiB), the limit for {OPTIN_NAME}"])
+    if not data.strip(b" \n"):  # empty means mode: enabled (no YAML to parse)
+        return OptinResult(opted_in=True, config=OptinConfig(), problems=[])
     values, problems = _parse(name, data, _OPTIN_SCHEMA)
     if problems:
         return _refused(problems)
@@ -322,7 +345,7 @@ def _dsn(node: yaml.Node) -> Any:
 
 _DSN_SCHEMES = ("chdb", "http", "https")
 
-Schema = dict[str, Callable[[yaml.Node], Any]]
+Schema = dict[str, Callable[[Any], Any]]  # a check takes a yaml.Node
 _OPTIN_SCHEMA: Schema = {"mode": _choice(MODES)}
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")

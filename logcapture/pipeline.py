@@ -21,7 +21,6 @@ import pwd
 import re
 import resource
 import select
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -277,7 +276,7 @@ def capture_command(argv: list[str], *, spool_root: Path, run_id: str | None = N
         rows, cols = runner.caller_winsize()
         start_fields: dict[str, Any] = dict(
             command=list(argv), cwd=os.getcwd(), user=_user_name(), uid=os.getuid(),
-            host=socket.gethostname(), pid=os.getpid(),
+            host=_hostname(), pid=os.getpid(),
             slurm=slurm if slurm is not None else slurm_identity(base_env),
             config={"mode": effective_mode, "optin": str(path) if optin.opted_in else None,
                     "columns": cols, "rows": rows})
@@ -508,10 +507,16 @@ def _start_sampler(run_id: str, interval: float, env: dict[str, str], spool: Spo
     if not enabled:
         gpu.close()
         return None, inventory
-    node = (env.get("SLURMD_NODENAME") or socket.gethostname()).split(".")[0]
+    node = (env.get("SLURMD_NODENAME") or _hostname()).split(".")[0]
     sampler = S.Sampler(run_id, node=node, gpu=gpu, job=job, interval=interval,
                         emit=lambda rec: spool.write([rec]))
     return sampler, inventory
+
+
+def _hostname() -> str:
+    """``socket.gethostname()`` without importing socket (the wrapper's start-up cost): on
+    Linux both are uname's nodename."""
+    return os.uname().nodename
 
 
 def _user_name() -> str:
@@ -537,5 +542,5 @@ def default_run_id(env: dict[str, str]) -> str:
     ``<time>-<host>-<pid>``."""
     if env.get("SLURM_JOB_ID"):
         return env["SLURM_JOB_ID"]
-    host = socket.gethostname().split(".")[0] or "host"
+    host = _hostname().split(".")[0] or "host"
     return f"{time.strftime('%Y%m%dT%H%M%S')}-{host}-{os.getpid()}"

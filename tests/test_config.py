@@ -92,6 +92,21 @@ def test_empty_means_enabled(tmp_path, content):
     assert result.ok
 
 
+def test_no_files_and_an_empty_optin_never_load_pyyaml(tmp_path):
+    # Every job's wrapper reads both files; PyYAML (~12 ms of CPU) is loaded only when one of
+    # them holds something to parse, or a LOGCAPTURE_<KEY> override needs a YAML scalar.
+    empty = write(tmp_path, "")
+    code = ("import sys\nfrom logcapture.config import load_admin, load_optin\n"
+            f"r = load_optin({str(empty)!r})\n"
+            f"a = load_admin({str(tmp_path / 'none.yaml')!r}, env={{}})\n"
+            "print(r.opted_in, r.config.mode, a.flush_interval, 'yaml.reader' in sys.modules)\n"
+            f"load_optin({str(write(tmp_path, 'mode: metadata', name='full'))!r})\n"
+            "print('yaml.reader' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == ["True", "enabled", "0.5", "False", "True"]
+
+
 @pytest.mark.parametrize("mode", ["enabled", "metadata", "disabled"])
 @pytest.mark.parametrize("template", ["mode: {}\n", "mode: '{}'", 'mode: "{}"  # comment\n',
                                       "{{mode: {}}}", "---\nmode: {}\n...\n"])
