@@ -627,7 +627,9 @@ def run(argv: Sequence[str], sink: Sink | Worker | None,
                     elif sink is not None:
                         deliver(stream, data, now)
                     if len(data) < FULL_READ:
-                        if exited_at is None and now_m >= no_linger_until:
+                        # Not twice in a row: after a wait the burst is (nearly) all read,
+                        # and the next poll sleeps until the next one (one wake-up less).
+                        if exited_at is None and now_m >= no_linger_until and not lingered:
                             linger = True
                         break
                 if lingered and taken >= LINGER_FULL:  # the pty (nearly) filled up while we
