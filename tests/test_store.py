@@ -134,6 +134,26 @@ def test_lines_limit_and_stream(db: S.Store) -> None:
     assert len(db.lines("lim")) == 50
 
 
+def test_tail_equals_the_end_of_the_whole_with_and_without_notes(db: S.Store) -> None:
+    """``lines(run, limit=N)`` is the last N of ``lines(run)``: for a run of lines and
+    commands only (one query, built from columns) and for one with notes and metadata."""
+    recs = [Line(run="tl", stream="stdout" if i % 3 else "stderr", seq=i, ts=T0 + i * 1e-3,
+                 text=f"l{i}") for i in range(40)]
+    recs.append(Command(run="tl", stream="stdout", seq=40, ts=T0 + 0.5, text="/LOGCOMMAND {}",
+                        options={"mode": "metadata"}))
+    db.insert_records(recs, ident("tl"))
+    whole = db.lines("tl")
+    for n in (1, 5, 41, 100):
+        assert db.lines("tl", limit=n) == whole[-n:]
+    assert db.lines("tl", stream="stderr", limit=3) == db.lines("tl", stream="stderr")[-3:]
+    db.insert_records(sample_records("tl2", n=30), ident("tl2"))
+    whole = db.lines("tl2")
+    assert {d["kind"] for d in whole} == {"line", "note", "metadata", "command"}
+    for n in (2, 10, 100):
+        assert db.lines("tl2", limit=n) == whole[-n:]
+    assert db.lines("nothing-here", limit=5) == []
+
+
 def test_tail_with_unmerged_duplicates(db: S.Store) -> None:
     """The tail read (one query over three tables) shows each record once while copies are
     still apart on disk (the newest 10 and the note three times)."""
