@@ -26,6 +26,7 @@ from __future__ import annotations
 import codecs
 import re
 from collections import deque
+from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 from ..records import Rendered, rendered_many
@@ -318,7 +319,7 @@ class Renderer:
                 same = self._burst = Rendered(text)
             pending.extend([same] * len(mids))
         else:
-            pending.extend(rendered_many([mid.rstrip(" ") for mid in mids]))
+            pending.extend(rendered_many(map(str.rstrip, mids, repeat(" "))))
         keep = self.rows - 1
         if len(pending) > keep:  # rows scrolled off the top: committed, oldest first
             rows = list(pending)
