@@ -332,11 +332,13 @@ SETTINGS input_format_skip_unknown_fields = 0, input_format_json_read_objects_as
 # One look at each segment before it is inserted (cheap next to the insert: decompressing and
 # splitting in the engine): its size, its complete lines (the cursor counts them), whether
 # its last line is complete, and the lines that are not line or command records (by the same
-# last-key rule as ``split_by_kind``), which go through ``ingest``.
-_PROBE_SEGMENTS = """SELECT _file, length(raw), countSubstrings(raw, '\\n'),
+# last-key rule as ``split_by_kind``; a segment of lines only is told by one count), which go
+# through ``ingest``.
+_PROBE_SEGMENTS = """SELECT _file, length(raw), countSubstrings(raw, '\\n') AS n,
     raw = '' OR endsWith(raw, '\\n'),
-    arrayFilter(l -> l != '' AND NOT endsWith(l, '"kind":"line"}')
-        AND NOT endsWith(l, '"kind":"command"}'), splitByChar('\\n', raw))
+    if(countSubstrings(raw, '"kind":"line"}\\n') = n, [],
+        arrayFilter(l -> l != '' AND NOT endsWith(l, '"kind":"line"}')
+            AND NOT endsWith(l, '"kind":"command"}'), splitByChar('\\n', raw)))
 FROM file({path:String}, 'RawBLOB', 'raw String', 'gzip')"""
 # What ``ingest_runs_seen`` does for the other records: one ``runs`` row per run and insert,
 # its newest ts read in key order (one granule per part).
