@@ -157,6 +157,12 @@ class Pipeline:
                 self._last_idle[stream] = mono
                 self._through(stream, now, lambda r: r.idle())
 
+    @property
+    def settled(self) -> bool:
+        """Nothing for ``tick`` to do until more data is fed: every stream's finished lines
+        have been committed since its last data."""
+        return all(self._idled.values())
+
     def _through(self, stream: str, now: float,
                  step: Callable[[Renderer | _PlainLines], list[Rendered]]) -> None:
         try:
@@ -438,7 +444,11 @@ def serve(fd: int, pipeline: Pipeline) -> dict[str, Any] | None:
     last_tick = time.monotonic()
     while True:
         wait = last_tick + TICK - time.monotonic()
-        if not poller.poll(max(0, int(wait * 1000) + 1) if wait > 0 else 0):
+        if pipeline.settled:  # nothing to commit until the next frame: no tick wake-ups
+            timeout = -1
+        else:
+            timeout = max(0, int(wait * 1000) + 1) if wait > 0 else 0
+        if not poller.poll(timeout):
             last_tick = time.monotonic()
             pipeline.tick(time.time(), last_tick)
             continue

@@ -274,13 +274,14 @@ class SpoolWriter:
         # record gives several lines.
         lines = ("\n".join(texts) + "\n").encode("utf-8", "surrogatepass").splitlines(True)
         with self._lock:
+            first = not self._pending
             room = self.max_pending - len(self._pending)
             if room < len(lines):
                 self.lost += len(lines) - max(room, 0)
                 lines = lines[:max(room, 0)]
             self._pending.extend(lines)
             big = len(self._pending) >= self.flush_records
-        if big:
+        if big or first:  # the flusher sleeps while nothing is pending
             self._wake.set()
 
     def flush(self) -> None:
@@ -303,7 +304,14 @@ class SpoolWriter:
 
     # --- flusher thread ------------------------------------------------------------------
     def _run(self) -> None:
+        # Asleep while nothing is pending (a quiet job costs no wake-ups); woken by the first
+        # record, it gathers for flush_interval (or until flush_records wait) and writes.
         while not self._closed:
+            if not self._pending:
+                self._wake.wait()
+                self._wake.clear()
+                if self._closed:
+                    break
             self._wake.wait(self.flush_interval)
             self._wake.clear()
             self._drain(sync=True)

@@ -253,6 +253,8 @@ def test_signals_for_the_command_never_reach_the_worker(lc_env: dict[str, str],
 
 
 class _Calls:
+    settled = False  # always wants its ticks
+
     def __init__(self) -> None:
         self.calls: list[tuple[str, float, float]] = []
 
@@ -286,6 +288,23 @@ def test_a_backlog_is_ticked_on_the_readers_clock() -> None:
     assert ticks[-1][2] == pytest.approx(base + 2.0)
     assert ticks[-1][1] == pytest.approx(102.0)
     assert names[-1] == "feed stdout b'c\\n'"
+
+
+def test_a_settled_pipeline_needs_no_ticks(tmp_path: Path) -> None:
+    # serve() polls without a timeout while the pipeline is settled: a quiet job costs the
+    # capture worker no wake-ups (docs/performance.md).
+    p = Pipeline("r", SpoolWriter(create_run_dir(tmp_path, "r"), fsync=False), mode="enabled",
+                 columns=80, rows=24)
+    assert p.settled
+    p.feed("stdout", b"line\n", 100.0, 10.0)
+    assert not p.settled
+    p.tick(100.1, 10.1)  # quiet for less than IDLE_COMMIT: still something to commit
+    assert not p.settled
+    p.tick(100.0 + pipeline_module.IDLE_COMMIT, 10.0 + pipeline_module.IDLE_COMMIT)
+    assert p.settled
+    p.finish(exit_status=0, signal=None, state="COMPLETED", duration=1.0, bytes_read={})
+    assert [getattr(x, "text", None) for x in iter_run(tmp_path / "r")
+            if x.kind == "line"] == ["line"]
 
 
 def test_end_of_file_without_an_end_frame_keeps_the_lines(tmp_path: Path) -> None:
