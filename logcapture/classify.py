@@ -28,7 +28,6 @@ never quotes the line, which may hold the secret the user meant to hide.
 
 from __future__ import annotations
 
-import difflib
 import json
 import threading
 from typing import Any
@@ -121,6 +120,8 @@ def _typo_of(value: Any, choices: tuple[str, ...]) -> str | None:
     if not isinstance(value, str) or len(value) > 24 or not value.isascii() \
             or not value.replace("_", "").replace("-", "").isalpha():
         return None  # digits or symbols look like a secret, not a typo
+    import difflib  # only for a message about a typo
+
     match = difflib.get_close_matches(value.lower(), choices, n=1, cutoff=0.7)
     return match[0] if match else None
 

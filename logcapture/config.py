@@ -19,16 +19,12 @@ Admin config (``/etc/logcapture/config.yaml``, or ``$LOGCAPTURE_CONFIG``)
 
 from __future__ import annotations
 
-import difflib
 import errno
-import importlib.util
 import math
 import os
 import pwd
 import re
 import stat
-import sys
-import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -53,24 +49,20 @@ FALLBACK_MESSAGE = (
 )
 
 
-def _lazy_import(name: str) -> types.ModuleType:
-    """``import name``, executed on the first attribute access (the recipe of the importlib
-    documentation, "Implementing lazy imports"). PyYAML costs ~12 ms of CPU to import, and
-    the wrapper of every job reads config files that are usually absent or empty."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.find_spec(name)
-    if spec is None or spec.loader is None:  # pragma: no cover - a declared dependency
-        raise ImportError(f"No module named {name!r}")
-    loader = importlib.util.LazyLoader(spec.loader)
-    spec.loader = loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    loader.exec_module(module)
-    return module
+class _LazyYaml:
+    """Stands for the ``yaml`` module until first used: the first attribute asked of it
+    imports PyYAML and puts the real module in its place. PyYAML costs ~12 ms of CPU to
+    import, and the wrapper of every job reads config files that are usually absent or
+    empty."""
+
+    def __getattr__(self, name: str) -> Any:
+        import yaml as module
+
+        globals()["yaml"] = module
+        return getattr(module, name)
 
 
-yaml = _lazy_import("yaml")
+yaml: Any = _LazyYaml()
 
 _STR = "tag:yaml.org,2002:str"
 _NULL = "tag:yaml.org,2002:null"
@@ -253,6 +245,8 @@ def _typo_of(value: str, choices: tuple[str, ...]) -> str | None:
             or not value.strip().replace("_", "").replace("-", "").isalpha():
         return None  # digits or symbols look like a secret, not a typo
     lowered = value.strip().lower()
+    import difflib  # only for a message about a typo
+
     match = difflib.get_close_matches(lowered, choices, n=1, cutoff=0.7)
     if match:
         return match[0]
