@@ -281,7 +281,9 @@ class SpoolWriter:
                 lines = lines[:max(room, 0)]
             self._pending.extend(lines)
             big = len(self._pending) >= self.flush_records
-        if big or first:  # the flusher sleeps while nothing is pending
+        # The flusher sleeps while nothing is pending. Event.set() takes a lock and notifies
+        # even when the event is set already: in a flood, most batches find it set.
+        if (big or first) and not self._wake.is_set():
             self._wake.set()
 
     def flush(self) -> None:
