@@ -478,10 +478,12 @@ def _ship_batch(store: Store, batch: list[_Piece], result: UploadResult) -> None
 
 
 def _direct_groups(jobs: list[_RunJob], max_bytes: int) -> list[list[tuple[_RunJob, _Pending]]]:
-    """The direct segments of ``jobs`` in spool order, about ``DIRECT_BATCHES * max_bytes``
-    (uncompressed) a group (``SEGMENT_BYTES`` each: a closed segment is about that size)."""
-    per = max(1, DIRECT_BATCHES * max_bytes // SEGMENT_BYTES)
+    """The direct segments of ``jobs`` in spool order, at most ``DIRECT_BATCHES * max_bytes``
+    (uncompressed) a group (``SEGMENT_BYTES`` each: a closed segment is about that size), in
+    groups of even size (38 segments: 19 and 19, not 32 and 6)."""
     flat = [(job, p) for job in jobs for p in job.pending if p.direct]
+    most = max(1, DIRECT_BATCHES * max_bytes // SEGMENT_BYTES)
+    per = -(-len(flat) // -(-len(flat) // most)) if flat else 1
     return [flat[i:i + per] for i in range(0, len(flat), per)]
 
 
