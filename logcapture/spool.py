@@ -7,8 +7,9 @@ The spool is the source of truth (SPEC.md §4); the store is fed from it. Layout
 
 Writing (``SpoolWriter``): records are encoded by the caller's thread into an in-memory
 buffer; a flusher thread writes the buffer on a time trigger (``flush_interval``), a size
-trigger (``flush_records``), on demand (``flush()``) and at ``close()``, then fdatasyncs, so
-the job never waits on disk sync (PTY-RENDER.md: fsync per line throttles the job). A segment
+trigger (``flush_records``), on demand (``flush()``) and at ``close()``, and fdatasyncs at most
+every ``flush_interval`` (and when the job goes quiet), so the job never waits on disk sync
+(PTY-RENDER.md: fsync per line throttles the job) and a flood does not sync per batch. A segment
 that reaches ``segment_bytes`` is closed and gzip-compressed. A failed write (disk full,
 RLIMIT_FSIZE, I/O error) is reported once through ``warn``, what was not written stays buffered
 (up to ``max_pending`` records; past that new records are counted as lost), and the write is
@@ -27,6 +28,7 @@ import os
 import re
 import stat
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import accumulate
@@ -308,15 +310,30 @@ class SpoolWriter:
     def _run(self) -> None:
         # Asleep while nothing is pending (a quiet job costs no wake-ups); woken by the first
         # record, it gathers for flush_interval (or until flush_records wait) and writes.
+        # A flush that flush_records triggered early writes without fdatasync unless the last
+        # sync is flush_interval old: a flood syncs twice a second, not once per batch, and
+        # what a node crash can lose stays bounded by flush_interval (a crash of the process
+        # loses nothing written).
+        synced = time.monotonic()
+        unsynced = False
         while not self._closed:
             if not self._pending:
+                if unsynced:  # going quiet: make what the last flushes wrote durable
+                    with self._io_lock:
+                        self._sync()
+                    unsynced = False
                 self._wake.wait()
                 self._wake.clear()
                 if self._closed:
                     break
             self._wake.wait(self.flush_interval)
             self._wake.clear()
-            self._drain(sync=True)
+            now = time.monotonic()
+            sync = now - synced >= self.flush_interval
+            self._drain(sync=sync)
+            if sync:
+                synced = now
+            unsynced = not sync
 
     def _drain(self, sync: bool) -> None:
         with self._io_lock:
@@ -328,11 +345,16 @@ class SpoolWriter:
             if done < len(batch):
                 with self._lock:
                     self._pending[:0] = batch[done:]
-            if sync and self._fsync and self._fd >= 0 and done:
-                try:
-                    os.fdatasync(self._fd)
-                except OSError as e:
-                    self._fault(f"cannot sync spool segment: {e.strerror}")
+            if sync and done:
+                self._sync()
+
+    def _sync(self) -> None:
+        """fdatasync the open segment (with ``_io_lock`` held)."""
+        if self._fsync and self._fd >= 0:
+            try:
+                os.fdatasync(self._fd)
+            except OSError as e:
+                self._fault(f"cannot sync spool segment: {e.strerror}")
 
     def _write_batch(self, batch: list[bytes]) -> int:
         """Write whole lines; returns how many were written. A short write is rolled back so no
