@@ -425,7 +425,13 @@ def _open_pty(rows: int, cols: int) -> tuple[int, int]:
 
 
 def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
+    try:
+        n = os.write(fd, data)
+    except BlockingIOError:
+        n = 0
+    if n == len(data):  # the usual case: one write, no view made
+        return
+    view = memoryview(data)[n:]
     while view:
         try:
             n = os.write(fd, view)
