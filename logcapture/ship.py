@@ -66,7 +66,7 @@ from .spool import (
 from .spool import (
     mtime as _mtime,
 )
-from .store import Identity, Store, flock_within, open_store, redact
+from .store import Identity, SegmentProbe, Store, flock_within, open_store, redact
 
 CURSOR_LOCK_NAME = ".logcapture-cursor.lock"
 BATCH_BYTES = 64 * 1024 * 1024  # bench_store: 16 MiB inserts ran 20-30 % slower, 4 MiB at half
@@ -515,37 +515,34 @@ def _ship_direct(store: Store, group: list[tuple[_RunJob, _Pending]],
             raise
         except StoreError:
             probes = {}
-        runs: dict[int, tuple[_RunJob, list[int], list[bytes]]] = {}
+        runs: dict[int, tuple[_RunJob, dict[int, SegmentProbe]]] = {}
         for fd, (job, p) in opened.items():
             probe = probes.get(fd)
             if probe is None or not probe.complete:
                 fall_back(job, p)
                 continue
             p.count = probe.lines
-            entry = runs.setdefault(id(job), (job, [], []))
-            entry[1].append(fd)
-            entry[2].extend(probe.others)
+            runs.setdefault(id(job), (job, {}))[1][fd] = probe
         if not runs:
             return
         try:
-            store.insert_segments([(fds, job.identity, others)
-                                   for job, fds, others in runs.values()])
+            store.insert_segments([(mine, job.identity) for job, mine in runs.values()])
         except StoreDataError:
-            for job, fds, _ in runs.values():
-                for fd in fds:
+            for job, mine in runs.values():
+                for fd in mine:
                     fall_back(job, opened[fd][1])
             return
-        for job, fds, others in runs.values():
+        for job, mine in runs.values():
             cur = job.rc.cursor
-            if any(_END_MARK in line for line in others):
-                cur.end_shipped = True
-            for fd in fds:
+            for fd, probe in mine.items():
                 p = opened[fd][1]
                 p.direct = False
+                if any(_END_MARK in line for line in probe.others):
+                    cur.end_shipped = True
                 cur.lines[p.seg.index] = p.count
                 cur.records += p.count
                 result.records += p.count
-                result.bytes += probes[fd].size
+                result.bytes += probe.size
             job.rc.save()
     finally:
         for fd in opened:

@@ -188,8 +188,9 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
 ) ENGINE = AggregatingMergeTree
 ORDER BY (run, owner)""",
         # text: ZSTD(8) is the lowest level below gzip -6 of the text (bench_store: ZSTD(1)
-        # 1.05x gzip, ZSTD(7) 1.01x, ZSTD(8) 0.96x; ZSTD(9) no smaller, slower) at about the same
-        # insert rate.
+        # 1.05x gzip, ZSTD(3) 1.10x, ZSTD(7) 1.01x, ZSTD(8) 0.96x; ZSTD(9) no smaller, slower;
+        # 4 MiB compression blocks no smaller). It is the dearest part of an insert: one
+        # insert of 1M lines took ~2.4 CPU seconds with ZSTD(8), ~1.8 with ZSTD(1).
         f"""CREATE TABLE IF NOT EXISTS lines ({_ID_COLUMNS}
     kind LowCardinality(String),
     text String CODEC(ZSTD(8)),
@@ -308,27 +309,38 @@ FROM file({path:String}, 'JSONEachRow', {structure:String})
 WHERE throwIf(stream IS NULL OR seq IS NULL OR ts IS NULL OR kind NOT IN ('line', 'command')
     OR empty(run), 'a line record without run, stream, seq or ts') = 0"""
 # Closed spool segments read by the engine itself (``Store.insert_segments``, the shipper's
-# bulk path: no decompressing, copying or temporary file in Python). A segment holds every
-# kind of record, so the structure names every key any record has (``records.KINDS``); the
-# keys of other kinds are read as nullable text and a line or command record holding any of
-# them, or a key no record has (code 117), or lacking run, stream, seq or ts (code 395), is
-# refused as on the bytes path. Every key is used by the query: the reader drops the columns a
-# query does not use, and would then refuse their keys as unknown.
+# bulk path: no decompressing, copying or temporary file in Python). A segment of line and
+# command records only (the probe below tells) is read with their keys alone; any other key
+# is refused (code 117), and a record lacking run, stream, seq or ts trips throwIf (code 395),
+# as on the bytes path. A segment that also holds other records (its Start or End, notes,
+# metadata) is read with every key any record has (``records.KINDS``), those of the other kinds
+# as nullable text, and a line or command record holding any of them is refused too. Every
+# key is used by the query: the reader drops the columns a query does not use, and would then
+# refuse their keys as unknown. The wider structure costs twice the parsing (bench_store:
+# 1.0 vs 0.5 CPU seconds per 1M lines, 10-15 % of the whole insert), hence two statements.
 _LINE_KEYS = ("run", "stream", "seq", "ts", "kind", "text", "options")
 _OTHER_KEYS = tuple(sorted({f.name for cls in KINDS.values() for f in fields(cls)}
                            - set(_LINE_KEYS)))
 _SEGMENT_STRUCTURE = _LINES_STRUCTURE + "".join(f", {k} Nullable(String)" for k in _OTHER_KEYS)
 _HOT_KINDS = "kind IN ('line', 'command')"
-_LINES_FROM_SEGMENTS = f"""INSERT INTO lines (run, owner, uid, stream, seq, ts, kind, text, options)
+
+
+def _lines_from_segments(other_keys: tuple[str, ...]) -> str:
+    others = "".join(f" OR {k} IS NOT NULL" for k in other_keys)
+    return f"""INSERT INTO lines (run, owner, uid, stream, seq, ts, kind, text, options)
 SELECT {{run:String}}, {{owner:String}}, {{uid:UInt32}}, assumeNotNull(stream), assumeNotNull(seq),
     assumeNotNull(ts), assumeNotNull(kind), text, options
 FROM file({{path:String}}, 'JSONEachRow', {{structure:String}}, 'gzip')
 WHERE {_HOT_KINDS} AND throwIf({_HOT_KINDS} AND (stream IS NULL OR seq IS NULL OR ts IS NULL
-    OR empty(run) OR {" OR ".join(f"{k} IS NOT NULL" for k in _OTHER_KEYS)}),
+    OR empty(run){others}),
     'a line record without run, stream, seq or ts, or with a key of another record') = 0
 SETTINGS input_format_skip_unknown_fields = 0, input_format_json_read_objects_as_strings = 1,
     input_format_json_read_arrays_as_strings = 1, input_format_json_read_numbers_as_strings = 1,
     date_time_input_format = 'best_effort', optimize_on_insert = 0"""
+
+
+_LINES_FROM_SEGMENTS = _lines_from_segments(_OTHER_KEYS)  # segments with other records
+_LINES_FROM_LINE_SEGMENTS = _lines_from_segments(())  # segments of line records only
 # One look at each segment before it is inserted (cheap next to the insert: decompressing and
 # splitting in the engine): its size, its complete lines (the cursor counts them), whether
 # its last line is complete, and the lines that are not line or command records (by the same
@@ -846,36 +858,43 @@ class Store:
         return {int(r[0]): SegmentProbe(int(r[1]), int(r[2]), bool(r[3]), list(r[4]))
                 for r in rows}
 
-    def insert_segments(self, runs: list[tuple[list[int], Identity, list[bytes]]]) -> None:
+    def insert_segments(self, runs: list[tuple[dict[int, SegmentProbe], Identity]]) -> None:
         """Insert whole closed spool segments read by the engine itself (``reads_files``):
-        per run the descriptors of its segments, its identity and the lines of them that are
-        not line or command records (``probe_segments``). Those go through ``ingest`` first
-        (one insert for all runs), then each run's line and command records straight from
-        the files into ``lines`` (``_LINES_FROM_SEGMENTS``). ``StoreDataError`` when the store
-        refuses any of it (then ship the segments' bytes with ``insert_many``)."""
-        rest = b"".join(_splice(b"\n".join(others) + b"\n", identity.splice_prefix())
-                        for _, identity, others in runs if others)
+        per run its segments' descriptors with what ``probe_segments`` found in them, and its
+        identity. Their lines that are not line or command records go through ``ingest``
+        first (one insert for all runs), then each run's line and command records straight
+        from the files into ``lines`` (``_LINES_FROM_LINE_SEGMENTS`` for segments of lines
+        only, ``_LINES_FROM_SEGMENTS`` for the others), ``PARALLEL_INSERTS`` inserts at once.
+        ``StoreDataError`` when the store refuses any of it (then ship the segments' bytes
+        with ``insert_many``)."""
+        rest = b"".join(_splice(b"\n".join(o) + b"\n", identity.splice_prefix())
+                        for probes, identity in runs
+                        if (o := [line for p in probes.values() for line in p.others]))
         if rest:
             self._raw_insert(rest)
         tasks = []
-        for fds, identity, _ in runs:
-            # each run's segments in PARALLEL_INSERTS inserts at once: one insert writes its
-            # parts (sort, ZSTD(8), token index) in one thread (bench_store: 1.2-1.4x)
-            per = -(-len(fds) // PARALLEL_INSERTS)
-            tasks += [{"run": identity.run, "owner": identity.user, "uid": int(identity.uid),
-                       "path": _fd_glob(fds[i:i + per]), "structure": _SEGMENT_STRUCTURE}
-                      for i in range(0, len(fds), per)]
-        self._commands_in_parallel(_LINES_FROM_SEGMENTS, tasks, what="inserting")
-        for fds, identity, _ in runs:
-            if fds:
+        for probes, identity in runs:
+            for sql, structure, mixed in ((_LINES_FROM_LINE_SEGMENTS, _LINES_STRUCTURE, False),
+                                          (_LINES_FROM_SEGMENTS, _SEGMENT_STRUCTURE, True)):
+                fds = [fd for fd, p in probes.items() if bool(p.others) == mixed]
+                # in parts, so the inserts run at once: one insert writes its parts (sort,
+                # ZSTD(8), token index) in one thread (bench_store: 1.2-1.4x)
+                per = max(1, -(-len(fds) // PARALLEL_INSERTS))
+                tasks += [(sql, {"run": identity.run, "owner": identity.user,
+                                 "uid": int(identity.uid), "path": _fd_glob(fds[i:i + per]),
+                                 "structure": structure}) for i in range(0, len(fds), per)]
+        self._commands_in_parallel(tasks, what="inserting")
+        for probes, identity in runs:
+            if probes:
                 self._runs_seen(identity)
 
-    def _commands_in_parallel(self, sql: str, tasks: list[dict[str, Any]], what: str) -> None:
-        """Run ``sql`` once per parameter set of ``tasks``, up to ``PARALLEL_INSERTS`` at a
-        time on as many handles of the embedded engine (chDB runs a query without holding
+    def _commands_in_parallel(self, tasks: list[tuple[str, dict[str, Any]]], what: str
+                              ) -> None:
+        """Run each statement of ``tasks`` (SQL, parameters), up to ``PARALLEL_INSERTS`` at
+        a time on as many handles of the embedded engine (chDB runs a query without holding
         the GIL). Raises the first failure, classified, once all have finished."""
         if len(tasks) <= 1 or PARALLEL_INSERTS <= 1:
-            for params in tasks:
+            for sql, params in tasks:
                 self._command(sql, params, what=what)
             return
         clients = [self.client, *self._more_clients(min(len(tasks), PARALLEL_INSERTS) - 1)]
@@ -888,7 +907,7 @@ class Store:
                 with mutex:
                     if errors or not todo:
                         return
-                    params = todo.pop()
+                    sql, params = todo.pop()
                 try:
                     client.command(sql, parameters=params)
                 except BaseException as e:  # noqa: BLE001 - reported below

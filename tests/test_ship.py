@@ -230,6 +230,17 @@ def test_closed_segment_bad_records_reported_symlink_set_aside(tmp_path: Path, d
         assert {d["text"] for d in st.lines("forger") if d["kind"] == "line"} == \
             {f"forger line {i} " + "x" * (i % 50) for i in range(20)}
         assert not st.has_run("victim")
+    # a segment of line records only is read with their keys alone: an owner is refused too
+    rd = create_run_dir(root, "forger2")
+    lines = [Line(run="forger2", stream="stdout", seq=i, ts=T0 + i, text=f"t{i}").to_json()
+             .encode() + b"\n" for i in range(5)]
+    lines[2] = (b'{"run":"forger2","stream":"stdout","seq":2,"ts":1.5,"owner":"root",'
+                b'"text":"x","kind":"line"}\n')
+    (rd / "seg-000000.ndjson.gz").write_bytes(gzip.compress(b"".join(lines)))
+    res = ship.upload(root, run="forger2", dsn=dsn, retention_days=None)
+    assert res.exit_code == 1 and [no for _, _, no, _ in res.bad_lines] == [3]
+    assert "unknown field" in res.bad_lines[0][3]
+    assert counts(dsn, "forger2") == (4, 4, 4)
 
 
 def test_data_error_sets_segment_aside_rest_continues(tmp_path: Path, dsn: str) -> None:
