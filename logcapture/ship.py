@@ -21,6 +21,11 @@ Failures (STYLE.md practice 7, Vector's ClickHouse sink, gpufl's failure table):
 A segment is deleted only after the store accepted all its lines, once it is closed, and then
 per ``retention_days`` (0: at once; None: never).
 
+Reading: a whole closed segment bound for the embedded store is opened here (no symlink
+followed, a regular file) and read by the engine itself (``_ship_direct``); the open segment,
+what is left of a partly shipped one, and anything the engine cannot read or refuses are read
+here as bytes (``read_segment_bytes``) and sent as they are.
+
 Identity (issue 4, privacy): the owner and run id of shipped rows come from ``identify(run_dir)``,
 a trusted source chosen by the caller. The default, ``identity_from_spool``, takes the owner from
 the run directory's owner (which a user cannot forge: ``chown`` to another user needs root) and

@@ -21,10 +21,13 @@ temporary file and runs one ``INSERT INTO lines SELECT {run}, {owner}, {uid}, ..
 file(...)`` per run, the identity passed as query parameters: no per-line Python, no view.
 A record key the structure does not name (``owner``, ``_owner``, ...) is refused
 (``input_format_skip_unknown_fields = 0``, code 117) and a line record without stream, seq or ts
-trips ``throwIf`` (code 395). Every other record (and everything on a ClickHouse server, which
-cannot read the client's files) goes into the ``ingest`` table (engine Null) with the identity
-spliced into each line as ``_run``/``_owner``/... keys; materialized views route it by kind
-into ``runs``, ``lines``, ``notes``, ``metadata`` and ``samples``. A record that tries to carry
+trips ``throwIf`` (code 395). Whole closed (gzip) segments are not even read in Python: the
+shipper opens them and the engine reads those descriptors through ``/proc/self/fd``
+(``probe_segments``, ``insert_segments``), two inserts at once. Every other record (and
+everything on a ClickHouse server, which cannot read the client's files) goes into the
+``ingest`` table (engine Null) with the identity spliced into each line as
+``_run``/``_owner``/... keys; materialized views route it by kind into ``runs``, ``lines``,
+``notes``, ``metadata`` and ``samples``. A record that tries to carry
 those keys itself is a duplicate key, which ClickHouse refuses (code 117). A refused batch goes
 through the slow path, which parses every line in Python, skips and reports bad lines, and
 inserts the rest re-encoded.
@@ -32,7 +35,8 @@ inserts the rest re-encoded.
 Idempotency: every table is a ReplacingMergeTree (AggregatingMergeTree for ``runs``) whose
 ORDER BY holds the record identity ``(run, owner, stream, seq)``, and every query reads with
 ``FINAL``, so a re-inserted record never shows twice, before or after merges. The tail of a
-job (``lines(run, limit=N)``) is a FINAL read in key order that stops after N rows.
+job (``lines(run, limit=N)``) is a FINAL read in key order that stops after N rows, of ``lines``
+alone unless the run has notes or metadata.
 
 No SQL is built by pasting values or identifiers: values are clickhouse-connect server-side
 parameters (``{name:Type}``) and table names come from the fixed allow-list ``TABLES``
