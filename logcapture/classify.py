@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from .records import (
@@ -57,6 +58,14 @@ from .records import (
 
 COMMAND_PREFIX = "/LOGCOMMAND"
 COMMAND_OPTIONS = ("mode",)
+
+# The two streams are two ptys: which of two lines on different streams came first is known
+# only to within a round of the reader (its 10 ms linger, its 5 ms frames). When a command
+# relaxes the mode (disabled -> metadata -> enabled), lines of the other stream read up to
+# HOLD seconds after it may have been printed before it, so they are taken in the old, stricter
+# mode: text a mode drops must never be kept because of how the reads fell.
+HOLD = 0.05
+_STRICTNESS = {DISABLED: 0, METADATA: 1, ENABLED: 2}  # lower keeps less
 
 COUNT_KEYS = ("lines", "metadata", "commands", "warnings", "dropped_by_mode",
               "repeats_dropped", "blanks_dropped")
@@ -226,6 +235,12 @@ class Classifier:
         # Was the stream's last line kept? A repeat or blank note describes the line before it,
         # so it is emitted only when that line was kept, whatever the mode is now.
         self._last_kept = dict.fromkeys(OUTPUT_STREAMS, True)
+        # stream -> (mode, ts): its lines read up to ts are taken in at least that strict a
+        # mode (HOLD); _commands counts mode commands applied, so a held batch can tell
+        # whether a command inside it set the mode.
+        self._hold: dict[str, tuple[str, float]] = {}
+        self._commands = 0
+        self._outer: str | None = None  # the mode a held batch stands in for
         self._lock = threading.RLock()
 
     # ------------------------------------------------------------------------------ numbering
@@ -260,7 +275,32 @@ class Classifier:
         """The records to keep for one item of ``stream``'s filter output."""
         self._check_stream(stream)
         with self._lock:
+            held = self._held(stream, ts) if self._hold else None
+            if held is not None:
+                return self._under(held, lambda: self._one(stream, item, ts))
             return self._one(stream, item, ts)
+
+    def _held(self, stream: str, ts: float) -> str | None:
+        """The stricter mode a hold puts on ``stream``'s lines read at ``ts``, or None."""
+        hold = self._hold.get(stream)
+        if hold is None:
+            return None
+        mode, until = hold
+        if ts > until:
+            del self._hold[stream]
+            return None
+        return mode if _STRICTNESS[mode] < _STRICTNESS[self.mode] else None
+
+    def _under(self, mode: str, work: Callable[[], list[Record]]) -> list[Record]:
+        """``work()`` in ``mode``; the mode is put back unless a command in it set one."""
+        saved, commands = self.mode, self._commands
+        self.mode, self._outer = mode, saved
+        try:
+            return work()
+        finally:
+            self._outer = None
+            if self._commands == commands:
+                self.mode = saved
 
     def feed_many(self, stream: str, items: list[Rendered | Dropped],
                   ts: float) -> list[Record]:
@@ -272,6 +312,10 @@ class Classifier:
         work beyond the check."""
         self._check_stream(stream)
         with self._lock:
+            held = self._held(stream, ts) if self._hold else None
+            if held is not None:
+                return self._under(held, lambda: [
+                    rec for item in items for rec in self._one(stream, item, ts)])
             if self.mode != ENABLED:
                 return [rec for item in items for rec in self._one(stream, item, ts)]
             json_stream = stream == STDOUT
@@ -411,8 +455,19 @@ class Classifier:
         out.append(Command(run=self.run, stream=stream, seq=self._next(stream), ts=ts,
                            text=item.text, options=options))
         new = options.get("mode", self.mode)
-        if new != self.mode:
-            old, self.mode = self.mode, new
+        if "mode" in options:
+            self._commands += 1
+        before = self._outer or self.mode  # both streams' mode until this command
+        if _STRICTNESS[new] > _STRICTNESS[before]:  # relaxed: hold the other stream
+            for other in OUTPUT_STREAMS:
+                if other != stream:
+                    mode, until = self._hold.get(other, (before, ts + HOLD))
+                    if _STRICTNESS[before] < _STRICTNESS[mode]:
+                        mode = before
+                    self._hold[other] = (mode, max(until, ts + HOLD))
+        self.mode = new
+        if new != before:
+            old = before
             # The mode applies to both streams: say so in both, so a reader of either stream
             # (dashboards show stdout only) sees why output stops or starts.
             for target in (stream, *(s for s in OUTPUT_STREAMS if s != stream)):

@@ -24,9 +24,11 @@ import select
 import threading
 import time
 from collections.abc import Callable, Iterable
+from operator import itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .classify import COMMAND_PREFIX
 from .config import AdminConfig
 from .errors import ConfigError, LogcaptureError
 from .records import (
@@ -112,6 +114,7 @@ class Pipeline:
         self._idled = {s: True for s in OUTPUT_STREAMS}
         self._last_idle = {s: 0.0 for s in OUTPUT_STREAMS}
         self._faulted: set[str] = set()
+        self._busy: set[str] = set()  # streams whose lines are on their way to the classifier
 
     # --- run-level records ---------------------------------------------------------------
     def _next_run_seq(self) -> int:
@@ -170,6 +173,18 @@ class Pipeline:
         except Exception as e:  # noqa: BLE001 - the job's output never breaks capture
             self._fault(stream, "rendering", e)
             return
+        if lines and COMMAND_PREFIX in "\n".join(map(itemgetter(0), lines)):
+            # A command may change the mode of both streams. What the other stream printed
+            # before it and the renderer still holds (rows above its cursor, committed when
+            # the stream is quiet) is committed first, in the mode it was printed in; what it
+            # prints after follows the command (and classify.HOLD covers the reads in between).
+            self._busy.add(stream)
+            try:
+                for other in OUTPUT_STREAMS:
+                    if other not in self._busy:
+                        self._through(other, now, lambda r: r.idle())
+            finally:
+                self._busy.discard(stream)
         self._emit(stream, now, lines)
 
     def _emit(self, stream: str, now: float, lines: Iterable[Rendered],

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from logcapture.classify import Classifier, flatten, parse_metadata
+from logcapture.classify import HOLD, Classifier, flatten, parse_metadata
 from logcapture.records import (
     MODES,
     NOTE_BLANK,
@@ -30,12 +30,13 @@ from logcapture.records import (
 TS = 1700000000.0
 
 
-def feed(c: Classifier, *items: tuple[str, Rendered | Dropped | str]) -> list[Record]:
+def feed(c: Classifier, *items: tuple[str, Rendered | Dropped | str],
+         ts: float = TS) -> list[Record]:
     out: list[Record] = []
     for stream, item in items:
         if isinstance(item, str):
             item = Rendered(item)
-        out += c.feed(stream, item, TS)
+        out += c.feed(stream, item, ts)
     return out
 
 
@@ -278,7 +279,9 @@ def test_every_mode_by_every_command(start, target, stream):
     assert c.mode == target
     assert c.counts[stream]["commands"] == 1
 
-    after = feed(c, ("stdout", "text"), ("stderr", "err"), ("stdout", '{"epoch": 3}'))
+    # Read a second later: past the hold on the other stream after a relaxing command.
+    after = feed(c, ("stdout", "text"), ("stderr", "err"), ("stdout", '{"epoch": 3}'),
+                 ts=TS + 1)
     expected = {"enabled": ["line", "line", "line", "metadata"],
                 "metadata": ["metadata"],
                 "disabled": []}[target]
@@ -550,13 +553,44 @@ def test_no_repeat_note_for_a_line_dropped_before_the_mode_changed():
     """A secret printed in disabled mode, the mode switched to enabled (on the other stream),
     then the filter reports the secret's repetitions: not even their count is kept."""
     c = Classifier("r", "disabled")
-    out = feed(c, ("stdout", SECRET), ("stderr", cmd({"mode": "enabled"})),
-               ("stdout", Dropped(NOTE_REPEAT, 5)), ("stdout", "next"),
-               ("stdout", Dropped(NOTE_REPEAT, 2)))
+    out = feed(c, ("stdout", SECRET), ("stderr", cmd({"mode": "enabled"})))
+    out += feed(c, ("stdout", Dropped(NOTE_REPEAT, 5)), ("stdout", "next"),
+                ("stdout", Dropped(NOTE_REPEAT, 2)), ts=TS + 1)
     assert kinds(out) == ["command", "note:mode", "note:mode", "line", "note:repeat"]
     assert out[-1].count == 2
     assert c.counts["stdout"]["dropped_by_mode"] == 6
     assert c.counts["stdout"]["repeats_dropped"] == 2
+
+
+@pytest.mark.parametrize("old, new", [("disabled", "enabled"), ("disabled", "metadata"),
+                                      ("metadata", "enabled")])
+def test_the_other_streams_lines_right_after_a_relaxing_command_keep_the_old_mode(old, new):
+    # Two ptys: a line of the other stream read within HOLD of the command may have been
+    # printed before it, so it is taken in the stricter old mode; later lines in the new one.
+    c = Classifier("r", old)
+    out = feed(c, ("stdout", cmd({"mode": new})))
+    held = feed(c, ("stderr", SECRET), ("stderr", '{"k": 1}'), ts=TS + HOLD / 2)
+    held += feed(c, ("stdout", "own stream, after the command"), ts=TS + HOLD / 2)
+    assert c.counts["stderr"]["dropped_by_mode"] == 2
+    later = feed(c, ("stderr", "err later"), ts=TS + HOLD * 2)
+    assert kinds(out) == ["command", "note:mode", "note:mode"]
+    assert SECRET not in [getattr(r, "text", None) for r in held]
+    own = [r for r in held if r.stream == "stdout"]
+    assert kinds(own) == (["line"] if new == "enabled" else [])
+    assert kinds(later) == (["line"] if new == "enabled" else [])
+    assert c.mode == new
+
+
+def test_a_tightening_command_needs_no_hold():
+    c = Classifier("r", "enabled")
+    feed(c, ("stdout", cmd({"mode": "disabled"})))
+    assert feed(c, ("stderr", SECRET), ts=TS + HOLD / 2) == []
+    assert feed(c, ("stdout", cmd({"mode": "enabled"})), ts=TS + 1)[0].kind == "command"
+    # A command on the held stream itself sets the mode for good.
+    assert kinds(feed(c, ("stderr", cmd({"mode": "metadata"})), ("stderr", "x"),
+                      ts=TS + 1 + HOLD / 2)) == ["command", "note:mode", "note:mode"]
+    assert c.mode == "metadata"
+    assert kinds(feed(c, ("stdout", '{"k": 1}'), ts=TS + 1 + HOLD / 2)) == ["metadata"]
 
 
 def test_repeat_note_after_a_kept_command_and_a_kept_malformed_line():

@@ -307,6 +307,29 @@ def test_a_settled_pipeline_needs_no_ticks(tmp_path: Path) -> None:
             if x.kind == "line"] == ["line"]
 
 
+def test_what_the_other_stream_printed_before_a_command_keeps_its_mode(tmp_path: Path) -> None:
+    # disabled; stderr prints a secret and then keeps redrawing a bar (so it is never quiet
+    # and its finished line waits in the renderer); stdout enables capture. The secret was
+    # printed before the command: it must not be kept when stderr's lines are committed later.
+    p = Pipeline("r", SpoolWriter(create_run_dir(tmp_path, "r"), fsync=False),
+                 mode="disabled", columns=80, rows=24)
+    t = 1000.0
+    p.feed("stderr", b"hello\n", t, t)
+    p.tick(t + 0.05, t + 0.05)
+    p.feed("stderr", b"secret-before-the-command\nbar 0", t + 0.1, t + 0.1)
+    p.feed("stdout", b'/LOGCOMMAND {"mode": "enabled"}\n', t + 0.2, t + 0.2)
+    for k in range(1, 5):
+        p.feed("stderr", b"\rbar %d" % k, t + 0.2 + k / 10, t + 0.2 + k / 10)
+        p.tick(t + 0.25 + k / 10, t + 0.25 + k / 10)
+    p.feed("stderr", b"\ndone\n", t + 1.0, t + 1.0)
+    p.finish(exit_status=0, signal=None, state="COMPLETED", duration=1.0, bytes_read={})
+    records = list(iter_run(tmp_path / "r"))
+    texts = [getattr(x, "text", "") for x in records]
+    assert not any("secret-before" in text for text in texts)
+    assert any(x.kind == "command" for x in records)
+    assert "done" in texts and "bar 4" in texts  # printed after the command: kept
+
+
 def test_end_of_file_without_an_end_frame_keeps_the_lines(tmp_path: Path) -> None:
     root = tmp_path / "s"
     spool = SpoolWriter(create_run_dir(root, "r"), fsync=False)

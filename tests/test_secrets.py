@@ -104,3 +104,37 @@ def test_secrets_never_reach_spool_store_temp_files_or_messages(
     finally:
         client.close()
     assert not os.environ.get("LOGCAPTURE_STORE")  # nothing leaked into the test process
+
+
+CROSS = """
+import sys, time
+secret = "CR0SS-" + "STREAM-51ab0e"  # split: the job file itself is not searched
+print('/LOGCOMMAND {"mode": "disabled"}', flush=True)
+time.sleep(0.3)
+sys.stderr.write("in a bar: " + secret + "\\n"); sys.stderr.write("\\rbar 0"); sys.stderr.flush()
+print('/LOGCOMMAND {"mode": "enabled"}', flush=True)  # right after: one read apart, or none
+for k in range(1, 8):                                 # stderr never quiet for long
+    sys.stderr.write(f"\\rbar {k}"); sys.stderr.flush(); time.sleep(0.1)
+sys.stderr.write("\\n")
+print("kept after the command", flush=True)
+"""
+
+
+def test_a_secret_on_one_stream_just_before_a_command_on_the_other_is_not_kept(
+        lc_env: dict[str, str], tmp_path: Path) -> None:
+    # Two ptys, read a burst at a time: which of two lines on different streams came first
+    # is not known to the reader. A line printed in disabled mode on stderr just before an
+    # enabling command on stdout must still never be kept (classify.HOLD, and the other
+    # stream's waiting lines committed before the command). An end-to-end guard: the orders
+    # that used to leak are reproduced deterministically in test_pipeline and test_classify.
+    secret = "CR0SS-STREAM-51ab0e"
+    job = tmp_path / "cross.py"
+    job.write_text(CROSS)
+    res = run_lc(["run", "--run-id", "cross", "--", sys.executable, str(job)], lc_env)
+    assert res.returncode == 0, res.stderr
+    assert secret.encode() in res.stderr  # the job's own output is untouched
+    spool = Path(lc_env["LOGCAPTURE_SPOOL"])
+    found = [path for path, data in _walk_bytes(spool) if secret.encode() in data]
+    assert not found
+    logs = run_lc(["logs", "cross", "--stream", "all"], lc_env).stdout.decode()
+    assert "kept after the command" in logs and secret not in logs
