@@ -173,11 +173,16 @@ class Pipeline:
         except Exception as e:  # noqa: BLE001 - the job's output never breaks capture
             self._fault(stream, "rendering", e)
             return
+        self._others_first(stream, now, lines)
+        self._emit(stream, now, lines)
+
+    def _others_first(self, stream: str, now: float, lines: list[Rendered]) -> None:
+        """Before ``lines`` of ``stream`` go to the classifier: if they hold a command, which
+        may change the mode of both streams, what the other stream printed before it and its
+        renderer still holds (rows above its cursor, committed when the stream is quiet) is
+        committed first, in the mode it was printed in; what it prints after follows the
+        command (and classify.HOLD covers the reads in between)."""
         if lines and COMMAND_PREFIX in "\n".join(map(itemgetter(0), lines)):
-            # A command may change the mode of both streams. What the other stream printed
-            # before it and the renderer still holds (rows above its cursor, committed when
-            # the stream is quiet) is committed first, in the mode it was printed in; what it
-            # prints after follows the command (and classify.HOLD covers the reads in between).
             self._busy.add(stream)
             try:
                 for other in OUTPUT_STREAMS:
@@ -185,7 +190,6 @@ class Pipeline:
                         self._through(other, now, lambda r: r.idle())
             finally:
                 self._busy.discard(stream)
-        self._emit(stream, now, lines)
 
     def _emit(self, stream: str, now: float, lines: Iterable[Rendered],
               final: bool = False) -> None:
@@ -218,6 +222,7 @@ class Pipeline:
             except Exception as e:  # noqa: BLE001
                 self._fault(stream, "rendering", e)
                 lines = self.renderers[stream].finish()
+            self._others_first(stream, now, lines)
             self._emit(stream, now, lines, final=True)
 
     def close_unfinished(self) -> None:

@@ -330,6 +330,23 @@ def test_what_the_other_stream_printed_before_a_command_keeps_its_mode(tmp_path:
     assert "done" in texts and "bar 4" in texts  # printed after the command: kept
 
 
+def test_at_the_end_too_the_other_streams_earlier_lines_keep_their_mode(tmp_path: Path) -> None:
+    # A tqdm bar's last line on stderr, then a command on stdout, then the job exits: both
+    # lines are still waiting in their renderers and are committed at the end, the bar first.
+    for order in ("stdout first", "stderr first"):
+        run_dir = create_run_dir(tmp_path, order.replace(" ", "-"))
+        p = Pipeline("r", SpoolWriter(run_dir, fsync=False), mode="enabled", columns=80,
+                     rows=24)
+        t = 1000.0
+        feeds = [("stderr", b"\r 98%|#########9| 49/50\r100%|##########| 50/50\n"),
+                 ("stdout", b'/LOGCOMMAND {"mode": "metadata"}\n')]
+        for stream, data in (feeds if order == "stderr first" else feeds[::-1]):
+            p.feed(stream, data, t, t)
+        p.finish(exit_status=0, signal=None, state="COMPLETED", duration=1.0, bytes_read={})
+        kept = [(x.stream, x.kind) for x in iter_run(run_dir) if x.stream != "run"]
+        assert ("stderr", "line") in kept and ("stdout", "command") in kept, (order, kept)
+
+
 def test_end_of_file_without_an_end_frame_keeps_the_lines(tmp_path: Path) -> None:
     root = tmp_path / "s"
     spool = SpoolWriter(create_run_dir(root, "r"), fsync=False)
