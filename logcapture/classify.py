@@ -241,6 +241,9 @@ class Classifier:
         self._hold: dict[str, tuple[str, float]] = {}
         self._commands = 0
         self._outer: str | None = None  # the mode a held batch stands in for
+        # Called with (stream, ts) before a command attempt of ``stream`` is taken, while the
+        # mode is still the one before it.
+        self.before_command: Callable[[str, float], None] | None = None
         self._lock = threading.RLock()
 
     # ------------------------------------------------------------------------------ numbering
@@ -432,6 +435,10 @@ class Classifier:
         return out
 
     def _command(self, stream: str, item: Rendered, ts: float) -> list[Record]:
+        if self.before_command is not None:
+            # The pipeline commits what the other stream printed earlier, in the mode so far
+            # (it may call back into this classifier: the lock is re-entrant).
+            self.before_command(stream, ts)
         counts = self.counts[stream]
         where = f"{stream} line {self._line_no[stream]}"
         out: list[Record] = []

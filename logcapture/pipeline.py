@@ -24,11 +24,9 @@ import select
 import threading
 import time
 from collections.abc import Callable, Iterable
-from operator import itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .classify import COMMAND_PREFIX
 from .config import AdminConfig
 from .errors import ConfigError, LogcaptureError
 from .records import (
@@ -107,6 +105,8 @@ class Pipeline:
             s: Renderer(columns=columns, rows=rows) for s in OUTPUT_STREAMS}
         self.filters: dict[str, LineFilter] = {s: LineFilter() for s in OUTPUT_STREAMS}
         self.classifier: Classifier = Classifier(run_id, mode)
+        self.classifier.before_command = self._others_first
+        self._busy: set[str] = set()  # streams whose lines are on their way to the classifier
         self._new_filter = LineFilter
         self._run_seq = 0
         self._run_lock = threading.Lock()
@@ -114,7 +114,6 @@ class Pipeline:
         self._idled = {s: True for s in OUTPUT_STREAMS}
         self._last_idle = {s: 0.0 for s in OUTPUT_STREAMS}
         self._faulted: set[str] = set()
-        self._busy: set[str] = set()  # streams whose lines are on their way to the classifier
 
     # --- run-level records ---------------------------------------------------------------
     def _next_run_seq(self) -> int:
@@ -166,6 +165,24 @@ class Pipeline:
         have been committed since its last data."""
         return all(self._idled.values())
 
+    def _others_first(self, stream: str, now: float) -> None:
+        """A command of ``stream`` is about to be taken, and it may change the mode of both
+        streams: what the other stream printed before it and its renderer still holds (rows
+        above its cursor, committed when the stream is quiet) is committed first, in the mode
+        it was printed in; what it prints after follows the command (and classify.HOLD covers
+        the reads in between)."""
+        self._busy.add(stream)
+        try:
+            for other in OUTPUT_STREAMS:
+                if other not in self._busy:
+                    self._busy.add(other)
+                    try:
+                        self._through(other, now, lambda r: r.idle())
+                    finally:
+                        self._busy.discard(other)
+        finally:
+            self._busy.discard(stream)
+
     def _through(self, stream: str, now: float,
                  step: Callable[[Renderer | _PlainLines], list[Rendered]]) -> None:
         try:
@@ -173,23 +190,7 @@ class Pipeline:
         except Exception as e:  # noqa: BLE001 - the job's output never breaks capture
             self._fault(stream, "rendering", e)
             return
-        self._others_first(stream, now, lines)
         self._emit(stream, now, lines)
-
-    def _others_first(self, stream: str, now: float, lines: list[Rendered]) -> None:
-        """Before ``lines`` of ``stream`` go to the classifier: if they hold a command, which
-        may change the mode of both streams, what the other stream printed before it and its
-        renderer still holds (rows above its cursor, committed when the stream is quiet) is
-        committed first, in the mode it was printed in; what it prints after follows the
-        command (and classify.HOLD covers the reads in between)."""
-        if lines and COMMAND_PREFIX in "\n".join(map(itemgetter(0), lines)):
-            self._busy.add(stream)
-            try:
-                for other in OUTPUT_STREAMS:
-                    if other not in self._busy:
-                        self._through(other, now, lambda r: r.idle())
-            finally:
-                self._busy.discard(stream)
 
     def _emit(self, stream: str, now: float, lines: Iterable[Rendered],
               final: bool = False) -> None:
@@ -222,7 +223,6 @@ class Pipeline:
             except Exception as e:  # noqa: BLE001
                 self._fault(stream, "rendering", e)
                 lines = self.renderers[stream].finish()
-            self._others_first(stream, now, lines)
             self._emit(stream, now, lines, final=True)
 
     def close_unfinished(self) -> None:
