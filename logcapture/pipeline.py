@@ -52,7 +52,6 @@ LINE_LIMIT = 65536  # render.LINE_LIMIT, held equal by tests/test_pipeline.py
 
 IDLE_COMMIT = 0.3  # seconds a stream must be quiet before its finished lines are committed
 IDLE_EVERY = 0.5  # seconds between commits of a stream that is never quiet
-COALESCE = 0.005  # frames of one stream read this close together are rendered as one chunk
 
 _ESCAPES = re.compile(
     r"\x1b(\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)?|[@-Z\\-_])"  # CSI, OSC, ESC x
@@ -454,7 +453,7 @@ def serve(fd: int, pipeline: Pipeline) -> dict[str, Any] | None:
     COALESCE seconds of each other are rendered as one chunk stamped with the last one's
     times: a worker that fell behind catches up in large chunks instead of paying the
     per-chunk cost for every short read (docs/performance.md)."""
-    from .runner import FRAME, FRAME_END, FRAME_STREAMS, TICK
+    from .runner import COALESCE, FRAME, FRAME_END, FRAME_STREAMS, TICK
 
     unpack = FRAME.unpack_from
     header = FRAME.size
