@@ -315,12 +315,14 @@ class Classifier:
         work beyond the check."""
         self._check_stream(stream)
         with self._lock:
+            def each() -> list[Record]:  # item by item, as feed() would
+                return [rec for item in items for rec in self._one(stream, item, ts)]
+
             held = self._held(stream, ts) if self._hold else None
             if held is not None:
-                return self._under(held, lambda: [
-                    rec for item in items for rec in self._one(stream, item, ts)])
+                return self._under(held, each)
             if self.mode != ENABLED:
-                return [rec for item in items for rec in self._one(stream, item, ts)]
+                return each()
             json_stream = stream == STDOUT
             # The usual batch: all lines, all plain, found with C-level operations on the joined
             # texts (a command prefix or a "{" opening a line cannot hide from these checks;
