@@ -66,6 +66,7 @@ from .spool import (
     Segment,
     check_run_id,
     find_run_dirs,
+    segment_name,
     segments,
 )
 from .spool import (
@@ -104,7 +105,12 @@ def identity_from_spool(run_dir: Path) -> Identity:
     try:
         segs = segments(run_dir)
         if segs:
-            first = _first_line(segs[0])
+            try:
+                first = _first_line(segs[0])
+            except SpoolError:
+                if (closed := _closed_meanwhile(segs[0])) is None:
+                    raise
+                first = _first_line(closed)
             if first:
                 rec = from_dict(json.loads(first))
                 if isinstance(rec, Start):
@@ -177,6 +183,17 @@ def read_segment_bytes(seg: Segment, skip: int = 0) -> tuple[bytes, int, bool]:
         start = min(start, end)
     body = data[start:end] if (start or end < len(data)) else data
     return body, body.count(b"\n"), torn
+
+
+def _closed_meanwhile(seg: Segment) -> Segment | None:
+    """The closed form of an open segment that the writer closed since it was listed
+    (``SpoolWriter._compress``: ``.gz`` written and renamed into place, then the plain file
+    unlinked), or None when that is not what happened. A live run's segment can close between
+    the agent's listing and its reading; that is no reason to set it aside."""
+    if seg.closed or os.path.lexists(seg.path):
+        return None
+    gz = seg.path.with_name(segment_name(seg.index, closed=True))
+    return Segment(seg.index, gz, True) if os.path.lexists(gz) else None
 
 
 def _first_line(seg: Segment, limit: int = 1 << 20) -> bytes:
@@ -387,7 +404,13 @@ def _read_pending(run_dir: Path, cur: Cursor, p: _Pending, result: UploadResult)
     """Read what is pending of ``p``'s segment here; set the segment aside when it cannot be
     read (False)."""
     try:
-        p.data, p.count, p.torn = read_segment_bytes(p.seg, p.skip)
+        try:
+            p.data, p.count, p.torn = read_segment_bytes(p.seg, p.skip)
+        except SpoolError:
+            if (closed := _closed_meanwhile(p.seg)) is None:
+                raise
+            p.seg = closed
+            p.data, p.count, p.torn = read_segment_bytes(p.seg, p.skip)
     except SpoolError as e:
         cur.aside[p.seg.index] = str(e)
         result.set_aside.append((run_dir.name, p.seg.path.name, str(e)))

@@ -174,6 +174,41 @@ def test_corrupt_and_torn_lines_skipped_counted_reported(tmp_path: Path, dsn: st
     assert counts(dsn, "corrupt") == (20, 20, 20)
 
 
+@pytest.mark.parametrize("closing_call", [1, 2])
+def test_a_segment_the_writer_closes_while_shipping_is_read_closed(
+        tmp_path: Path, dsn: str, monkeypatch: pytest.MonkeyPatch, closing_call: int) -> None:
+    """A live run's open segment is closed by its writer (gzip, rename, unlink:
+    ``SpoolWriter._compress``) between the shipper's listing and its reading: when the shipper
+    reads the run's identity (call 1) or its pending lines (call 2). The shipper reads the
+    closed segment: nothing is set aside and the run is complete (it was once set aside for
+    good, and the agent never finished the run)."""
+    root = tmp_path / "spool"
+    rd = make_run(root, "closing", 500, end=False)
+    end = End(run="closing", stream="run", seq=1, ts=T0 + 3, exit_status=0, state="COMPLETED")
+    real = ship.segments
+    calls: list[bool] = []
+
+    def listing_then_close(run_dir: Path) -> list:  # type: ignore[type-arg]
+        segs = real(run_dir)
+        closing = len(calls) + 1 == closing_call
+        calls.append(closing)
+        for s in segs:
+            if closing and not s.closed:
+                data = s.path.read_bytes() + end.to_json().encode() + b"\n"
+                s.path.with_name(s.path.name + ".gz").write_bytes(gzip.compress(data))
+                s.path.unlink()
+        return segs
+
+    monkeypatch.setattr(ship, "segments", listing_then_close)
+    res = ship.upload(root, dsn=dsn, retention_days=None)
+    assert calls[closing_call - 1], calls
+    assert res.exit_code == 0, res
+    assert not res.set_aside and not res.warnings, res
+    assert res.records == 500 + 4  # start, lines, note, metadata, end
+    cur = json.loads((rd / ship.CURSOR_NAME).read_text())
+    assert cur["shipped_at"] and cur["end_shipped"]
+
+
 def test_closed_segments_are_read_by_the_store_itself(tmp_path: Path, dsn: str,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """Whole closed segments are not decompressed here: the engine reads the descriptors the
