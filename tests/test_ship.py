@@ -435,8 +435,9 @@ def test_hundred_concurrent_runs_one_agent(tmp_path: Path, dsn: str) -> None:
         w = SpoolWriter(rd, fsync=False, flush_interval=0.05)
         w.write([Start(run=rd.name, stream="run", seq=0, ts=T0)])
         writers.append(w)
+    warnings: list[str] = []
     agent = ship.Agent(root, dsn, batch_bytes=1 << 20, batch_interval=0.1, poll=0.02,
-                       retention_days=None)
+                       retention_days=None, warn=warnings.append)
     t = threading.Thread(target=agent.run)
     t.start()
     try:
@@ -467,6 +468,7 @@ def test_hundred_concurrent_runs_one_agent(tmp_path: Path, dsn: str) -> None:
     finally:
         agent.stop()
         t.join()
+    assert not warnings, warnings[:5]
     assert agent.stats.records == 100 * 52
     with S.open_store(dsn) as st:
         rows = st.client.query("SELECT run, count() FROM lines FINAL WHERE run LIKE 'many%' "
