@@ -334,9 +334,11 @@ class Classifier:
             if uncut:
                 texts = [item.text for item in items]  # type: ignore[union-attr]
                 joined = "\n".join(texts)
-                if COMMAND_PREFIX not in joined and not (
-                        json_stream and (joined[:1] == "{" or "\n{" in joined)):
-                    return [self._lines(stream, texts, ts)] if texts else []
+                if COMMAND_PREFIX not in joined:
+                    if not (json_stream and (joined[:1] == "{" or "\n{" in joined)):
+                        return [self._lines(stream, texts, ts)] if texts else []
+                    if joined.count("\n") == len(texts) - 1:  # (a line holds no newline)
+                        return self._with_metadata(stream, texts, joined, ts)
             out: list[Record] = []
             run: list[str] = []  # texts of the current run of plain lines
             for i, item in enumerate(items):
@@ -368,6 +370,34 @@ class Classifier:
             if run:
                 out.append(self._lines(stream, run, ts))
             return out
+
+    def _with_metadata(self, stream: str, texts: list[str], joined: str, ts: float
+                       ) -> list[Record]:
+        """``feed_many``'s loop for a batch of plain stdout lines (mode enabled, uncut, no
+        command) some of which open with ``{``: only those candidates are looked at, found
+        with ``str.find`` in ``joined`` (the texts joined by newlines; a text holds no
+        newline). Each is kept as a line, followed by its Metadata record when it is one JSON
+        object (the same records as the loop: tests/test_pipeline.py)."""
+        out: list[Record] = []
+        s = "\n" + joined  # the k-th newline of s opens text k
+        find, count = s.find, s.count
+        k = 0  # the text opened by the newline at ``at``
+        at = 0
+        start = 0  # the first text of the current run of lines
+        pos = find("\n{")
+        while pos >= 0:
+            k += count("\n", at, pos)
+            at = pos
+            fields = parse_metadata(texts[k])
+            if fields is not None:
+                out.append(self._lines(stream, texts[start:k + 1], ts))
+                start = k + 1
+                self.counts[stream]["metadata"] += 1
+                out.append(new_metadata(self.run, stream, self._next(stream), ts, fields))
+            pos = find("\n{", pos + 1)
+        if start < len(texts):
+            out.append(self._lines(stream, texts[start:], ts))
+        return out
 
     def _lines(self, stream: str, texts: list[str], ts: float) -> Lines | Line:
         n = len(texts)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from functools import partial
 from itertools import repeat
@@ -131,17 +131,15 @@ class Lines(Record):
         concat = "".join(texts)
         if concat.isascii() and len(concat) == len(
                 concat.encode("ascii").translate(None, _ESCAPED_ASCII)):
-            bodies: Sequence[str] = texts  # nothing to escape: each text is its JSON body
+            quote = '"'  # nothing to escape: each text is its JSON string's body
+            bodies: Iterable[str] = texts
         else:
-            # One call of the C encoder for all texts (json.dumps of the list), whose output
-            # splits exactly at '","': a quote inside a string is always escaped, so '","'
-            # only occurs between two items.
-            bodies = json.dumps(texts, ensure_ascii=False,
-                                separators=(",", ":"))[2:-2].split('","')
+            quote = ""  # each text through the C string encoder (quotes included)
+            bodies = map(_string, texts)
         head = f'{{"run":{_string(self.run)},"stream":{_string(self.stream)},"seq":'
-        end = '","kind":"line"}'
+        end = f'{quote},"kind":"line"}}'
         # [seq, tail, body, end + newline + head] per line, joined once.
-        parts = [f',"ts":{float(self.ts)!r},"text":"'] * (4 * n)
+        parts = [f',"ts":{float(self.ts)!r},"text":{quote}'] * (4 * n)
         seq = int(self.seq)
         parts[0::4] = map(str, range(seq, seq + n))
         parts[2::4] = bodies
