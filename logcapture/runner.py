@@ -74,12 +74,17 @@ FRAME_END = 2  # payload: the Outcome as JSON; no frame follows
 WORKER_PIPE_BYTES = 1 << 20  # asked of F_SETPIPE_SZ; the kernel may grant less
 WORKER_BUFFER = 16 << 20  # bytes the reader holds for a worker before it stops reading
 WORKER_TIMEOUT = 20.0  # seconds a worker may accept nothing before it is given up
-# Frames go to the worker in batches: when this many bytes wait, or the oldest has waited
-# this long. Each write wakes the worker, which then pays its per-chunk cost; a burst of short
-# reads is cheaper to render as one chunk. Only capture waits: the copy to the real output
-# never does.
+# Frames go to the worker in batches: when PUMP_BYTES wait, when the job has written nothing
+# for PUMP_QUIET seconds, or when the oldest has waited PUMP_MAX. Each write wakes the
+# worker, and a wake-up costs it ~0.4 ms of CPU here whatever it brings (cold caches): a job
+# printing a burst ten times a second (a training loop with a 10 Hz bar) wakes it twice a
+# second instead of ten times. The worker renders and commits by the frames' read times, so
+# holding them back delays nothing it decides: a quiet line is committed IDLE_COMMIT (0.3 s)
+# after it was read and PUMP_QUIET is shorter (docs/performance.md: the 1 s budget). Only
+# capture waits: the copy to the real output never does.
 PUMP_BYTES = 64 * 1024
-PUMP_DELAY = 0.01
+PUMP_QUIET = 0.15
+PUMP_MAX = 0.5
 # Reads of one stream within COALESCE seconds of the first become one frame, stamped with the
 # last read's times: a flood read ~400 bytes at a time would otherwise cost the worker a
 # frame header to parse per read (40 % of its CPU for 1M print() lines).
@@ -158,6 +163,7 @@ class Worker:
         self.gone = False  # given up: exited, hung, or finished
         self.blocked = False  # the pipe was full at the last write
         self.since = 0.0  # monotonic time the oldest unsent frame was read
+        self.last_read = 0.0  # monotonic time of the newest read
         self.last_progress = time.monotonic()
         # The frame still growing (COALESCE): its kind, reads, bytes, first read's monotonic
         # time, last read's times. Its header goes into ``pieces`` when it is closed.
@@ -171,6 +177,7 @@ class Worker:
         open frame when it is of the same stream and began less than COALESCE ago."""
         if not self.size:
             self.since = mono
+        self.last_read = mono
         if self._parts and (kind != self._kind or mono - self._first > COALESCE):
             self._close_frame()
         if not self._parts:
@@ -191,7 +198,11 @@ class Worker:
 
     def due(self, now: float) -> bool:
         return self.size > 0 and (self.blocked or self.size >= PUMP_BYTES
-                                  or now - self.since >= PUMP_DELAY)
+                                  or now >= self.pump_at())
+
+    def pump_at(self) -> float:
+        """The monotonic time the unsent frames go to the worker, unless more bytes come."""
+        return min(self.since + PUMP_MAX, self.last_read + PUMP_QUIET)
 
     def pump(self) -> None:
         """Write what the pipe takes now, without blocking. Raises OSError (EPIPE) when the
@@ -594,7 +605,7 @@ def run(argv: Sequence[str], sink: Sink | Worker | None,
                         else:
                             poller.unregister(worker.fd)
                     elif worker.size and not pumping:
-                        timeout = max(0, int((worker.since + PUMP_DELAY - now_m) * 1000) + 1)
+                        timeout = max(0, int((worker.pump_at() - now_m) * 1000) + 1)
                     if pumping and now_m - worker.last_progress > opts.worker_timeout:
                         warn("the capture process stopped responding; capture stopped, the "
                              "command goes on and its output still reaches its files")
