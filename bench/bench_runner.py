@@ -11,6 +11,11 @@ ratios. Workloads (issue 2 §7):
   .venv/bin/python bench/bench_runner.py [--rounds 3] [--scale 1.0] [--only prints,bulk]
   .venv/bin/python bench/bench_runner.py --pipeline   # the capture worker's work alone
 
+  # as deployed: logcapture from a regular install (an editable install's import hook costs
+  # every start of logcapture ~15-20 ms of CPU here)
+  python3 -m venv /tmp/lc-installed && /tmp/lc-installed/bin/pip install -q .
+  .venv/bin/python bench/bench_runner.py --only training --python /tmp/lc-installed/bin/python
+
 --scale shrinks the throughput workloads for a quick look (0.1 = 100k lines, 20 MB).
 Targets: logcapture <= 1.05 x the bare tee and no slower than script on throughput;
 capture CPU <= 2% of a core on the training-like job.
@@ -89,11 +94,12 @@ def workloads(scale: float) -> dict[str, list[str]]:
     }
 
 
-def variants(cmd: list[str], spool: str, before: str | None = None) -> dict[str, list[str]]:
+def variants(cmd: list[str], spool: str, before: str | None = None,
+             python: str | None = None) -> dict[str, list[str]]:
     out = {
         "file": cmd,
         "tee": [PY, "-c", TEE, *cmd],
-        "logcapture": [*LOGCAPTURE, "run", "--", *cmd],
+        "logcapture": [python or PY, "-m", "logcapture", "run", "--", *cmd],
     }
     if before:  # the same command from another checkout, in the same rounds
         out["before"] = [*LOGCAPTURE, "run", "--", *cmd]
@@ -219,6 +225,12 @@ def main() -> None:
     ap.add_argument("--before", default=None, metavar="DIR",
                     help="also run logcapture from another checkout (a directory holding its "
                          "logcapture/ package, e.g. from `git archive`), as variant 'before'")
+    ap.add_argument("--python", default=None, metavar="PY",
+                    help="run logcapture with this interpreter: a virtual environment with a "
+                         "regular (not editable) install, as on a cluster node; an editable "
+                         "install's import hook costs every start ~15-20 ms here")
+    ap.add_argument("--training-rounds", type=int, default=3,
+                    help="rounds of the training workloads (10 s each per variant)")
     ap.add_argument("--pipeline", action="store_true",
                     help="measure the capture worker's work alone, in this process")
     args = ap.parse_args()
@@ -236,18 +248,22 @@ def main() -> None:
     for name, cmd in workloads(args.scale).items():
         if name not in args.only.split(","):
             continue
-        rounds = 1 if name.startswith("training") else args.rounds
+        rounds = args.training_rounds if name.startswith("training") else args.rounds
         walls: dict[str, list[float]] = {}
         cpus: dict[str, list[float]] = {}
         split: dict[str, list[float]] = {}
         load_before = load()
         for _ in range(rounds):
-            for vname, argv in variants(cmd, str(tmp / "spool"), args.before).items():
+            for vname, argv in variants(cmd, str(tmp / "spool"), args.before,
+                                        args.python).items():
                 if vname == "before":
                     # PYTHONPATH and a working directory without a logcapture/ in it, so
                     # `python -m logcapture` imports the other checkout's package.
                     w, c = timed(argv, dict(env, PYTHONPATH=args.before), str(tmp / "out"),
                                  cwd=args.before)
+                elif vname == "logcapture" and args.python:
+                    # from a directory without a logcapture/ in it: the installed package
+                    w, c = timed(argv, env, str(tmp / "out"), cwd=str(tmp))
                 else:
                     w, c = timed(argv, env, str(tmp / "out"))
                 walls.setdefault(vname, []).append(w)
