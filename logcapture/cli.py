@@ -17,7 +17,7 @@ from typing import Any
 import click
 
 from . import __version__
-from .errors import LogcaptureError
+from .errors import LogcaptureError, Warner
 from .records import (
     MODES,
     NOTE_BLANK,
@@ -34,26 +34,6 @@ from .records import (
 from .spool import default_root
 
 # ------------------------------------------------------------------------------ helpers
-
-
-class Warner:
-    """``logcapture:`` warnings on the real stderr: each distinct message once, at most
-    ``limit`` in all, so a failing disk cannot flood the job's error file."""
-
-    def __init__(self, fd: int = 2, limit: int = 5):
-        self.fd = fd
-        self.limit = limit
-        self.seen: set[str] = set()
-
-    def __call__(self, message: str) -> None:
-        if message in self.seen or len(self.seen) >= self.limit:
-            return
-        self.seen.add(message)
-        text = message if message.startswith("logcapture:") else f"logcapture: {message}"
-        try:
-            os.write(self.fd, (text + "\n").encode("utf-8", "replace"))
-        except OSError:
-            pass
 
 
 def _spool_option(f: Any) -> Any:

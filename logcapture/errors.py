@@ -20,6 +20,8 @@ become records (warning notes), not exceptions (STYLE.md practice 3).
 
 from __future__ import annotations
 
+import os
+
 
 class LogcaptureError(Exception):
     exit_code = 2
@@ -80,3 +82,24 @@ class NotFound(LogcaptureError):
 
 class UsageError(LogcaptureError):
     exit_code = 2
+
+
+class Warner:
+    """``logcapture:`` warnings on the real stderr (here, not in cli.py, so the Slurm job
+    wrapper need not import the CLI and click): each distinct message once, at most
+    ``limit`` in all, so a failing disk cannot flood the job's error file."""
+
+    def __init__(self, fd: int = 2, limit: int = 5):
+        self.fd = fd
+        self.limit = limit
+        self.seen: set[str] = set()
+
+    def __call__(self, message: str) -> None:
+        if message in self.seen or len(self.seen) >= self.limit:
+            return
+        self.seen.add(message)
+        text = message if message.startswith("logcapture:") else f"logcapture: {message}"
+        try:
+            os.write(self.fd, (text + "\n").encode("utf-8", "replace"))
+        except OSError:
+            pass

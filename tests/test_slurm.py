@@ -164,6 +164,22 @@ def test_with_logoptin_the_job_is_captured_into_its_job_directory(tmp_path: Path
     assert isinstance(records[-1], End) and records[-1].exit_status == 5
 
 
+def test_with_logoptin_the_wrapper_captures_without_the_cli(tmp_path: Path) -> None:
+    # Every captured job pays the wrapper's start-up: click and the CLI are not part of it.
+    root = tmp_path / "spool"
+    (root / "79").mkdir(parents=True, mode=0o700)
+    script = _wrapped(tmp_path, "echo captured\n")
+    env = _job_env(tmp_path, SLURM_JOB_ID="79", LOGCAPTURE_FLUSH_INTERVAL="0.1")
+    (tmp_path / "home" / ".logoptin").write_text("mode: enabled\n")
+    r = _run_wrapper([f"--spool-root={root}", str(script)], env, "-X", "importtime")
+    assert r.returncode == 0 and r.stdout == b"captured\n", r.stderr
+    imported = {line.split("|")[-1].strip() for line in r.stderr.decode().splitlines()
+                if line.startswith("import time:")}
+    assert "logcapture.pipeline" in imported
+    assert "click" not in imported and "logcapture.cli" not in imported
+    assert [x.text for x in iter_run(root / "79" / "79") if isinstance(x, Line)] == ["captured"]
+
+
 def test_with_logoptin_but_no_job_directory_capture_falls_back_to_the_users_spool(
         tmp_path: Path) -> None:
     script = _wrapped(tmp_path, "echo hello\n")
