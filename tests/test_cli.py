@@ -88,7 +88,9 @@ def test_logs_follow_tails_a_live_run(lc_env: dict[str, str]) -> None:
         env=lc_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     spool = Path(lc_env["LOGCAPTURE_SPOOL"])
     deadline = time.time() + 20
-    while not (spool / "live").exists() and time.time() < deadline:
+    # a run is a directory with a segment: the worker opens its first one a moment after the
+    # wrapper made the directory
+    while not any((spool / "live").glob("seg-*")) and time.time() < deadline:
         time.sleep(0.05)
     follow = subprocess.run([*LOGCAPTURE, "logs", "--follow", "live"], env=lc_env,
                             capture_output=True, timeout=60)
