@@ -65,8 +65,8 @@ from .spool import (
     SEGMENT_BYTES,
     Segment,
     check_run_id,
+    closed_meanwhile,
     find_run_dirs,
-    segment_name,
     segments,
 )
 from .spool import (
@@ -108,7 +108,7 @@ def identity_from_spool(run_dir: Path) -> Identity:
             try:
                 first = _first_line(segs[0])
             except SpoolError:
-                if (closed := _closed_meanwhile(segs[0])) is None:
+                if (closed := closed_meanwhile(segs[0])) is None:
                     raise
                 first = _first_line(closed)
             if first:
@@ -183,17 +183,6 @@ def read_segment_bytes(seg: Segment, skip: int = 0) -> tuple[bytes, int, bool]:
         start = min(start, end)
     body = data[start:end] if (start or end < len(data)) else data
     return body, body.count(b"\n"), torn
-
-
-def _closed_meanwhile(seg: Segment) -> Segment | None:
-    """The closed form of an open segment that the writer closed since it was listed
-    (``SpoolWriter._compress``: ``.gz`` written and renamed into place, then the plain file
-    unlinked), or None when that is not what happened. A live run's segment can close between
-    the agent's listing and its reading; that is no reason to set it aside."""
-    if seg.closed or os.path.lexists(seg.path):
-        return None
-    gz = seg.path.with_name(segment_name(seg.index, closed=True))
-    return Segment(seg.index, gz, True) if os.path.lexists(gz) else None
 
 
 def _first_line(seg: Segment, limit: int = 1 << 20) -> bytes:
@@ -407,7 +396,7 @@ def _read_pending(run_dir: Path, cur: Cursor, p: _Pending, result: UploadResult)
         try:
             p.data, p.count, p.torn = read_segment_bytes(p.seg, p.skip)
         except SpoolError:
-            if (closed := _closed_meanwhile(p.seg)) is None:
+            if (closed := closed_meanwhile(p.seg)) is None:
                 raise
             p.seg = closed
             p.data, p.count, p.torn = read_segment_bytes(p.seg, p.skip)

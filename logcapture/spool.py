@@ -177,6 +177,17 @@ class ReadStats:
 MAX_LINE_BYTES = 16 * 1024 * 1024
 
 
+def closed_meanwhile(seg: Segment) -> Segment | None:
+    """The closed form of an open segment that the writer closed since it was listed
+    (``SpoolWriter._compress``: ``.gz`` written and renamed into place, then the plain file
+    unlinked), or None when that is not what happened. A live run's segment can close between
+    a reader's listing and its reading (the shipper, ``logs``, ``show``)."""
+    if seg.closed or os.path.lexists(seg.path):
+        return None
+    gz = seg.path.with_name(segment_name(seg.index, closed=True))
+    return Segment(seg.index, gz, True) if os.path.lexists(gz) else None
+
+
 def read_lines(seg: Segment, skip: int = 0) -> tuple[list[bytes], bool]:
     """Complete lines of a segment after the first ``skip``, and whether an incomplete last
     line was present. Opens without following symlinks and refuses anything but a regular
@@ -184,6 +195,8 @@ def read_lines(seg: Segment, skip: int = 0) -> tuple[list[bytes], bool]:
     try:
         fd = os.open(seg.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as e:
+        if isinstance(e, FileNotFoundError) and (closed := closed_meanwhile(seg)) is not None:
+            return read_lines(closed, skip)
         raise SpoolError(f"cannot open segment {seg.path}: {e.strerror}") from None
     try:
         st = os.fstat(fd)

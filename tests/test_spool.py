@@ -93,6 +93,29 @@ def test_a_torn_last_line_is_skipped_and_counted(tmp_path: Path) -> None:
     assert stats.torn == 1
 
 
+def test_a_segment_closed_between_listing_and_reading_is_read_closed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # ``logs`` and ``show`` of a live run: the writer closes the open segment (gzip, rename,
+    # unlink) after iter_run listed it as open and before it opens it.
+    from logcapture import spool as spool_module
+
+    run_dir = create_run_dir(tmp_path, "r")
+    good = [Line(run="r", stream="stdout", seq=i, ts=1.0, text=f"l{i}") for i in range(3)]
+    plain = run_dir / "seg-000000.ndjson"
+    plain.write_text("".join(r.to_json() + "\n" for r in good))
+    real = spool_module.segments
+
+    def listed_then_closed(path: Path) -> list:  # type: ignore[type-arg]
+        segs = real(path)
+        with gzip.open(run_dir / "seg-000000.ndjson.gz", "wb") as f:
+            f.write(plain.read_bytes())
+        plain.unlink()
+        return segs
+
+    monkeypatch.setattr(spool_module, "segments", listed_then_closed)
+    assert list(iter_run(run_dir)) == good
+
+
 def test_invalid_lines_are_skipped_counted_and_located(tmp_path: Path) -> None:
     run_dir = create_run_dir(tmp_path, "r")
     ok = Line(run="r", stream="stdout", seq=0, ts=1.0, text="ok")
