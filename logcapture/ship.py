@@ -910,7 +910,12 @@ class Agent:
             with open_store(self.dsn) as store, ExitStack() as stack:
                 jobs = []
                 for run_dir in runs:
-                    rc = stack.enter_context(lock_cursor(run_dir, wait=0))
+                    try:
+                        rc = stack.enter_context(lock_cursor(run_dir, wait=0))
+                    except SpoolError:
+                        if not os.path.isdir(run_dir):
+                            continue  # removed since it was listed (the epilog shipped it)
+                        raise
                     if rc is None:  # an upload is on it; next time
                         self._dirty_since = self._dirty_since or self.clock()
                         continue

@@ -1019,12 +1019,23 @@ def _run_dirs(names: list[str], job_id: str) -> list[str]:
 def _remove_job(root_fd: int, job_id: str) -> None:
     """Remove a job's directory and record. shutil.rmtree works through directory descriptors
     and never follows symlinks (rmtree.avoids_symlink_attacks is true on Linux)."""
+    import errno
     import shutil
+    import time
 
-    try:
-        shutil.rmtree(job_id, dir_fd=root_fd)
-    except FileNotFoundError:
-        pass
+    for attempt in range(3):
+        try:
+            shutil.rmtree(job_id, dir_fd=root_fd)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            # The agent may create its cursor lock in a run directory while it is being
+            # emptied (it listed the run before the shipping here finished): go again.
+            if e.errno != errno.ENOTEMPTY or attempt == 2:
+                raise
+            time.sleep(0.1)
+            continue
+        break
     try:
         os.unlink(f"{JOBS_DIR}/{job_id}.json", dir_fd=root_fd)
     except FileNotFoundError:

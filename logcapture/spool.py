@@ -119,7 +119,8 @@ def segments(run_dir: Path) -> list[Segment]:
 
 
 def list_runs(root: Path) -> list[Path]:
-    """Run directories under ``root``, oldest first (by name of their first segment's mtime)."""
+    """Run directories under ``root``, oldest first (``began``). An entry removed meanwhile
+    (the epilog removes a shipped job's directory) sorts first rather than failing."""
     try:
         entries = [e for e in os.scandir(root) if e.is_dir(follow_symlinks=False)
                    and _RUN_ID_RE.match(e.name)]
@@ -127,8 +128,21 @@ def list_runs(root: Path) -> list[Path]:
         return []
     except OSError as e:
         raise SpoolError(f"cannot list spool {root}: {e.strerror}") from None
-    entries.sort(key=lambda e: (e.stat(follow_symlinks=False).st_mtime, e.name))
-    return [Path(e.path) for e in entries]
+    paths = [Path(e.path) for e in entries]
+    paths.sort(key=lambda p: (began(p), p.name))
+    return paths
+
+
+def began(path: Path) -> float:
+    """When a run began, as far as a stat tells: the mtime of its first segment, or of the
+    directory when it has none (a job's directory in the Slurm layout, or a run whose
+    segments were shipped and deleted). Not the run directory's own mtime: every cursor save
+    of the shipper changes that, which made an old run the "latest" one."""
+    try:
+        first = min((n for n in os.listdir(path) if _SEGMENT_RE.match(n)), default=None)
+    except OSError:
+        return mtime(path)
+    return mtime(path / first) if first else mtime(path)
 
 
 # The shipper's cursor (logcapture/ship.py) lives in the run directory; a run whose segments
@@ -155,7 +169,7 @@ def find_run_dirs(root: Path) -> list[Path]:
             out.extend(sub for sub in list_runs(entry) if _is_run_dir(sub))
         except SpoolError:
             continue
-    out.sort(key=lambda p: (mtime(p), p.name))
+    out.sort(key=lambda p: (began(p), p.name))
     return out
 
 

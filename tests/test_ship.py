@@ -496,6 +496,24 @@ def test_hundred_concurrent_runs_one_agent(tmp_path: Path, dsn: str) -> None:
         assert cur["shipped_at"]
 
 
+def test_the_agent_goes_on_when_a_listed_run_is_removed_before_it_is_locked(
+        tmp_path: Path, dsn: str) -> None:
+    # The epilog ships a job itself and removes its directory; the agent may have listed it
+    # just before. It skips the vanished run and ships the others (it used to die).
+    root = tmp_path / "spool"
+    keep = make_run(root, "kept", 10)
+    gone = make_run(root, "gone", 10)
+    agent = ship.Agent(root, dsn, retention_days=None)
+    listed = agent.run_dirs()
+    assert gone in listed
+    import shutil
+    shutil.rmtree(gone)
+    agent.run_dirs = lambda: listed  # type: ignore[method-assign]
+    res = agent.flush()
+    assert res.runs == ["kept"] and agent.stats.failures == 0
+    assert json.loads((keep / ship.CURSOR_NAME).read_text())["shipped_at"]
+
+
 def test_agent_sigkill_mid_batch_then_restart_loses_and_duplicates_nothing(
         tmp_path: Path, dsn: str) -> None:
     root = tmp_path / "spool"

@@ -396,6 +396,30 @@ def test_planted_symlinks_fifos_and_huge_files_gain_nothing(root: Path, tmp_path
     assert other.is_dir()
 
 
+
+def test_removing_a_job_retries_when_the_agent_adds_a_file_meanwhile(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The agent may create its cursor lock in a run directory while rmtree empties it: rmdir
+    # then fails with ENOTEMPTY; the epilog goes again instead of leaking the job.
+    import errno
+    import shutil
+
+    root = tmp_path / "root"
+    (root / "4243" / "4243").mkdir(parents=True)
+    (root / "4243" / "4243" / "seg-000000.ndjson").write_text("")
+    real = shutil.rmtree
+    calls: list[str] = []
+
+    def racing(path: str, *args: object, **kw: object) -> None:
+        calls.append(path)
+        if len(calls) == 1:
+            raise OSError(errno.ENOTEMPTY, "Directory not empty")
+        real(path, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(shutil, "rmtree", racing)
+    slurm._remove_job(os.open(root, os.O_RDONLY), "4243")
+    assert len(calls) == 2 and not (root / "4243").exists()
+
 QUERY = """
 import json, sys
 from logcapture.store import open_store

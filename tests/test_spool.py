@@ -116,6 +116,21 @@ def test_a_segment_closed_between_listing_and_reading_is_read_closed(
     assert list(iter_run(run_dir)) == good
 
 
+def test_the_latest_run_is_the_one_begun_last_not_the_one_touched_last(tmp_path: Path) -> None:
+    # The shipper saves its cursor in a run's directory, which changes the directory's mtime:
+    # that must not make an old run the latest (``logcapture upload``/``logs`` default to it).
+    from logcapture.spool import began, find_run_dirs
+
+    old, new = create_run_dir(tmp_path, "old"), create_run_dir(tmp_path, "new")
+    for i, rd in enumerate((old, new)):
+        seg = rd / "seg-000000.ndjson"
+        seg.write_text("")
+        os.utime(seg, (1000.0 + i, 1000.0 + i))
+    (old / ".logcapture-cursor.json").write_text("{}")  # touches old's directory now
+    assert find_run_dirs(tmp_path) == [old, new]
+    assert began(tmp_path / "removed-meanwhile") == 0.0
+
+
 def test_invalid_lines_are_skipped_counted_and_located(tmp_path: Path) -> None:
     run_dir = create_run_dir(tmp_path, "r")
     ok = Line(run="r", stream="stdout", seq=0, ts=1.0, text="ok")
