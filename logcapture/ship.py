@@ -659,11 +659,14 @@ def upload(spool_root: Path, run: str | None = None, all: bool = False,  # noqa:
            retention_days: float | None = RETENTION_DAYS,
            identify: Callable[[Path], Identity] = identity_from_spool,
            max_bytes: int = BATCH_BYTES, warn: Warn | None = None,
-           sleep: Callable[[float], None] = time.sleep) -> UploadResult:
+           sleep: Callable[[float], None] = time.sleep,
+           shipped_ok: bool = False) -> UploadResult:
     """Ship runs from ``spool_root`` to the store ``dsn``: the latest run (default), ``run``,
     or ``all`` runs not yet shipped (oldest first). A run already shipped is refused in
-    single-run mode (exit 2) and skipped with ``all``, unless ``force``. Never raises for
-    store or spool failures: they are in the result (gpufl's ``upload_logs``)."""
+    single-run mode (exit 2) and skipped with ``all``, unless ``force``; ``shipped_ok``
+    skips it in single-run mode too (the epilog, which may find that the agent was first).
+    Never raises for store or spool failures: they are in the result (gpufl's
+    ``upload_logs``)."""
     t0 = time.monotonic()
     result = UploadResult()
     end = t0 + deadline
@@ -688,7 +691,8 @@ def upload(spool_root: Path, run: str | None = None, all: bool = False,  # noqa:
     try:
         for run_dir in selected:
             try:
-                _upload_one(run_dir, get_store, result, force=force, single=not all, end=end,
+                _upload_one(run_dir, get_store, result, force=force,
+                            single=not all, shipped_ok=shipped_ok, end=end,
                             retention_days=retention_days, identify=identify,
                             max_bytes=max_bytes, sleep=sleep, warn=warn)
             except StoreAuthError as e:
@@ -736,6 +740,7 @@ def _select(root: Path, run: str | None, all_runs: bool) -> list[Path]:
 
 def _upload_one(run_dir: Path, get_store: Callable[[], Store], result: UploadResult, *,
                 force: bool, single: bool, end: float, retention_days: float | None,
+                shipped_ok: bool = False,
                 identify: Callable[[Path], Identity], max_bytes: int,
                 sleep: Callable[[float], None], warn: Warn | None) -> None:
     name = run_dir.name
@@ -743,7 +748,7 @@ def _upload_one(run_dir: Path, get_store: Callable[[], Store], result: UploadRes
         if rc is None:
             raise StoreUnavailable(f"run {name}: another shipper holds its cursor")
         if rc.cursor.shipped_at and not force:
-            if single:
+            if single and not shipped_ok:
                 raise StoreError(
                     f"run {name} was already uploaded on {rc.cursor.shipped_at} "
                     f"({rc.cursor.records} records). Pass --force to re-upload.")

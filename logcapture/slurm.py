@@ -1075,8 +1075,10 @@ def _ship(root: str, job_id: str, runs: list[str], admin: object, record: dict[s
     todo += [(Path(root) / SAMPLES_DIR / job_id, run) for run in samples or []]
     for spool_dir, run in todo:
         try:
+            # shipped_ok: the agent may have shipped the run already (it tails the spool
+            # root); then the job's spool is done all the same and is removed below
             result = upload(spool_dir, run=run, dsn=store, deadline=deadline,
-                            retention_days=0, identify=identify)
+                            retention_days=0, identify=identify, shipped_ok=True)
         except Exception as e:  # noqa: BLE001
             ok, why = False, f"upload failed ({type(e).__name__})"
             continue

@@ -453,6 +453,26 @@ def test_epilog_ships_with_the_trusted_identity_and_removes_the_spool(root: Path
     assert found["lines"] == ["hello", "second"]
 
 
+def test_epilog_removes_the_spool_of_a_run_the_agent_shipped_first(root: Path) -> None:
+    # The agent tails the spool root and may ship the job's run before the epilog gets to it
+    # (the epilog first waits for the node sampler). The run is in the store: the epilog
+    # removes the spool all the same (it used to see "already uploaded", exit 2, and leave
+    # the spool behind for an agent that was done with it).
+    from logcapture import ship
+
+    env = _hook_env(root, store=True)
+    slurm.prolog(env)
+    run_dir = _captured_run(root, "4242", exit_status=0)
+    first = ship.upload(run_dir.parent, run="4242", dsn=f"chdb://{root.parent / 'store'}",
+                        retention_days=None)
+    assert first.exit_code == 0 and first.runs == ["4242"], first
+    r = subprocess.run([sys.executable, "-m", "logcapture.slurm", "epilog"], env={
+        **os.environ, **env}, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "removed the job's spool" in r.stderr, r.stderr
+    assert not (root / "4242").exists() and not (root / ".jobs" / "4242.json").exists()
+
+
 def test_read_end_bounds_and_validates(tmp_path: Path) -> None:
     uid = os.getuid()
     run = tmp_path / "9"
