@@ -149,9 +149,12 @@ def find_run(root: Path, ref: str | None) -> Path:
 def follow_records(run_dir: Path, poll: float = 0.25) -> Iterator[Record]:
     """Every record of a run, then new ones as they are written, until the end record."""
     done: dict[int, int] = {}  # segment index -> complete lines already yielded
+    finished: set[int] = set()  # closed segments read to their end: never read again
     while True:
         ended = False
         for seg in segments(run_dir):
+            if seg.index in finished:
+                continue
             stats = ReadStats()
             skip = done.get(seg.index, 0)
             try:
@@ -162,6 +165,8 @@ def follow_records(run_dir: Path, poll: float = 0.25) -> Iterator[Record]:
             except SpoolError:
                 continue  # renamed to .gz between listing and opening: next round
             done[seg.index] = skip + stats.lines
+            if seg.closed:
+                finished.add(seg.index)
         if ended:
             return
         time.sleep(poll)

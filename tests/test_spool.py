@@ -131,6 +131,35 @@ def test_the_latest_run_is_the_one_begun_last_not_the_one_touched_last(tmp_path:
     assert began(tmp_path / "removed-meanwhile") == 0.0
 
 
+def test_follow_reads_a_closed_segment_once(tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    # ``logs --follow`` polls the run; a closed segment cannot change, so it is read (and
+    # decompressed) once, not at every poll of a long run.
+    from logcapture import runs
+    from logcapture.records import End
+
+    run_dir = create_run_dir(tmp_path, "r")
+    lines = [Line(run="r", stream="stdout", seq=i, ts=1.0, text=f"l{i}") for i in range(3)]
+    with gzip.open(run_dir / "seg-000000.ndjson.gz", "wb") as f:
+        f.write("".join(r.to_json() + "\n" for r in lines[:2]).encode())
+    live = run_dir / "seg-000001.ndjson"
+    live.write_text(lines[2].to_json() + "\n")
+    end = End(run="r", stream="run", seq=1, ts=2.0, exit_status=0, state="COMPLETED")
+    real = runs.read_segment
+    reads: list[str] = []
+
+    def spy(seg, *args, **kw):  # noqa: ANN001, ANN002, ANN003, ANN202
+        reads.append(seg.path.name)
+        if reads.count(live.name) == 3:  # the job ends after a few polls
+            with open(live, "a") as f:
+                f.write(end.to_json() + "\n")
+        return real(seg, *args, **kw)
+
+    monkeypatch.setattr(runs, "read_segment", spy)
+    assert list(runs.follow_records(run_dir, poll=0)) == [*lines, end]
+    assert reads.count("seg-000000.ndjson.gz") == 1 and reads.count(live.name) == 3
+
+
 def test_invalid_lines_are_skipped_counted_and_located(tmp_path: Path) -> None:
     run_dir = create_run_dir(tmp_path, "r")
     ok = Line(run="r", stream="stdout", seq=0, ts=1.0, text="ok")
