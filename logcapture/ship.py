@@ -83,6 +83,9 @@ DIRECT_BATCHES = 4
 BATCH_INTERVAL = 2.0
 DEADLINE = 300.0  # gpufl's total timeout (5 min)
 RETENTION_DAYS = 7.0
+# How often the agent looks for segments of shipped runs that have outlived the retention
+# (a run is shipped while its segments are young; nothing else comes back to it).
+SWEEP_EVERY = 3600.0
 _END_MARK = b'"kind":"end"'  # a string value can never contain this unescaped
 SAMPLES_DIR = ".samples"  # slurm.SAMPLES_DIR: the node samplers' spool, inside the spool root
 SAMPLES_IDLE = 900.0  # seconds without a new sample after which a samples-only run is done
@@ -634,6 +637,21 @@ def _retire(run_dir: Path, pending: list[_Pending], cur: Cursor,
         result.deleted += 1
 
 
+def retire_shipped(run_dir: Path, cur: Cursor, retention_days: float,
+                   result: UploadResult) -> None:
+    """Delete the closed segments of a shipped run (``cur.shipped_at``: every line of it is in
+    the store) once older than the retention; the caller holds the cursor lock and saves."""
+    if not cur.shipped_at:
+        return
+    try:
+        segs = segments(run_dir)
+    except SpoolError as e:
+        result.warnings.append(f"run {run_dir.name}: {e.message}")
+        return
+    done = [_Pending(seg, 0, b"", 0, False) for seg in segs if seg.closed]
+    _retire(run_dir, done, cur, retention_days, result)
+
+
 # --- retrying ---------------------------------------------------------------------------------
 def _with_retry(fn: Callable[[], Any], deadline: float, sleep: Callable[[float], None],
                 warn: Warn | None) -> Any:
@@ -753,6 +771,11 @@ def _upload_one(run_dir: Path, get_store: Callable[[], Store], result: UploadRes
                     f"run {name} was already uploaded on {rc.cursor.shipped_at} "
                     f"({rc.cursor.records} records). Pass --force to re-upload.")
             result.skipped.append(name)
+            if retention_days is not None:
+                deleted = result.deleted
+                retire_shipped(run_dir, rc.cursor, retention_days, result)
+                if result.deleted != deleted:
+                    rc.save()
             return
         identity = identify(run_dir)
 
@@ -829,6 +852,7 @@ class Agent:
         self._backoff = 0.0
         self._retry_at = 0.0
         self._done: set[str] = set()  # runs fully shipped
+        self._sweep_at = 0.0  # agent clock of the next sweep (``sweep``)
 
     def stop(self) -> None:
         self._stop.set()
@@ -959,12 +983,38 @@ class Agent:
         self.stats.records += result.records
         return result
 
+    def sweep(self) -> UploadResult:
+        """Delete the segments of shipped runs that have outlived the retention (every
+        ``SWEEP_EVERY`` seconds from ``run()``). A run busy with an upload is left for the
+        next sweep."""
+        result = UploadResult()
+        if self.retention_days is None:
+            return result
+        for run_dir in self.run_dirs():
+            try:
+                with lock_cursor(run_dir, wait=0) as rc:
+                    if rc is None or not rc.cursor.shipped_at:
+                        continue
+                    deleted = result.deleted
+                    retire_shipped(run_dir, rc.cursor, self.retention_days, result)
+                    if result.deleted != deleted:
+                        rc.save()
+            except (SpoolError, OSError) as e:  # removed meanwhile, or unreadable
+                if os.path.isdir(run_dir):
+                    self.warn(f"run {run_dir.name}: {e}")
+        for w in result.warnings:
+            self.warn(w)
+        return result
+
     def run(self) -> AgentStats:
         """Loop until ``stop()``; then flush what is pending (until the store takes it or
         one more failure) and return."""
         while not self._stop.is_set():
             if self.due():
                 self.flush()
+            if self.clock() >= self._sweep_at:
+                self._sweep_at = self.clock() + SWEEP_EVERY
+                self.sweep()
             self._stop.wait(self.poll)
         self.scan()
         self.flush()

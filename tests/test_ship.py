@@ -514,6 +514,31 @@ def test_the_agent_goes_on_when_a_listed_run_is_removed_before_it_is_locked(
     assert json.loads((keep / ship.CURSOR_NAME).read_text())["shipped_at"]
 
 
+def test_segments_of_a_shipped_run_are_deleted_once_they_outlive_the_retention(
+        tmp_path: Path, dsn: str) -> None:
+    # A run is shipped while its segments are young; the agent's sweep and `upload --all`
+    # (which skips shipped runs) come back to it and delete them once they are old enough.
+    root = tmp_path / "spool"
+    rd = make_run(root, "aged", 3000, segment_bytes=16 * 1024)
+    res = ship.upload(root, run="aged", dsn=dsn, retention_days=7)
+    assert res.exit_code == 0 and res.deleted == 0
+    closed = [s.path for s in segments(rd) if s.closed]
+    assert len(closed) > 2
+    agent = ship.Agent(root, dsn, retention_days=7)
+    assert agent.sweep().deleted == 0  # young: kept
+    old = time.time() - 8 * 86400
+    os.utime(closed[0], (old, old))
+    assert agent.sweep().deleted == 1 and not closed[0].exists() and closed[1].exists()
+    for path in closed[1:]:
+        os.utime(path, (old, old))
+    again = ship.upload(root, all=True, dsn=dsn, retention_days=7)
+    assert again.exit_code == 0 and again.skipped == ["aged"] and again.deleted == len(closed) - 1
+    assert not any(s.closed for s in segments(rd))
+    cur = json.loads((rd / ship.CURSOR_NAME).read_text())
+    assert sorted(cur["deleted"]) == sorted(int(p.name[4:10]) for p in closed)
+    assert counts(dsn, "aged")[0] == 3000  # the store keeps every line
+
+
 def test_agent_sigkill_mid_batch_then_restart_loses_and_duplicates_nothing(
         tmp_path: Path, dsn: str) -> None:
     root = tmp_path / "spool"
