@@ -206,6 +206,18 @@ def _first_line(seg: Segment, limit: int = 1 << 20) -> bytes:
     return data[:nl] if nl >= 0 else b""
 
 
+def _begun(run_dir: Path) -> bool:
+    """Whether the run's first line is complete (the agent reads a run's identity only then);
+    True when that cannot be told, so that shipping reports the problem."""
+    try:
+        segs = segments(run_dir)
+        if not segs:
+            return False
+        return segs[0].closed or bool(_first_line(segs[0]))
+    except SpoolError:
+        return True
+
+
 # --- finding runs -------------------------------------------------------------------------
 # --- the cursor ---------------------------------------------------------------------------
 @dataclass
@@ -950,6 +962,11 @@ class Agent:
                         continue
                     if rc.cursor.shipped_at:
                         self._done.add(str(run_dir))
+                        continue
+                    if not _begun(run_dir):
+                        # Its first line is not written yet: the identity would miss the
+                        # Start record's cluster and job id, and the rows read next would
+                        # carry that. Its growth brings it back.
                         continue
                     try:
                         jobs.append(_RunJob(run_dir, rc, self.identify(run_dir)))

@@ -539,6 +539,40 @@ def test_segments_of_a_shipped_run_are_deleted_once_they_outlive_the_retention(
     assert counts(dsn, "aged")[0] == 3000  # the store keeps every line
 
 
+def test_the_agent_waits_for_a_runs_first_line_before_it_reads_its_identity(
+        tmp_path: Path, dsn: str) -> None:
+    # The agent can see a new run's segment before its Start record is written. Had it read
+    # the identity then, and the Start and a line landed before it read the data (here: the
+    # moment its identity was read), those rows would miss the Start's cluster and job id.
+    root = tmp_path / "spool"
+    rd = create_run_dir(root, "young")
+    seg = rd / "seg-000000.ndjson"
+    seg.write_text("")
+    start = Start(run="young", stream="run", seq=0, ts=T0, command=["job"], user="u",
+                  uid=os.getuid(), slurm={"cluster": "c9", "job_id": "909"})
+    line = Line(run="young", stream="stdout", seq=0, ts=T0, text="hello")
+    written: list[bool] = []
+
+    def write_once() -> None:
+        if not written:
+            written.append(True)
+            seg.write_text(start.to_json() + "\n" + line.to_json() + "\n")
+
+    def identify(run_dir: Path) -> S.Identity:
+        identity = ship.identity_from_spool(run_dir)
+        write_once()  # the writer's first flush lands right after
+        return identity
+
+    agent = ship.Agent(root, dsn, retention_days=None, identify=identify)
+    agent.flush()
+    write_once()
+    agent.flush()
+    assert agent.stats.records == 2
+    with S.open_store(dsn) as st:
+        [run] = [r for r in st.runs() if r["run"] == "young"]
+    assert (run["cluster"], run["job_id"]) == ("c9", "909")
+
+
 def test_agent_sigkill_mid_batch_then_restart_loses_and_duplicates_nothing(
         tmp_path: Path, dsn: str) -> None:
     root = tmp_path / "spool"
