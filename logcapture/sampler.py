@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 import os
-import platform
 import socket
 import threading
 import time
@@ -88,6 +87,8 @@ def _cpu_model(proc_root: Path) -> str:
                 return value.strip()
     except OSError:
         pass
+    import platform  # only here: ~2 ms to import, and processor() may run `uname -p`
+
     return platform.processor() or platform.machine()
 
 
