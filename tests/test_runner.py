@@ -120,7 +120,11 @@ def test_second_term_does_not_kill_the_wrapper_before_the_command(
             n += 1
         signal.signal(signal.SIGTERM, h)
         print("ready", flush=True)
+        seen = 0
         while n < 2:
+            if n != seen:
+                seen = n
+                print("term", n, flush=True)
             time.sleep(0.01)
         print("two TERMs", flush=True)
         sys.exit(9)
@@ -129,7 +133,9 @@ def test_second_term_does_not_kill_the_wrapper_before_the_command(
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     _wait_for(proc, b"ready")
     os.kill(proc.pid, signal.SIGTERM)
-    time.sleep(0.1)
+    # Two pending TERMs would merge into one (a signal is a flag): the second goes once the
+    # command has seen the first.
+    _wait_for(proc, b"term 1")
     os.kill(proc.pid, signal.SIGTERM)
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 9
