@@ -214,7 +214,8 @@ def test_a_flood_stops_the_linger(tmp_path: Path) -> None:
     # At most one linger per back-off period (plus the first), whatever the machine's speed;
     # without the back-off there is one after nearly every round (~270 here, 3.7 x slower).
     assert runner.LINGER_BACKOFF >= 0.5
-    assert outcome.lingers <= 3 + took / 0.5, (outcome.lingers, took)
+    # (A starved writer may not refill the pty after the first few lingers: some slack.)
+    assert outcome.lingers <= 6 + took / 0.5, (outcome.lingers, took)
 
 
 def test_stdin_passes_through(lc_env: dict[str, str]) -> None:
