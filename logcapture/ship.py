@@ -49,7 +49,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from .errors import (
     LogcaptureError,
@@ -75,6 +75,7 @@ from .spool import (
 from .store import Identity, SegmentProbe, Store, flock_within, open_store, redact
 
 CURSOR_LOCK_NAME = ".logcapture-cursor.lock"
+_T = TypeVar("_T")
 BATCH_BYTES = 64 * 1024 * 1024  # bench_store: 16 MiB inserts ran 20-30 % slower, 4 MiB at half
 # Closed segments the store reads itself go in groups of this many batches: the engine streams
 # them (no memory here), and 256 MiB (2M lines; two inserts at once, each about one part of
@@ -108,12 +109,7 @@ def identity_from_spool(run_dir: Path) -> Identity:
     try:
         segs = segments(run_dir)
         if segs:
-            try:
-                first = _first_line(segs[0])
-            except SpoolError:
-                if (closed := closed_meanwhile(segs[0])) is None:
-                    raise
-                first = _first_line(closed)
+            first, _ = _read_current(segs[0], _first_line)
             if first:
                 rec = from_dict(json.loads(first))
                 if isinstance(rec, Start):
@@ -188,11 +184,32 @@ def read_segment_bytes(seg: Segment, skip: int = 0) -> tuple[bytes, int, bool]:
     return body, body.count(b"\n"), torn
 
 
+def _read_current(seg: Segment, read: Callable[[Segment], _T]) -> tuple[_T, Segment]:
+    """``read(seg)``, or ``read`` of its ``.gz`` when the writer closed the segment since it
+    was listed (``spool.closed_meanwhile``); with the segment read."""
+    try:
+        return read(seg), seg
+    except SpoolError:
+        if (closed := closed_meanwhile(seg)) is None:
+            raise
+        return read(closed), closed
+
+
 def _first_line(seg: Segment, limit: int = 1 << 20) -> bytes:
-    """The first complete line of a segment (the Start record), reading ~``limit`` bytes."""
+    """The first complete line of a segment (the Start record), reading at most ~``limit``
+    bytes: 64 KiB at a time until a newline for an open segment (the agent asks for every
+    live run's at every flush)."""
     fd = _open_segment(seg)
     try:
-        raw = os.read(fd, limit)
+        if seg.closed:
+            raw = os.read(fd, limit)
+        else:
+            raw = b""
+            while len(raw) < limit:
+                chunk = os.read(fd, 1 << 16)
+                raw += chunk
+                if not chunk or b"\n" in chunk:
+                    break
     finally:
         os.close(fd)
     if seg.closed:
@@ -408,13 +425,8 @@ def _read_pending(run_dir: Path, cur: Cursor, p: _Pending, result: UploadResult)
     """Read what is pending of ``p``'s segment here; set the segment aside when it cannot be
     read (False)."""
     try:
-        try:
-            p.data, p.count, p.torn = read_segment_bytes(p.seg, p.skip)
-        except SpoolError:
-            if (closed := closed_meanwhile(p.seg)) is None:
-                raise
-            p.seg = closed
-            p.data, p.count, p.torn = read_segment_bytes(p.seg, p.skip)
+        (p.data, p.count, p.torn), p.seg = _read_current(
+            p.seg, lambda seg: read_segment_bytes(seg, p.skip))
     except SpoolError as e:
         cur.aside[p.seg.index] = str(e)
         result.set_aside.append((run_dir.name, p.seg.path.name, str(e)))
