@@ -49,7 +49,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from .errors import (
     LogcaptureError,
@@ -65,8 +65,8 @@ from .spool import (
     SEGMENT_BYTES,
     Segment,
     check_run_id,
-    closed_meanwhile,
     find_run_dirs,
+    open_segment,
     segments,
 )
 from .spool import (
@@ -75,7 +75,6 @@ from .spool import (
 from .store import Identity, SegmentProbe, Store, flock_within, open_store, redact
 
 CURSOR_LOCK_NAME = ".logcapture-cursor.lock"
-_T = TypeVar("_T")
 BATCH_BYTES = 64 * 1024 * 1024  # bench_store: 16 MiB inserts ran 20-30 % slower, 4 MiB at half
 # Closed segments the store reads itself go in groups of this many batches: the engine streams
 # them (no memory here), and 256 MiB (2M lines; two inserts at once, each about one part of
@@ -109,7 +108,7 @@ def identity_from_spool(run_dir: Path) -> Identity:
     try:
         segs = segments(run_dir)
         if segs:
-            first, _ = _read_current(segs[0], _first_line)
+            first = _first_line(segs[0])
             if first:
                 rec = from_dict(json.loads(first))
                 if isinstance(rec, Start):
@@ -122,22 +121,6 @@ def identity_from_spool(run_dir: Path) -> Identity:
 
 
 # --- reading segments as bytes -------------------------------------------------------------
-def _open_segment(seg: Segment) -> int:
-    """Open without following symlinks and refuse anything but a regular file (root reads
-    user-owned spools: SPEC.md §4, issue 5), as ``spool.read_lines`` does."""
-    try:
-        fd = os.open(seg.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as e:
-        raise SpoolError(f"cannot open segment {seg.path}: {e.strerror}") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise SpoolError(f"segment {seg.path} is not a regular file")
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
 def _read_all(fd: int) -> bytes:
     chunks = []
     while True:
@@ -163,11 +146,12 @@ def _gunzip(seg: Segment, raw: bytes) -> bytes:
     return b"".join(out)
 
 
-def read_segment_bytes(seg: Segment, skip: int = 0) -> tuple[bytes, int, bool]:
+def read_segment_bytes(seg: Segment, skip: int = 0) -> tuple[bytes, int, bool, Segment]:
     """The complete lines of a segment after the first ``skip`` as one bytes object (each
-    line ending in a newline), their number, and whether an incomplete last line was present:
+    line ending in a newline), their number, whether an incomplete last line was present,
+    and the segment read (``open_segment``: its ``.gz`` if it was closed meanwhile):
     ``spool.read_lines`` without a Python object per line (the agent's hot path)."""
-    fd = _open_segment(seg)
+    fd, seg = open_segment(seg)
     try:
         raw = _read_all(fd)
     finally:
@@ -181,25 +165,14 @@ def read_segment_bytes(seg: Segment, skip: int = 0) -> tuple[bytes, int, bool]:
         start = end if len(parts) <= skip else len(data) - len(parts[-1])
         start = min(start, end)
     body = data[start:end] if (start or end < len(data)) else data
-    return body, body.count(b"\n"), torn
-
-
-def _read_current(seg: Segment, read: Callable[[Segment], _T]) -> tuple[_T, Segment]:
-    """``read(seg)``, or ``read`` of its ``.gz`` when the writer closed the segment since it
-    was listed (``spool.closed_meanwhile``); with the segment read."""
-    try:
-        return read(seg), seg
-    except SpoolError:
-        if (closed := closed_meanwhile(seg)) is None:
-            raise
-        return read(closed), closed
+    return body, body.count(b"\n"), torn, seg
 
 
 def _first_line(seg: Segment, limit: int = 1 << 20) -> bytes:
     """The first complete line of a segment (the Start record), reading at most ~``limit``
     bytes: 64 KiB at a time until a newline for an open segment (the agent asks for every
     live run's at every flush)."""
-    fd = _open_segment(seg)
+    fd, seg = open_segment(seg)
     try:
         if seg.closed:
             raw = os.read(fd, limit)
@@ -425,8 +398,7 @@ def _read_pending(run_dir: Path, cur: Cursor, p: _Pending, result: UploadResult)
     """Read what is pending of ``p``'s segment here; set the segment aside when it cannot be
     read (False)."""
     try:
-        (p.data, p.count, p.torn), p.seg = _read_current(
-            p.seg, lambda seg: read_segment_bytes(seg, p.skip))
+        p.data, p.count, p.torn, p.seg = read_segment_bytes(p.seg, p.skip)
     except SpoolError as e:
         cur.aside[p.seg.index] = str(e)
         result.set_aside.append((run_dir.name, p.seg.path.name, str(e)))
@@ -535,7 +507,7 @@ def _ship_direct(store: Store, group: list[tuple[_RunJob, _Pending]],
                  result: UploadResult) -> None:
     """Ship whole closed segments that the store reads itself (``Store.probe_segments``,
     ``Store.insert_segments``): no decompressing or copying here. Each segment is opened here
-    (no symlink followed, a regular file: ``_open_segment``) and the store reads that
+    (no symlink followed, a regular file: ``spool.open_segment``) and the store reads that
     descriptor. A segment the store cannot read, one whose last line is torn, and a group the
     store refuses as data are read here instead and go the bytes way (``_ship_batch``, which
     skips and reports bad lines, or sets the segment aside)."""
@@ -550,7 +522,7 @@ def _ship_direct(store: Store, group: list[tuple[_RunJob, _Pending]],
     try:
         for job, p in group:
             try:
-                opened[_open_segment(p.seg)] = (job, p)
+                opened[open_segment(p.seg)[0]] = (job, p)
             except SpoolError:
                 fall_back(job, p)  # sets it aside with the same message
         try:

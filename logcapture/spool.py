@@ -191,7 +191,7 @@ class ReadStats:
 MAX_LINE_BYTES = 16 * 1024 * 1024
 
 
-def closed_meanwhile(seg: Segment) -> Segment | None:
+def _closed_meanwhile(seg: Segment) -> Segment | None:
     """The closed form of an open segment that the writer closed since it was listed
     (``SpoolWriter._compress``: ``.gz`` written and renamed into place, then the plain file
     unlinked), or None when that is not what happened. A live run's segment can close between
@@ -202,20 +202,31 @@ def closed_meanwhile(seg: Segment) -> Segment | None:
     return Segment(seg.index, gz, True) if os.path.lexists(gz) else None
 
 
-def read_lines(seg: Segment, skip: int = 0) -> tuple[list[bytes], bool]:
-    """Complete lines of a segment after the first ``skip``, and whether an incomplete last
-    line was present. Opens without following symlinks and refuses anything but a regular
-    file (root reads user-owned spools: SPEC.md §4, issue 5)."""
+def open_segment(seg: Segment) -> tuple[int, Segment]:
+    """Open a segment for reading: the descriptor and the segment opened. Never follows a
+    symlink and refuses anything but a regular file (root reads user-owned spools: SPEC.md §4,
+    issue 5). An open segment that the writer closed since it was listed is opened under its
+    ``.gz`` name (``_closed_meanwhile``)."""
     try:
         fd = os.open(seg.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as e:
-        if isinstance(e, FileNotFoundError) and (closed := closed_meanwhile(seg)) is not None:
-            return read_lines(closed, skip)
+        if isinstance(e, FileNotFoundError) and (closed := _closed_meanwhile(seg)) is not None:
+            return open_segment(closed)
         raise SpoolError(f"cannot open segment {seg.path}: {e.strerror}") from None
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise SpoolError(f"segment {seg.path} is not a regular file")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, seg
+
+
+def read_lines(seg: Segment, skip: int = 0) -> tuple[list[bytes], bool]:
+    """Complete lines of a segment after the first ``skip``, and whether an incomplete last
+    line was present (``open_segment``)."""
+    fd, seg = open_segment(seg)
+    try:
         with os.fdopen(os.dup(fd), "rb") as raw:
             f = gzip.GzipFile(fileobj=raw, mode="rb") if seg.closed else raw
             try:
