@@ -119,8 +119,8 @@ def segments(run_dir: Path) -> list[Segment]:
 
 
 def list_runs(root: Path) -> list[Path]:
-    """Run directories under ``root``, oldest first (``began``). An entry removed meanwhile
-    (the epilog removes a shipped job's directory) sorts first rather than failing."""
+    """The directories under ``root`` named like a run, in no order (``find_run_dirs`` sorts
+    the runs it finds once)."""
     try:
         entries = [e for e in os.scandir(root) if e.is_dir(follow_symlinks=False)
                    and _RUN_ID_RE.match(e.name)]
@@ -128,9 +128,7 @@ def list_runs(root: Path) -> list[Path]:
         return []
     except OSError as e:
         raise SpoolError(f"cannot list spool {root}: {e.strerror}") from None
-    paths = [Path(e.path) for e in entries]
-    paths.sort(key=lambda p: (began(p), p.name))
-    return paths
+    return [Path(e.path) for e in entries]
 
 
 def began(path: Path) -> float:
@@ -158,8 +156,10 @@ def _is_run_dir(path: Path) -> bool:
 
 
 def find_run_dirs(root: Path) -> list[Path]:
-    """Run directories under ``root``, oldest first: ``root/RUN`` (a user's spool) and
-    ``root/JOB/RUN`` (the Slurm layout under the admin's spool root, one directory per job)."""
+    """Run directories under ``root``, oldest first (``began``; a directory removed meanwhile,
+    as the epilog removes a shipped job's, sorts first rather than failing): ``root/RUN`` (a
+    user's spool) and ``root/JOB/RUN`` (the Slurm layout under the admin's spool root, one
+    directory per job)."""
     out: list[Path] = []
     for entry in list_runs(root):
         if _is_run_dir(entry):
