@@ -354,10 +354,8 @@ class Classifier:
                         run.append(text)
                         if fields is None:
                             continue
-                        out.append(self._lines(stream, run, ts))
+                        out += self._lines_then_metadata(stream, run, fields, ts)
                         run = []
-                        self.counts[stream]["metadata"] += 1
-                        out.append(new_metadata(self.run, stream, self._next(stream), ts, fields))
                         continue
                 if run:
                     out.append(self._lines(stream, run, ts))
@@ -390,14 +388,19 @@ class Classifier:
             at = pos
             fields = parse_metadata(texts[k])
             if fields is not None:
-                out.append(self._lines(stream, texts[start:k + 1], ts))
+                out += self._lines_then_metadata(stream, texts[start:k + 1], fields, ts)
                 start = k + 1
-                self.counts[stream]["metadata"] += 1
-                out.append(new_metadata(self.run, stream, self._next(stream), ts, fields))
             pos = find("\n{", pos + 1)
         if start < len(texts):
             out.append(self._lines(stream, texts[start:], ts))
         return out
+
+    def _lines_then_metadata(self, stream: str, texts: list[str], fields: dict[str, Any],
+                             ts: float) -> list[Record]:
+        """A run of plain lines whose last is a metadata line, then its Metadata record."""
+        lines = self._lines(stream, texts, ts)
+        self.counts[stream]["metadata"] += 1
+        return [lines, new_metadata(self.run, stream, self._next(stream), ts, fields)]
 
     def _lines(self, stream: str, texts: list[str], ts: float) -> Lines | Line:
         n = len(texts)
