@@ -163,10 +163,10 @@ class Worker:
         self.gone = False  # given up: exited, hung, or finished
         self.blocked = False  # the pipe was full at the last write
         self.since = 0.0  # monotonic time the oldest unsent frame was read
-        self.last_read = 0.0  # monotonic time of the newest read
         self.last_progress = time.monotonic()
         # The frame still growing (COALESCE): its kind, reads, bytes, first read's monotonic
-        # time, last read's times. Its header goes into ``pieces`` when it is closed.
+        # time, last read's times (the newest read's, once it is closed). Its header goes into
+        # ``pieces`` when it is closed.
         self._kind = -1
         self._parts: list[bytes] = []
         self._len = 0
@@ -177,7 +177,6 @@ class Worker:
         open frame when it is of the same stream and began less than COALESCE ago."""
         if not self.size:
             self.since = mono
-        self.last_read = mono
         if self._parts and (kind != self._kind or mono - self._first > COALESCE):
             self._close_frame()
         if not self._parts:
@@ -202,7 +201,7 @@ class Worker:
 
     def pump_at(self) -> float:
         """The monotonic time the unsent frames go to the worker, unless more bytes come."""
-        return min(self.since + PUMP_MAX, self.last_read + PUMP_QUIET)
+        return min(self.since + PUMP_MAX, self._mono + PUMP_QUIET)
 
     def pump(self) -> None:
         """Write what the pipe takes now, without blocking. Raises OSError (EPIPE) when the
