@@ -80,7 +80,70 @@ def test_schema_is_versioned_and_idempotent(db: S.Store) -> None:
     assert engines["ingest"] == "Null"
     assert engines["lines"] == "ReplacingMergeTree"
     assert engines["runs"] == "AggregatingMergeTree"
-    assert int(db.client.command("SELECT count() FROM schema_version")) == 1
+    assert int(db.client.command("SELECT count() FROM schema_version")) == len(S.MIGRATIONS)
+
+
+def _index_granularity(store: S.Store) -> tuple[str, int]:
+    return store.client.query(
+        "SELECT type_full, granularity FROM system.data_skipping_indices WHERE database = "
+        "currentDatabase() AND table = 'lines' AND name = 'text_tokens'").result_rows[0]
+
+
+def _granules_read(store: S.Store, word: str) -> tuple[int, int]:
+    """(granules left after the text_tokens index, granules before it) for a hasToken search."""
+    plan = "\n".join(r[0] for r in store.client.query(
+        "EXPLAIN indexes = 1 SELECT count() FROM lines WHERE hasToken(text, {w:String})",
+        parameters={"w": word}).result_rows)
+    assert "text_tokens" in plan, plan
+    after = plan[plan.index("text_tokens"):]
+    left, total = after.split("Granules: ", 1)[1].split()[0].split("/")
+    return int(left), int(total)
+
+
+def test_migration_2_rebuilds_the_token_index_over_8_granules(tmp_path: Path) -> None:
+    """A store made by schema version 1 (a filter per granule) keeps its lines, gets the
+    index of version 2 (one filter per 8 granules), and a word found in one block of 8
+    granules only leaves the other blocks unread: the index is built for the old parts.
+    In a process of its own: chDB opens one store directory per process."""
+    p = subprocess.run(
+        [sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); import test_store; "
+         "test_store.check_migration_2(sys.argv[2])", str(Path(__file__).parent),
+         str(tmp_path / "store")], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+
+
+def check_migration_2(path: str) -> None:
+    with S.open_store(f"chdb://{path}", create=False) as st:
+        st.client.command(S._SCHEMA_VERSION_DDL)
+        for sql in S.MIGRATIONS[0][1]:
+            st.client.command(sql)
+        st.client.command("INSERT INTO schema_version (version) VALUES (1)")
+        assert st.schema_version() == 1
+        assert _index_granularity(st) == ("tokenbf_v1(32768, 3, 0)", 1)
+        # 4 blocks of 8 granules (8192 rows each); 'Traceback' only in the third block
+        st.client.command(
+            "INSERT INTO lines (run, owner, uid, stream, seq, ts, kind, text, options) "
+            "SELECT 'r', 'alice', 1000, 'stdout', number, "
+            "toDateTime64('2026-11-22 00:00:00', 9, 'UTC') + number / 1000, 'line', "
+            "if(number = 150000, 'Traceback (most recent call last):', "
+            "concat('step ', toString(number), ' loss ', toString(number % 97))), '' "
+            "FROM numbers(262144)")
+        st.client.command("OPTIMIZE TABLE lines FINAL")
+        assert st.init_schema() == S.SCHEMA_VERSION == 2
+        assert _index_granularity(st) == ("tokenbf_v1(32768, 3, 0)", 8)
+        deadline = time.monotonic() + 60
+        while int(st.client.command("SELECT count() FROM system.mutations WHERE database = "
+                                    "currentDatabase() AND NOT is_done")):
+            assert time.monotonic() < deadline, "MATERIALIZE INDEX did not finish"
+            time.sleep(0.1)
+        assert int(st.client.command("SELECT count() FROM lines")) == 262144
+        assert int(st.client.command(
+            "SELECT count() FROM lines WHERE hasToken(text, 'Traceback')")) == 1
+        left, total = _granules_read(st, "Traceback")
+        assert total == 32 and left == 8, (left, total)
+        assert _granules_read(st, "absentword")[0] == 0
+        assert st.init_schema() == 2  # idempotent
+        assert _index_granularity(st) == ("tokenbf_v1(32768, 3, 0)", 8)
 
 
 def test_documented_columns_exist(db: S.Store) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from logcapture import store as S
 from logcapture.cli import main
 from logcapture.records import End, Line, Metadata, Note, Start
 from logcapture.spool import SpoolWriter, create_run_dir, segments
@@ -180,7 +181,7 @@ def test_export_latest_and_slurm_job_id(capsys: pytest.CaptureFixture[str], env:
 
 def test_db_init(capsys: pytest.CaptureFixture[str], env: Path) -> None:
     code, _, err = lc(capsys, "db", "init", "--ttl-days", "3650")
-    assert code == 0 and "schema version 1" in err and "TTL 3650 days" in err
+    assert code == 0 and f"schema version {S.SCHEMA_VERSION}" in err and "TTL 3650 days" in err
     code, _, err = lc(capsys, "db", "init", "--ttl-days", "0")
     assert code == 0
     code, _, err = lc(capsys, "db", "init", "--row-policies")
