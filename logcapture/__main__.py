@@ -1,5 +1,5 @@
-"""``python -m logcapture`` runs the CLI."""
+"""``python -m logcapture`` runs the CLI (``run`` without click: ``entry``)."""
 
-from .cli import main
+from .entry import main
 
 main()

@@ -109,20 +109,9 @@ def run(spool: Path | None, run_id: str | None, mode: str | None, sample: bool,
     (spool unwritable, disk full, internal error) the command still runs and its output
     still flows; one `logcapture:` warning says what went wrong.
     """
-    warn = Warner()
-    try:
-        from .pipeline import capture_command
-    except Exception as e:  # noqa: BLE001 - a broken install must not break the job
-        warn(f"capture unavailable ({type(e).__name__}: {e}); running the command without it")
-        try:
-            os.execvp(command[0], command)
-        except OSError as err:
-            warn(f"{command[0]}: {err.strerror}")
-            sys.exit(127 if isinstance(err, FileNotFoundError) else 126)
+    from .entry import run_command  # also reached without click: entry.main
 
-    code = capture_command(list(command), spool_root=_root(spool), run_id=run_id, mode=mode,
-                           warn=warn, sample=sample)
-    sys.exit(code)
+    run_command(spool, run_id, mode, sample, command)
 
 
 # ------------------------------------------------------------------------------ reading

@@ -1,0 +1,91 @@
+"""``logcapture run`` parsed without click (logcapture/entry.py) decides exactly what click's
+``run`` would, and leaves to click everything else."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from logcapture.cli import cli
+from logcapture.entry import parse_run
+from logcapture.spool import iter_run
+
+WORDS = ["run", "--spool", "--spool=/tmp/s", "/tmp/x", "--run-id", "r1", "--run-id=r2",
+         "--run-id=", "--mode", "enabled", "metadata", "disabled", "bogus", "--mode=disabled",
+         "--mode=Enabled", "--sample", "--no-sample", "--sample=1", "--", "-", "-h", "--help",
+         "--spoo", "--foo", "-x", "--version", "echo", "hi", "-n", "", "--mode=", "=", "ls"]
+
+
+def click_parse(args: list[str]) -> dict | None:
+    """What click passes to ``cli.run`` for ``logcapture ARGS``, or None if click answers
+    with help, an error or another command."""
+    if not args or args[0] != "run":
+        return None
+    run = cli.commands["run"]
+    try:
+        ctx = run.make_context("run", list(args[1:]), parent=click.Context(cli))
+    except (click.exceptions.Exit, click.ClickException):
+        return None
+    return dict(ctx.params)
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.lists(st.sampled_from(WORDS), max_size=7).map(lambda w: ["run", *w]))
+def test_parse_run_accepts_only_what_click_parses_the_same(args: list[str]) -> None:
+    ours = parse_run(args)
+    if ours is not None:
+        assert ours == click_parse(args), args
+
+
+@pytest.mark.parametrize("args, want", [
+    (["run", "--", "echo", "hi"], dict(command=("echo", "hi"))),
+    (["run", "echo", "--spool", "x"], dict(command=("echo", "--spool", "x"))),
+    (["run", "--spool", "/s", "--run-id=a.b", "--mode", "metadata", "--no-sample", "--",
+      "-x"], dict(spool=Path("/s"), run_id="a.b", mode="metadata", sample=False,
+                  command=("-x",))),
+    (["run", "--sample", "--no-sample", "--sample", "true"], dict(command=("true",))),
+    (["run", "--run-id", "a", "--run-id", "b", "true"], dict(run_id="b", command=("true",))),
+])
+def test_parse_run_plain_command_lines(args: list[str], want: dict) -> None:
+    full = dict(spool=None, run_id=None, mode=None, sample=True) | want
+    assert parse_run(args) == full == click_parse(args)
+
+
+@pytest.mark.parametrize("args", [
+    [], ["ls"], ["run"], ["run", "--"], ["run", "--help"], ["run", "-h", "true"],
+    ["run", "--mode", "bogus", "true"], ["run", "--spool"], ["run", "--spool=", "true"],
+    ["run", "--spoo", "x", "true"], ["run", "--foo", "true"], ["--version"],
+    ["run", "--run-id", "--mode", "true"],
+])
+def test_parse_run_leaves_the_rest_to_click(args: list[str]) -> None:
+    assert parse_run(args) is None
+
+
+def test_logcapture_run_starts_without_click(tmp_path: Path) -> None:
+    """The console script's plain ``run`` never imports click or the CLI module; help and
+    errors still come from click."""
+    env = dict(os.environ, HOME=str(tmp_path), XDG_STATE_HOME=str(tmp_path / "state"))
+    spool = tmp_path / "spool"
+    r = subprocess.run([sys.executable, "-X", "importtime", "-m", "logcapture", "run",
+                        "--spool", str(spool), "--run-id", "e1", "--", "sh", "-c",
+                        "echo out; exit 3"], capture_output=True, env=env, timeout=60)
+    assert r.returncode == 3 and r.stdout == b"out\n", r
+    imported = {line.split("|")[-1].strip() for line in r.stderr.decode().splitlines()
+                if line.startswith("import time:")}
+    assert "logcapture.pipeline" in imported
+    assert "click" not in imported and "logcapture.cli" not in imported
+    assert [x.text for x in iter_run(spool / "e1") if x.kind == "line"] == ["out"]
+
+    r = subprocess.run([sys.executable, "-m", "logcapture", "run", "--mode", "loud", "true"],
+                       capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 2 and "Invalid value for '--mode'" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "logcapture", "run", "--help"],
+                       capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0 and "Run COMMAND under a pseudo-terminal" in r.stdout
