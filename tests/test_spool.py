@@ -269,3 +269,42 @@ def test_the_fast_line_encoding_equals_the_generic_one(text: str, seq: int, ts: 
     line = Line(run="run-1", stream="stdout", seq=seq, ts=ts, text=text)
     assert line.to_json() == dumps(line.to_dict())
     assert from_dict(json.loads(line.to_json())) == line
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.binary(max_size=200_000) | st.text(max_size=5000).map(str.encode))
+def test_gzip_compress_gives_one_gzip_member_with_or_without_isal(data: bytes) -> None:
+    """Closed segments are gzip whichever engine compressed them: ISA-L (isal) or, where isal
+    is missing, zlib; the readers (Python's gzip, zlib with wbits=31, the store's file()
+    'gzip') read both."""
+    import zlib
+
+    import logcapture.spool as sp
+
+    ours = sp.gzip_compress(data)
+    assert gzip.decompress(ours) == data
+    assert zlib.decompressobj(wbits=31).decompress(ours) == data
+    saved = sys.modules.get("isal")
+    sys.modules["isal"] = None  # type: ignore[assignment]  # import isal: ImportError
+    try:
+        fallback = sp.gzip_compress(data)
+    finally:
+        if saved is None:
+            del sys.modules["isal"]
+        else:
+            sys.modules["isal"] = saved
+    assert fallback == gzip.compress(data, compresslevel=sp.COMPRESS_LEVEL, mtime=0)
+
+
+def test_isal_compresses_closed_segments_where_it_is_installed() -> None:
+    """The dependency is installed on x86_64/aarch64 Linux (pyproject.toml), and then used."""
+    import platform
+
+    if platform.machine() not in ("x86_64", "aarch64"):
+        pytest.skip("isal is a dependency on x86_64 and aarch64 only")
+    from isal import isal_zlib
+
+    import logcapture.spool as sp
+
+    data = b'{"run":"r","stream":"stdout","seq":1,"text":"x"}\n' * 1000
+    assert sp.gzip_compress(data) == isal_zlib.compress(data, sp.COMPRESS_LEVEL, wbits=31)
