@@ -180,8 +180,9 @@ def run_bench(tmp: Path, n: int, table_rows: int) -> None:
     print(f"one agent, spool -> store (end to end):    {rows / full:12,.0f} lines/s  "
           f"ratio {bare / full:.2f}x the baseline rate")
 
-    # a training job's log, 3 days back (its own daily partition: its parts are its alone)
-    day = time.time() - 3 * 86400
+    # a training job's log, noon UTC 3 days back (its own daily partition: its parts are its
+    # alone, and its few minutes of timestamps never cross midnight)
+    day = (time.time() // 86400 - 3) * 86400 + 43200
     train_root = tmp / "spool-training"
     _, train_texts = write_spool(train_root, "training-run", n, make_training_text, day)
     Agent(train_root, dsn, batch_bytes=BATCH_BYTES, retention_days=None).flush()

@@ -17,6 +17,7 @@ from typing import Any
 import click
 
 from . import __version__
+from .entry import failure
 from .errors import LogcaptureError, Warner
 from .records import (
     MODES,
@@ -111,7 +112,7 @@ def run(spool: Path | None, run_id: str | None, mode: str | None, sample: bool,
     """
     from .entry import run_command  # also reached without click: entry.main
 
-    run_command(spool, run_id, mode, sample, command)
+    sys.exit(run_command(spool, run_id, mode, sample, command))
 
 
 # ------------------------------------------------------------------------------ reading
@@ -639,8 +640,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         cli.main(args=argv, prog_name="logcapture", standalone_mode=False)
     except LogcaptureError as e:
-        click.echo(f"logcapture: error: {e.message}", err=True)
-        sys.exit(e.exit_code)
+        said, code = failure(e)  # type: ignore[misc]
+        click.echo(said, err=True)
+        sys.exit(code)
     except click.exceptions.Abort:
         click.echo("logcapture: aborted", err=True)
         sys.exit(130)
@@ -657,9 +659,7 @@ def main(argv: list[str] | None = None) -> None:
             pass
         sys.exit(0)
     except OSError as e:
-        # A file or folder we may not read (another user's store or spool, say): one line,
-        # naming it, not a traceback.
-        where = f": {e.filename}" if e.filename else ""
-        click.echo(f"logcapture: error: {e.strerror or e}{where}", err=True)
-        sys.exit(2)
+        said, code = failure(e)  # type: ignore[misc]
+        click.echo(said, err=True)
+        sys.exit(code)
 

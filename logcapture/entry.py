@@ -1,13 +1,14 @@
 """The ``logcapture`` console script's entry point: ``logcapture run`` without click.
 
 Every job captured with ``logcapture run`` pays for the wrapper's start-up, and importing
-click is ~20 ms of it (a tenth of the 2 % CPU budget of a 10 s job; docs/performance.md).
-So a ``run`` command line made only of the options ``run`` declares, each with a plain value,
-is parsed here and the command started at once; everything else (help, a misspelt or
-unknown option, a missing or empty value, a bad mode, any other command) goes to the click
-CLI in ``cli.py``, which prints the help or the error. Parsing here never decides anything
-click would decide differently: ``tests/test_entry.py`` compares ``parse_run`` with click's
-parse of the same arguments.
+click is ~10-20 ms of it (a twentieth of the 2 % CPU budget of a 10 s job;
+docs/performance.md). So a ``run`` command line made only of the options ``run`` declares,
+each with a plain value, is parsed here and the command started at once; everything else
+(help, a misspelt or unknown option, a missing or empty value, a bad mode, any other command)
+goes to the click CLI in ``cli.py``, which prints the help or the error. Parsing here never
+decides anything click would decide differently: ``tests/test_entry.py`` compares
+``parse_run`` with click's parse of the same arguments. Errors are reported as ``cli.main``
+reports them (``failure``, shared by both).
 """
 
 from __future__ import annotations
@@ -62,8 +63,9 @@ def parse_run(args: list[str]) -> dict | None:
 
 
 def run_command(spool: Path | None, run_id: str | None, mode: str | None, sample: bool,
-                command: tuple[str, ...]) -> None:
-    """``logcapture run``: capture ``command``; exits the way the command did."""
+                command: tuple[str, ...]) -> int:
+    """``logcapture run``: capture ``command``; returns the exit status to end with (the
+    command's; a command killed by a signal has had it re-raised here already)."""
     from .errors import Warner
 
     warn = Warner()
@@ -76,19 +78,47 @@ def run_command(spool: Path | None, run_id: str | None, mode: str | None, sample
             os.execvp(command[0], command)
         except OSError as err:
             warn(f"{command[0]}: {err.strerror}")
-            sys.exit(127 if isinstance(err, FileNotFoundError) else 126)
+            return 127 if isinstance(err, FileNotFoundError) else 126
 
-    code = capture_command(list(command), spool_root=spool if spool is not None else
+    return capture_command(list(command), spool_root=spool if spool is not None else
                            default_root(), run_id=run_id, mode=mode, warn=warn, sample=sample)
-    from .runner import leave
 
-    leave(code)
+
+def failure(e: BaseException) -> tuple[str, int] | None:
+    """The CLI's one line for an error that ends a command, and its exit code (``cli.main``
+    and ``main`` below say the same); None for anything else (a bug: the traceback)."""
+    from .errors import LogcaptureError
+
+    if isinstance(e, LogcaptureError):
+        return f"logcapture: error: {e.message}", e.exit_code
+    if isinstance(e, KeyboardInterrupt):
+        return "logcapture: aborted", 130
+    if isinstance(e, OSError):
+        # A file or folder we may not read (another user's store or spool, say): one line,
+        # naming it, not a traceback.
+        where = f": {e.filename}" if e.filename else ""
+        return f"logcapture: error: {e.strerror or e}{where}", 2
+    return None
 
 
 def main(argv: list[str] | None = None) -> None:
     params = parse_run(list(sys.argv[1:] if argv is None else argv))
-    if params is not None:
-        run_command(**params)
-    from .cli import main as cli_main
+    if params is None:
+        from .cli import main as cli_main
 
-    cli_main(argv)
+        cli_main(argv)
+        return
+    try:
+        code = run_command(**params)
+    except (Exception, KeyboardInterrupt) as e:
+        said = failure(e)
+        if said is None:
+            raise
+        try:
+            os.write(2, (said[0] + "\n").encode("utf-8", "replace"))
+        except OSError:
+            pass
+        code = said[1]
+    from .runner import leave
+
+    leave(code)  # without the interpreter's teardown: the command has ended

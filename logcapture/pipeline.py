@@ -322,8 +322,18 @@ def capture_command(argv: list[str], *, spool_root: Path, run_id: str | None = N
         worker = None
         winsize = None
 
-    outcome = runner.run(argv, worker, runner.Options(env=base_env, warn=warn,
-                                                      winsize=winsize))
+    try:
+        outcome = runner.run(argv, worker, runner.Options(env=base_env, warn=warn,
+                                                          winsize=winsize))
+    except runner.NoTerminal as e:
+        # No pty or no file descriptor left: the command runs as if logcapture were not
+        # there (SPEC.md §3), in this process, so its exit status and signals are the
+        # wrapper's. The worker is stopped first (its spool keeps what it wrote).
+        warn(f"cannot start capture: no pseudo-terminal or process ({e.strerror}); capture "
+             "disabled for this run, the command runs normally")
+        if worker is not None:
+            worker.give_up()
+        return runner.exec_command(argv, base_env, warn)
     if outcome.spawn_error:
         warn(outcome.spawn_error)
     return runner.exit_like(outcome)

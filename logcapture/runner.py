@@ -423,8 +423,20 @@ def set_winsize(fd: int, rows: int, cols: int) -> None:
     fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
 
 
-def _open_pty(rows: int, cols: int) -> tuple[int, int]:
+class NoTerminal(OSError):
+    """``run`` could not open the pseudo-terminals or its wake-up pipe, or could not spawn
+    the command for want of a resource of its own (file descriptors, memory, processes): the
+    wrapper's failure, not the command's. Nothing was started; the caller runs the command
+    without capture."""
+
+
+# Spawn errors that say the wrapper ran out of something, not that the command is wrong.
+_RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAGAIN})
+
+
+def _open_pty(rows: int, cols: int, opened: list[int]) -> tuple[int, int]:
     master, slave = os.openpty()
+    opened += (master, slave)
     attrs = termios.tcgetattr(slave)
     attrs[1] &= ~termios.OPOST  # oflag: no output processing, bytes pass as written
     termios.tcsetattr(slave, termios.TCSANOW, attrs)
@@ -459,13 +471,19 @@ def run(argv: Sequence[str], sink: Sink | Worker | None,
     if worker is not None:
         sink = None
     rows, cols = opts.winsize or caller_winsize()
-    out_m, out_s = _open_pty(rows, cols)
-    err_m, err_s = _open_pty(rows, cols)
+    opened: list[int] = []
+    try:  # nothing has started yet: a failure here is the caller's to handle (NoTerminal)
+        out_m, out_s = _open_pty(rows, cols, opened)
+        err_m, err_s = _open_pty(rows, cols, opened)
+        wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        for fd in opened:
+            os.close(fd)
+        raise NoTerminal(e.errno, e.strerror) from e
     masters = {out_m: STDOUT, err_m: STDERR}
     real = {STDOUT: opts.stdout_fd, STDERR: opts.stderr_fd}
     counts = {STDOUT: 0, STDERR: 0}
 
-    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     child: subprocess.Popen[bytes] | None = None
     previous: dict[int, object] = {}
 
@@ -500,6 +518,8 @@ def run(argv: Sequence[str], sink: Sink | Worker | None,
         except OSError as e:
             for fd in (out_m, out_s, err_m, err_s):
                 os.close(fd)
+            if e.errno in _RESOURCE_ERRNOS:
+                raise NoTerminal(e.errno, e.strerror) from e
             code = 127 if isinstance(e, (FileNotFoundError, NotADirectoryError)) else 126
             what = "command not found" if code == 127 else (e.strerror or str(e))
             outcome = Outcome(code, None, 0, started, time.time(), counts,
@@ -712,6 +732,19 @@ def run(argv: Sequence[str], sink: Sink | Worker | None,
                 os.close(fd)
             except OSError:
                 pass
+
+
+def exec_command(argv: Sequence[str], env: dict[str, str],
+                 warn: Callable[[str], None]) -> int:
+    """Replace this process with the command (the fallback when capture cannot run); only
+    returns after a failed exec, with the status a shell gives for it."""
+    try:
+        os.execvpe(argv[0], list(argv), env)
+    except OSError as e:
+        code = 127 if isinstance(e, (FileNotFoundError, NotADirectoryError)) else 126
+        warn(f"{argv[0]}: {'command not found' if code == 127 else e.strerror}")
+        return code
+    return 126  # pragma: no cover - not reached
 
 
 def exit_like(outcome: Outcome) -> int:

@@ -182,7 +182,7 @@ def job_main(argv: list[str] | None = None) -> int:
     if not optin_exists(os.environ):
         return _exec_job(job)
     try:
-        code = _captured(job, opts)
+        return _captured(job, opts)
     except Exception as e:  # noqa: BLE001 - logcapture must never change the job's outcome
         try:
             os.write(2, f"logcapture: capture disabled for this job ({type(e).__name__}); "
@@ -190,10 +190,15 @@ def job_main(argv: list[str] | None = None) -> int:
         except OSError:
             pass
         return _exec_job(job)
+
+
+def job_script() -> None:
+    """The console script ``logcapture-job``: ``job_main``, then the end without the
+    interpreter's teardown (``runner.leave``): the job has ended by then."""
+    code = job_main()
     from .runner import leave
 
-    leave(code)  # without the interpreter's teardown
-    return code  # pragma: no cover - leave() does not return
+    leave(code)
 
 
 def run_id_for(env: dict[str, str] | os._Environ[str]) -> str | None:

@@ -282,12 +282,15 @@ FROM ingest WHERE kind = 'sample'""",
     # exporter's current log table and ClickStack: 0.5 bytes a line instead of 4 (a 32 KiB
     # filter per 8,192 rows was 0.38x the gzip size of the text and does not compress), and
     # a word absent from a block still skips it (docs/storage.md, "The token index").
-    # MATERIALIZE rebuilds it for the parts already there (a background mutation).
+    # MATERIALIZE rebuilds it for the parts already there as a background mutation (chDB
+    # defaults to mutations_sync = 1, which would make the first command after an upgrade
+    # rebuild a whole store while holding its lock; an unfinished mutation resumes when the
+    # store is next opened). Re-run after an interruption, the three steps end the same way.
     (2, [
         "ALTER TABLE lines DROP INDEX IF EXISTS text_tokens",
         "ALTER TABLE lines ADD INDEX IF NOT EXISTS text_tokens text "
         "TYPE tokenbf_v1(32768, 3, 0) GRANULARITY 8",
-        "ALTER TABLE lines MATERIALIZE INDEX text_tokens",
+        "ALTER TABLE lines MATERIALIZE INDEX text_tokens SETTINGS mutations_sync = 0",
     ]),
 ]
 

@@ -89,3 +89,41 @@ def test_logcapture_run_starts_without_click(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "logcapture", "run", "--help"],
                        capture_output=True, text=True, env=env, timeout=60)
     assert r.returncode == 0 and "Run COMMAND under a pseudo-terminal" in r.stdout
+
+
+def test_out_of_file_descriptors_the_command_still_runs(tmp_path: Path) -> None:
+    """With too few file descriptors for the ptys, the wake-up pipe or the spawn, capture
+    gives way: the command runs without it, with its own exit status (SPEC.md §3)."""
+    import resource
+
+    env = dict(os.environ, HOME=str(tmp_path), XDG_STATE_HOME=str(tmp_path / "state"),
+               LOGCAPTURE_CONFIG="/nonexistent")
+    warned = 0
+    for limit in range(6, 20):
+        r = subprocess.run(
+            [sys.executable, "-m", "logcapture", "run", "--spool", str(tmp_path / "spool"),
+             "--", "sh", "-c", "echo hi; exit 3"], capture_output=True, env=env, timeout=60,
+            preexec_fn=lambda n=limit: resource.setrlimit(resource.RLIMIT_NOFILE, (n, n)))
+        assert r.returncode == 3 and r.stdout == b"hi\n", (limit, r)
+        warned += b"capture disabled for this run, the command runs normally" in r.stderr
+    assert warned, "no limit was low enough to make capture give way"
+
+
+def test_an_error_in_the_fast_path_is_one_line_and_an_exit_code(tmp_path: Path) -> None:
+    """``logcapture run`` without click reports errors as the click CLI does."""
+    code = ("import sys\n"
+            "from logcapture import entry\n"
+            "from logcapture.errors import LogcaptureError\n"
+            "def boom(**kw):\n"
+            "    raise {exc}\n"
+            "entry.run_command = boom\n"
+            "entry.main(['run', '--', 'true'])\n")
+    for exc, rc, said in [
+            ("LogcaptureError('the spool is on fire')", 2,
+             "logcapture: error: the spool is on fire\n"),
+            ("OSError(24, 'Too many open files', '/x')", 2,
+             "logcapture: error: Too many open files: /x\n"),
+            ("KeyboardInterrupt()", 130, "logcapture: aborted\n")]:
+        r = subprocess.run([sys.executable, "-c", code.format(exc=exc)], capture_output=True,
+                           text=True, timeout=60)
+        assert (r.returncode, r.stderr) == (rc, said), (exc, r)
