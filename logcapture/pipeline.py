@@ -19,7 +19,6 @@ import json
 import os
 import pwd
 import re
-import resource
 import select
 import threading
 import time
@@ -416,11 +415,11 @@ def _capture_worker(fd: int, s: _WorkerSettings) -> int:
         if end is None:
             pipeline.close_unfinished()
             return 0
-        from .runner import Outcome
+        from .runner import Outcome, own_usage
         outcome = Outcome(end["exit_status"], end["signal"], end["pid"], end["started"],
                           end["ended"], end["bytes"], spawn_error=end["spawn_error"])
         reader = end.get("reader", {})
-        mine = _own_usage()
+        mine = own_usage()
         pipeline.finish(exit_status=outcome.exit_status, signal=outcome.signal,
                         state="FAILED" if outcome.spawn_error else outcome.state,
                         duration=outcome.duration, bytes_read=outcome.bytes,
@@ -438,10 +437,6 @@ def _capture_worker(fd: int, s: _WorkerSettings) -> int:
     return 0
 
 
-def _own_usage() -> dict[str, int]:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return {"cpu_ms": int(1000 * (usage.ru_utime + usage.ru_stime)),
-            "max_rss_kib": int(usage.ru_maxrss)}
 
 
 def _discard(fd: int) -> None:

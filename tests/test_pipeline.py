@@ -104,6 +104,23 @@ def test_the_worker_writes_what_the_in_process_pipeline_writes(
     assert _content(records) == _content(_in_process(tmp_path, res.stdout, res.stderr))
 
 
+def test_the_end_records_peak_memory_is_logcaptures_own_not_its_parents(
+        tmp_path: Path, lc_env: dict[str, str], spool: Path) -> None:
+    """A wrapper exec'd by a large process (slurmstepd, a big Python) reports its own peak
+    memory: getrusage's ru_maxrss survives exec on Linux, VmHWM does not."""
+    code = ("import os, sys\n"
+            "big = bytearray(300 * 1024 * 1024)\n"
+            "for i in range(0, len(big), 4096):\n"
+            "    big[i] = 1\n"
+            "os.execv(sys.executable, [sys.executable, '-m', 'logcapture', 'run', '--', "
+            "'true'])\n")
+    res = subprocess.run([PY, "-c", code], env=lc_env, capture_output=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    end = list(iter_run(find_run(spool, None)))[-1]
+    peak = end.counts["capture"]["max_rss_kib"]  # type: ignore[attr-defined]
+    assert 1000 < peak < 200 * 1024, peak  # logcapture's own few tens of MiB, not 300
+
+
 # ------------------------------------------------------------------ a worker that fails
 
 
