@@ -327,15 +327,30 @@ def capture_command(argv: list[str], *, spool_root: Path, run_id: str | None = N
     except runner.NoTerminal as e:
         # No pty or no file descriptor left: the command runs as if logcapture were not
         # there (SPEC.md §3), in this process, so its exit status and signals are the
-        # wrapper's. The worker is stopped first (its spool keeps what it wrote).
+        # wrapper's. The worker is stopped first; a run directory it left without a record
+        # (an empty first segment) goes too, so no run that never started stays behind.
         warn(f"cannot start capture: no pseudo-terminal or process ({e.strerror}); capture "
              "disabled for this run, the command runs normally")
         if worker is not None:
             worker.give_up()
+            _remove_if_empty(run_dir)
         return runner.exec_command(argv, base_env, warn)
     if outcome.spawn_error:
         warn(outcome.spawn_error)
     return runner.exit_like(outcome)
+
+
+def _remove_if_empty(run_dir: Path) -> None:
+    """Remove ``run_dir`` if every file in it is empty (nothing was captured)."""
+    try:
+        entries = list(os.scandir(run_dir))
+        if any(e.stat(follow_symlinks=False).st_size for e in entries):
+            return
+        for e in entries:
+            os.unlink(e.path)
+        os.rmdir(run_dir)
+    except OSError:
+        pass  # kept: readers skip a run without records
 
 
 class _WorkerSettings:

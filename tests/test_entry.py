@@ -107,6 +107,10 @@ def test_out_of_file_descriptors_the_command_still_runs(tmp_path: Path) -> None:
         assert r.returncode == 3 and r.stdout == b"hi\n", (limit, r)
         warned += b"capture disabled for this run, the command runs normally" in r.stderr
     assert warned, "no limit was low enough to make capture give way"
+    # a run whose capture gave way leaves no empty run directory behind; the others are whole
+    for run_dir in (tmp_path / "spool").iterdir():
+        records = list(iter_run(run_dir))
+        assert records and records[0].kind == "start" and records[-1].kind == "end", run_dir
 
 
 def test_an_error_in_the_fast_path_is_one_line_and_an_exit_code(tmp_path: Path) -> None:
