@@ -639,10 +639,6 @@ def export_cmd(store_dsn: str | None, run_ref: str, what: str, fmt: str,
 def main(argv: list[str] | None = None) -> None:
     try:
         cli.main(args=argv, prog_name="logcapture", standalone_mode=False)
-    except LogcaptureError as e:
-        said, code = failure(e)  # type: ignore[misc]
-        click.echo(said, err=True)
-        sys.exit(code)
     except click.exceptions.Abort:
         click.echo("logcapture: aborted", err=True)
         sys.exit(130)
@@ -658,7 +654,7 @@ def main(argv: list[str] | None = None) -> None:
         except OSError:
             pass
         sys.exit(0)
-    except OSError as e:
+    except (LogcaptureError, OSError) as e:  # one line and an exit code (entry.failure)
         said, code = failure(e)  # type: ignore[misc]
         click.echo(said, err=True)
         sys.exit(code)

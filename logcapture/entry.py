@@ -78,7 +78,7 @@ def run_command(spool: Path | None, run_id: str | None, mode: str | None, sample
             os.execvp(command[0], command)
         except OSError as err:
             warn(f"{command[0]}: {err.strerror}")
-            return 127 if isinstance(err, FileNotFoundError) else 126
+            return 127 if isinstance(err, (FileNotFoundError, NotADirectoryError)) else 126
 
     return capture_command(list(command), spool_root=spool if spool is not None else
                            default_root(), run_id=run_id, mode=mode, warn=warn, sample=sample)
