@@ -308,3 +308,43 @@ def test_isal_compresses_closed_segments_where_it_is_installed() -> None:
 
     data = b'{"run":"r","stream":"stdout","seq":1,"text":"x"}\n' * 1000
     assert sp.gzip_compress(data) == isal_zlib.compress(data, sp.COMPRESS_LEVEL, wbits=31)
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(records=record_lists(), segment_bytes=st.integers(1024, 4096),
+       batch=st.integers(1, 9))
+def test_segments_end_at_line_ends_within_their_size(tmp_path_factory: pytest.TempPathFactory,
+                                                     records: list[Record], segment_bytes: int,
+                                                     batch: int) -> None:
+    """Each closed segment holds whole lines; a segment is rotated by the line that takes it
+    to ``segment_bytes`` or past it (so every one but the last reached it, and none is bigger
+    without its last line); together they are the records' lines in order."""
+    run_dir = create_run_dir(tmp_path_factory.mktemp("spool"), "r")
+    w = SpoolWriter(run_dir, segment_bytes=segment_bytes, flush_records=3, fsync=False)
+    for i in range(0, len(records), batch):
+        w.write(records[i:i + batch])
+    w.close()
+    bodies = [gzip.decompress(s.path.read_bytes()) for s in segments(run_dir)]
+    for i, body in enumerate(bodies):
+        assert body.endswith(b"\n") or not body
+        last = body.rstrip(b"\n").rfind(b"\n") + 1  # where its last line starts
+        assert last < segment_bytes, (last, segment_bytes)
+        assert i == len(bodies) - 1 or len(body) >= segment_bytes, (len(body), segment_bytes)
+    want = b"".join((r.to_json() + "\n").encode("utf-8", "surrogatepass") for r in records)
+    assert b"".join(bodies) == want
+
+
+def test_past_max_pending_new_records_are_counted_lost_and_the_rest_kept(
+        tmp_path: Path) -> None:
+    run_dir = create_run_dir(tmp_path, "r")
+    w = SpoolWriter(run_dir, max_pending=10, flush_records=1000, fsync=False)
+    recs = [Line(run="r", stream="stdout", seq=i, ts=1.0, text=f"line {i}") for i in range(25)]
+    with w._io_lock:  # the flusher cannot write meanwhile: everything waits in memory
+        w.write(recs[:4])
+        w.write(recs[4:12])  # 2 of these 8 fit
+        w.write(recs[12:])  # none fits
+        assert w.lost == 15
+    w.close()
+    assert list(iter_run(run_dir)) == recs[:10]
+    assert w.written == 10
