@@ -322,10 +322,10 @@ class SpoolWriter:
         texts = [r.to_json() for r in records]
         if not texts:
             return
-        # One encode for the batch, split back into lines at C speed: a JSON line holds no
-        # raw newline or carriage return, and 'surrogatepass' encodes each code point on its
-        # own, so these are exactly the bytes of encoding each record alone. A ``Lines``
-        # record gives several lines.
+        # One encode for the batch: a JSON line holds no raw newline or carriage return, so
+        # its newlines count its lines (a ``Lines`` record gives several), and 'surrogatepass'
+        # encodes each code point on its own, so these are exactly the bytes of encoding each
+        # record alone.
         blob = ("\n".join(texts) + "\n").encode("utf-8", "surrogatepass")
         n = blob.count(b"\n")
         with self._lock:
