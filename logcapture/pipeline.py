@@ -452,8 +452,6 @@ def _capture_worker(fd: int, s: _WorkerSettings) -> int:
     return 0
 
 
-
-
 def _discard(fd: int) -> None:
     try:
         while os.read(fd, 1 << 20):

@@ -634,18 +634,21 @@ def _retire(run_dir: Path, pending: list[_Pending], cur: Cursor,
 
 
 def retire_shipped(run_dir: Path, cur: Cursor, retention_days: float,
-                   result: UploadResult) -> None:
+                   result: UploadResult) -> bool:
     """Delete the closed segments of a shipped run (``cur.shipped_at``: every line of it is in
-    the store) once older than the retention; the caller holds the cursor lock and saves."""
+    the store) once older than the retention; whether any went, so that the caller, who holds
+    the cursor lock, saves the cursor."""
     if not cur.shipped_at:
-        return
+        return False
     try:
         segs = segments(run_dir)
     except SpoolError as e:
         result.warnings.append(f"run {run_dir.name}: {e.message}")
-        return
+        return False
     done = [_Pending(seg, 0, b"", 0, False) for seg in segs if seg.closed]
+    deleted = result.deleted
     _retire(run_dir, done, cur, retention_days, result)
+    return result.deleted != deleted
 
 
 # --- retrying ---------------------------------------------------------------------------------
@@ -767,11 +770,9 @@ def _upload_one(run_dir: Path, get_store: Callable[[], Store], result: UploadRes
                     f"run {name} was already uploaded on {rc.cursor.shipped_at} "
                     f"({rc.cursor.records} records). Pass --force to re-upload.")
             result.skipped.append(name)
-            if retention_days is not None:
-                deleted = result.deleted
-                retire_shipped(run_dir, rc.cursor, retention_days, result)
-                if result.deleted != deleted:
-                    rc.save()
+            if retention_days is not None and retire_shipped(run_dir, rc.cursor,
+                                                             retention_days, result):
+                rc.save()
             return
         identity = identify(run_dir)
 
@@ -996,9 +997,7 @@ class Agent:
                 with lock_cursor(run_dir, wait=0) as rc:
                     if rc is None or not rc.cursor.shipped_at:
                         continue
-                    deleted = result.deleted
-                    retire_shipped(run_dir, rc.cursor, self.retention_days, result)
-                    if result.deleted != deleted:
+                    if retire_shipped(run_dir, rc.cursor, self.retention_days, result):
                         rc.save()
             except (SpoolError, OSError) as e:  # removed meanwhile, or unreadable
                 if os.path.isdir(run_dir):
