@@ -31,7 +31,6 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable
-from typing import Any
 
 from .records import (
     DISABLED,
@@ -55,6 +54,10 @@ from .records import (
     Rendered,
     new_metadata,
 )
+
+TYPE_CHECKING = False  # not typing's: importing typing costs every job ~8 ms (records.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 COMMAND_PREFIX = "/LOGCOMMAND"
 COMMAND_OPTIONS = ("mode",)

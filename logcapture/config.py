@@ -25,13 +25,18 @@ import os
 import pwd
 import re
 import stat
+from collections import namedtuple
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
 
 from .errors import ConfigError
 from .records import DISABLED, ENABLED, MODES
+
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: this module is on every job's start path
+if TYPE_CHECKING:
+    from typing import Any
+
+    Schema = dict[str, Callable[[Any], Any]]  # a check takes a yaml.Node
 
 OPTIN_ENV = "LOGCAPTURE_OPTIN"
 OPTIN_NAME = ".logoptin"
@@ -78,15 +83,18 @@ _YAML_TRUE = {"on", "yes", "true", "y"}
 # ----------------------------------------------------------------------------------- .logoptin
 
 
-@dataclass(frozen=True)
-class OptinConfig:
+# The configuration types are named tuples, as the records are (records.py says why).
+
+
+class OptinConfig(namedtuple("OptinConfig", ("mode",), defaults=(ENABLED,))):
     """The user's settings. The cluster guide documents one option, ``mode``."""
 
-    mode: str = ENABLED
+    __slots__ = ()
+    if TYPE_CHECKING:
+        mode: str
 
 
-@dataclass(frozen=True)
-class OptinResult:
+class OptinResult(namedtuple("OptinResult", ("opted_in", "config", "problems"))):
     """What ``load_optin`` found.
 
     ``opted_in`` is False when there is no ``.logoptin`` (then nothing is captured at all);
@@ -96,9 +104,11 @@ class OptinResult:
     not even be checked (a home directory the user cannot search).
     """
 
-    opted_in: bool
-    config: OptinConfig
-    problems: list[str] = field(default_factory=list)
+    __slots__ = ()
+    if TYPE_CHECKING:
+        opted_in: bool
+        config: OptinConfig
+        problems: list[str]
 
     @property
     def ok(self) -> bool:
@@ -154,9 +164,9 @@ def load_optin(path: Path | str, uid: int | None = None) -> OptinResult:
     try:
         st = os.lstat(path)
     except FileNotFoundError:
-        return OptinResult(opted_in=False, config=OptinConfig(mode=DISABLED))
+        return OptinResult(opted_in=False, config=OptinConfig(mode=DISABLED), problems=[])
     except NotADirectoryError:
-        return OptinResult(opted_in=False, config=OptinConfig(mode=DISABLED))
+        return OptinResult(opted_in=False, config=OptinConfig(mode=DISABLED), problems=[])
     except OSError as e:
         # Existence unknown (e.g. a home directory we may not search): not opted in, but say so.
         return _refused([f"{name}: cannot be checked: {e.strerror or e}; logging is off"],
@@ -174,7 +184,7 @@ def load_optin(path: Path | str, uid: int | None = None) -> OptinResult:
             return _refused([f"{name}: is a symbolic link; {OPTIN_NAME} must be a regular "
                                    "file (symlinks are refused)"])
         if e.errno in (errno.ENOENT, errno.ENOTDIR):
-            return OptinResult(opted_in=False, config=OptinConfig(mode=DISABLED))
+            return OptinResult(opted_in=False, config=OptinConfig(mode=DISABLED), problems=[])
         return _refused([f"{name}: cannot be read: {e.strerror or e}"])
     try:
         fst = os.fstat(fd)
@@ -339,7 +349,6 @@ def _dsn(node: yaml.Node) -> Any:
 
 _DSN_SCHEMES = ("chdb", "http", "https")
 
-Schema = dict[str, Callable[[Any], Any]]  # a check takes a yaml.Node
 _OPTIN_SCHEMA: Schema = {"mode": _choice(MODES)}
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
@@ -466,8 +475,20 @@ def _parse(name: str, data: bytes, schema: Schema,
 # ------------------------------------------------------------------------------ admin config
 
 
-@dataclass(frozen=True)
-class AdminConfig:
+_ADMIN_DEFAULTS = {
+    "store": None,
+    "spool_root": None,
+    "sample_interval": 10.0,  # seconds between resource samples
+    "retention_days": 90,  # the store's TTL
+    "cluster": "",  # the cluster's name in records; "" = Slurm's ClusterName when known
+    "flush_interval": 0.5,  # seconds between spool flushes (a quiet line lands within 1 s)
+    "flush_records": 1000,  # flush after this many buffered records
+    "segment_bytes": 8 * 1024 * 1024,  # rotate spool segments at this size
+}
+
+
+class AdminConfig(namedtuple("AdminConfig", tuple(_ADMIN_DEFAULTS),
+                             defaults=tuple(_ADMIN_DEFAULTS.values()))):
     """The administrator's settings (``/etc/logcapture/config.yaml``).
 
     ``store``: the ClickHouse DSN (``chdb://PATH`` for the embedded engine, ``http(s)://...``
@@ -475,14 +496,16 @@ class AdminConfig:
     None means the per-user default (``$XDG_STATE_HOME/logcapture/spool``).
     """
 
-    store: str | None = None
-    spool_root: str | None = None
-    sample_interval: float = 10.0  # seconds between resource samples
-    retention_days: int = 90  # the store's TTL
-    cluster: str = ""  # the cluster's name in records; "" = Slurm's ClusterName when known
-    flush_interval: float = 0.5  # seconds between spool flushes (a quiet line lands within 1 s)
-    flush_records: int = 1000  # flush after this many buffered records
-    segment_bytes: int = 8 * 1024 * 1024  # rotate spool segments at this size
+    __slots__ = ()
+    if TYPE_CHECKING:
+        store: str | None
+        spool_root: str | None
+        sample_interval: float
+        retention_days: int
+        cluster: str
+        flush_interval: float
+        flush_records: int
+        segment_bytes: int
 
 
 _ADMIN_SCHEMA: Schema = {
@@ -570,4 +593,4 @@ def _resolve_scalar(raw: str) -> yaml.ScalarNode:
 
 def admin_defaults() -> dict[str, Any]:
     """The default admin settings, by key (for documentation and ``logcapture config``)."""
-    return {f.name: f.default for f in fields(AdminConfig)}
+    return dict(AdminConfig._field_defaults)

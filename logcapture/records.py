@@ -10,19 +10,31 @@ produce a second row: the store deduplicates on that identity.
 Stages exchange these types and nothing else (STYLE.md practice 2). Encoding is
 ``record.to_dict()`` -> ``json.dumps``; decoding is ``from_dict(obj)``, which raises
 ``RecordError`` naming the field that was wrong.
+
+The records are named tuples (``collections.namedtuple``): immutable, made at C speed, and
+cheap to define. Every job pays for this module's import twice over (the wrapper and the capture
+worker start with it): frozen dataclasses cost ~10-18 ms of CPU more at each start here
+(``dataclasses`` imports ``inspect``, and each class is built by ``exec``) and ``typing``
+another ~8 ms, most of a training job's 2 % capture budget (docs/performance.md). A default
+that is a container is one shared object, so it is an immutable one: ``()`` for a list field,
+an empty read-only mapping for a dict field (``dumps`` writes it as ``{}``).
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable
-from dataclasses import dataclass, field, fields
+from collections import namedtuple
+from collections.abc import Iterable, Mapping
 from functools import partial
 from itertools import repeat
-from typing import Any, ClassVar, NamedTuple
+from types import MappingProxyType
 
 from .errors import RecordError
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (~8 ms at every start)
+if TYPE_CHECKING:
+    from typing import Any
 
 STDOUT = "stdout"
 STDERR = "stderr"
@@ -44,23 +56,27 @@ NOTE_MODE = "mode"  # the mode changed (from .logoptin or a /LOGCOMMAND)
 NOTE_KINDS = (NOTE_REPEAT, NOTE_BLANK, NOTE_CUT, NOTE_WARNING, NOTE_MODE)
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
-    """Base: the identity every record carries."""
+_IDENTITY = ("run", "stream", "seq", "ts")
+_NO_ITEMS: Mapping[str, Any] = MappingProxyType({})  # the default of every dict field
 
-    kind: ClassVar[str] = ""
-    run: str
-    stream: str
-    seq: int
-    ts: float  # seconds since the epoch, when the stage saw it
+
+class Record:
+    """Base of every record type: the identity every record carries. Each type is a named
+    tuple whose first fields are ``run``, ``stream``, ``seq`` and ``ts`` (seconds since the
+    epoch, when the stage saw it), with this class mixed in; ``kind`` names the type."""
+
+    __slots__ = ()
+    kind = ""
+    _fields: tuple[str, ...]
+    if TYPE_CHECKING:
+        run: str
+        stream: str
+        seq: int
+        ts: float
 
     def to_dict(self) -> dict[str, Any]:
-        # Shallow on purpose: records are immutable and their values plain JSON types, so the
-        # deep copy of dataclasses.asdict (the hottest call per line) buys nothing.
-        names = _FIELD_NAMES.get(type(self))
-        if names is None:
-            names = _FIELD_NAMES[type(self)] = tuple(f.name for f in fields(self))
-        d = {name: getattr(self, name) for name in names}
+        # Shallow on purpose: records are immutable and their values plain JSON types.
+        d = dict(zip(self._fields, self, strict=True))  # type: ignore[call-overload]
         d["kind"] = self.kind
         return d
 
@@ -72,33 +88,44 @@ class Record:
         return (self.run, self.stream, self.seq)
 
 
-@dataclass(frozen=True, slots=True)
-class Start(Record):
-    """The run began. ``stream`` is ``run``, ``seq`` 0."""
-
-    kind: ClassVar[str] = "start"
-    command: list[str] = field(default_factory=list)
-    cwd: str = ""
-    user: str = ""
-    uid: int = -1
-    host: str = ""
-    pid: int = 0
-    mode: str = ENABLED
-    # Slurm identity when present: cluster, job_id, array_job_id, array_task_id, step, node,
-    # job_name, partition.
-    slurm: dict[str, str] = field(default_factory=dict)
-    # Hardware inventory (host, CPUs, memory, GPUs), filled by the sampler stage when it runs.
-    inventory: dict[str, Any] = field(default_factory=dict)
-    # The effective configuration, for the record (never secrets).
-    config: dict[str, Any] = field(default_factory=dict)
+def _record_tuple(name: str, *fields: str, defaults: tuple[Any, ...]) -> type:
+    """The named tuple a record type derives from: the identity, then ``fields``."""
+    return namedtuple(name, _IDENTITY + fields, defaults=defaults)  # type: ignore[misc]
 
 
-@dataclass(frozen=True, slots=True)
-class Line(Record):
+class Start(_record_tuple("Start", "command", "cwd", "user", "uid", "host", "pid", "mode",
+                          "slurm", "inventory", "config",
+                          defaults=((), "", "", -1, "", 0, ENABLED, *[_NO_ITEMS] * 3)),
+            Record):
+    """The run began. ``stream`` is ``run``, ``seq`` 0.
+
+    ``slurm``: the Slurm identity when present (cluster, job_id, array_job_id, array_task_id,
+    step, node, job_name, partition); ``inventory``: the hardware (host, CPUs, memory, GPUs),
+    filled by the sampler stage when it runs; ``config``: the effective configuration, for the
+    record (never secrets)."""
+
+    __slots__ = ()
+    kind = "start"
+    if TYPE_CHECKING:
+        command: list[str]
+        cwd: str
+        user: str
+        uid: int
+        host: str
+        pid: int
+        mode: str
+        slurm: Mapping[str, str]
+        inventory: Mapping[str, Any]
+        config: Mapping[str, Any]
+
+
+class Line(_record_tuple("Line", "text", defaults=("",)), Record):
     """One rendered line of the job's output, as a terminal would show it."""
 
-    kind: ClassVar[str] = "line"
-    text: str = ""
+    __slots__ = ()
+    kind = "line"
+    if TYPE_CHECKING:
+        text: str
 
     def to_json(self) -> str:
         # The per-line hot path: the same bytes as dumps(self.to_dict()), built directly
@@ -108,20 +135,20 @@ class Line(Record):
                 f'"kind":"line"}}')
 
 
-@dataclass(frozen=True, slots=True)
-class Lines(Record):
+class Lines(_record_tuple("Lines", "texts", defaults=((),)), Record):
     """Consecutive ``Line`` records of one stream, ``seq``, ``seq + 1``, ... sharing one ``ts``:
     the classifier's batch output (``Classifier.feed_many``), so that a burst of plain lines
     costs no object per line. Never in the spool as such: ``to_json`` gives exactly the NDJSON
     lines of ``lines()``, joined by newlines (a test holds them equal)."""
 
-    kind: ClassVar[str] = "lines"
-    texts: tuple[str, ...] = ()
+    __slots__ = ()
+    kind = "lines"
+    if TYPE_CHECKING:
+        texts: tuple[str, ...]
 
     def lines(self) -> list[Line]:
-        return [Line(run=self.run, stream=self.stream, seq=seq, ts=self.ts, text=text)
+        return [Line(self.run, self.stream, seq, self.ts, text)
                 for seq, text in enumerate(self.texts, self.seq)]
-
     def to_json(self) -> str:
         texts = self.texts
         n = len(texts)
@@ -148,32 +175,38 @@ class Lines(Record):
         return head + "".join(parts)
 
 
-@dataclass(frozen=True, slots=True)
-class Note(Record):
+
+
+class Note(_record_tuple("Note", "note", "count", "text", defaults=(NOTE_WARNING, 0, "")),
+           Record):
     """Something about the output rather than output: dropped repeats, blank runs, cuts,
     warnings, mode changes. ``text`` is logcapture's own words, never the job's dropped text."""
 
-    kind: ClassVar[str] = "note"
-    note: str = NOTE_WARNING
-    count: int = 0
-    text: str = ""
+    __slots__ = ()
+    kind = "note"
+    if TYPE_CHECKING:
+        note: str
+        count: int
+        text: str
 
 
-@dataclass(frozen=True, slots=True)
-class Command(Record):
+class Command(_record_tuple("Command", "text", "options", defaults=("", _NO_ITEMS)), Record):
     """A valid ``/LOGCOMMAND {json}`` line. ``text`` is the command line as the job wrote it."""
 
-    kind: ClassVar[str] = "command"
-    text: str = ""
-    options: dict[str, Any] = field(default_factory=dict)
+    __slots__ = ()
+    kind = "command"
+    if TYPE_CHECKING:
+        text: str
+        options: Mapping[str, Any]
 
 
-@dataclass(frozen=True, slots=True)
-class Metadata(Record):
+class Metadata(_record_tuple("Metadata", "fields", defaults=(_NO_ITEMS,)), Record):
     """A stdout line that was exactly one JSON object; nested objects flattened to dotted keys."""
 
-    kind: ClassVar[str] = "metadata"
-    fields: dict[str, Any] = field(default_factory=dict)
+    __slots__ = ()
+    kind = "metadata"
+    if TYPE_CHECKING:
+        fields: Mapping[str, Any]
 
     def to_json(self) -> str:
         # A metadata line's hot path: the same bytes as dumps(self.to_dict()) (a test holds
@@ -190,48 +223,60 @@ class Metadata(Record):
         return dumps(self.to_dict())
 
 
-@dataclass(frozen=True, slots=True)
-class Sample(Record):
-    """One resource sample of one node. ``stream`` is ``sample:<node>``."""
 
-    kind: ClassVar[str] = "sample"
-    node: str = ""
-    # Per-GPU figures: list of {uuid, index, name, utilization_gpu_percent, memory_used_bytes,
-    # memory_total_bytes, power_watts, temperature_celsius, sm_clock_mhz, job_memory_used_bytes}
-    gpus: list[dict[str, Any]] = field(default_factory=list)
-    # The job's own CPU/memory/IO: cpu_seconds_total, cpu_percent, memory_rss_bytes,
-    # memory_pss_bytes, io_read_bytes, io_write_bytes, threads, processes
-    job: dict[str, Any] = field(default_factory=dict)
+class Sample(_record_tuple("Sample", "node", "gpus", "job", defaults=("", (), _NO_ITEMS)),
+             Record):
+    """One resource sample of one node. ``stream`` is ``sample:<node>``.
+
+    ``gpus``: per-GPU figures, a list of {uuid, index, name, utilization_gpu_percent,
+    memory_used_bytes, memory_total_bytes, power_watts, temperature_celsius, sm_clock_mhz,
+    job_memory_used_bytes}; ``job``: the job's own CPU/memory/IO (cpu_seconds_total,
+    cpu_percent, memory_rss_bytes, memory_pss_bytes, io_read_bytes, io_write_bytes, threads,
+    processes)."""
+
+    __slots__ = ()
+    kind = "sample"
+    if TYPE_CHECKING:
+        node: str
+        gpus: list[dict[str, Any]]
+        job: Mapping[str, Any]
 
 
-@dataclass(frozen=True, slots=True)
-class End(Record):
-    """The run ended. ``stream`` is ``run``; ``seq`` follows the run stream's other records."""
+class End(_record_tuple("End", "exit_status", "signal", "state", "duration", "counts",
+                        defaults=(None, None, "", 0.0, _NO_ITEMS)), Record):
+    """The run ended. ``stream`` is ``run``; ``seq`` follows the run stream's other records.
 
-    kind: ClassVar[str] = "end"
-    exit_status: int | None = None  # 0-255 when the command exited
-    signal: int | None = None  # N when the command was killed by signal N
-    state: str = ""  # COMPLETED, FAILED, CANCELLED, SIGNALED, ...
-    duration: float = 0.0
-    # Per output stream: bytes read from the pty, rendered lines, dropped repeats, ...
-    counts: dict[str, dict[str, int]] = field(default_factory=dict)
+    ``exit_status`` is 0-255 when the command exited, ``signal`` N when it was killed by signal
+    N; ``state`` COMPLETED, FAILED, CANCELLED, SIGNALED, ...; ``counts``, per output stream:
+    bytes read from the pty, rendered lines, dropped repeats, ..."""
+
+    __slots__ = ()
+    kind = "end"
+    if TYPE_CHECKING:
+        exit_status: int | None
+        signal: int | None
+        state: str
+        duration: float
+        counts: Mapping[str, Mapping[str, int]]
 
 
 # Intermediate types between the text stages (render -> filter -> classify). They carry no
 # identity yet: the classifier numbers what it keeps.
 
 
-class Rendered(NamedTuple):
+class Rendered(namedtuple("Rendered", ("text", "cut"), defaults=(0,))):
     """One committed screen line of one stream. ``cut`` counts characters dropped because the
     line was longer than the line limit (0 when whole). A named tuple: the renderer makes one
     per line, and a tuple is made at C speed (``rendered_many``)."""
 
-    text: str
-    cut: int = 0
+    __slots__ = ()
+    if TYPE_CHECKING:
+        text: str
+        cut: int
 
 
-_new_object = object.__new__
-_new_rendered = partial(tuple.__new__, Rendered)
+_new_tuple = tuple.__new__
+_new_rendered = partial(_new_tuple, Rendered)
 
 
 def rendered_many(texts: Iterable[str]) -> list[Rendered]:
@@ -240,31 +285,21 @@ def rendered_many(texts: Iterable[str]) -> list[Rendered]:
     return list(map(_new_rendered, zip(texts, repeat(0))))
 
 
-_metadata_setters = tuple(getattr(Metadata, name).__set__
-                          for name in ("run", "stream", "seq", "ts", "fields"))
-
-
 def new_metadata(run: str, stream: str, seq: int, ts: float,
                  fields: dict[str, Any]) -> Metadata:
-    """``Metadata(run=run, stream=stream, seq=seq, ts=ts, fields=fields)`` without the frozen
-    dataclass's generic ``__init__`` (a metadata line's hot path); tests/test_pipeline.py holds
-    the two equal."""
-    rec = _new_object(Metadata)
-    set_run, set_stream, set_seq, set_ts, set_fields = _metadata_setters
-    set_run(rec, run)
-    set_stream(rec, stream)
-    set_seq(rec, seq)
-    set_ts(rec, ts)
-    set_fields(rec, fields)
-    return rec
+    """``Metadata(run=run, stream=stream, seq=seq, ts=ts, fields=fields)`` without the named
+    tuple's keyword handling (a metadata line's hot path); tests/test_pipeline.py holds the
+    two equal."""
+    return _new_tuple(Metadata, (run, stream, seq, ts, fields))
 
 
-@dataclass(frozen=True, slots=True)
-class Dropped:
+class Dropped(namedtuple("Dropped", ("note", "count"))):
     """What the filter dropped: ``note`` is NOTE_REPEAT or NOTE_BLANK, ``count`` how many lines."""
 
-    note: str
-    count: int
+    __slots__ = ()
+    if TYPE_CHECKING:
+        note: str
+        count: int
 
 
 KINDS: dict[str, type[Record]] = {
@@ -272,13 +307,14 @@ KINDS: dict[str, type[Record]] = {
 }
 
 
-_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
 _string = json.encoder.encode_basestring  # type: ignore[attr-defined]  # C, ensure_ascii=False
 # What _string escapes among ASCII characters: the C0 controls, '"' and '\\'.
 _ESCAPED_ASCII = bytes(range(32)) + b'"\\'
 
 
 def _json_default(o: Any) -> Any:
+    if isinstance(o, Mapping):  # a dict field's read-only default (_NO_ITEMS)
+        return dict(o)
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
@@ -326,9 +362,9 @@ _encode_fields = _fields_encoder()
 def _finite(o: Any) -> Any:
     if isinstance(o, float) and not math.isfinite(o):
         return "NaN" if math.isnan(o) else ("Infinity" if o > 0 else "-Infinity")
-    if isinstance(o, dict):
+    if isinstance(o, Mapping):
         return {k: _finite(v) for k, v in o.items()}
-    if isinstance(o, list):
+    if isinstance(o, (list, tuple)):
         return [_finite(v) for v in o]
     return o
 
@@ -341,7 +377,7 @@ def from_dict(obj: Any) -> Record:
     cls = KINDS.get(kind) if isinstance(kind, str) else None
     if cls is None:
         raise RecordError(f"unknown record kind {kind!r}")
-    names = set(cls.__dataclass_fields__)
+    names = set(cls._fields)
     unknown = set(obj) - names - {"kind"}
     if unknown:
         raise RecordError(f"{kind} record has unknown field(s): {', '.join(sorted(unknown))}")

@@ -48,13 +48,15 @@ import subprocess
 import sys
 import termios
 import time
-from collections import deque
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections import deque, namedtuple
+from collections.abc import Callable, Mapping, Sequence
 from itertools import islice
-from typing import Protocol
+from types import MappingProxyType
 
 from .records import STDERR, STDOUT
+
+TYPE_CHECKING = False  # not typing's: importing typing costs every job ~8 ms (records.py)
+_NO_BYTES: Mapping[str, int] = MappingProxyType({})
 
 FORWARDED_SIGNALS = (
     signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
@@ -105,37 +107,58 @@ _KIND = {STDOUT: 0, STDERR: 1}
 _IOV_MAX = 512  # pieces per writev (Linux allows 1024)
 
 
-class Sink(Protocol):
-    def feed(self, stream: str, data: bytes, now: float) -> None: ...
-    def tick(self, now: float) -> None: ...
+if TYPE_CHECKING:
+    from typing import Protocol
+
+    class Sink(Protocol):
+        def feed(self, stream: str, data: bytes, now: float) -> None: ...
+        def tick(self, now: float) -> None: ...
 
 
-@dataclass
-class Options:
-    env: dict[str, str] | None = None
-    stdin_fd: int = 0
-    stdout_fd: int = 1
-    stderr_fd: int = 2
-    winsize: tuple[int, int] | None = None  # (rows, columns); None: from the caller
-    drain_idle: float = 0.5
-    drain_timeout: float = 5.0
-    warn: Callable[[str], None] | None = None
-    on_start: Callable[[int], None] | None = None  # called with the child's pid
-    worker_buffer: int = WORKER_BUFFER
-    worker_timeout: float = WORKER_TIMEOUT
+# Named tuples, as the records are (records.py says why).
 
 
-@dataclass
-class Outcome:
-    exit_status: int | None  # 0-255 when the command exited
-    signal: int | None  # N when the command was killed by signal N
-    pid: int
-    started: float
-    ended: float
-    bytes: dict[str, int] = field(default_factory=dict)
-    spawn_error: str = ""  # the command could not be started (exit_status 126 or 127)
-    reads: int = 0  # pty reads that returned data (bench/ and the end record)
-    lingers: int = 0  # LINGER waits between reads
+class Options(namedtuple("Options", (
+        "env", "stdin_fd", "stdout_fd", "stderr_fd", "winsize", "drain_idle", "drain_timeout",
+        "warn", "on_start", "worker_buffer", "worker_timeout"),
+        defaults=(None, 0, 1, 2, None, 0.5, 5.0, None, None, WORKER_BUFFER, WORKER_TIMEOUT))):
+    """How ``run`` runs a command. ``winsize``: (rows, columns), None for the caller's;
+    ``on_start``: called with the child's pid."""
+
+    __slots__ = ()
+    if TYPE_CHECKING:
+        env: dict[str, str] | None
+        stdin_fd: int
+        stdout_fd: int
+        stderr_fd: int
+        winsize: tuple[int, int] | None
+        drain_idle: float
+        drain_timeout: float
+        warn: Callable[[str], None] | None
+        on_start: Callable[[int], None] | None
+        worker_buffer: int
+        worker_timeout: float
+
+
+class Outcome(namedtuple("Outcome", (
+        "exit_status", "signal", "pid", "started", "ended", "bytes", "spawn_error", "reads",
+        "lingers"), defaults=(_NO_BYTES, "", 0, 0))):
+    """How the command ended. ``exit_status``: 0-255 when it exited; ``signal``: N when it was
+    killed by signal N; ``bytes``: read per stream; ``spawn_error``: why the command could not
+    be started (exit_status 126 or 127); ``reads``: pty reads that returned data and
+    ``lingers``: LINGER waits between reads (bench/ and the end record)."""
+
+    __slots__ = ()
+    if TYPE_CHECKING:
+        exit_status: int | None
+        signal: int | None
+        pid: int
+        started: float
+        ended: float
+        bytes: Mapping[str, int]
+        spawn_error: str
+        reads: int
+        lingers: int
 
     @property
     def duration(self) -> float:
@@ -293,7 +316,7 @@ class Worker:
             return
         payload = json.dumps({
             "exit_status": outcome.exit_status, "signal": outcome.signal, "pid": outcome.pid,
-            "started": outcome.started, "ended": outcome.ended, "bytes": outcome.bytes,
+            "started": outcome.started, "ended": outcome.ended, "bytes": dict(outcome.bytes),
             "spawn_error": outcome.spawn_error,
             "reader": {**own_usage(), "reads": outcome.reads,
                        "lingers": outcome.lingers}}).encode()

@@ -28,12 +28,14 @@ import re
 import stat
 import threading
 import time
+from collections import namedtuple
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import RecordError, SpoolError
 from .records import Record, from_dict
+
+TYPE_CHECKING = False  # not typing's: importing typing costs every job ~8 ms (records.py)
 
 SEGMENT_BYTES = 8 * 1024 * 1024
 FLUSH_INTERVAL = 1.0
@@ -102,11 +104,14 @@ def segment_name(index: int, closed: bool) -> str:
     return f"seg-{index:06d}.ndjson" + (".gz" if closed else "")
 
 
-@dataclass(frozen=True)
-class Segment:
-    index: int
-    path: Path
-    closed: bool
+class Segment(namedtuple("Segment", ("index", "path", "closed"))):
+    """One segment file of a run: ``seg-<index>.ndjson``, or ``.ndjson.gz`` when closed."""
+
+    __slots__ = ()
+    if TYPE_CHECKING:
+        index: int
+        path: Path
+        closed: bool
 
 
 def segments(run_dir: Path) -> list[Segment]:
@@ -191,11 +196,21 @@ def mtime(path: Path) -> float:
         return 0.0
 
 
-@dataclass
 class ReadStats:
-    lines: int = 0  # complete lines read (the cursor unit)
-    torn: int = 0  # an incomplete last line of a closed segment or finished run
-    bad: list[tuple[str, int, str]] = field(default_factory=list)  # (segment, line no, why)
+    """What reading a run met: ``lines`` complete lines read (the cursor unit), ``torn`` an
+    incomplete last line of a closed segment or finished run, ``bad`` the lines that are not
+    records, as (segment, line number, why)."""
+
+    __slots__ = ("lines", "torn", "bad")
+
+    def __init__(self, lines: int = 0, torn: int = 0,
+                 bad: list[tuple[str, int, str]] | None = None):
+        self.lines = lines
+        self.torn = torn
+        self.bad: list[tuple[str, int, str]] = [] if bad is None else bad
+
+    def __repr__(self) -> str:
+        return f"ReadStats(lines={self.lines}, torn={self.torn}, bad={self.bad!r})"
 
 
 MAX_LINE_BYTES = 16 * 1024 * 1024

@@ -56,7 +56,7 @@ import re
 import tempfile
 import threading
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import urlparse, urlunparse
@@ -337,7 +337,7 @@ WHERE throwIf(stream IS NULL OR seq IS NULL OR ts IS NULL OR kind NOT IN ('line'
 # refuse their keys as unknown. The wider structure costs twice the parsing (bench_store:
 # 1.0 vs 0.5 CPU seconds per 1M lines, 10-15 % of the whole insert), hence two statements.
 _LINE_KEYS = ("run", "stream", "seq", "ts", "kind", "text", "options")
-_OTHER_KEYS = tuple(sorted({f.name for cls in KINDS.values() for f in fields(cls)}
+_OTHER_KEYS = tuple(sorted({name for cls in KINDS.values() for name in cls._fields}
                            - set(_LINE_KEYS)))
 _SEGMENT_STRUCTURE = _LINES_STRUCTURE + "".join(f", {k} Nullable(String)" for k in _OTHER_KEYS)
 _HOT_KINDS = "kind IN ('line', 'command')"

@@ -23,8 +23,10 @@ import os
 import re
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+
+TYPE_CHECKING = False  # not typing's: importing typing costs every job ~8 ms (records.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 # Where the NVIDIA kernel driver shows itself, on the host and in GPU containers alike. NVML
 # cannot work without it, so on a node with none of these pynvml is not even imported (it
@@ -84,19 +86,28 @@ def _split(value: str) -> list[str]:
     return [t for t in tokens if t]
 
 
-@dataclass
 class _Device:
-    handle: Any
-    uuid: str
-    index: int  # NVML index of the physical GPU (the parent's for a MIG device)
-    name: str
-    minor: int | None = None
-    mig: bool = False
-    parent_uuid: str | None = None
-    gpu_instance_id: int | None = None
-    compute_instance_id: int | None = None
-    lost: bool = False
-    unsupported: set[str] = field(default_factory=set)
+    """One GPU (or MIG device) as the collector knows it. ``index``: the NVML index of the
+    physical GPU (the parent's for a MIG device); ``lost``: it stopped answering;
+    ``unsupported``: the queries it refused. (A plain class, not a dataclass: this module is
+    on every job's start path, and ``dataclasses`` costs ~10 ms to import: records.py.)"""
+
+    __slots__ = ("handle", "uuid", "index", "name", "minor", "mig", "parent_uuid",
+                 "gpu_instance_id", "compute_instance_id", "lost", "unsupported")
+
+    def __init__(self, handle: Any, uuid: str, index: int, name: str, minor: int | None = None,
+                 mig: bool = False, parent_uuid: str | None = None):
+        self.handle = handle
+        self.uuid = uuid
+        self.index = index
+        self.name = name
+        self.minor = minor
+        self.mig = mig
+        self.parent_uuid = parent_uuid
+        self.gpu_instance_id: int | None = None
+        self.compute_instance_id: int | None = None
+        self.lost = False
+        self.unsupported: set[str] = set()
 
 
 class _Lost(Exception):
