@@ -502,6 +502,9 @@ class Classifier:
         new = options.get("mode", self.mode)
         if "mode" in options:
             self._commands += 1
+            # What this stream prints after its own mode command follows that command: a hold
+            # a command of the other stream put on it (below) ends here.
+            self._hold.pop(stream, None)
         before = self._outer or self.mode  # both streams' mode until this command
         if _STRICTNESS[new] > _STRICTNESS[before]:  # relaxed: hold the other stream
             for other in OUTPUT_STREAMS:

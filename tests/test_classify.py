@@ -593,6 +593,17 @@ def test_a_tightening_command_needs_no_hold():
     assert kinds(feed(c, ("stdout", '{"k": 1}'), ts=TS + 1 + HOLD / 2)) == ["metadata"]
 
 
+def test_a_command_on_the_held_stream_ends_its_hold():
+    # stderr is held in metadata after stdout enabled capture; stderr's own command that sets
+    # the mode orders what stderr prints next after it: kept in that mode, not the held one.
+    c = Classifier("r", "metadata")
+    feed(c, ("stdout", cmd({"mode": "enabled"})))
+    out = feed(c, ("stderr", cmd({"mode": "enabled"})), ("stderr", "after its own command"),
+               ts=TS + HOLD / 2)
+    assert kinds(out) == ["command", "line"]
+    assert c.counts["stderr"]["dropped_by_mode"] == 0
+
+
 def test_repeat_note_after_a_kept_command_and_a_kept_malformed_line():
     c = Classifier("r")
     out = feed(c, ("stdout", "/LOGCOMMAND {}"), ("stdout", Dropped(NOTE_REPEAT, 2)),
