@@ -165,6 +165,18 @@ class Pipeline:
         have been committed since its last data."""
         return all(self._idled.values())
 
+    def tick_due(self) -> float | None:
+        """The monotonic time from which ``tick`` has something to do (a stream quiet for
+        IDLE_COMMIT, or busy for IDLE_EVERY since its last commit); None when settled."""
+        due = None
+        for stream in OUTPUT_STREAMS:
+            if not self._idled[stream]:
+                t = min(self._last_data[stream] + IDLE_COMMIT,
+                        self._last_idle[stream] + IDLE_EVERY)
+                if due is None or t < due:
+                    due = t
+        return due
+
     def _others_first(self, stream: str, now: float) -> None:
         """A command of ``stream`` is about to be taken, and it may change the mode of both
         streams: what the other stream printed before it and its renderer still holds (rows
@@ -468,9 +480,10 @@ def serve(fd: int, pipeline: Pipeline) -> dict[str, Any] | None:
     killed).
 
     Ticks: every TICK seconds of the reader's clock, taken from the frames' times while there
-    is a backlog (so a backlog renders as it would have when it was read), from this
-    process's clock when the pipe is empty. Consecutive frames of one stream read within
-    COALESCE seconds of each other are rendered as one chunk stamped with the last one's
+    is a backlog (so a backlog renders as it would have when it was read); when the pipe is
+    empty, at the time the pipeline says a tick has something to do (``tick_due``), by this
+    process's clock, and not at all while it is settled. Consecutive frames of one stream read
+    within COALESCE seconds of each other are rendered as one chunk stamped with the last one's
     times: a worker that fell behind catches up in large chunks instead of paying the
     per-chunk cost for every short read (docs/performance.md)."""
     from .runner import COALESCE, FRAME, FRAME_END, FRAME_STREAMS, TICK
@@ -478,23 +491,29 @@ def serve(fd: int, pipeline: Pipeline) -> dict[str, Any] | None:
     unpack = FRAME.unpack_from
     header = FRAME.size
     buf = bytearray()
+    # Read into one buffer made once: os.read would allocate (and the allocator map, shrink
+    # and unmap) a fresh 1 MiB object at every wake-up.
+    into = bytearray(1 << 20)
+    got = memoryview(into)
+    readv = os.readv
     poller = select.poll()
     poller.register(fd, select.POLLIN)
     last_tick = time.monotonic()
     while True:
-        wait = last_tick + TICK - time.monotonic()
-        if pipeline.settled:  # nothing to commit until the next frame: no tick wake-ups
+        due = pipeline.tick_due()
+        if due is None:  # nothing to commit until the next frame: no tick wake-ups
             timeout = -1
         else:
+            wait = due - time.monotonic()
             timeout = max(0, int(wait * 1000) + 1) if wait > 0 else 0
         if not poller.poll(timeout):
             last_tick = time.monotonic()
             pipeline.tick(time.time(), last_tick)
             continue
-        data = os.read(fd, 1 << 20)
-        if not data:
+        n = readv(fd, [into])
+        if not n:
             return None
-        buf += data
+        buf += got[:n]
         frames: list[tuple[int, float, float, int, int]] = []
         pos = 0
         size = len(buf)

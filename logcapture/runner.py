@@ -91,15 +91,20 @@ PUMP_MAX = 0.5
 # last read's times: a flood read ~400 bytes at a time would otherwise cost the worker a
 # frame header to parse per read (40 % of its CPU for 1M print() lines).
 COALESCE = 0.005
-# After a short read (less than the pty had room for) the reader waits LINGER before the next
-# poll, so a job printing line by line is read a burst at a time instead of one read per line
-# (each round of poll, read, copy and frame costs the reader 50-150 us of CPU here). Output
-# reaches the real stdout at most LINGER later, below what a person notices. The pty holds
+# When output comes after the reader emptied the ptys (the start of a burst, most likely), it
+# waits LINGER before reading, so a job printing line by line is read a burst at a time instead
+# of one read per line (each round of poll, read, copy and frame costs the reader 50-150 us of
+# CPU here), and the round's reads reach the real output in one write: a training job's burst
+# costs poll, sleep, two reads and a write (session 4 read once before the wait: twice the
+# system calls). Output reaches the real stdout at most LINGER later, below what a person
+# notices; a flood, which never empties the pty, is not held back at all. The pty holds
 # ~17 KB: a job writing faster than that per LINGER fills it during the wait, and the reads
 # after it take LINGER_FULL or more; the job may then have blocked for up to LINGER, so
 # lingering stops for LINGER_BACKOFF seconds and a flood is read without any wait (at most
 # 0.2 % of its time blocked; PTY-RENDER.md: a sleep after every short read, without that
 # back-off, slows a flood down 5-20 times). None after the command exits.
+# The reader's poll has no timeout while nothing is due (no frames held back, no drain): a
+# quiet job costs it no wake-ups; SIGCHLD and the other signals wake it through wake_r.
 LINGER = 0.01
 LINGER_FULL = 12 * 1024
 LINGER_BACKOFF = 5.0
@@ -616,7 +621,7 @@ def run(argv: Sequence[str], sink: Sink | Worker | None,
         last_data = time.monotonic()
         last_tick = last_data
         no_linger_until = 0.0
-        lingered = False  # the reads of this round follow a LINGER wait
+        drained = True  # the last round read every pty it was woken for empty
         reads = lingers = 0
         read = os.read
         while open_fds:
@@ -669,15 +674,29 @@ def run(argv: Sequence[str], sink: Sink | Worker | None,
                         continue
                     if not reading:
                         last_data = now_m  # not reading is not being quiet
+            if (timeout == TICK_MS and worker is not None and exited_at is None and reading
+                    and not pumping):
+                # Nothing is due before the next output or signal (SIGCHLD wakes the poll
+                # through wake_r): a quiet job costs the reader no wake-ups at all.
+                timeout = -1
             try:
                 events = poller.poll(timeout)
             except InterruptedError:  # pragma: no cover - PEP 475 retries
                 continue
-            now = time.time()
             now_m = time.monotonic()
             if not events:
                 check_child = True
-            linger = False
+            lingered = False
+            if (drained and exited_at is None and now_m >= no_linger_until
+                    and any(fd in open_fds for fd, _ in events)):
+                # Output after a quiet spell: the start of a burst, most likely. Wait LINGER
+                # for the rest of it, then read it all in one round.
+                lingered = True
+                lingers += 1
+                time.sleep(LINGER)
+                now_m = time.monotonic()
+            now = time.time()
+            drained = True
             for fd, _ in events:
                 if fd == wake_r:
                     try:
@@ -697,6 +716,7 @@ def run(argv: Sequence[str], sink: Sink | Worker | None,
                 stream = masters[fd]
                 burst: list[bytes] = []  # what this stream gave in this round: one frame
                 taken = 0
+                empty = False  # a short read: the pty had no more
                 # A full read (the pty hands out at most 4095 bytes) means more is waiting:
                 # read again at once instead of asking poll(), up to 64 KiB in a row.
                 for _ in range(16):
@@ -712,29 +732,31 @@ def run(argv: Sequence[str], sink: Sink | Worker | None,
                         open_fds.discard(fd)
                         if reading:
                             poller.unregister(fd)
+                        empty = True
                         break
-                    counts[stream] += len(data)
                     taken += len(data)
                     reads += 1
-                    copy(stream, data)
-                    last_data = now_m
-                    if worker is not None:
-                        burst.append(data)
-                        if worker.size + len(burst) * READ_SIZE >= opts.worker_buffer:
-                            break  # flow control: the loop above stops reading
-                    elif sink is not None:
-                        deliver(stream, data, now)
+                    burst.append(data)
+                    if worker is not None and \
+                            worker.size + len(burst) * READ_SIZE >= opts.worker_buffer:
+                        break  # flow control: the loop above stops reading
                     if len(data) < FULL_READ:
-                        # Not twice in a row: after a wait the burst is (nearly) all read,
-                        # and the next poll sleeps until the next one (one wake-up less).
-                        if exited_at is None and now_m >= no_linger_until and not lingered:
-                            linger = True
+                        empty = True
                         break
+                drained = drained and empty
+                if not burst:
+                    continue
+                # One copy to the real output per round (the reads' bytes joined).
+                data = burst[0] if len(burst) == 1 else b"".join(burst)
+                counts[stream] += taken
+                copy(stream, data)
+                last_data = now_m
                 if lingered and taken >= LINGER_FULL:  # the pty (nearly) filled up while we
                     no_linger_until = now_m + LINGER_BACKOFF  # waited: stop waiting for a while
-                    linger = False
-                if burst and worker is not None:
+                if worker is not None:
                     worker.send(_KIND[stream], burst, now, now_m)
+                elif sink is not None:
+                    deliver(stream, data, now)
             if worker is not None:
                 if worker.due(now_m):
                     try:
@@ -747,10 +769,6 @@ def run(argv: Sequence[str], sink: Sink | Worker | None,
             elif sink is not None and now_m - last_tick >= TICK:
                 last_tick = now_m
                 tick(now)
-            lingered = linger
-            if linger:
-                lingers += 1
-                time.sleep(LINGER)
         status = child.wait()
         ended = time.time()
         outcome = Outcome(status if status >= 0 else None, -status if status < 0 else None,

@@ -270,10 +270,11 @@ def test_signals_for_the_command_never_reach_the_worker(lc_env: dict[str, str],
 
 
 class _Calls:
-    settled = False  # always wants its ticks
-
     def __init__(self) -> None:
         self.calls: list[tuple[str, float, float]] = []
+
+    def tick_due(self) -> float:  # always wants its ticks
+        return time.monotonic() + runner.TICK
 
     def feed(self, stream: str, data: bytes, now: float, mono: float) -> None:
         self.calls.append((f"feed {stream} {data!r}", now, mono))
@@ -312,16 +313,25 @@ def test_a_settled_pipeline_needs_no_ticks(tmp_path: Path) -> None:
     # capture worker no wake-ups (docs/performance.md).
     p = Pipeline("r", SpoolWriter(create_run_dir(tmp_path, "r"), fsync=False), mode="enabled",
                  columns=80, rows=24)
-    assert p.settled
+    idle_commit, idle_every = pipeline_module.IDLE_COMMIT, pipeline_module.IDLE_EVERY
+    assert p.settled and p.tick_due() is None
     p.feed("stdout", b"line\n", 100.0, 10.0)
     assert not p.settled
+    p.tick(100.0, 10.0)  # the first commit of a busy stream is due at once
+    assert p.tick_due() == pytest.approx(10.0 + idle_commit)  # then when it has been quiet
     p.tick(100.1, 10.1)  # quiet for less than IDLE_COMMIT: still something to commit
     assert not p.settled
-    p.tick(100.0 + pipeline_module.IDLE_COMMIT, 10.0 + pipeline_module.IDLE_COMMIT)
-    assert p.settled
+    p.tick(100.0 + idle_commit, 10.0 + idle_commit)
+    assert p.settled and p.tick_due() is None
+    # A stream that never goes quiet is committed every IDLE_EVERY.
+    for k in range(1, 5):
+        p.feed("stdout", b"more\n", 101.0, 20.0 + k * idle_commit / 2)
+        if k == 1:
+            p.tick(101.0, 20.0 + idle_commit / 2)
+    assert p.tick_due() == pytest.approx(20.0 + idle_commit / 2 + idle_every)
     p.finish(exit_status=0, signal=None, state="COMPLETED", duration=1.0, bytes_read={})
     assert [getattr(x, "text", None) for x in iter_run(tmp_path / "r")
-            if x.kind == "line"] == ["line"]
+            if x.kind == "line"] == ["line", "more"]  # and a note: 3 repeats dropped
 
 
 def test_what_the_other_stream_printed_before_a_command_keeps_its_mode(tmp_path: Path) -> None:
@@ -411,6 +421,8 @@ def _splits(items: list[Any], cuts: list[int]) -> list[list[Any]]:
 @given(items=items_st, cuts=st.lists(st.integers(0, 40), max_size=6),
        mode=st.sampled_from(["enabled", "metadata", "disabled"]),
        streams=st.lists(st.sampled_from(["stdout", "stderr"]), min_size=1, max_size=7))
+@example(items=[Rendered('/LOGCOMMAND {"mode": "enabled"}')] * 2 + [Rendered("a")], cuts=[1],
+         mode="metadata", streams=["stdout", "stderr"])  # found by this test (session 5)
 def test_classifier_feed_many_equals_feed_one_by_one(items: list[Any], cuts: list[int],
                                                      mode: str, streams: list[str]) -> None:
     one, many = Classifier("r", mode), Classifier("r", mode)
