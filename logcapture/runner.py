@@ -87,6 +87,10 @@ WORKER_TIMEOUT = 20.0  # seconds a worker may accept nothing before it is given 
 PUMP_BYTES = 64 * 1024
 PUMP_QUIET = 0.15
 PUMP_MAX = 0.5
+# A round that read output also sends frames that have waited PUMP_ROUND: a job printing in
+# regular bursts (a training loop, ten a second) then never wakes the reader just to pump at
+# PUMP_MAX (five system calls a pump here).
+PUMP_ROUND = 0.35
 # Reads of one stream within COALESCE seconds of the first become one frame, stamped with the
 # last read's times: a flood read ~400 bytes at a time would otherwise cost the worker a
 # frame header to parse per read (40 % of its CPU for 1M print() lines).
@@ -223,9 +227,11 @@ class Worker:
             self._parts = []
             self._len = 0
 
-    def due(self, now: float) -> bool:
+    def due(self, now: float, read: bool = False) -> bool:
+        """Are the unsent frames to go now? ``read``: this round read output."""
         return self.size > 0 and (self.blocked or self.size >= PUMP_BYTES
-                                  or now >= self.pump_at())
+                                  or now >= self.pump_at()
+                                  or (read and now >= self.since + PUMP_ROUND))
 
     def pump_at(self) -> float:
         """The monotonic time the unsent frames go to the worker, unless more bytes come."""
@@ -697,6 +703,7 @@ def run(argv: Sequence[str], sink: Sink | Worker | None,
                 now_m = time.monotonic()
             now = time.time()
             drained = True
+            sent = False  # this round gave the worker output
             for fd, _ in events:
                 if fd == wake_r:
                     try:
@@ -755,10 +762,11 @@ def run(argv: Sequence[str], sink: Sink | Worker | None,
                     no_linger_until = now_m + LINGER_BACKOFF  # waited: stop waiting for a while
                 if worker is not None:
                     worker.send(_KIND[stream], burst, now, now_m)
+                    sent = True
                 elif sink is not None:
                     deliver(stream, data, now)
             if worker is not None:
-                if worker.due(now_m):
+                if worker.due(now_m, read=sent):
                     try:
                         worker.pump()
                     except OSError:
