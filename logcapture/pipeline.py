@@ -166,13 +166,13 @@ class Pipeline:
         return all(self._idled.values())
 
     def tick_due(self) -> float | None:
-        """The monotonic time from which ``tick`` has something to do (a stream quiet for
-        IDLE_COMMIT, or busy for IDLE_EVERY since its last commit); None when settled."""
+        """The monotonic time from which a stream is quiet for IDLE_COMMIT, when ``tick``
+        commits its finished lines; None when settled. (A busy stream's commits every
+        IDLE_EVERY need no timer: frames keep coming, and the ticks between them do it.)"""
         due = None
         for stream in OUTPUT_STREAMS:
             if not self._idled[stream]:
-                t = min(self._last_data[stream] + IDLE_COMMIT,
-                        self._last_idle[stream] + IDLE_EVERY)
+                t = self._last_data[stream] + IDLE_COMMIT
                 if due is None or t < due:
                     due = t
         return due
@@ -481,7 +481,7 @@ def serve(fd: int, pipeline: Pipeline) -> dict[str, Any] | None:
 
     Ticks: every TICK seconds of the reader's clock, taken from the frames' times while there
     is a backlog (so a backlog renders as it would have when it was read); when the pipe is
-    empty, at the time the pipeline says a tick has something to do (``tick_due``), by this
+    empty, when the pipeline says a stream has been quiet long enough (``tick_due``), by this
     process's clock, and not at all while it is settled. Consecutive frames of one stream read
     within COALESCE seconds of each other are rendered as one chunk stamped with the last one's
     times: a worker that fell behind catches up in large chunks instead of paying the

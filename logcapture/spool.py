@@ -320,6 +320,7 @@ class SpoolWriter:
         self._lock = threading.Lock()  # guards _pending and _npending
         self._io_lock = threading.Lock()  # guards the segment file
         self._wake = threading.Event()
+        self._asleep = False  # the flusher waits for a record (guarded by _lock)
         self._closed = False
         self._index = -1
         self._fd = -1
@@ -354,9 +355,14 @@ class SpoolWriter:
                 self._pending.append(blob)
                 self._npending += n
             big = self._npending >= self.flush_records
-        # The flusher sleeps while nothing is pending. Event.set() takes a lock and notifies
-        # even when the event is set already: in a flood, most batches find it set.
-        if (big or first) and not self._wake.is_set():
+            wake = big or (first and self._asleep)
+            if wake:
+                self._asleep = False
+        # The flusher sleeps while the job is quiet: the first record wakes it. While records
+        # keep coming it flushes on its own clock, so a write costs no wake-up. Event.set()
+        # takes a lock and notifies even when the event is set already: in a flood, most
+        # batches find it set.
+        if wake and not self._wake.is_set():
             self._wake.set()
 
     def flush(self) -> None:
@@ -380,39 +386,48 @@ class SpoolWriter:
     # --- flusher thread ------------------------------------------------------------------
     def _run(self) -> None:
         # Asleep while nothing is pending (a quiet job costs no wake-ups); woken by the first
-        # record, it gathers for flush_interval (or until flush_records wait) and writes.
+        # record, it writes every flush_interval (sooner when flush_records wait) for as long
+        # as records keep coming, and goes back to sleep after an interval that brought none.
+        # A record waits at most flush_interval either way, and one wake-up per interval
+        # serves a job that prints all the time (woken by the first record of each interval
+        # instead, it cost two, each taking the GIL from the rendering thread: session 4).
         # A flush that flush_records triggered early writes without fdatasync unless the last
         # sync is flush_interval old: a flood syncs twice a second, not once per batch, and
         # what a node crash can lose stays bounded by flush_interval (a crash of the process
         # loses nothing written).
         synced = time.monotonic()
         unsynced = False
+        sleep = True
         while not self._closed:
-            if not self._pending:
-                if unsynced:  # going quiet: make what the last flushes wrote durable
-                    with self._io_lock:
-                        self._sync()
-                    unsynced = False
-                self._wake.wait()
-                self._wake.clear()
-                if self._closed:
-                    break
+            if sleep:
+                with self._lock:
+                    self._asleep = sleep = not self._pending
+                if sleep:
+                    if unsynced:  # going quiet: make what the last flushes wrote durable
+                        with self._io_lock:
+                            self._sync()
+                        unsynced = False
+                    self._wake.wait()
+                    self._wake.clear()
+                    if self._closed:
+                        break
             self._wake.wait(self.flush_interval)
             self._wake.clear()
             now = time.monotonic()
             sync = now - synced >= self.flush_interval
-            self._drain(sync=sync)
+            sleep = not self._drain(sync=sync)
             if sync:
                 synced = now
             unsynced = not sync
 
-    def _drain(self, sync: bool) -> None:
+    def _drain(self, sync: bool) -> bool:
+        """Write what is pending (and fdatasync it when ``sync``); False if nothing was."""
         with self._io_lock:
             with self._lock:
                 batch, self._pending = self._pending, []
                 self._npending = 0
             if not batch:
-                return
+                return False
             data = batch[0] if len(batch) == 1 else b"".join(batch)
             done = self._write_batch(data)
             if done < len(data):  # the spool failed: what is left waits for the next flush
@@ -422,6 +437,7 @@ class SpoolWriter:
                     self._npending += rest.count(b"\n")
             if sync and done:
                 self._sync()
+            return True
 
     def _sync(self) -> None:
         """fdatasync the open segment (with ``_io_lock`` held)."""

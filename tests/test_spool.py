@@ -348,3 +348,36 @@ def test_past_max_pending_new_records_are_counted_lost_and_the_rest_kept(
     w.close()
     assert list(iter_run(run_dir)) == recs[:10]
     assert w.written == 10
+
+
+def test_a_busy_spool_flushes_on_its_own_clock(tmp_path: Path) -> None:
+    """While records keep coming, the flusher writes every flush_interval without being woken
+    by the writes (each wake-up takes the GIL from the rendering thread); a quiet spool's
+    flusher sleeps until the next record, which is still on disk within flush_interval."""
+    import threading
+    import time
+
+    class CountingEvent(threading.Event):
+        sets = 0
+
+        def set(self) -> None:
+            CountingEvent.sets += 1
+            super().set()
+
+    run_dir = create_run_dir(tmp_path, "r")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(threading, "Event", CountingEvent)
+        w = SpoolWriter(run_dir, flush_interval=0.1, fsync=False)
+    time.sleep(0.05)  # the flusher is asleep: nothing was written yet
+    for i in range(100):  # 1 s of a record every 10 ms
+        w.write([Line(run="r", stream="stdout", seq=i, ts=1.0, text=f"x{i}")])
+        time.sleep(0.01)
+    busy_sets = CountingEvent.sets
+    time.sleep(0.35)  # quiet: the flusher goes back to sleep
+    on_disk = sum(1 for x in iter_run(run_dir) if x.kind == "line")
+    w.write([Line(run="r", stream="stdout", seq=100, ts=1.0, text="late")])
+    time.sleep(0.3)
+    late = [x.text for x in iter_run(run_dir) if x.kind == "line"][-1]  # type: ignore[attr-defined]
+    w.close()
+    assert on_disk == 100 and late == "late"
+    assert busy_sets <= 4, busy_sets  # 1 (the first record); ~10 when each interval woke it
