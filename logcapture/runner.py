@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import gc
 import json
 import os
 import select
@@ -420,6 +421,9 @@ def fork_worker(target: Callable[[int], int]) -> Worker:
             stream.flush()  # or the child would write the parent's buffered text again
         except (OSError, ValueError, AttributeError):
             pass
+    # Everything made so far is shared with the child copy-on-write: out of the collector's
+    # sight in both, so that no collection writes to those objects and copies their pages.
+    gc.freeze()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - runs in the child, measured by the tests through it
         code = 70

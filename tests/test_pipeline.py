@@ -29,7 +29,7 @@ from logcapture import pipeline as pipeline_module
 from logcapture import runner
 from logcapture.classify import Classifier
 from logcapture.filter import LineFilter
-from logcapture.pipeline import Pipeline, serve
+from logcapture.pipeline import Pipeline, _discard, serve
 from logcapture.records import (
     NOTE_BLANK,
     NOTE_REPEAT,
@@ -159,6 +159,26 @@ def test_a_worker_that_dies_leaves_the_command_and_its_output_alone(tmp_path: Pa
     assert len(warnings) == 1 and "capture process ended unexpectedly" in warnings[0]
     assert "signal 9" in warnings[0]
     assert _gone(worker.pid)
+
+
+def test_the_worker_starts_with_what_it_shares_out_of_the_collectors_sight(
+        tmp_path: Path) -> None:
+    # Objects made before the fork are frozen in both processes: a collection that walked
+    # them would write to every page holding one and copy it (copy-on-write).
+    import gc
+
+    def check(fd: int) -> int:
+        frozen = gc.get_freeze_count()
+        _discard(fd)
+        return 0 if frozen > 1000 else 3
+
+    try:
+        outcome, out, warnings, worker = _run(tmp_path, [PY, "-c", "print('hi')"], check)
+        assert outcome.exit_status == 0 and out == b"hi\n"
+        assert warnings == [], warnings  # the worker exited 0: it found them frozen
+        assert gc.get_freeze_count() > 1000  # and so are they here
+    finally:
+        gc.unfreeze()
 
 
 def test_a_hung_worker_is_given_up_and_the_command_goes_on(tmp_path: Path) -> None:
