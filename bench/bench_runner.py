@@ -16,6 +16,12 @@ ratios. Workloads (issue 2 §7):
   python3 -m venv /tmp/lc-installed && /tmp/lc-installed/bin/pip install -q .
   .venv/bin/python bench/bench_runner.py --only training --python /tmp/lc-installed/bin/python
 
+  # against an earlier version, both installed the same way
+  mkdir /tmp/old && git archive <commit> | tar -x -C /tmp/old
+  python3 -m venv /tmp/lc-old && /tmp/lc-old/bin/pip install -q /tmp/old
+  .venv/bin/python bench/bench_runner.py --only training --python /tmp/lc-installed/bin/python \
+      --before-python /tmp/lc-old/bin/python
+
 --scale shrinks the throughput workloads for a quick look (0.1 = 100k lines, 20 MB).
 Targets: logcapture <= 1.05 x the bare tee and no slower than script on throughput;
 capture CPU <= 2% of a core on the training-like job.
@@ -95,13 +101,16 @@ def workloads(scale: float) -> dict[str, list[str]]:
 
 
 def variants(cmd: list[str], spool: str, before: str | None = None,
-             python: str | None = None) -> dict[str, list[str]]:
+             python: str | None = None, before_python: str | None = None
+             ) -> dict[str, list[str]]:
     out = {
         "file": cmd,
         "tee": [PY, "-c", TEE, *cmd],
         "logcapture": [python or PY, "-m", "logcapture", "run", "--", *cmd],
     }
-    if before:  # the same command from another checkout, in the same rounds
+    if before_python:  # another version, installed in another environment
+        out["before"] = [before_python, "-m", "logcapture", "run", "--", *cmd]
+    elif before:  # the same command from another checkout, in the same rounds
         out["before"] = [*LOGCAPTURE, "run", "--", *cmd]
     if shutil.which("script"):
         out["script"] = ["script", "-q", "-e", "-c", subprocess.list2cmdline(cmd), "/dev/null"]
@@ -225,6 +234,10 @@ def main() -> None:
     ap.add_argument("--before", default=None, metavar="DIR",
                     help="also run logcapture from another checkout (a directory holding its "
                          "logcapture/ package, e.g. from `git archive`), as variant 'before'")
+    ap.add_argument("--before-python", default=None, metavar="PY",
+                    help="also run logcapture with this interpreter, as variant 'before': a "
+                         "virtual environment with another version regularly installed (the "
+                         "fair comparison with --python)")
     ap.add_argument("--python", default=None, metavar="PY",
                     help="run logcapture with this interpreter: a virtual environment with a "
                          "regular (not editable) install, as on a cluster node; an editable "
@@ -255,8 +268,10 @@ def main() -> None:
         load_before = load()
         for _ in range(rounds):
             for vname, argv in variants(cmd, str(tmp / "spool"), args.before,
-                                        args.python).items():
-                if vname == "before":
+                                        args.python, args.before_python).items():
+                if vname == "before" and args.before_python:
+                    w, c = timed(argv, env, str(tmp / "out"), cwd=str(tmp))
+                elif vname == "before":
                     # PYTHONPATH and a working directory without a logcapture/ in it, so
                     # `python -m logcapture` imports the other checkout's package.
                     w, c = timed(argv, dict(env, PYTHONPATH=args.before), str(tmp / "out"),
