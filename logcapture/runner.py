@@ -748,6 +748,8 @@ def run(argv: Sequence[str], sink: Sink | Worker | None,
                     taken += len(data)
                     reads += 1
                     burst.append(data)
+                    if not lingered:  # a flood: each read out at once, as the job wrote it
+                        copy(stream, data)
                     if worker is not None and \
                             worker.size + len(burst) * READ_SIZE >= opts.worker_buffer:
                         break  # flow control: the loop above stops reading
@@ -757,10 +759,15 @@ def run(argv: Sequence[str], sink: Sink | Worker | None,
                 drained = drained and empty
                 if not burst:
                     continue
-                # One copy to the real output per round (the reads' bytes joined).
-                data = burst[0] if len(burst) == 1 else b"".join(burst)
                 counts[stream] += taken
-                copy(stream, data)
+                if lingered or worker is None:
+                    data = burst[0] if len(burst) == 1 else b"".join(burst)
+                if lingered:
+                    # A burst read after the wait: one copy for the round's reads. (A flood's
+                    # reads are copied one by one above: the writes between them pace the
+                    # reads, which then find more in the pty; reading 16 times before one
+                    # copy took ~10 % more, smaller, reads on 200 MB of bulk output.)
+                    copy(stream, data)
                 last_data = now_m
                 if lingered and taken >= LINGER_FULL:  # the pty (nearly) filled up while we
                     no_linger_until = now_m + LINGER_BACKOFF  # waited: stop waiting for a while
