@@ -154,3 +154,18 @@ def test_ls_and_logs_read_the_slurm_layout_of_the_admins_spool_root(
     assert any(ln.startswith("77 ") for ln in ls.stdout.decode().splitlines()), ls.stdout
     logs = run_lc(["logs", "77", "--spool", str(root), "--source", "spool"], lc_env)
     assert logs.stdout == b"from the job\n", logs.stderr
+
+
+def test_ls_json_of_a_start_record_without_optional_fields(tmp_path: Path) -> None:
+    """A start record that leaves out its optional fields (an older or hand-made spool) gets
+    their defaults, which ``ls --json`` still writes as JSON."""
+    from logcapture.spool import create_run_dir
+
+    run_dir = create_run_dir(tmp_path, "bare")
+    (run_dir / "seg-000000.ndjson").write_text(
+        '{"kind":"start","run":"bare","stream":"run","seq":0,"ts":1.5}\n')
+    res = CliRunner().invoke(cli, ["ls", "--spool", str(tmp_path), "--json",
+                                   "--store", "chdb://" + str(tmp_path / "no-store")])
+    assert res.exit_code == 0, res.output
+    row = json.loads(res.output.splitlines()[0])
+    assert row["run"] == "bare" and row["command"] == [] and row["slurm"] == {}
