@@ -415,10 +415,16 @@ class SpoolWriter:
             self._wake.clear()
             now = time.monotonic()
             sync = now - synced >= self.flush_interval
-            sleep = not self._drain(sync=sync)
+            wrote = self._drain(sync=sync)
             if sync:
+                if unsynced and not wrote:  # an early flush's data, and nothing since
+                    with self._io_lock:
+                        self._sync()
                 synced = now
-            unsynced = not sync
+                unsynced = False
+            elif wrote:
+                unsynced = True
+            sleep = not wrote
 
     def _drain(self, sync: bool) -> bool:
         """Write what is pending (and fdatasync it when ``sync``); False if nothing was."""

@@ -381,3 +381,27 @@ def test_a_busy_spool_flushes_on_its_own_clock(tmp_path: Path) -> None:
     w.close()
     assert on_disk == 100 and late == "late"
     assert busy_sets <= 4, busy_sets  # 1 (the first record); ~10 when each interval woke it
+
+
+def test_an_early_flush_is_synced_when_the_job_goes_quiet(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A flush that flush_records triggered early writes without fdatasync (a flood syncs at
+    most every flush_interval); if the job then goes quiet, that write is synced within the
+    next interval, not left to a node crash until the job prints again."""
+    import time
+
+    synced: list[int] = []
+    real = os.fdatasync
+    monkeypatch.setattr(os, "fdatasync",
+                        lambda fd: (synced.append(os.fstat(fd).st_size), real(fd))[1])
+    run_dir = create_run_dir(tmp_path, "r")
+    w = SpoolWriter(run_dir, flush_interval=0.3, flush_records=10)
+    try:
+        w.write([Line(run="r", stream="stdout", seq=i, ts=1.0, text="x") for i in range(5)])
+        time.sleep(0.45)  # flushed and synced at ~0.3 s
+        w.write([Line(run="r", stream="stdout", seq=i, ts=1.0, text="y") for i in range(5, 20)])
+        time.sleep(1.0)  # flushed early at once (15 >= flush_records), then quiet
+        size = sum(p.stat().st_size for p in run_dir.iterdir())
+        assert synced and synced[-1] == size, (synced, size)
+    finally:
+        w.close()
