@@ -69,6 +69,7 @@ DEFAULT_COLUMNS = 80
 DEFAULT_LINES = 24
 TICK = 0.2  # seconds between sink.tick() calls while the command is quiet
 TICK_MS = int(TICK * 1000)
+QUIET_MS = 5000  # the reader's poll timeout while nothing is due (a worker takes the ticks)
 
 # Frames to a capture worker: kind, payload length, time.time(), time.monotonic() of the read.
 FRAME = struct.Struct("=BIdd")
@@ -108,8 +109,10 @@ COALESCE = 0.005
 # lingering stops for LINGER_BACKOFF seconds and a flood is read without any wait (at most
 # 0.2 % of its time blocked; PTY-RENDER.md: a sleep after every short read, without that
 # back-off, slows a flood down 5-20 times). None after the command exits.
-# The reader's poll has no timeout while nothing is due (no frames held back, no drain): a
-# quiet job costs it no wake-ups; SIGCHLD and the other signals wake it through wake_r.
+# While nothing is due (no frames held back, no drain) the reader's poll waits QUIET_MS: a
+# quiet job costs it a wake-up every 5 s (every 0.2 s until session 4); SIGCHLD and the other
+# signals wake it through wake_r, and the timeout finds the command's exit when SIGCHLD never
+# comes (a wrapper started with it blocked).
 LINGER = 0.01
 LINGER_FULL = 12 * 1024
 LINGER_BACKOFF = 5.0
@@ -687,8 +690,10 @@ def run(argv: Sequence[str], sink: Sink | Worker | None,
             if (timeout == TICK_MS and worker is not None and exited_at is None and reading
                     and not pumping):
                 # Nothing is due before the next output or signal (SIGCHLD wakes the poll
-                # through wake_r): a quiet job costs the reader no wake-ups at all.
-                timeout = -1
+                # through wake_r): a quiet job costs the reader a wake-up every few seconds,
+                # only to look for the command's exit in case SIGCHLD never comes (a wrapper
+                # started with it blocked).
+                timeout = QUIET_MS
             try:
                 events = poller.poll(timeout)
             except InterruptedError:  # pragma: no cover - PEP 475 retries
@@ -706,7 +711,7 @@ def run(argv: Sequence[str], sink: Sink | Worker | None,
                 time.sleep(LINGER)
                 now_m = time.monotonic()
             now = time.time()
-            drained = True
+            emptied = None  # whether this round's pty reads all ended short (None: no pty read)
             sent = False  # this round gave the worker output
             for fd, _ in events:
                 if fd == wake_r:
@@ -756,7 +761,7 @@ def run(argv: Sequence[str], sink: Sink | Worker | None,
                     if len(data) < FULL_READ:
                         empty = True
                         break
-                drained = drained and empty
+                emptied = empty and emptied is not False
                 if not burst:
                     continue
                 counts[stream] += taken
@@ -776,6 +781,8 @@ def run(argv: Sequence[str], sink: Sink | Worker | None,
                     sent = True
                 elif sink is not None:
                     deliver(stream, data, now)
+            if emptied is not None:  # (a round that read no pty leaves it as it was)
+                drained = emptied
             if worker is not None:
                 if worker.due(now_m, read=sent):
                     try:

@@ -99,9 +99,10 @@ class RunSummary:
             "duration": self.end.duration if self.end else None,
             "exit_status": self.end.exit_status if self.end else None,
             "signal": self.end.signal if self.end else None,
-            "lines": self.lines, "command": list(self.start.command) if self.start else [],
+            "lines": self.lines,
+            "command": list(self.start.command or ()) if self.start else [],
             "user": self.start.user if self.start else None,
-            "slurm": dict(self.start.slurm) if self.start else {},
+            "slurm": dict(self.start.slurm or {}) if self.start else {},
         }
 
 

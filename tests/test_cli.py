@@ -164,8 +164,13 @@ def test_ls_json_of_a_start_record_without_optional_fields(tmp_path: Path) -> No
     run_dir = create_run_dir(tmp_path, "bare")
     (run_dir / "seg-000000.ndjson").write_text(
         '{"kind":"start","run":"bare","stream":"run","seq":0,"ts":1.5}\n')
+    run_dir = create_run_dir(tmp_path, "nulls")
+    (run_dir / "seg-000000.ndjson").write_text(
+        '{"kind":"start","run":"nulls","stream":"run","seq":0,"ts":2.5,"command":null,'
+        '"slurm":null}\n')
     res = CliRunner().invoke(cli, ["ls", "--spool", str(tmp_path), "--json",
                                    "--store", "chdb://" + str(tmp_path / "no-store")])
     assert res.exit_code == 0, res.output
-    row = json.loads(res.output.splitlines()[0])
-    assert row["run"] == "bare" and row["command"] == [] and row["slurm"] == {}
+    rows = {r["run"]: r for r in map(json.loads, res.output.splitlines())}
+    for run in ("bare", "nulls"):
+        assert rows[run]["command"] == [] and rows[run]["slurm"] == {}

@@ -220,6 +220,20 @@ def test_a_flood_stops_the_linger(tmp_path: Path) -> None:
     assert outcome.lingers <= 6 + took / 0.5, (outcome.lingers, took)
 
 
+def test_the_commands_exit_is_seen_without_sigchld(lc_env: dict[str, str]) -> None:
+    # A wrapper started with SIGCHLD blocked never hears of the command's exit: its quiet poll
+    # still times out (QUIET_MS) to look, so a background process holding the pty open does
+    # not keep the wrapper (and the job) waiting for it (here 30 s).
+    code = ("import os, signal, sys\n"
+            "signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])\n"
+            "os.execv(sys.executable, [sys.executable, '-m', 'logcapture', 'run', '--', "
+            "'sh', '-c', 'sleep 30 & echo hi; sleep 1; exit 3'])\n")  # exits once quiet
+    t0 = time.monotonic()
+    res = subprocess.run([PY, "-c", code], env=lc_env, capture_output=True, timeout=60)
+    assert res.returncode == 3 and res.stdout == b"hi\n", res
+    assert time.monotonic() - t0 < 25  # QUIET_MS + drain_timeout, not the 30 s sleep
+
+
 def test_stdin_passes_through(lc_env: dict[str, str]) -> None:
     res = run_lc(["run", "--", "cat"], lc_env, input=b"hi\nthere")
     assert res.returncode == 0
