@@ -159,16 +159,12 @@ class Pipeline:
                 self._last_idle[stream] = mono
                 self._through(stream, now, lambda r: r.idle())
 
-    @property
-    def settled(self) -> bool:
-        """Nothing for ``tick`` to do until more data is fed: every stream's finished lines
-        have been committed since its last data."""
-        return all(self._idled.values())
-
     def tick_due(self) -> float | None:
         """The monotonic time from which a stream is quiet for IDLE_COMMIT, when ``tick``
-        commits its finished lines; None when settled. (A busy stream's commits every
-        IDLE_EVERY need no timer: frames keep coming, and the ticks between them do it.)"""
+        commits its finished lines; None when settled (nothing for ``tick`` to do until more
+        data is fed: every stream's finished lines have been committed since its last data).
+        A busy stream's commits every IDLE_EVERY need no timer: frames keep coming, and the
+        ticks between them do it."""
         due = None
         for stream in OUTPUT_STREAMS:
             if not self._idled[stream]:

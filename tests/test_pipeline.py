@@ -334,21 +334,21 @@ def test_a_settled_pipeline_needs_no_ticks(tmp_path: Path) -> None:
     p = Pipeline("r", SpoolWriter(create_run_dir(tmp_path, "r"), fsync=False), mode="enabled",
                  columns=80, rows=24)
     idle_commit = pipeline_module.IDLE_COMMIT
-    assert p.settled and p.tick_due() is None
+    assert p.tick_due() is None
     p.feed("stdout", b"line\n", 100.0, 10.0)
-    assert not p.settled
+    assert p.tick_due() is not None
     assert p.tick_due() == pytest.approx(10.0 + idle_commit)  # when it has been quiet
     p.tick(100.1, 10.1)  # quiet for less than IDLE_COMMIT: still something to commit
-    assert not p.settled
+    assert p.tick_due() is not None
     p.tick(100.0 + idle_commit, 10.0 + idle_commit)
-    assert p.settled and p.tick_due() is None
+    assert p.tick_due() is None
     # A stream that never goes quiet is committed every IDLE_EVERY by the ticks between its
     # frames (serve); the timer waits for it to go quiet.
     for k in range(1, 5):
         p.feed("stdout", b"more\n", 101.0, 20.0 + k * idle_commit / 2)
     assert p.tick_due() == pytest.approx(20.0 + 2 * idle_commit + idle_commit)
     p.tick(101.0, 20.0 + 2 * idle_commit)  # data just now, last commit long ago: busy commit
-    assert not p.settled and p._last_idle["stdout"] == 20.0 + 2 * idle_commit
+    assert p.tick_due() is not None and p._last_idle["stdout"] == 20.0 + 2 * idle_commit
     assert p.tick_due() == pytest.approx(20.0 + 3 * idle_commit)
     p.finish(exit_status=0, signal=None, state="COMPLETED", duration=1.0, bytes_read={})
     assert [getattr(x, "text", None) for x in iter_run(tmp_path / "r")
