@@ -27,10 +27,13 @@ from .records import (
     NOTE_REPEAT,
     NOTE_WARNING,
     OUTPUT_STREAMS,
+    STDERR,
+    STREAMS_MERGED,
     Command,
     Line,
     Note,
     Record,
+    Start,
 )
 from .spool import default_root
 
@@ -196,18 +199,28 @@ def logs(spool: Path | None, stream: str, follow: bool, store_dsn: str | None, s
     """Print the rendered lines and notes of RUN (a run id or Slurm job id; default: the
     latest run), from the store once the run is shipped, else from the spool."""
     from .records import from_dict
-    from .runs import find_run, follow_records
+    from .runs import find_run, first_record, follow_records
     from .spool import iter_run
 
     streams = OUTPUT_STREAMS if stream == "all" else (stream,)
     found = None if follow else _from_store(_root(spool), run_ref, store_dsn, source)
+    config: Any = {}
     if found is not None:
         st, run_id = found
         with st:
             records: Any = [from_dict(d) for d in st.lines(run_id)]
+            if stream == STDERR:
+                config = (st.run_info(run_id)["start_record"] or {}).get("config") or {}
     else:
         run_dir = find_run(_root(spool), run_ref)
         records = follow_records(run_dir) if follow else iter_run(run_dir)
+        if stream == STDERR:
+            start = first_record(run_dir)
+            config = start.config if isinstance(start, Start) else {}
+    if config.get("streams") == STREAMS_MERGED:
+        click.echo("logcapture: stdout and stderr of this run went to the same place and were "
+                   "captured as one stream, in the order written: see --stream stdout "
+                   "(#SBATCH -e FILE or 2>FILE keeps them apart)", err=True)
     for rec in records:
         if rec.stream not in streams and not (rec.stream == "run" and isinstance(rec, Note)):
             continue
@@ -282,7 +295,12 @@ def check(uid: int | None, file: Path | None) -> None:
         click.echo(f"{path}: invalid ({n} problem{'s' if n != 1 else ''}): jobs started now "
                    "are logged in mode disabled (only /LOGCOMMAND lines are kept)")
         sys.exit(1)
-    click.echo(f"{path}: valid; mode: {result.config.mode}")
+    streams = result.config.streams
+    how = ("stdout and stderr are one stream (stdout) when they go to the same file or "
+           "terminal, two otherwise" if streams == "auto" else
+           "stdout and stderr are always two streams (where they share a file, the order "
+           "of their lines there may differ from a run without logcapture)")
+    click.echo(f"{path}: valid; mode: {result.config.mode}; streams: {streams} ({how})")
 
 
 # ------------------------------------------------------------------------------ slurm

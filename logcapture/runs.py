@@ -27,13 +27,14 @@ from .records import (
     Record,
     Sample,
     Start,
+    streams_of,
 )
 from .sampler import summarize as summarize_samples
 from .spool import ReadStats, find_run_dirs, iter_run, read_segment, segments
 from .xaxis import choose_x_axis
 
 
-def _first_record(run_dir: Path) -> Record | None:
+def first_record(run_dir: Path) -> Record | None:
     segs = segments(run_dir)
     if not segs:
         return None
@@ -107,7 +108,7 @@ class RunSummary:
 
 
 def summarize(run_dir: Path) -> RunSummary:
-    start = _first_record(run_dir)
+    start = first_record(run_dir)
     end = _end_record(run_dir)
     if end is not None:
         lines = sum(end.counts.get(s, {}).get("lines", 0) for s in OUTPUT_STREAMS)
@@ -138,7 +139,7 @@ def find_run(root: Path, ref: str | None) -> Path:
         if run_dir.name == ref:
             return run_dir
     for run_dir in reversed(runs):
-        start = _first_record(run_dir)
+        start = first_record(run_dir)
         if isinstance(start, Start):
             slurm = start.slurm
             if ref in (slurm.get("job_id"),
@@ -218,6 +219,7 @@ def describe_run(run_dir: Path) -> dict[str, Any]:
         info["host"] = start.host
         info["started"] = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(start.ts))
         info["initial mode"] = start.mode
+        info["streams"] = streams_of(start.config)
         if start.slurm:
             info["slurm"] = dict(start.slurm)
     if end is not None:

@@ -70,7 +70,7 @@ from .errors import (
     StoreUnavailable,
     UsageError,
 )
-from .records import KINDS, Record, dumps, from_dict
+from .records import KINDS, Record, dumps, from_dict, streams_of
 
 SCHEMA_VERSION = 2
 DEFAULT_DATABASE = "logcapture"
@@ -1088,6 +1088,7 @@ class Store:
             info["host"] = start["host"]
             info["started"] = _time.strftime("%Y-%m-%d %H:%M:%S", _time.localtime(start["ts"]))
             info["initial mode"] = start["mode"]
+            info["streams"] = streams_of(start["config"] or {})
             if start["slurm"]:
                 info["slurm"] = dict(start["slurm"])
         if end is not None:
