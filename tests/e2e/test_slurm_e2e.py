@@ -59,7 +59,10 @@ def test_an_opted_in_job_is_captured_rendered_and_recorded(lc: Cluster) -> None:
     assert f"hello from {job.id}" in stdout
     assert "progress 5/5" in stdout and not any("progress 1/5" in t for t in stdout)
     assert "from an srun step" in stdout
-    assert lines(records, "stderr") == ["to stderr"]
+    # No -e: stdout and stderr share the output file, so they are one stream, in order.
+    assert lines(records, "stderr") == []
+    assert stdout.index('{"epoch": 1, "loss": 0.5}') < stdout.index("to stderr") \
+        < stdout.index("from an srun step")
     assert [r["fields"] for r in records if r["kind"] == "metadata"] == [
         {"epoch": 1, "loss": 0.5}]
     start = records[0]
