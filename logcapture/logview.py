@@ -142,32 +142,33 @@ def _note_text_sql() -> str:
         concat('[logcapture: ', note, ': ', text, ']'))"""
 
 
-def log_sql(db: str, run: str, stderr: str, where: str = "1", order: str = "DESC",
+def log_sql(db: str, run_cond: str, stderr: str, where: str = "1", order: str = "DESC",
             limit: str = "10000", ts: str = "ts") -> str:
     """ClickHouse SQL for a run's log entries: columns ``ts`` (DateTime64), ``stream``,
     ``seq``, ``kind``, ``text``, ordered by ``(ts, stream, seq)`` in ``order``, at most
-    ``limit``. ``run`` and ``stderr`` are SQL expressions (a bound parameter, or a Grafana
-    variable): the run id, and 1 to show stderr. ``where`` is more conditions on those
-    columns (a page's cursor). ``db`` is a database identifier chosen by the administrator
-    (empty: the connection's database); ``ts`` is the expression returned as ``ts``."""
+    ``limit``. ``run_cond`` selects the run's rows (``run = {run:String}``, with its owner;
+    or a Grafana variable) and ``stderr`` is an SQL expression, 1 to show stderr, both with
+    bound parameters or Grafana variables, never values. ``where`` is more conditions on the
+    result's columns (a page's cursor). ``db`` is a database identifier chosen by the
+    administrator (empty: the connection's); ``ts`` is the expression returned as ``ts``."""
     db = f"{db}." if db else ""
     shown = f"(stream = '{STDOUT}' OR ({stderr} = 1 AND stream = '{STDERR}'))"
     return f"""
 SELECT {ts} AS ts, stream, seq, kind, text FROM (
     SELECT ts, stream, seq, kind, text
     FROM {db}lines FINAL
-    WHERE run = {run} AND {shown}
+    WHERE {run_cond} AND {shown}
     UNION ALL
     SELECT ts, stream, seq, '{NOTE}' AS kind, {_note_text_sql()} AS text
     FROM {db}notes FINAL
-    WHERE run = {run}
+    WHERE {run_cond}
       AND (stream = '{RUN}' OR ({shown} AND NOT (note = '{NOTE_MODE}' AND stream != '{STDOUT}')))
     UNION ALL
     SELECT ts, stream, seq, '{METADATA}' AS kind, fields AS text
     FROM {db}metadata FINAL
-    WHERE run = {run} AND {shown}
+    WHERE {run_cond} AND {shown}
       AND (stream, seq) NOT IN (SELECT stream, seq + 1 FROM {db}lines FINAL
-                                WHERE run = {run} AND kind = '{LINE}')
+                                WHERE {run_cond} AND kind = '{LINE}')
 )
 WHERE {where}
 ORDER BY ts {order}, stream {order}, seq {order}
@@ -182,3 +183,21 @@ def metadata_text(fields_json: str) -> str:
         return dumps(json.loads(fields_json))
     except ValueError:
         return fields_json
+
+
+# --- Cursors: where a page of entries starts or ends -------------------------------------
+
+def cursor_of(ts: float, stream: str, seq: int) -> str:
+    """An entry's place in the order, as text: ``"<ts in ns>:<stream>:<seq>"``."""
+    return f"{round(ts * 1e9)}:{stream}:{seq}"
+
+
+def parse_cursor(cursor: str) -> tuple[int, str, int]:
+    """``(ts in ns, stream, seq)`` of a cursor; UsageError for anything else."""
+    from .errors import UsageError
+
+    try:
+        ns, stream, seq = cursor.split(":")
+        return int(ns), stream, int(seq)
+    except ValueError:
+        raise UsageError(f"bad cursor {cursor[:80]!r}") from None

@@ -105,7 +105,7 @@ SELECT ts AS timestamp, text AS body,
                kind IN ('note', 'command'), 'debug',
                stream = 'stderr', 'error', 'info') AS level,
        if(kind = 'note', 'logcapture', stream) AS source
-FROM ({log_sql(db, RUN, "${stderr}")})
+FROM ({log_sql(db, f"run = {RUN}", "${stderr}")})
 ORDER BY timestamp DESC, stream DESC, seq DESC
 """
 

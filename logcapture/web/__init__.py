@@ -6,8 +6,7 @@ import os
 import secrets
 import socket
 import sys
-from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from ..errors import UsageError
 
@@ -41,14 +40,15 @@ def url_of(sock: socket.socket, token: str) -> str:
     return f"http://{shown}:{port}/?token={token}"
 
 
-def serve(spool_root: Path, store_dsn: str | None, host: str = "127.0.0.1",
-          port: int = DEFAULT_PORT, open_browser: bool = True, out: TextIO = sys.stdout,
+def serve(reader: Any, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
+          open_browser: bool = True, out: TextIO = sys.stdout,
           token: str | None = None) -> None:
-    """Serve until interrupted; the first line on ``out`` is the URL with the token."""
+    """Serve ``reader`` (a ``query.Reader``: what the pages may show) until interrupted; the
+    first line on ``out`` is the URL with the token."""
     import uvicorn
 
     from .app import create_app
-    from .reads import Reads
+    from .reads import Pages
 
     token = token or secrets.token_urlsafe(24)
     sock = bind(host, port)
@@ -62,7 +62,6 @@ def serve(spool_root: Path, store_dsn: str | None, host: str = "127.0.0.1",
         import webbrowser
 
         webbrowser.open(url)
-    source = Reads(spool_root, store_dsn)
-    config = uvicorn.Config(create_app(source, token), log_level="warning", access_log=False,
+    config = uvicorn.Config(create_app(Pages(reader), token), log_level="warning", access_log=False,
                             lifespan="on", timeout_graceful_shutdown=1)
     uvicorn.Server(config).run(sockets=[sock])

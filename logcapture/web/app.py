@@ -37,8 +37,9 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..errors import LogcaptureError, NotFound, UsageError
-from . import reads
-from .reads import MAX_PAGE, Reads, entry_json
+from ..logview import parse_cursor
+from ..query import LOG_PAGE, LOG_PAGE_MAX
+from .reads import Pages
 
 STATIC = Path(__file__).with_name("static")
 COOKIE = "logcapture_token"
@@ -119,15 +120,15 @@ def _flag(request: Request, name: str) -> bool:
     return request.query_params.get(name, "0") in ("1", "true", "on")
 
 
-def _limit(request: Request, default: int = 500) -> int:
+def _limit(request: Request, default: int = LOG_PAGE) -> int:
     try:
         n = int(request.query_params.get("limit", default))
     except ValueError:
         raise UsageError("limit must be a whole number") from None
-    return max(1, min(n, MAX_PAGE))
+    return max(1, min(n, LOG_PAGE_MAX))
 
 
-def create_app(source: Reads, token: str) -> Starlette:
+def create_app(pages: Pages, token: str) -> Starlette:
     async def call(fn: Callable[..., Any], *args: Any) -> Any:
         return await anyio.to_thread.run_sync(fn, *args)
 
@@ -137,73 +138,64 @@ def create_app(source: Reads, token: str) -> Starlette:
         return endpoint
 
     async def api_runs(request: Request) -> Response:
-        return _json(await call(source.runs))
+        return _json(await call(pages.runs))
 
     async def api_run(request: Request) -> Response:
-        data = await call(source.run, request.path_params["ref"])
-        return _json(_clean(await call(reads.header, data)))
+        return _json(_clean(await call(pages.header, request.path_params["ref"])))
 
     async def api_log(request: Request) -> Response:
-        data = await call(source.run, request.path_params["ref"])
-        before = request.query_params.get("before")
-        after = request.query_params.get("after")
-        entries, more = await call(data.log_page, _flag(request, "stderr"), before, after,
-                                   _limit(request))
-        return _json({"run": data.run, "entries": [entry_json(e) for e in entries],
-                      "more": more, "running": data.end is None})
+        q = request.query_params
+        return _json(await call(pages.log, request.path_params["ref"], _flag(request, "stderr"),
+                                q.get("before"), q.get("after"), _limit(request)))
 
     async def api_follow(request: Request) -> Response:
         ref = request.path_params["ref"]
         stderr = _flag(request, "stderr")
         after = request.query_params.get("after")
-        await call(source.run, ref)  # 404 now rather than inside the stream
+        if after is not None:
+            parse_cursor(after)  # 400 now rather than inside the stream
+        first = await call(pages.log, ref, stderr, None, after, LOG_PAGE_MAX)
+        if after is None:
+            first["more"] = False  # the newest page: what lies beyond it is older
 
         async def events() -> AsyncIterator[str]:
-            cursor = after
-            quiet = 0.0
+            page, cursor, quiet = first, after, 0.0
             while True:
-                data = await call(source.run, ref)
-                entries, more = await call(data.log_page, stderr, None, cursor, MAX_PAGE) \
-                    if cursor else await call(data.log_page, stderr, None, None, 200)
-                if entries:
-                    cursor = entry_json(entries[-1])[0]
-                    quiet = 0.0
-                    yield ("event: entries\ndata: " + json.dumps(
-                        {"entries": [entry_json(e) for e in entries]}) + "\n\n")
-                if data.end is not None and not more:
+                if page["entries"]:
+                    cursor, quiet = page["entries"][-1][0], 0.0
+                    yield ("event: entries\ndata: "
+                           + json.dumps({"entries": page["entries"]}) + "\n\n")
+                if page["ended"] and not page["more"]:
                     yield "event: end\ndata: {}\n\n"
                     return
-                if not more:
+                if not page["more"]:
                     await asyncio.sleep(FOLLOW_POLL)
                     quiet += FOLLOW_POLL
                     if quiet >= HEARTBEAT:
                         quiet = 0.0
                         yield ": still here\n\n"
+                page = await call(pages.log, ref, stderr, None, cursor, LOG_PAGE_MAX)
 
         return StreamingResponse(events(), media_type="text/event-stream",
                                  headers={"X-Accel-Buffering": "no"})
 
     async def api_metadata(request: Request) -> Response:
-        data = await call(source.run, request.path_params["ref"])
-        return _json(_clean(await call(reads.metadata, data)))
+        return _json(_clean(await call(pages.metadata, request.path_params["ref"])))
 
     async def api_resources(request: Request) -> Response:
-        data = await call(source.run, request.path_params["ref"])
-        return _json(_clean(await call(reads.resources, data)))
+        return _json(_clean(await call(pages.resources, request.path_params["ref"])))
 
     async def api_export(request: Request) -> Response:
-        data = await call(source.run, request.path_params["ref"])
-        body, name, media = await call(reads.export, data,
-                                       request.query_params.get("what", "lines"),
-                                       request.query_params.get("format", "csv"))
+        q = request.query_params
+        body, name, media = await call(pages.export, request.path_params["ref"],
+                                       q.get("what", "lines"), q.get("format", "csv"))
         return Response(body, media_type=media,
                         headers={"Content-Disposition": f'attachment; filename="{name}"'})
 
     async def api_compare(request: Request) -> Response:
         refs = [r for r in request.query_params.get("runs", "").split(",") if r][:20]
         key = request.query_params.get("key", "")
-        runs = [await call(source.run, r) for r in refs]
-        return _json(_clean(await call(reads.compare, runs, key)))
+        return _json(_clean(await call(pages.compare, refs, key)))
 
     async def on_error(request: Request, exc: Exception) -> Response:
         status = 404 if isinstance(exc, NotFound) else 400
@@ -212,17 +204,17 @@ def create_app(source: Reads, token: str) -> Starlette:
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async def closer() -> None:
+        async def releaser() -> None:
             while True:
                 await asyncio.sleep(1.0)
-                await call(source.close_idle)
+                await call(pages.release_idle)
 
-        task = asyncio.create_task(closer())
+        task = asyncio.create_task(releaser())
         try:
             yield
         finally:
             task.cancel()
-            await call(source.close)
+            await call(pages.close)
 
     routes = [
         Route("/", page("runs.html")),

@@ -102,7 +102,7 @@
     drawRows();
     toBottom();
     drawRows();
-    if (page.running) follow(gen, stderr);
+    if (!page.ended) follow(gen, stderr);
     else setLive(false, "");
   }
 
