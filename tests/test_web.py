@@ -78,7 +78,7 @@ def test_runs_newest_first(site):
     assert starts == sorted(starts, reverse=True)
     assert by_id["gpu"]["job_id"] == "4242" and by_id["gpu"]["name"] == "train_gpt"
     assert by_id["train"]["state"] == "COMPLETED" and by_id["train"]["exit"] == "0"
-    assert by_id["shipped"]["source"] == "store" and by_id["train"]["source"] == "spool"
+    assert by_id["train"]["source"] == "spool"
 
 
 def test_header(site):

@@ -73,11 +73,9 @@ class Pages:
 
     def header(self, ref: str) -> dict[str, Any]:
         run = self.resolve(ref)
-        summary = next((s for s in self._ask(self.reader.runs) if s["run"] == run), None)
-        if summary is None:
-            from ..errors import NotFound
-
-            raise NotFound(f"no run {ref!r}")
+        # A run found but not listed yet has written nothing but its directory: starting.
+        summary = next((s for s in self._ask(self.reader.runs) if s["run"] == run),
+                       {"run": run, "state": "RUNNING"})
         return header(summary, self._ask(self.reader.samples, run))
 
     def log(self, ref: str, stderr: bool, before: str | None, after: str | None,

@@ -7,7 +7,7 @@
   const ref = decodeURIComponent(location.pathname.split("/").pop());
   const base = "/api/runs/" + encodeURIComponent(ref);
   const done = {log: false, graphs: false};
-  let running = false;
+  let running = false, headerHasStart = false;
 
   function ready(part) {
     done[part] = true;
@@ -23,6 +23,7 @@
   async function loadHeader() {
     const h = await api(base);
     running = h.running;
+    headerHasStart = h.start !== null && h.start !== undefined;
     document.title = (h.name || h.run) + " · logcapture";
     document.getElementById("job-name").textContent = h.name || h.run;
     document.getElementById("job-name").title = h.name || "";
@@ -120,6 +121,7 @@
       if (gen !== generation) return;
       const stick = atBottom();
       entries.push(...JSON.parse(ev.data).entries);
+      if (!headerHasStart) loadHeader().catch(() => {});
       drawRows();
       if (stick) { toBottom(); drawRows(); }
     });
