@@ -146,31 +146,40 @@ def log_sql(db: str, run_cond: str, stderr: str, where: str = "1", order: str = 
             limit: str = "10000", ts: str = "ts") -> str:
     """ClickHouse SQL for a run's log entries: columns ``ts`` (DateTime64), ``stream``,
     ``seq``, ``kind``, ``text``, ordered by ``(ts, stream, seq)`` in ``order``, at most
-    ``limit``. ``run_cond`` selects the run's rows (``run = {run:String}``, with its owner;
-    or a Grafana variable) and ``stderr`` is an SQL expression, 1 to show stderr, both with
-    bound parameters or Grafana variables, never values. ``where`` is more conditions on the
+    ``limit``. The printed twin of a metadata record shares its time stamp (one classifier
+    call makes both), so only lines at those times are looked up (without FINAL: a row
+    shipped twice changes no membership). ``run_cond`` selects the run's rows
+    (``run = {run:String}``, with its owner; or a Grafana variable) and ``stderr`` is an SQL
+    expression, 1 to show stderr, both with bound parameters or Grafana variables, never
+    values. ``where`` is more conditions on the
     result's columns (a page's cursor). ``db`` is a database identifier chosen by the
     administrator (empty: the connection's); ``ts`` is the expression returned as ``ts``."""
     db = f"{db}." if db else ""
     shown = f"(stream = '{STDOUT}' OR ({stderr} = 1 AND stream = '{STDERR}'))"
+    # Each branch is ordered and limited by the tables' sort key (run, ts, stream, seq), so
+    # a page reads its rows in key order and stops: a page of a 2M-line log costs one page.
+    page = f"{where} ORDER BY ts {order}, stream {order}, seq {order} LIMIT {limit}"
+    metadata = (f"SELECT ts, stream, seq, fields FROM {db}metadata FINAL "
+                f"WHERE {run_cond} AND {shown} AND {page}")
     return f"""
 SELECT {ts} AS ts, stream, seq, kind, text FROM (
-    SELECT ts, stream, seq, kind, text
-    FROM {db}lines FINAL
-    WHERE {run_cond} AND {shown}
+    SELECT * FROM (
+        SELECT ts, stream, seq, kind, text FROM {db}lines FINAL
+        WHERE {run_cond} AND {shown} AND {page})
     UNION ALL
-    SELECT ts, stream, seq, '{NOTE}' AS kind, {_note_text_sql()} AS text
-    FROM {db}notes FINAL
-    WHERE {run_cond}
-      AND (stream = '{RUN}' OR ({shown} AND NOT (note = '{NOTE_MODE}' AND stream != '{STDOUT}')))
+    SELECT * FROM (
+        SELECT ts, stream, seq, '{NOTE}' AS kind, {_note_text_sql()} AS text
+        FROM {db}notes FINAL
+        WHERE {run_cond}
+          AND (stream = '{RUN}'
+               OR ({shown} AND NOT (note = '{NOTE_MODE}' AND stream != '{STDOUT}')))
+          AND {page})
     UNION ALL
-    SELECT ts, stream, seq, '{METADATA}' AS kind, fields AS text
-    FROM {db}metadata FINAL
-    WHERE {run_cond} AND {shown}
-      AND (stream, seq) NOT IN (SELECT stream, seq + 1 FROM {db}lines FINAL
-                                WHERE {run_cond} AND kind = '{LINE}')
+    SELECT ts, stream, seq, '{METADATA}' AS kind, fields AS text FROM ({metadata})
+    WHERE (stream, seq) NOT IN (
+        SELECT stream, seq + 1 FROM {db}lines
+        WHERE {run_cond} AND kind = '{LINE}' AND ts IN (SELECT ts FROM ({metadata})))
 )
-WHERE {where}
 ORDER BY ts {order}, stream {order}, seq {order}
 LIMIT {limit}
 """

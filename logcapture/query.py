@@ -344,12 +344,10 @@ class StoreReader:
             after: str | None = None, limit: int = LOG_PAGE) -> dict[str, Any]:
         limit = _page_limit(limit)
         with self.session() as st:
-            info = st.run_info(run, self.owner)
-            rows, more = st.log_page(run, self.owner, stderr,
-                                     parse_cursor(before) if before else None,
-                                     parse_cursor(after) if after else None, limit)
-        return {"entries": [_entry_json(*r) for r in rows], "more": more,
-                "ended": info["end_record"] is not None}
+            rows, more, ended = st.log_page(run, self.owner, stderr,
+                                            parse_cursor(before) if before else None,
+                                            parse_cursor(after) if after else None, limit)
+        return {"entries": [_entry_json(*r) for r in rows], "more": more, "ended": ended}
 
     def describe(self, run: str) -> dict[str, Any]:
         with self.session() as st:
@@ -456,21 +454,31 @@ def _entry_json(ts: float, stream: str, seq: int, kind: str, text: str) -> list[
     return [cursor_of(ts, stream, seq), stream, kind, text, ts]
 
 
-class SpoolLog:
-    """A spool run's log entries (``logview``), read once and then read on as the run writes
-    more (``runs.SpoolTail``), kept in the store's order so pages from either agree."""
+class SpoolRun:
+    """What the pages ask of a spool run, read once and then read on as the run writes more
+    (``runs.SpoolTail``): its log entries (``logview``, kept in the store's order so pages
+    from either source agree), metadata and sample records. A page of a running job asks
+    every second; this reads only what was written since."""
 
     def __init__(self, run_dir: Path) -> None:
         self._tail = SpoolTail(run_dir)
         self._view = LogView(stderr=True)
         self._entries: list[Entry] = []  # in sort_key order
         self._keys: list[tuple[int, str, int]] = []  # their cursors, parsed, same order
+        self._metadata: list[dict[str, Any]] = []  # spool order
+        self._samples: list[dict[str, Any]] = []
         self._lock = threading.Lock()
 
     def _read_on(self) -> None:
         if self._tail.ended:
             return
-        new = self._view.feed(self._tail.read())
+        records = self._tail.read()
+        for rec in records:
+            if isinstance(rec, Metadata):
+                self._metadata.append(rec.to_dict())
+            elif isinstance(rec, Sample):
+                self._samples.append(rec.to_dict())
+        new = self._view.feed(records)
         if not new:
             return
         new.sort(key=sort_key)
@@ -480,6 +488,17 @@ class SpoolLog:
         else:
             self._entries += new
             self._keys += [parse_cursor(cursor_of(*e[:3])) for e in new]
+
+    def metadata(self) -> list[dict[str, Any]]:
+        """Metadata records, newest first (as ``Reader.metadata``)."""
+        with self._lock:
+            self._read_on()
+            return self._metadata[::-1]
+
+    def samples(self) -> list[dict[str, Any]]:
+        with self._lock:
+            self._read_on()
+            return list(self._samples)
 
     def page(self, stderr: bool, before: str | None, after: str | None,
              limit: int) -> dict[str, Any]:
@@ -519,7 +538,7 @@ class LocalReader:
         self.held = HeldStore(dsn, wait=store_wait, warn=warn)
         self.store = StoreReader(self.held, self.owner)
         self._where: dict[str, Path | None] = {}  # run id -> its spool dir, None: the store
-        self._logs: dict[Path, SpoolLog] = {}  # spool runs' logs, read on as they grow
+        self._cache: dict[Path, SpoolRun] = {}  # spool runs asked of, read on as they grow
 
     # where a run lives
     def _mine(self, run_dir: Path) -> tuple[str, int] | None:
@@ -622,10 +641,13 @@ class LocalReader:
         run_dir = self._dir(run)
         if run_dir is None:
             return self.store.log(run, stderr, before, after, limit)
-        log = self._logs.get(run_dir)
-        if log is None:
-            log = self._logs[run_dir] = SpoolLog(run_dir)
-        return log.page(stderr, before, after, _page_limit(limit))
+        return self._cached(run_dir).page(stderr, before, after, _page_limit(limit))
+
+    def _cached(self, run_dir: Path) -> SpoolRun:
+        cached = self._cache.get(run_dir)
+        if cached is None:
+            cached = self._cache[run_dir] = SpoolRun(run_dir)
+        return cached
 
     def describe(self, run: str) -> dict[str, Any]:
         run_dir = self._dir(run)
@@ -638,14 +660,13 @@ class LocalReader:
         run_dir = self._dir(run)
         if run_dir is None:
             return self.store.metadata(run)
-        recs = [r.to_dict() for r in iter_run(run_dir) if isinstance(r, Metadata)]
-        return recs[::-1]
+        return self._cached(run_dir).metadata()
 
     def samples(self, run: str) -> list[dict[str, Any]]:
         run_dir = self._dir(run)
         if run_dir is None:
             return self.store.samples(run)
-        return [r.to_dict() for r in iter_run(run_dir) if isinstance(r, Sample)]
+        return self._cached(run_dir).samples()
 
     def export_rows(self, run: str, what: str) -> list[dict[str, Any]]:
         if what not in EXPORTS:

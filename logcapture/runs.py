@@ -18,7 +18,15 @@ from .records import (
     Record,
     Start,
 )
-from .spool import ReadStats, find_run_dirs, iter_run, read_segment, segments
+from .spool import (
+    ReadStats,
+    find_run_dirs,
+    iter_run,
+    parse_lines,
+    read_lines,
+    read_segment,
+    segments,
+)
 
 
 def _first_record(run_dir: Path) -> Record | None:
@@ -34,11 +42,19 @@ def _end_record(run_dir: Path) -> End | None:
     segs = segments(run_dir)
     if not segs:
         return None
-    end = None
-    for rec in read_segment(segs[-1], final=False):
-        if isinstance(rec, End):
-            end = rec
-    return end
+    # The end record is among the last lines written: look from the end for its kind and
+    # parse that line alone (a whole 8 MiB segment through json and from_dict took ~0.4 s,
+    # on every `ls` and every page listing the run).
+    try:
+        lines, _ = read_lines(segs[-1])
+    except SpoolError:
+        return None
+    for raw in reversed(lines):
+        if b'"kind":"end"' in raw:
+            for rec in parse_lines(segs[-1].path.name, [raw], 0, ReadStats()):
+                if isinstance(rec, End):
+                    return rec
+    return None
 
 
 @dataclass

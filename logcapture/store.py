@@ -1242,15 +1242,20 @@ class Store:
     def log_page(self, run: str, owner: str | None = None, stderr: bool = False,
                  before: tuple[int, str, int] | None = None,
                  after: tuple[int, str, int] | None = None, limit: int = 1000
-                 ) -> tuple[list[tuple[float, str, int, str, str]], bool]:
+                 ) -> tuple[list[tuple[float, str, int, str, str]], bool, bool]:
         """One page of the run's log as ``logview`` shows it: entries ``(ts, stream, seq,
         kind, text)`` in order, the newest ``limit`` before the cursor ``before`` (default:
-        the newest), or the oldest ``limit`` after ``after``; and whether more lie beyond.
-        A cursor is ``(ts in ns, stream, seq)``. The key begins with the run and the time,
-        so a page costs one range of the run's rows, however long the log."""
+        the newest), or the oldest ``limit`` after ``after``; whether more lie beyond; and
+        whether the run has ended. A cursor is ``(ts in ns, stream, seq)``. The key begins
+        with the run and the time, so a page costs one range of the run's rows, however long
+        the log. NotFound when the run is not the owner's."""
         from .logview import METADATA, log_sql, metadata_text
 
         cond, params = self._run_cond(run, owner)
+        state = self._query("SELECT max(end_ts IS NOT NULL) FROM runs FINAL WHERE " + cond
+                            + " GROUP BY run", params)
+        if not state:
+            raise NotFound(f"run {run!r} is not in the store")
         params.update(stderr=int(stderr), limit=int(limit) + 1)
         where, order = "1", "DESC"
         cursor = after or before
@@ -1268,7 +1273,7 @@ class Store:
                 metadata_text(r[4]) if r[3] == METADATA else r[4]) for r in rows[:limit]]
         if after is None:
             out.reverse()
-        return out, more
+        return out, more, bool(state[0][0])
 
     def metadata(self, run: str, owner: str | None = None) -> list[dict[str, Any]]:
         """Metadata records of the run, newest first (dashboards show them that way)."""
