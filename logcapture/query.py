@@ -27,12 +27,12 @@ reader learns nothing of other people's job ids.
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import threading
 import time
-from bisect import bisect_left, bisect_right
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -56,9 +56,17 @@ from .records import (
     Start,
     from_dict,
 )
-from .runs import RunSummary, SpoolTail, find_run, follow_records, summarize
+from .runs import RunSummary, find_run, follow_records, summarize
 from .ship import is_shipped
-from .spool import ReadStats, find_run_dirs, iter_run
+from .spool import (
+    ReadStats,
+    Segment,
+    find_run_dirs,
+    iter_run,
+    parse_lines,
+    read_lines,
+    segments,
+)
 from .store import EXPORTS, Store, export_rows, redact
 
 # The keys of a run summary (``Reader.runs``), the same from the spool and from the store.
@@ -454,73 +462,192 @@ def _entry_json(ts: float, stream: str, seq: int, kind: str, text: str) -> list[
     return [cursor_of(ts, stream, seq), stream, kind, text, ts]
 
 
+def _ts_of(raw: bytes) -> int | None:
+    """A spool line's time stamp in ns (``logview.cursor_of``'s unit), or None."""
+    try:
+        return round(json.loads(raw)["ts"] * 1e9)
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _position(lines: list[bytes], ts: int, right: bool = False) -> int:
+    """The index of the first line stamped at or after ``ts`` (after it, with ``right``), by
+    bisection: a spool is written in time order. Entries of one time stamp (a batch of
+    several streams) are ordered by stream and seq, not by place, so callers read whole
+    runs of one stamp and filter by cursor."""
+    lo, hi = 0, len(lines)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        t = _ts_of(lines[mid])
+        if t is None:  # a bad line: decide by a neighbour
+            t = next((x for x in map(_ts_of, lines[mid + 1:mid + 8]) if x is not None), ts)
+        if t < ts or (right and t == ts):
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+def _edge_ts(lines: list[bytes], last: bool = False) -> int | None:
+    """The earliest time stamp among a segment's first lines (the latest among its last):
+    the start record, the sampler's records and a batch's notes are stamped a little out of
+    the lines' order."""
+    stamps = [t for t in map(_ts_of, lines[-8:] if last else lines[:8]) if t is not None]
+    return (max(stamps) if last else min(stamps)) if stamps else None
+
+
 class SpoolRun:
-    """What the pages ask of a spool run, read once and then read on as the run writes more
-    (``runs.SpoolTail``): its log entries (``logview``, kept in the store's order so pages
-    from either source agree), metadata and sample records. A page of a running job asks
-    every second; this reads only what was written since."""
+    """The job page's questions of a spool run, without reading the run whole: a page of
+    the log is found by bisection in the segment that holds it and read from a window of
+    lines there (a 2M-line run's newest page costs a few thousand lines, not two million);
+    metadata and samples are found by their kind at the end of each line and parsed alone.
+    Closed segments never change: their lines (a few, most recently used) and their metadata
+    and samples are kept."""
+
+    KEEP = 3  # decompressed closed segments kept
+    PRIME = 8  # lines before a window fed first, so a metadata line's printed twin is known
 
     def __init__(self, run_dir: Path) -> None:
-        self._tail = SpoolTail(run_dir)
-        self._view = LogView(stderr=True)
-        self._entries: list[Entry] = []  # in sort_key order
-        self._keys: list[tuple[int, str, int]] = []  # their cursors, parsed, same order
-        self._metadata: list[dict[str, Any]] = []  # spool order
-        self._samples: list[dict[str, Any]] = []
+        self.run_dir = run_dir
+        self._lines: OrderedDict[int, list[bytes]] = OrderedDict()
+        self._scanned: dict[int, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {}
+        self._ended = False
         self._lock = threading.Lock()
 
-    def _read_on(self) -> None:
-        if self._tail.ended:
-            return
-        records = self._tail.read()
-        for rec in records:
-            if isinstance(rec, Metadata):
-                self._metadata.append(rec.to_dict())
-            elif isinstance(rec, Sample):
-                self._samples.append(rec.to_dict())
-        new = self._view.feed(records)
-        if not new:
-            return
-        new.sort(key=sort_key)
-        if self._entries and sort_key(new[0]) < sort_key(self._entries[-1]):
-            self._entries = sorted(self._entries + new, key=sort_key)  # the streams' batches
-            self._keys = [parse_cursor(cursor_of(*e[:3])) for e in self._entries]  # crossed
-        else:
-            self._entries += new
-            self._keys += [parse_cursor(cursor_of(*e[:3])) for e in new]
+    def _read(self, seg: Segment) -> list[bytes]:
+        got = self._lines.get(seg.index) if seg.closed else None
+        if got is not None:
+            self._lines.move_to_end(seg.index)
+            return got
+        try:
+            lines, _torn = read_lines(seg)  # complete lines only
+        except SpoolError:
+            return []
+        if seg.closed:
+            self._lines[seg.index] = lines
+            while len(self._lines) > self.KEEP:
+                self._lines.popitem(last=False)
+        return lines
 
-    def metadata(self) -> list[dict[str, Any]]:
-        """Metadata records, newest first (as ``Reader.metadata``)."""
-        with self._lock:
-            self._read_on()
-            return self._metadata[::-1]
+    def _entries(self, segs: list[Segment], i: int, a: int, b: int) -> list[Entry]:
+        """Log entries of lines [a, b) of segment ``segs[i]``, primed by the lines before."""
+        lines = self._read(segs[i])
+        prime = lines[max(0, a - self.PRIME):a]
+        if a < self.PRIME and i > 0:
+            prime = self._read(segs[i - 1])[-self.PRIME:] + prime
+        view = LogView(stderr=True)
+        view.feed(parse_lines("", prime, 0, ReadStats()))
+        return view.feed(parse_lines(segs[i].path.name, lines[a:b], a, ReadStats()))
 
-    def samples(self) -> list[dict[str, Any]]:
-        with self._lock:
-            self._read_on()
-            return list(self._samples)
+    def _is_ended(self, segs: list[Segment]) -> bool:
+        if not self._ended and segs:
+            self._ended = any(line.endswith(b'"kind":"end"}')
+                              for line in self._read(segs[-1])[-64:])
+        return self._ended
 
     def page(self, stderr: bool, before: str | None, after: str | None,
              limit: int) -> dict[str, Any]:
         with self._lock:
-            self._read_on()
-            entries, keys = self._entries, self._keys
+            segs = segments(self.run_dir)
             if after is not None:
-                i = bisect_right(keys, parse_cursor(after))
-                found = [e for e in entries[i:i + 4 * limit + 1] if stderr or e.stream != STDERR]
-                more = len(found) > limit or i + 4 * limit + 1 < len(entries)
-                picked = found[:limit]
+                picked, more = self._after(segs, parse_cursor(after), stderr, limit)
             else:
-                j = bisect_left(keys, parse_cursor(before)) if before else len(keys)
-                picked = []
-                while j > 0 and len(picked) <= limit:
-                    j -= 1
-                    if stderr or entries[j].stream != STDERR:
-                        picked.append(entries[j])
-                more = len(picked) > limit
-                picked = picked[:limit][::-1]
+                picked, more = self._before(segs, parse_cursor(before) if before else None,
+                                            stderr, limit)
             return {"entries": [_entry_json(*e) for e in picked], "more": more,
-                    "ended": self._tail.ended}
+                    "ended": self._is_ended(segs)}
+
+    def _keep(self, e: Entry, stderr: bool) -> bool:
+        return stderr or e.stream != STDERR
+
+    def _before(self, segs: list[Segment], key: tuple[int, str, int] | None, stderr: bool,
+                limit: int) -> tuple[list[Entry], bool]:
+        """The newest ``limit`` entries before ``key``: windows read backwards from the last
+        line stamped at the cursor's time, until more than ``limit`` are found and the
+        earliest line read is older than the page's first entry (so nothing unread can
+        belong to the page)."""
+        found: list[Entry] = []
+        window = 2 * limit
+        for i in range(len(segs) - 1, -1, -1):
+            lines = self._read(segs[i])
+            if key is None:
+                end = len(lines)
+            else:
+                first = _edge_ts(lines)
+                if first is not None and first > key[0]:
+                    continue
+                end = _position(lines, key[0], right=True)
+            while end > 0:
+                start = max(0, end - window)
+                found += [e for e in self._entries(segs, i, start, end)
+                          if self._keep(e, stderr) and (key is None or _cursor_key(e) < key)]
+                end = start
+                if len(found) > limit:
+                    found.sort(key=sort_key)
+                    del found[:-limit - 1]  # the page, and one before it
+                    earliest = _ts_of(lines[start]) if start < len(lines) else None
+                    if earliest is not None and earliest < _cursor_key(found[1])[0]:
+                        return found[1:], True
+        found.sort(key=sort_key)
+        return found[-limit:], len(found) > limit
+
+    def _after(self, segs: list[Segment], key: tuple[int, str, int], stderr: bool,
+               limit: int) -> tuple[list[Entry], bool]:
+        """The oldest ``limit`` entries after ``key``, read forwards likewise."""
+        found: list[Entry] = []
+        window = 2 * limit
+        for i, seg in enumerate(segs):
+            lines = self._read(seg)
+            last = _edge_ts(lines, last=True)
+            if last is not None and last < key[0]:
+                continue
+            start = _position(lines, key[0])
+            while start < len(lines):
+                end = min(len(lines), start + window)
+                found += [e for e in self._entries(segs, i, start, end)
+                          if self._keep(e, stderr) and _cursor_key(e) > key]
+                start = end
+                if len(found) > limit:
+                    found.sort(key=sort_key)
+                    del found[limit + 1:]
+                    latest = _ts_of(lines[end - 1])
+                    if latest is not None and latest > _cursor_key(found[limit - 1])[0]:
+                        return found[:limit], True
+        found.sort(key=sort_key)
+        return found[:limit], len(found) > limit
+
+    def _scan(self, seg: Segment) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """The metadata and sample records of one segment (kept once it is closed)."""
+        got = self._scanned.get(seg.index) if seg.closed else None
+        if got is not None:
+            return got
+        lines = self._read(seg) if seg.closed and seg.index in self._lines else None
+        if lines is None:
+            try:
+                lines, _torn = read_lines(seg)
+            except SpoolError:
+                return [], []
+        meta = [r.to_dict() for r in parse_lines(seg.path.name, (
+            x for x in lines if x.endswith(b'"kind":"metadata"}')), 0, ReadStats())]
+        samples = [r.to_dict() for r in parse_lines(seg.path.name, (
+            x for x in lines if x.endswith(b'"kind":"sample"}')), 0, ReadStats())]
+        if seg.closed:
+            self._scanned[seg.index] = (meta, samples)
+        return meta, samples
+
+    def metadata(self) -> list[dict[str, Any]]:
+        """Metadata records, newest first (as ``Reader.metadata``)."""
+        with self._lock:
+            out = [d for seg in segments(self.run_dir) for d in self._scan(seg)[0]]
+        return out[::-1]
+
+    def samples(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [d for seg in segments(self.run_dir) for d in self._scan(seg)[1]]
+
+
+def _cursor_key(e: Entry) -> tuple[int, str, int]:
+    return round(e.ts * 1e9), e.stream, e.seq
 
 
 class LocalReader:

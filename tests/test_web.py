@@ -19,14 +19,18 @@ from pages import Serve, capture, env_for, lc, write_gpu_run
 
 from logcapture.xaxis import choose_x_axis
 
+BIG = ("import json, sys\nfor i in range(3000):\n    print(f'line {i}')\n"
+       "    if i % 100 == 0: print(f'err {i}', file=sys.stderr)\n"
+       "    if i % 250 == 0: print(json.dumps({'step': i}))\n")
+
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("web")
     env = env_for(tmp)
     capture(env, "train")
-    capture(env, "big", "import sys\nfor i in range(3000):\n    print(f'line {i}')\n"
-                        "    if i % 100 == 0: print(f'err {i}', file=sys.stderr)\n")
+    # Small spool segments: pages are found across many of them (closed, gzip, and open).
+    capture({**env, "LOGCAPTURE_SEGMENT_BYTES": "16384"}, "big", BIG)
     capture(env, "shipped")
     lc(["upload", "shipped"], env)
     write_gpu_run(tmp / "spool")
@@ -124,10 +128,43 @@ def test_a_long_log_opens_at_its_newest_lines_and_pages_back(site):
         if not page["more"]:
             break
         before = page["entries"][0][0]
-    assert seen == [f"line {i}" for i in range(3000)]
+    assert [t for t in seen if not t.startswith("{")] == [f"line {i}" for i in range(3000)]
+    assert [t for t in seen if t.startswith("{")] == [
+        json.dumps({"step": i}) for i in range(0, 3000, 250)]  # once each
     after = get(site, "/api/runs/big/log", limit=5, stderr=1).json()["entries"]
     newer = get(site, "/api/runs/big/log", limit=5, stderr=1, after=after[1][0]).json()
     assert [e[3] for e in newer["entries"]] == [e[3] for e in after[2:]]
+
+
+def test_pages_of_a_spool_run_are_its_whole_log_in_order(site):
+    # Forward from the start and backward from the end, in pages smaller and larger than a
+    # segment: the same entries as the log view of every record, in the store's order.
+    from logcapture.logview import entries, sort_key
+    from logcapture.spool import iter_run, segments
+
+    run_dir = site[2] / "spool" / "big"
+    assert len(segments(run_dir)) > 5
+    want = [e.text for e in sorted(entries(iter_run(run_dir), stderr=True), key=sort_key)]
+    for limit in (7, 400):
+        back, before = [], None
+        while True:
+            page = get(site, "/api/runs/big/log", limit=limit, stderr=1,
+                       **({"before": before} if before else {})).json()
+            back = [e[3] for e in page["entries"]] + back
+            before = page["entries"][0][0]
+            if not page["more"]:
+                break
+        assert back == want
+        first = get(site, "/api/runs/big/log", limit=1, stderr=1, before=before).json()
+        assert first["entries"] == [] and not first["more"]
+        fwd, after = back[:0], "0:stdout:0"
+        while True:
+            page = get(site, "/api/runs/big/log", limit=limit, stderr=1, after=after).json()
+            fwd += [e[3] for e in page["entries"]]
+            if not page["more"]:
+                break
+            after = page["entries"][-1][0]
+        assert fwd == want
 
 
 def test_metadata_newest_first_and_graphs_by_the_rule(site):
