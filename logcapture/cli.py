@@ -177,10 +177,10 @@ def ls_cmd(spool: Path | None, store_dsn: str | None, as_json: bool) -> None:
                      time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(start)),
                      f"{r['duration']:.1f}s" if r["duration"] is not None else "-",
                      str(r["lines"]), " ".join(r["command"])))
-    widths = [max(len(r[i]) for r in rows) for i in range(5)]
-    for r in rows:
-        click.echo("  ".join(c.ljust(w) for c, w in zip(r[:5], widths, strict=True))
-                   + "  " + r[5])
+    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    for row in rows:
+        click.echo("  ".join(c.ljust(w) for c, w in zip(row[:5], widths, strict=True))
+                   + "  " + row[5])
 
 
 @cli.command()
@@ -563,7 +563,9 @@ def _trusted_identity(run_dir: Path) -> Any:
         except Exception:  # noqa: BLE001 - no record: fall back to the directory's owner
             rec = None
         if rec and isinstance(rec.get("uid"), int) and isinstance(rec.get("user"), str):
-            return Identity(run=run_dir.name, user=rec["user"], uid=rec["uid"],
+            user, uid = rec["user"], rec["uid"]
+            assert isinstance(user, str) and isinstance(uid, int)  # checked just above
+            return Identity(run=run_dir.name, user=user, uid=uid,
                             cluster=str(rec.get("cluster", "")), job_id=job_id)
     return identity_from_spool(run_dir)
 

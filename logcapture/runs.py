@@ -196,7 +196,7 @@ def describe_run(run_dir: Path) -> dict[str, Any]:
             lines[rec.stream] += 1
         elif isinstance(rec, Metadata):
             keys.update(rec.fields)
-            metadata_rows.append(rec.fields)
+            metadata_rows.append(dict(rec.fields))
         elif isinstance(rec, Sample):
             samples.append(rec)
         elif isinstance(rec, Command):

@@ -122,7 +122,7 @@ def identity_from_spool(run_dir: Path) -> Identity:
 
 # --- reading segments as bytes -------------------------------------------------------------
 def _read_all(fd: int) -> bytes:
-    chunks = []
+    chunks: list[bytes] = []
     while True:
         b = os.read(fd, 1 << 22)
         if not b:

@@ -891,7 +891,8 @@ def _valid_end(obj: object, run_id: str) -> dict[str, object] | None:
     duration = obj.get("duration")
     return {"exit_status": status, "signal": sig,
             "state": state if state in _END_STATES else "",
-            "duration": float(duration) if type(duration) in (int, float) else None}
+            "duration": float(duration) if isinstance(duration, (int, float))
+            and type(duration) is not bool else None}
 
 
 def read_end(job_fd: int, run_id: str, uid: int) -> dict[str, object] | None:
