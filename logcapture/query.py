@@ -299,6 +299,13 @@ def newest_first(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
 StoreSession = Callable[[], AbstractContextManager[Store]]
 
 
+def _check_run(st: Store, run: str, owner: str | None) -> None:
+    """NotFound unless the run is in the store as the owner's (one row of the runs table;
+    ``run_info`` would also count every table's rows)."""
+    if not st.has_run(run, owner):
+        raise NotFound(f"run {run!r} is not in the store")
+
+
 class StoreReader:
     """The Reader over the store alone, as ``owner`` (None: every owner). ``session`` opens
     the store for one question (``with session() as st``): an embedded store is one process's
@@ -319,7 +326,7 @@ class StoreReader:
     def lines(self, run: str, stream: str | None = None, tail: int | None = None
               ) -> list[dict[str, Any]]:
         with self.session() as st:
-            st.run_info(run, self.owner)  # NotFound when it is not the caller's
+            _check_run(st, run, self.owner)
             return st.lines(run, stream, tail, owner=self.owner)
 
     def follow(self, run: str, poll: float = FOLLOW_POLL, settle: float = FOLLOW_SETTLE,
@@ -365,17 +372,17 @@ class StoreReader:
 
     def metadata(self, run: str) -> list[dict[str, Any]]:
         with self.session() as st:
-            st.run_info(run, self.owner)
+            _check_run(st, run, self.owner)
             return st.metadata(run, self.owner)
 
     def samples(self, run: str) -> list[dict[str, Any]]:
         with self.session() as st:
-            st.run_info(run, self.owner)
+            _check_run(st, run, self.owner)
             return st.samples(run, self.owner)
 
     def export_rows(self, run: str, what: str) -> list[dict[str, Any]]:
         with self.session() as st:
-            st.run_info(run, self.owner)
+            _check_run(st, run, self.owner)
             if what == "lines":
                 recs = st.lines(run, owner=self.owner)
             elif what == "metadata":
