@@ -98,6 +98,10 @@ class Reader(Protocol):
         """The run id REF names; NotFound when none of the caller's runs matches."""
         ...
 
+    def summary(self, run: str) -> dict[str, Any]:
+        """One run's summary (as in ``runs``), without listing every run."""
+        ...
+
     def lines(self, run: str, stream: str | None = None, tail: int | None = None
               ) -> list[dict[str, Any]]:
         """The run's output records (line, command, note, metadata) in order, run-level notes
@@ -322,6 +326,13 @@ class StoreReader:
     def resolve(self, ref: str | None) -> str:
         with self.session() as st:
             return st.resolve_run(ref, self.owner)
+
+    def summary(self, run: str) -> dict[str, Any]:
+        with self.session() as st:
+            rows = st.runs(self.owner, run)
+        if not rows:
+            raise NotFound(f"run {run!r} is not in the store")
+        return summary_of_store(rows[0])
 
     def lines(self, run: str, stream: str | None = None, tail: int | None = None
               ) -> list[dict[str, Any]]:
@@ -771,6 +782,13 @@ class LocalReader:
         self.held.release()  # the store is opened for each read: others take turns
         session = _Reopened(self.held)
         yield from StoreReader(session, self.owner).follow(run)
+
+    def summary(self, run: str) -> dict[str, Any]:
+        run_dir = self._dir(run)
+        if run_dir is None:
+            return self.store.summary(run)
+        who = self._mine(run_dir) or (self.user, self.uid)
+        return summary_of_spool(summarize(run_dir), *who)
 
     def log(self, run: str, stderr: bool = False, before: str | None = None,
             after: str | None = None, limit: int = LOG_PAGE) -> dict[str, Any]:
