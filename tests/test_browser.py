@@ -215,6 +215,7 @@ def test_dark_mode(site, browser, shots):
         "features": [{"name": "prefers-color-scheme", "value": "dark"}]})
     try:
         d.get(s.url)  # the token's cookie again (a test before may have cleared it)
+        console_errors(d)  # and its console messages (a 403 on purpose) read and dropped
         d.get(s.base + "/job/4242")
         wait(d).until(lambda d: d.execute_script("return document.body.dataset.ready") == "1")
         bg = d.execute_script("return getComputedStyle(document.body).backgroundColor")
