@@ -129,6 +129,21 @@ def _format_record(rec: Record, show_stream: bool) -> str | None:
     return None
 
 
+def format_insights(insights: list[dict[str, Any]], evidence: int = 3) -> list[str]:
+    """``show``'s first lines: each insight, the lines it rests on, what to try."""
+    if not insights:
+        return []
+    out = ["insights:"]
+    for i in insights:
+        out.append(f"  {i['kind']}: {i['message']}")
+        quoted = [e for e in i.get("evidence") or () if e.get("text") is not None]
+        for e in quoted[-evidence:]:
+            out.append(f"    {e['stream']} line {e['seq']}: {e['text']}")
+        if i.get("hint"):
+            out.append(f"    try: {i['hint']}")
+    return out
+
+
 def format_note(note: Note) -> str:
     if note.note == NOTE_REPEAT:
         s = "" if note.count == 1 else "s"
@@ -151,36 +166,48 @@ def format_note(note: Note) -> str:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per run.")
 def ls_cmd(spool: Path | None, store_dsn: str | None, as_json: bool) -> None:
     """List the runs in the spool, then those only in the store: id, state, start,
-    duration, lines, command."""
+    duration, lines, insights (the first kind `show` explains, and how many more), command."""
+    from .insights import Diagnoser, Outcome
     from .runs import list_summaries
 
     summaries = [s for s in list_summaries(_root(spool)) if s.state != "EMPTY"]
     stored = _store_rows_for_ls(store_dsn, {s.run_id for s in summaries})
+    # A spool run's flag comes from how it ended (its log is read by `show`); a stored run's
+    # from the insights the shipper stored.
+    flags = {s.run_id: [i.kind for i in Diagnoser().result(Outcome.of(s.end))]
+             if s.end is not None else [] for s in summaries}
     if as_json:
         for s in summaries:
-            click.echo(json.dumps(s.as_dict()))
+            click.echo(json.dumps({**s.as_dict(), "insights": flags[s.run_id]}))
         for r in stored:
             click.echo(json.dumps({k: r[k] for k in ("run", "state", "start", "duration",
                                                      "exit_status", "signal", "lines",
-                                                     "command", "owner")}))
+                                                     "command", "owner", "insights")}))
         return
     if not summaries and not stored:
         click.echo(f"no runs in {_root(spool)} or in the store", err=True)
         return
-    rows = [("RUN", "STATE", "START", "DURATION", "LINES", "COMMAND")]
+    rows = [("RUN", "STATE", "START", "DURATION", "LINES", "INSIGHTS", "COMMAND")]
     for s in summaries:
         rows.append((s.run_id, s.state, s.start_text, s.duration_text, str(s.lines),
-                     s.command_text))
+                     _flag(flags[s.run_id]), s.command_text))
     for r in stored:
         start = r["start"] if r["start"] is not None else r["last"]
         rows.append((r["run"], r["state"],
                      time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(start)),
                      f"{r['duration']:.1f}s" if r["duration"] is not None else "-",
-                     str(r["lines"]), " ".join(r["command"])))
-    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+                     str(r["lines"]), _flag(r["insights"]), " ".join(r["command"])))
+    widths = [max(len(row[i]) for row in rows) for i in range(6)]
     for row in rows:
-        click.echo("  ".join(c.ljust(w) for c, w in zip(row[:5], widths, strict=True))
-                   + "  " + row[5])
+        click.echo("  ".join(c.ljust(w) for c, w in zip(row[:6], widths, strict=True))
+                   + "  " + row[6])
+
+
+def _flag(kinds: list[str]) -> str:
+    """An ls cell: the first insight's kind and how many more (`show RUN` says them all)."""
+    if not kinds:
+        return "-"
+    return f"!{kinds[0]}" + (f" +{len(kinds) - 1}" if len(kinds) > 1 else "")
 
 
 @cli.command()
@@ -241,6 +268,9 @@ def show(spool: Path | None, as_json: bool, store_dsn: str | None, source: str,
     if as_json:
         click.echo(json.dumps(info, indent=2, default=str))
         return
+    insights = info.pop("insights", None) or []
+    for line in format_insights(insights):
+        click.echo(line)
     for key, value in info.items():
         if isinstance(value, dict):
             click.echo(f"{key}:")
@@ -456,8 +486,13 @@ def _store_rows_for_ls(dsn: str | None, known: set[str]) -> list[dict[str, Any]]
             counts = dict(st.client.query(
                 "SELECT run, count() FROM lines FINAL WHERE kind = 'line' GROUP BY run"
             ).result_rows)
+            kinds = dict(st.client.query(
+                "SELECT run, groupArray(kind) FROM (SELECT run, kind FROM insights FINAL "
+                "ORDER BY run, category = 'live', category = 'efficiency', ts) GROUP BY run"
+            ).result_rows)
             for r in rows:
                 r["lines"] = counts.get(r["run"], 0)
+                r["insights"] = list(kinds.get(r["run"], []))
     return rows
 
 
@@ -496,7 +531,7 @@ def upload(spool: Path | None, store_dsn: str | None, run_arg: str | None,
     warn = Warner(limit=20)
     res = do_upload(_root(spool), run=run, all=all_runs, force=force, dsn=store_dsn,
                     deadline=timeout, retention_days=None if keep else retention_days,
-                    identify=_trusted_identity, warn=warn)
+                    identify=_trusted_identity, warn=warn, job_info=_trusted_job_info)
     for run_id, seg, no, why in res.bad_lines[:20]:
         click.echo(f"logcapture: warning: run {run_id}: {seg} line {no}: corrupt line "
                    f"skipped: {why}", err=True)
@@ -540,12 +575,27 @@ def agent(spool: Path | None, store_dsn: str | None, batch_bytes: int, interval:
     a = Agent(root, store_dsn, batch_bytes=batch_bytes, batch_interval=interval,
               retention_days=None if keep else retention_days,
               identify=_trusted_identity, job_ended=samples_job_ended,
+              job_info=_trusted_job_info,
               warn=Warner(limit=1000))
     a.install_signal_handlers()
     click.echo(f"logcapture: agent shipping {root} to {describe_dsn(store_dsn)}", err=True)
     stats = a.run()
     click.echo(f"logcapture: agent stopped: {stats.records} records shipped in "
                f"{stats.flushes} flushes, {stats.failures} failed", err=True)
+
+
+def _trusted_job_info(run_dir: Path) -> dict[str, Any]:
+    """What Slurm said of a run's job (state, request), from the root-owned job record of a
+    Slurm run (``<root>/<job id>/<run>``); {} for any other run."""
+    job_id = run_dir.parent.name
+    if not job_id.isdigit():
+        return {}
+    try:
+        from .slurm import job_insight_info, read_job_record
+
+        return job_insight_info(read_job_record(str(run_dir.parent.parent), job_id))
+    except Exception:  # noqa: BLE001 - no record: the diagnosis goes without Slurm's word
+        return {}
 
 
 def _trusted_identity(run_dir: Path) -> Any:

@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from .errors import NotFound, SpoolError
+from .insights import Diagnoser, run_insights
+from .insights.efficiency import admin_thresholds
 from .records import (
     NOTE_BLANK,
     NOTE_MODE,
@@ -187,13 +189,16 @@ def describe_run(run_dir: Path) -> dict[str, Any]:
     metadata_rows: list[dict[str, Any]] = []  # stream order is time order
     samples: list[Sample] = []
     commands = 0
+    diagnoser = Diagnoser()
+    feed = diagnoser.feed
     for rec in iter_run(run_dir, stats):
-        if isinstance(rec, Start):
+        if isinstance(rec, Line):
+            lines[rec.stream] += 1
+            feed(rec.stream, rec.seq, rec.text)
+        elif isinstance(rec, Start):
             start = rec
         elif isinstance(rec, End):
             end = rec
-        elif isinstance(rec, Line):
-            lines[rec.stream] += 1
         elif isinstance(rec, Metadata):
             keys.update(rec.fields)
             metadata_rows.append(dict(rec.fields))
@@ -210,7 +215,10 @@ def describe_run(run_dir: Path) -> dict[str, Any]:
                 modes.append(rec.text)  # the classifier notes a change in both streams
             elif rec.note == NOTE_WARNING:
                 warnings += 1
-    info: dict[str, Any] = {"run": run_dir.name}
+    info: dict[str, Any] = {
+        "insights": [i.to_dict() for i in run_insights(
+            diagnoser, start, end, samples, thresholds=admin_thresholds())],
+        "run": run_dir.name}
     if start is not None:
         info["owner"] = f"{start.user} (uid {start.uid})"
         info["command"] = " ".join(start.command)

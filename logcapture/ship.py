@@ -324,6 +324,7 @@ class UploadResult:
     torn: int = 0
     set_aside: list[tuple[str, str, str]] = field(default_factory=list)  # run, segment, why
     deleted: int = 0  # segments deleted after shipping
+    insights: int = 0  # insights stored for runs that finished shipping
     warnings: list[str] = field(default_factory=list)
     error: str = ""
     elapsed: float = 0.0
@@ -368,6 +369,7 @@ class _RunJob:
     rc: RunCursor
     identity: Identity
     pending: list[_Pending] = field(default_factory=list)
+    newly_done: bool = False  # its last line reached the store in this shipping
 
 
 @dataclass
@@ -572,14 +574,39 @@ def _finish(job: _RunJob, result: UploadResult, retention_days: float | None) ->
                     for p in job.pending))
     if done and not cur.shipped_at:
         cur.shipped_at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        job.newly_done = True
     _retire(job.run_dir, job.pending, cur, retention_days, result)
     job.rc.save()
     return done
 
 
+JobInfo = Callable[[Path], dict[str, Any]]
+
+
+def diagnose_run(store: Store, identity: Identity, info: dict[str, Any],
+                 result: UploadResult) -> int:
+    """Store the insights of a run whose last line the store just took (its diagnosis when
+    it ended badly, its efficiency notes): ``info`` is what Slurm said of the job
+    (``slurm_state``, ``request``; ``{}`` outside Slurm). A failure here is a warning: the
+    run is shipped all the same."""
+    from .insights.efficiency import admin_thresholds
+    from .insights.report import diagnose_stored
+
+    try:
+        found = diagnose_stored(store, identity.run, slurm_state=str(info.get("slurm_state")
+                                                                     or ""),
+                                thresholds=admin_thresholds(), request=info.get("request"))
+        n = store.insert_insights(identity, [i.to_dict() for i in found], time.time())
+    except LogcaptureError as e:
+        result.warnings.append(f"run {identity.run}: no diagnosis: {e.message}")
+        return 0
+    result.insights += n
+    return n
+
+
 def ship_runs(store: Store, jobs: list[_RunJob], result: UploadResult, *,
               max_bytes: int = BATCH_BYTES, retention_days: float | None = RETENTION_DAYS,
-              force: bool = False) -> list[bool]:
+              force: bool = False, job_info: JobInfo | None = None) -> list[bool]:
     ready = []
     direct = store.reads_files
     for job in jobs:
@@ -594,19 +621,25 @@ def ship_runs(store: Store, jobs: list[_RunJob], result: UploadResult, *,
         _ship_direct(store, group, result)
     for batch in _pieces(ready, max_bytes):  # the rest, and what the store could not read
         _ship_batch(store, batch, result)
-    return [id(job) in jobs_ok and _finish(job, result, retention_days) for job in jobs]
+    done = [id(job) in jobs_ok and _finish(job, result, retention_days) for job in jobs]
+    for job in jobs:
+        if job.newly_done:
+            diagnose_run(store, job.identity,
+                         job_info(job.run_dir) if job_info is not None else {}, result)
+    return done
 
 
 def ship_run(store: Store, run_dir: Path, identity: Identity, rc: RunCursor,
              result: UploadResult, *, max_bytes: int = BATCH_BYTES,
-             retention_days: float | None = RETENTION_DAYS, force: bool = False) -> bool:
+             retention_days: float | None = RETENTION_DAYS, force: bool = False,
+             job_info: JobInfo | None = None) -> bool:
     """Ship what the cursor says is pending of one run (the caller holds the cursor lock,
     ``lock_cursor``) as ``identity``'s rows. Returns True when the whole run is in the store
     (end record shipped, every segment closed and fully shipped). Raises StoreUnavailable or
     StoreAuthError (the cursor keeps only what the store accepted); data errors set the
     segment aside and are reported in ``result``."""
     return ship_runs(store, [_RunJob(run_dir, rc, identity)], result, max_bytes=max_bytes,
-                     retention_days=retention_days, force=force)[0]
+                     retention_days=retention_days, force=force, job_info=job_info)[0]
 
 
 def _retire(run_dir: Path, pending: list[_Pending], cur: Cursor,
@@ -677,7 +710,7 @@ def upload(spool_root: Path, run: str | None = None, all: bool = False,  # noqa:
            identify: Callable[[Path], Identity] = identity_from_spool,
            max_bytes: int = BATCH_BYTES, warn: Warn | None = None,
            sleep: Callable[[float], None] = time.sleep,
-           shipped_ok: bool = False) -> UploadResult:
+           shipped_ok: bool = False, job_info: JobInfo | None = None) -> UploadResult:
     """Ship runs from ``spool_root`` to the store ``dsn``: the latest run (default), ``run``,
     or ``all`` runs not yet shipped (oldest first). A run already shipped is refused in
     single-run mode (exit 2) and skipped with ``all``, unless ``force``; ``shipped_ok``
@@ -711,7 +744,7 @@ def upload(spool_root: Path, run: str | None = None, all: bool = False,  # noqa:
                 _upload_one(run_dir, get_store, result, force=force,
                             single=not all, shipped_ok=shipped_ok, end=end,
                             retention_days=retention_days, identify=identify,
-                            max_bytes=max_bytes, sleep=sleep, warn=warn)
+                            max_bytes=max_bytes, sleep=sleep, warn=warn, job_info=job_info)
             except StoreAuthError as e:
                 result.failed.append(run_dir.name)
                 result.error = e.message
@@ -759,7 +792,8 @@ def _upload_one(run_dir: Path, get_store: Callable[[], Store], result: UploadRes
                 force: bool, single: bool, end: float, retention_days: float | None,
                 shipped_ok: bool = False,
                 identify: Callable[[Path], Identity], max_bytes: int,
-                sleep: Callable[[float], None], warn: Warn | None) -> None:
+                sleep: Callable[[float], None], warn: Warn | None,
+                job_info: JobInfo | None = None) -> None:
     name = run_dir.name
     with lock_cursor(run_dir, wait=max(0.0, end - time.monotonic())) as rc:
         if rc is None:
@@ -778,7 +812,7 @@ def _upload_one(run_dir: Path, get_store: Callable[[], Store], result: UploadRes
 
         def attempt() -> bool:
             return ship_run(get_store(), run_dir, identity, rc, result, max_bytes=max_bytes,
-                            retention_days=retention_days, force=force)
+                            retention_days=retention_days, force=force, job_info=job_info)
 
         first = True
 
@@ -827,10 +861,12 @@ class Agent:
                  identify: Callable[[Path], Identity] = identity_from_spool,
                  job_ended: Callable[[Path], bool] = lambda run_dir: False,
                  samples_idle: float = SAMPLES_IDLE, warn: Warn | None = None,
+                 job_info: JobInfo | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time):
         self.spool_root = Path(spool_root)
         self.job_ended = job_ended
+        self.job_info = job_info
         self.samples_idle = samples_idle
         self.wall = wall
         self.dsn = dsn
@@ -958,10 +994,13 @@ class Agent:
                     except (LogcaptureError, OSError) as e:
                         self.warn(f"run {run_dir.name}: {e}")
                 done = ship_runs(store, jobs, result, max_bytes=self.batch_bytes,
-                                 retention_days=self.retention_days)
+                                 retention_days=self.retention_days, job_info=self.job_info)
                 for job, d in zip(jobs, done, strict=True):
                     if not d and self._is_samples(job.run_dir):
                         d = self._samples_done(job)
+                        if d:  # the run's efficiency notes now have every sample
+                            diagnose_run(store, job.identity, self.job_info(job.run_dir)
+                                         if self.job_info else {}, result)
                     if d:
                         self._done.add(str(job.run_dir))
                         result.runs.append(job.run_dir.name)

@@ -1081,20 +1081,67 @@ def _ship(root: str, job_id: str, runs: list[str], admin: object, record: dict[s
     why = ""
     # The wrapper's runs, then the node sampler's (root's spool; same run ids, so the samples
     # join the job's run in the store under the same trusted identity).
-    todo = [(Path(root) / job_id, run) for run in runs]
-    todo += [(Path(root) / SAMPLES_DIR / job_id, run) for run in samples or []]
+    # The samples first: when the wrapper's run is complete in the store, the shipper
+    # diagnoses it, and its efficiency notes need every sample.
+    todo = [(Path(root) / SAMPLES_DIR / job_id, run) for run in samples or []]
+    todo += [(Path(root) / job_id, run) for run in runs]
+    info = job_insight_info(record)
     for spool_dir, run in todo:
         try:
             # shipped_ok: the agent may have shipped the run already (it tails the spool
             # root); then the job's spool is done all the same and is removed below
             result = upload(spool_dir, run=run, dsn=store, deadline=deadline,
-                            retention_days=0, identify=identify, shipped_ok=True)
+                            retention_days=0, identify=identify, shipped_ok=True,
+                            job_info=lambda _run_dir: info)
         except Exception as e:  # noqa: BLE001
             ok, why = False, f"upload failed ({type(e).__name__})"
             continue
         if result.exit_code != 0:
             ok, why = False, f"upload exit {result.exit_code}"
     return ok, why
+
+
+# Slurm's Reason for a job that is still COMPLETING (its final state comes only after the
+# epilogs, ``_record_final_state_later``), as the final state it announces.
+_REASON_STATES = {"TimeLimit": "TIMEOUT", "Deadline": "DEADLINE", "OutOfMemory": "OUT_OF_MEMORY",
+                  "NodeDown": "NODE_FAIL", "Preempted": "PREEMPTED", "Prolog": "FAILED"}
+
+
+def job_insight_info(record: dict[str, object] | None) -> dict[str, object]:
+    """What the diagnosis of a job's run needs from its trusted record: Slurm's state (final,
+    or announced by its Reason) and the job's request (``insights.efficiency``)."""
+    if not record:
+        return {}
+    state = str(record.get("slurm_state") or "")
+    if state in ("", "COMPLETING"):
+        state = _REASON_STATES.get(str(record.get("slurm_reason") or ""), "")
+    request = record.get("request")
+    return {"slurm_state": state, "request": request if isinstance(request, dict) else None}
+
+
+def _request(info: dict[str, str]) -> dict[str, float]:
+    """What the job asked Slurm for, from ``scontrol show job`` (TRES as ``cpu=2,mem=4000M,
+    node=1,gres/gpu=2``; TimeLimit as ``[days-]hh:mm:ss``)."""
+    from .insights.efficiency import parse_time_limit
+
+    out: dict[str, float] = {}
+    units = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+    for item in info.get("ReqTRES", info.get("TRES", "")).split(","):
+        key, _, value = item.partition("=")
+        try:
+            if key == "cpu":
+                out["cpus"] = float(value)
+            elif key == "mem" and value:
+                out["memory_bytes"] = float(value[:-1]) * units.get(value[-1], 1) \
+                    if value[-1] in units else float(value) * 2**20
+            elif key in ("gres/gpu", "gpu"):
+                out["gpus"] = float(value)
+        except ValueError:
+            continue
+    limit = parse_time_limit(info.get("TimeLimit", ""))
+    if limit:
+        out["time_limit_seconds"] = limit
+    return out
 
 
 def epilog(env: dict[str, str] | os._Environ[str], *, now: float | None = None,
@@ -1161,6 +1208,8 @@ def epilog(env: dict[str, str] | os._Environ[str], *, now: float | None = None,
             "wrapper_state": end["state"] if end else "",
             "duration": end["duration"] if end else None,
             "slurm_state": info.get("JobState", ""),
+            "slurm_reason": info.get("Reason", ""),
+            "request": _request(info),
             "slurm_exit_code": env.get("SLURM_JOB_EXIT_CODE2", ""),
         })
         if end is None:

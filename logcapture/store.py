@@ -72,10 +72,10 @@ from .errors import (
 )
 from .records import KINDS, Record, dumps, from_dict
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 DEFAULT_DATABASE = "logcapture"
 # The tables a user-facing name may refer to (the identifier allow-list).
-TABLES = ("runs", "lines", "notes", "metadata", "samples")
+TABLES = ("runs", "lines", "notes", "metadata", "samples", "insights")
 ALL_TABLES = ("ingest", *TABLES, "schema_version")
 VIEWS = ("ingest_runs_seen", "ingest_runs", "ingest_lines", "ingest_notes", "ingest_metadata",
          "ingest_samples")
@@ -291,6 +291,29 @@ FROM ingest WHERE kind = 'sample'""",
         "ALTER TABLE lines ADD INDEX IF NOT EXISTS text_tokens text "
         "TYPE tokenbf_v1(32768, 3, 0) GRANULARITY 8",
         "ALTER TABLE lines MATERIALIZE INDEX text_tokens SETTINGS mutations_sync = 0",
+    ]),
+    # 3: insights (logcapture.insights): why a run failed, efficiency notes, what the agent
+    # found while it ran. One row per run, owner and kind (the newest ``ts`` wins, so a
+    # diagnosis made again replaces the last one); ``numbers`` holds the numeric details
+    # (gpu_hours_idle, cpu_efficiency...) for dashboards: "jobs that held GPUs without using
+    # them last week" is a GROUP BY over it.
+    (3, [
+        """CREATE TABLE IF NOT EXISTS insights (
+    run String CODEC(ZSTD(3)),
+    owner LowCardinality(String),
+    uid UInt32,
+    cluster LowCardinality(String),
+    job_id String,
+    kind LowCardinality(String),
+    category LowCardinality(String),
+    ts DateTime64(3, 'UTC'),
+    message String CODEC(ZSTD(1)),
+    hint String CODEC(ZSTD(1)),
+    evidence String CODEC(ZSTD(1)),
+    details String CODEC(ZSTD(1)),
+    numbers Map(LowCardinality(String), Float64)
+) ENGINE = ReplacingMergeTree(ts)
+ORDER BY (run, owner, kind)""",
     ]),
 ]
 
@@ -1133,7 +1156,9 @@ class Store:
                                  if not isinstance(v, (dict, list)) and v is not None}
         info["warnings"] = sum(int(r[3]) for r in notes if r[1] == "warning")
         info["stored in"] = redact(self.dsn)
-        return info
+        from .insights.report import store_insights
+
+        return {"insights": store_insights(self, run, start, end, samples), **info}
 
     def _count(self, table: str, run: str) -> int:
         if table not in TABLES:
@@ -1260,6 +1285,67 @@ class Store:
         head = [info["start_record"]] if info["start_record"] else []
         tail = [info["end_record"]] if info["end_record"] else []
         return head + body + tail
+
+    # --- insights
+    def insert_insights(self, identity: Identity, insights: Iterable[Mapping[str, Any]],
+                        ts: float) -> int:
+        """Store a run's insights (``Insight.to_dict()``) as ``identity``'s, found at ``ts``
+        (epoch seconds); one row per kind replaces an older one."""
+        import datetime as _dt
+
+        rows = []
+        when = _dt.datetime.fromtimestamp(ts, _dt.UTC)
+        for i in insights:
+            details = dict(i.get("details") or {})
+            numbers = {k: float(v) for k, v in details.items()
+                       if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            rows.append([identity.run, identity.user, identity.uid, identity.cluster,
+                         identity.job_id, str(i["kind"]), str(i.get("category") or ""), when,
+                         str(i.get("message") or ""), str(i.get("hint") or ""),
+                         json.dumps(i.get("evidence") or [], ensure_ascii=False),
+                         json.dumps(details, ensure_ascii=False, default=str), numbers])
+        if not rows:
+            return 0
+        try:
+            self.client.insert("insights", rows, column_names=[
+                "run", "owner", "uid", "cluster", "job_id", "kind", "category", "ts",
+                "message", "hint", "evidence", "details", "numbers"])
+        except Exception as e:  # noqa: BLE001
+            raise classify(e, "storing insights") from None
+        return len(rows)
+
+    def insights(self, run: str, owner: str | None = None) -> list[dict[str, Any]]:
+        """The run's stored insights (``Insight.to_dict()`` plus ``ts``), failures first."""
+        cond = "run = {run:String}" + (" AND owner = {owner:String}" if owner else "")
+        rows = self._query(
+            "SELECT kind, category, toUnixTimestamp64Milli(ts), message, hint, evidence, "
+            "details FROM insights FINAL WHERE " + cond + " ORDER BY category = 'live', "
+            "category = 'efficiency', ts, kind", {"run": run, "owner": owner or ""})
+        return [{"kind": r[0], "category": r[1], "ts": r[2] / 1000, "message": r[3],
+                 "hint": r[4], "evidence": _loads(r[5], []), "details": _loads(r[6], {})}
+                for r in rows]
+
+    def diagnosis_lines(self, run: str, needles: Iterable[str], error_regex: str,
+                        traceback_head: str, traceback_lines: int
+                        ) -> tuple[list[tuple[str, int, str]], dict[str, int]]:
+        """What a diagnosis reads of a stored run, found by the engine: the lines holding one
+        of ``needles`` or matching ``error_regex`` (re2), and the ``traceback_lines`` lines
+        after the last ``traceback_head`` of each stream, in stream order; and the last
+        sequence number of each stream."""
+        p = {"run": run, "needles": list(needles), "rx": error_regex, "head": traceback_head,
+             "n": traceback_lines}
+        rows = self._query(
+            "WITH heads AS (SELECT stream, max(seq) AS h FROM lines FINAL WHERE run = "
+            "{run:String} AND kind = 'line' AND position(text, {head:String}) > 0 "
+            "GROUP BY stream) "
+            "SELECT stream, seq, text FROM lines FINAL WHERE run = {run:String} AND "
+            "kind = 'line' AND (multiSearchAny(text, {needles:Array(String)}) OR "
+            "match(text, {rx:String}) OR (stream, seq) IN (SELECT stream, "
+            "arrayJoin(range(h, h + {n:UInt64})) FROM heads)) ORDER BY stream, seq", p,
+            what="diagnosing")
+        last = dict(self._query("SELECT stream, max(seq) FROM lines FINAL WHERE run = "
+                                "{run:String} GROUP BY stream", {"run": run}))
+        return [(r[0], int(r[1]), r[2]) for r in rows], {k: int(v) for k, v in last.items()}
 
     # --- export
     def export(self, run: str, what: str, fmt: str, out: BinaryIO) -> int:
