@@ -41,7 +41,15 @@ if TYPE_CHECKING:
 OPTIN_ENV = "LOGCAPTURE_OPTIN"
 OPTIN_NAME = ".logoptin"
 OPTIN_MAX_BYTES = 65536
-OPTIN_KEYS = ("mode", "notify", "mail")
+OPTIN_KEYS = ("mode", "streams", "notify", "mail")
+# ``streams``: how the job's stdout and stderr are captured (runner.same_destination).
+# ``auto``: one terminal for both when they go to the same place (the order of their writes
+# is then kept there, as without logcapture), two otherwise; ``separate``: always two, so the
+# log keeps stderr apart, at the price of that order where they share a place. There is no
+# choice that merges streams going to different places: that would change what reaches them.
+STREAMS_AUTO = "auto"
+STREAMS_SEPARATE = "separate"
+STREAMS_CHOICES = (STREAMS_AUTO, STREAMS_SEPARATE)
 # The events a user may ask a message for (logcapture.insights.notify).
 NOTIFY_EVENTS = ("failed", "stalled", "nan-metric")
 
@@ -88,15 +96,17 @@ _YAML_TRUE = {"on", "yes", "true", "y"}
 # The configuration types are named tuples, as the records are (records.py says why).
 
 
-class OptinConfig(namedtuple("OptinConfig", ("mode", "notify", "mail"),
-                             defaults=(ENABLED, (), None))):
-    """The user's settings: ``mode`` (the cluster guide's option); ``notify``, the events
-    a short message is sent for (``NOTIFY_EVENTS``); ``mail``, where it goes (default: the
-    user's own mailbox, as Slurm's --mail-user)."""
+class OptinConfig(namedtuple("OptinConfig", ("mode", "streams", "notify", "mail"),
+                             defaults=(ENABLED, STREAMS_AUTO, (), None))):
+    """The user's settings: ``mode`` (the cluster guide's option), ``streams``
+    (``STREAMS_CHOICES``); ``notify``, the events a short message is sent for
+    (``NOTIFY_EVENTS``); ``mail``, where it goes (default: the user's own mailbox, as Slurm's
+    --mail-user)."""
 
     __slots__ = ()
     if TYPE_CHECKING:
         mode: str
+        streams: str
         notify: tuple[str, ...]
         mail: str | None
 
@@ -385,6 +395,7 @@ def _webhook(node: yaml.Node) -> Any:
                        "it may hold a token)")
     return value
 
+
 def _events(node: yaml.Node) -> Any:
     """A list of NOTIFY_EVENTS (a single event may be given bare)."""
     listed = ", ".join(NOTIFY_EVENTS)
@@ -414,7 +425,19 @@ def _mail(node: yaml.Node) -> Any:
     return value
 
 
-_OPTIN_SCHEMA: Schema = {"mode": _choice(MODES), "notify": _events, "mail": _mail}
+
+def _streams(node: yaml.Node) -> Any:
+    if isinstance(node, yaml.ScalarNode) and node.tag == _STR and node.value.strip().lower() in (
+            "merged", "merge", "combined", "one"):
+        raise _Problem(
+            f"must be one of {', '.join(STREAMS_CHOICES)}, not {node.value!r}: stdout and "
+            "stderr are captured as one stream whenever they go to the same place (auto); "
+            "to merge them, send both to one place (2>&1, or no #SBATCH -e)")
+    return _choice(STREAMS_CHOICES)(node)
+
+
+_OPTIN_SCHEMA: Schema = {"mode": _choice(MODES), "streams": _streams, "notify": _events,
+                         "mail": _mail}
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
 _QUOTED = re.compile(r"'([^']*)'|\"([^\"]*)\"")

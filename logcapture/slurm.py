@@ -709,7 +709,11 @@ def read_job_record(root: str, job_id: str) -> dict[str, object] | None:
         os.close(root_fd)
         return None
     try:
-        data = _read_root_file(jobs_fd, f"{job_id}.json")
+        # Only root's records count: a user can make a directory of this shape in a spool of
+        # their own, but not one owned by root and writable by root alone.
+        st = os.fstat(jobs_fd)
+        data = (_read_root_file(jobs_fd, f"{job_id}.json")
+                if st.st_uid == 0 and not st.st_mode & 0o022 else None)
     finally:
         os.close(jobs_fd)
         os.close(root_fd)
@@ -1065,7 +1069,7 @@ def _ship(root: str, job_id: str, runs: list[str], admin: object, record: dict[s
     try:
         from pathlib import Path
 
-        from .ship import upload
+        from .ship import trusted_identity, upload
         from .store import Identity
     except Exception as e:  # noqa: BLE001 - shipping is optional here
         return False, f"shipping unavailable ({type(e).__name__})"
@@ -1074,8 +1078,7 @@ def _ship(root: str, job_id: str, runs: list[str], admin: object, record: dict[s
         return False, "job record without user"
 
     def identify(run_dir: Path) -> Identity:
-        return Identity(run=run_dir.name, user=user, uid=uid,
-                        cluster=str(record.get("cluster", "")), job_id=job_id)
+        return trusted_identity(run_dir, record)
 
     ok = True
     why = ""

@@ -1021,18 +1021,48 @@ class Store:
         return self.insert_ndjson(b"".join(lines), identity)
 
     # --- reading
+    # Every read takes ``owner``: a user name, or None for all owners (the run's own store on a
+    # laptop, an administrator). The condition is built from constants only; the values are
+    # parameters (``_run_cond``).
     def runs(self, owner: str | None = None) -> list[dict[str, Any]]:
         """One dict per run, newest first: run, owner, uid, cluster, job_id, host, command,
-        start (epoch s), end, state (RUNNING while no end record), exit_status, signal,
-        duration."""
+        start (epoch s), end, last (newest record), state (RUNNING while no end record),
+        exit_status, signal, duration, slurm (the Start record's Slurm identity, a dict),
+        lines (output lines: the End record's counts, counted in the store while it runs)."""
         where = "WHERE owner = {owner:String}" if owner is not None else ""
         rows = self._query(
             "SELECT run, owner, uid, cluster, job_id, host, command, "
             "toUnixTimestamp64Nano(start_ts), toUnixTimestamp64Nano(end_ts), "
             "toUnixTimestamp64Nano(last_ts), ifNull(state, 'RUNNING'), exit_status, signal, "
-            "duration FROM runs FINAL " + where +
-            " ORDER BY ifNull(start_ts, last_ts) DESC, run", {"owner": owner} if owner else None)
-        return [self._run_row(r) for r in rows]
+            "duration, slurm, counts FROM runs FINAL " + where +
+            " ORDER BY ifNull(start_ts, last_ts) DESC, run",
+            {"owner": owner} if owner is not None else None)
+        out = [self._run_row(r) for r in rows]
+        for d, r in zip(out, rows, strict=True):
+            d["slurm"] = _loads(r[14], {})
+            counts = _loads(r[15], None)
+            d["lines"] = (sum(int(c.get("lines", 0)) for c in counts.values()
+                              if isinstance(c, dict))
+                          if isinstance(counts, dict) else None)
+        live = [d["run"] for d in out if d["lines"] is None]
+        if live:
+            counted = dict(self._query(
+                "SELECT run, count() FROM lines FINAL WHERE run IN {runs:Array(String)} AND "
+                "kind = 'line'" + (" AND owner = {owner:String}" if owner is not None else "")
+                + " GROUP BY run", {"runs": live, "owner": owner or ""}))
+            for d in out:
+                if d["lines"] is None:
+                    d["lines"] = int(counted.get(d["run"], 0))
+        kinds: dict[tuple[str, str], list[str]] = {}
+        for run, who, kind in self._query(
+                "SELECT run, owner, kind FROM insights FINAL" + (
+                    " WHERE owner = {owner:String}" if owner is not None else "")
+                + " ORDER BY run, category = 'live', category = 'efficiency', ts, kind",
+                {"owner": owner} if owner is not None else None):
+            kinds.setdefault((run, who), []).append(kind)
+        for d in out:
+            d["insights"] = kinds.get((d["run"], d["owner"]), [])
+        return out
 
     @staticmethod
     def _run_row(r: tuple[Any, ...]) -> dict[str, Any]:
@@ -1043,37 +1073,47 @@ class Store:
                 "last": _ns_to_float(r[9]), "state": r[10], "exit_status": r[11],
                 "signal": r[12], "duration": r[13]}
 
-    def has_run(self, run: str) -> bool:
-        return bool(self._query("SELECT count() FROM runs WHERE run = {run:String}",
-                                {"run": run})[0][0])
+    @staticmethod
+    def _run_cond(run: str, owner: str | None) -> tuple[str, dict[str, Any]]:
+        """The condition and parameters selecting one run's rows, of one owner or of all."""
+        if owner is None:
+            return "run = {run:String}", {"run": run}
+        return "run = {run:String} AND owner = {owner:String}", {"run": run, "owner": owner}
 
-    def resolve_run(self, ref: str | None) -> str:
+    def has_run(self, run: str, owner: str | None = None) -> bool:
+        cond, p = self._run_cond(run, owner)
+        return bool(self._query("SELECT count() FROM runs WHERE " + cond, p)[0][0])
+
+    def resolve_run(self, ref: str | None, owner: str | None = None) -> str:
         """The run id RUN names, as the other commands take it (``runs.find_run`` on the spool
         side): None or ``latest`` (the newest run in the store), a run id, or a Slurm job id
-        (``runs.job_id``, the newest such run). NotFound when the store has none."""
+        (the newest such run). NotFound when the store has none (of ``owner``'s)."""
+        mine = " AND owner = {owner:String}" if owner is not None else ""
+        p: dict[str, Any] = {"owner": owner or "", "ref": ref or ""}
         if ref is None or ref == "latest":
-            rows = self._query("SELECT run FROM runs FINAL ORDER BY ifNull(start_ts, last_ts) "
-                               "DESC, run DESC LIMIT 1")
+            rows = self._query("SELECT run FROM runs FINAL WHERE 1" + mine + " ORDER BY "
+                               "ifNull(start_ts, last_ts) DESC, run DESC LIMIT 1", p)
             if not rows:
                 raise NotFound("the store has no runs yet (ship one with `logcapture upload`)")
             return str(rows[0][0])
-        if self.has_run(ref):
+        if self.has_run(ref, owner):
             return ref
-        rows = self._query("SELECT run FROM runs FINAL WHERE job_id = {ref:String} ORDER BY "
-                           "ifNull(start_ts, last_ts) DESC LIMIT 1", {"ref": ref})
+        rows = self._query("SELECT run FROM runs FINAL WHERE job_id = {ref:String}" + mine
+                           + " ORDER BY ifNull(start_ts, last_ts) DESC LIMIT 1", p)
         if rows:
             return str(rows[0][0])
         raise NotFound(f"run {ref!r} is not in the store (ship it with `logcapture upload`)")
 
-    def run_info(self, run: str) -> dict[str, Any]:
+    def run_info(self, run: str, owner: str | None = None) -> dict[str, Any]:
         """The run's summary (as ``runs()``) plus ``start_record`` and ``end_record`` (record
         dicts as in the spool, or None) and per-table row counts."""
+        cond, p = self._run_cond(run, owner)
         rows = self._query(
             "SELECT run, owner, uid, cluster, job_id, host, command, "
             "toUnixTimestamp64Nano(start_ts), toUnixTimestamp64Nano(end_ts), "
             "toUnixTimestamp64Nano(last_ts), ifNull(state, 'RUNNING'), exit_status, signal, "
             "duration, start_seq, end_seq, cwd, record_user, record_uid, pid, mode, slurm, "
-            "inventory, config, counts FROM runs FINAL WHERE run = {run:String}", {"run": run})
+            "inventory, config, counts FROM runs FINAL WHERE " + cond, p)
         if not rows:
             raise NotFound(f"run {run!r} is not in the store")
         r = rows[0]
@@ -1092,79 +1132,38 @@ class Store:
                    "state": r[10], "duration": r[13] or 0.0, "counts": _loads(r[24], {})}
         info["start_record"] = start
         info["end_record"] = end
-        info["counts"] = {t: self._count(t, run) for t in ("lines", "notes", "metadata",
-                                                           "samples")}
+        info["counts"] = {t: self._count(t, run, owner) for t in ("lines", "notes", "metadata",
+                                                                  "samples")}
         return info
 
-    def describe(self, run: str) -> dict[str, Any]:
-        """What ``logcapture show`` prints for a run in the store (the keys of
-        ``runs.describe_run``), counted by the store rather than by reading every line."""
-        import time as _time
-
-        info0 = self.run_info(run)
-        start, end = info0["start_record"], info0["end_record"]
-        info: dict[str, Any] = {"run": run}
-        if start is not None:
-            info["owner"] = f"{info0['owner']} (uid {info0['uid']})"
-            info["command"] = " ".join(start["command"])
-            info["cwd"] = start["cwd"]
-            info["host"] = start["host"]
-            info["started"] = _time.strftime("%Y-%m-%d %H:%M:%S", _time.localtime(start["ts"]))
-            info["initial mode"] = start["mode"]
-            if start["slurm"]:
-                info["slurm"] = dict(start["slurm"])
-        if end is not None:
-            info["state"] = end["state"]
-            info["exit status"] = (end["exit_status"] if end["signal"] is None
-                                   else f"signal {end['signal']}")
-            info["duration"] = f"{end['duration']:.1f}s"
-        else:
-            info["state"] = "RUNNING"
-        p = {"run": run}
-        lines = dict(self._query("SELECT stream, count() FROM lines FINAL WHERE run = "
-                                 "{run:String} AND kind = 'line' GROUP BY stream", p))
-        notes = self._query("SELECT stream, note, sum(count), count() FROM notes FINAL WHERE "
-                            "run = {run:String} GROUP BY stream, note", p)
-        streams = ("stdout", "stderr")
-        info["lines"] = {s: lines.get(s, 0) for s in streams}
-        info["dropped repetitions"] = {s: sum(int(r[2]) for r in notes
-                                              if r[0] == s and r[1] == "repeat")
-                                       for s in streams}
-        info["dropped blank lines"] = {s: sum(int(r[2]) for r in notes
-                                              if r[0] == s and r[1] == "blank")
-                                       for s in streams}
-        info["commands"] = int(self._query("SELECT count() FROM lines FINAL WHERE run = "
-                                           "{run:String} AND kind = 'command'", p)[0][0])
-        info["mode changes"] = [r[0] for r in self._query(
-            "SELECT text FROM notes FINAL WHERE run = {run:String} AND note = 'mode' AND "
-            "stream = 'stdout' ORDER BY seq", p)]
-        info["metadata keys"] = [r[0] for r in self._query(
+    def tallies(self, run: str, owner: str | None = None) -> dict[str, Any]:
+        """What the store counts for ``query.describe`` without reading every line: output
+        lines per stream, ``notes`` as (stream, note, sum of count, records) rows, commands,
+        the mode changes in order (stdout's notes: the classifier notes a change in both
+        streams) and the metadata keys."""
+        cond, p = self._run_cond(run, owner)
+        lines = dict(self._query("SELECT stream, count() FROM lines FINAL WHERE " + cond
+                                 + " AND kind = 'line' GROUP BY stream", p))
+        notes = [(r[0], r[1], int(r[2]), int(r[3])) for r in self._query(
+            "SELECT stream, note, sum(count), count() FROM notes FINAL WHERE " + cond
+            + " GROUP BY stream, note", p)]
+        commands = int(self._query("SELECT count() FROM lines FINAL WHERE " + cond
+                                   + " AND kind = 'command'", p)[0][0])
+        modes = [r[0] for r in self._query(
+            "SELECT text FROM notes FINAL WHERE " + cond + " AND note = 'mode' AND "
+            "stream = 'stdout' ORDER BY ts, seq", p)]
+        keys = [r[0] for r in self._query(
             "SELECT DISTINCT arrayJoin(JSONExtractKeys(fields)) AS k FROM metadata FINAL "
-            "WHERE run = {run:String} ORDER BY k", p)]
-        from .xaxis import choose_x_axis_of_records
+            "WHERE " + cond + " ORDER BY k", p)]
+        return {"lines": lines, "notes": notes, "commands": commands, "modes": modes,
+                "metadata_keys": keys}
 
-        info["x axis"] = choose_x_axis_of_records(self.metadata(run)) or "-"
-        samples = self.samples(run)
-        if samples:
-            from .records import Sample
-            from .sampler import summarize as summarize_samples
-
-            summary = summarize_samples([Sample(**{k: v for k, v in d.items() if k != "kind"})
-                                         for d in samples],
-                                        wall_seconds=end["duration"] if end else None)
-            info["resources"] = {k: v for k, v in summary.items()
-                                 if not isinstance(v, (dict, list)) and v is not None}
-        info["warnings"] = sum(int(r[3]) for r in notes if r[1] == "warning")
-        info["stored in"] = redact(self.dsn)
-        from .insights.report import store_insights
-
-        return {"insights": store_insights(self, run, start, end, samples), **info}
-
-    def _count(self, table: str, run: str) -> int:
+    def _count(self, table: str, run: str, owner: str | None = None) -> int:
         if table not in TABLES:
             raise UsageError(f"unknown table {table!r}")
-        return int(self._query("SELECT count() FROM {t:Identifier} FINAL WHERE run = "
-                               "{run:String}", {"t": table, "run": run})[0][0])
+        cond, p = self._run_cond(run, owner)
+        return int(self._query("SELECT count() FROM {t:Identifier} FINAL WHERE " + cond,
+                               {"t": table, **p})[0][0])
 
     def _rows(self, table: str, columns: str, cond: str, params: dict[str, Any]
               ) -> list[tuple[Any, ...]]:
@@ -1224,14 +1223,26 @@ class Store:
                     d["options"] = _loads(o, {})
         return out
 
-    def lines(self, run: str, stream: str | None = None, limit: int | None = None
-              ) -> list[dict[str, Any]]:
+    def lines(self, run: str, stream: str | None = None, limit: int | None = None, *,
+              owner: str | None = None, after: Mapping[str, int] | None = None,
+              since: float | None = None) -> list[dict[str, Any]]:
         """What ``logcapture logs`` shows: the run's output-stream records (line, command,
         note, metadata) as spool record dicts, in order (ts, stream, seq); ``stream`` picks
         one stream; ``limit`` keeps the last N. Run-level notes (stream ``run``) included
-        when ``stream`` is None."""
-        params: dict[str, Any] = {"run": run, "stream": stream or ""}
-        cond = "run = {run:String} AND ({stream:String} = '' OR stream = {stream:String})"
+        when ``stream`` is None. ``after`` (stream -> the next seq not yet seen) and ``since``
+        (epoch seconds; no record older) read only what is new to a follower: seq counts each
+        stream from 0 and is shipped in order, so nothing is missed or read twice."""
+        cond, params = self._run_cond(run, owner)
+        params["stream"] = stream or ""
+        cond += " AND ({stream:String} = '' OR stream = {stream:String})"
+        if after is not None:
+            cond += (" AND seq >= transform(CAST(stream AS String), {streams:Array(String)}, "
+                     "{nexts:Array(UInt64)}, toUInt64(0))")
+            params["streams"] = list(after)
+            params["nexts"] = [int(v) for v in after.values()]
+        if since is not None:
+            cond += " AND ts >= fromUnixTimestamp64Nano({since:Int64})"
+            params["since"] = int(since * 1_000_000_000)
         if limit:
             tail = self._tail_of_lines(run, cond, params, int(limit))
             if tail is not None:
@@ -1260,27 +1271,27 @@ class Store:
         out.sort(key=lambda d: (d["ts"], d["stream"], d["seq"]))
         return out[-limit:] if limit else out
 
-    def metadata(self, run: str) -> list[dict[str, Any]]:
+    def metadata(self, run: str, owner: str | None = None) -> list[dict[str, Any]]:
         """Metadata records of the run, newest first (dashboards show them that way)."""
+        cond, p = self._run_cond(run, owner)
         rows = self._query("SELECT stream, seq, toUnixTimestamp64Nano(ts), fields FROM "
-                           "metadata FINAL WHERE run = {run:String} ORDER BY ts DESC, seq DESC",
-                           {"run": run})
+                           "metadata FINAL WHERE " + cond + " ORDER BY ts DESC, seq DESC", p)
         return [{"kind": "metadata", "run": run, "stream": r[0], "seq": r[1],
                  "ts": _ns_to_float(r[2]), "fields": _loads(r[3], {})} for r in rows]
 
-    def samples(self, run: str) -> list[dict[str, Any]]:
+    def samples(self, run: str, owner: str | None = None) -> list[dict[str, Any]]:
         """Sample records of the run, oldest first."""
+        cond, p = self._run_cond(run, owner)
         rows = self._query("SELECT stream, seq, toUnixTimestamp64Nano(ts), node, gpus, job "
-                           "FROM samples FINAL WHERE run = {run:String} ORDER BY ts, stream, "
-                           "seq", {"run": run})
+                           "FROM samples FINAL WHERE " + cond + " ORDER BY ts, stream, seq", p)
         return [{"kind": "sample", "run": run, "stream": r[0], "seq": r[1],
                  "ts": _ns_to_float(r[2]), "node": r[3], "gpus": _loads(r[4], []),
                  "job": _loads(r[5], {})} for r in rows]
 
-    def records(self, run: str) -> list[dict[str, Any]]:
+    def records(self, run: str, owner: str | None = None) -> list[dict[str, Any]]:
         """Every record of the run, as spool record dicts (start first, end last)."""
-        info = self.run_info(run)
-        body = self.lines(run) + self.samples(run)
+        info = self.run_info(run, owner)
+        body = self.lines(run, owner=owner) + self.samples(run, owner)
         body.sort(key=lambda d: (d["ts"], d["stream"], d["seq"]))
         head = [info["start_record"]] if info["start_record"] else []
         tail = [info["end_record"]] if info["end_record"] else []
@@ -1326,51 +1337,65 @@ class Store:
                 for r in rows]
 
     def diagnosis_lines(self, run: str, needles: Iterable[str], error_regex: str,
-                        traceback_head: str, traceback_lines: int
+                        traceback_head: str, traceback_lines: int, owner: str | None = None
                         ) -> tuple[list[tuple[str, int, str]], dict[str, int]]:
         """What a diagnosis reads of a stored run, found by the engine: the lines holding one
         of ``needles`` or matching ``error_regex`` (re2), and the ``traceback_lines`` lines
         after the last ``traceback_head`` of each stream, in stream order; and the last
         sequence number of each stream."""
-        p = {"run": run, "needles": list(needles), "rx": error_regex, "head": traceback_head,
-             "n": traceback_lines}
+        cond, p = self._run_cond(run, owner)
+        p.update(needles=list(needles), rx=error_regex, head=traceback_head, n=traceback_lines)
         rows = self._query(
-            "WITH heads AS (SELECT stream, max(seq) AS h FROM lines FINAL WHERE run = "
-            "{run:String} AND kind = 'line' AND position(text, {head:String}) > 0 "
-            "GROUP BY stream) "
-            "SELECT stream, seq, text FROM lines FINAL WHERE run = {run:String} AND "
-            "kind = 'line' AND (multiSearchAny(text, {needles:Array(String)}) OR "
-            "match(text, {rx:String}) OR (stream, seq) IN (SELECT stream, "
-            "arrayJoin(range(h, h + {n:UInt64})) FROM heads)) ORDER BY stream, seq", p,
-            what="diagnosing")
-        last = dict(self._query("SELECT stream, max(seq) FROM lines FINAL WHERE run = "
-                                "{run:String} GROUP BY stream", {"run": run}))
+            "WITH heads AS (SELECT stream, max(seq) AS h FROM lines FINAL WHERE " + cond
+            + " AND kind = 'line' AND position(text, {head:String}) > 0 GROUP BY stream) "
+            "SELECT stream, seq, text FROM lines FINAL WHERE " + cond + " AND kind = 'line' "
+            "AND (multiSearchAny(text, {needles:Array(String)}) OR match(text, {rx:String}) "
+            "OR (stream, seq) IN (SELECT stream, arrayJoin(range(h, h + {n:UInt64})) FROM "
+            "heads)) ORDER BY stream, seq", p, what="diagnosing")
+        last = dict(self._query("SELECT stream, max(seq) FROM lines FINAL WHERE " + cond
+                                + " GROUP BY stream", p))
         return [(r[0], int(r[1]), r[2]) for r in rows], {k: int(v) for k, v in last.items()}
 
     # --- export
-    def export(self, run: str, what: str, fmt: str, out: BinaryIO) -> int:
+    def export(self, run: str, what: str, fmt: str, out: BinaryIO,
+               owner: str | None = None) -> int:
         """Write the run's ``lines``, ``metadata`` or ``samples`` as ``csv``, ``ndjson`` or
         ``parquet`` to ``out``; returns the number of rows. Metadata and sample fields become
         columns (dotted keys)."""
-        if what not in ("lines", "metadata", "samples"):
-            raise UsageError(f"--what must be lines, metadata or samples, not {what!r}")
-        if fmt not in ("csv", "ndjson", "parquet"):
-            raise UsageError(f"--format must be csv, ndjson or parquet, not {fmt!r}")
-        self.run_info(run)  # NotFound when absent
-        rows = export_rows(self, run, what)
+        check_export(what, fmt)
+        self.run_info(run, owner)  # NotFound when absent
+        if what == "lines":
+            recs = self.lines(run, owner=owner)
+        else:
+            recs = self.metadata(run, owner) if what == "metadata" else self.samples(run, owner)
+        rows = export_rows(what, recs)
         write_rows(rows, fmt, out)
         return len(rows)
 
 
-def export_rows(store: Store, run: str, what: str) -> list[dict[str, Any]]:
+EXPORTS = ("lines", "metadata", "samples")
+EXPORT_FORMATS = ("csv", "ndjson", "parquet")
+
+
+def check_export(what: str, fmt: str) -> None:
+    if what not in EXPORTS:
+        raise UsageError(f"--what must be lines, metadata or samples, not {what!r}")
+    if fmt not in EXPORT_FORMATS:
+        raise UsageError(f"--format must be csv, ndjson or parquet, not {fmt!r}")
+
+
+def export_rows(what: str, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows ``export`` writes from one run's record dicts of that kind: its output records
+    (``lines``), metadata records (one column per key) or sample records (``job.KEY`` and
+    ``gpuN.KEY`` columns)."""
     if what == "lines":
         return [{"ts": d["ts"], "stream": d["stream"], "seq": d["seq"], "kind": d["kind"],
-                 "text": _line_text(d)} for d in store.lines(run)]
+                 "text": _line_text(d)} for d in records]
     if what == "metadata":
-        recs = sorted(store.metadata(run), key=lambda d: (d["ts"], d["seq"]))
+        recs = sorted(records, key=lambda d: (d["ts"], d["seq"]))
         return [{"ts": d["ts"], "seq": d["seq"], **d["fields"]} for d in recs]
     rows = []
-    for d in store.samples(run):
+    for d in records:
         row: dict[str, Any] = {"ts": d["ts"], "node": d["node"]}
         row.update({f"job.{k}": v for k, v in d["job"].items()})
         for i, gpu in enumerate(d["gpus"]):

@@ -18,40 +18,45 @@ from .efficiency import Thresholds, admin_thresholds
 from .model import LIVE, Insight
 
 
-def _records(store: Any, run: str) -> tuple[Any, Any, list[dict[str, Any]]]:
-    info = store.run_info(run)
-    return info["start_record"], info["end_record"], store.samples(run)
+def _records(store: Any, run: str, owner: str | None
+             ) -> tuple[Any, Any, list[dict[str, Any]]]:
+    info = store.run_info(run, owner)
+    return info["start_record"], info["end_record"], store.samples(run, owner)
 
 
 def diagnose_stored(store: Any, run: str, start: Any = None, end: Any = None,
                     samples: list[dict[str, Any]] | None = None, *, slurm_state: str = "",
                     thresholds: Thresholds | None = None,
-                    request: dict[str, float] | None = None) -> list[Insight]:
-    """Diagnose a run that is in the store (its failure and its efficiency)."""
+                    request: dict[str, float] | None = None,
+                    owner: str | None = None) -> list[Insight]:
+    """Diagnose a run that is in the store (its failure and its efficiency), of ``owner``
+    (None: the only one)."""
     from . import run_insights
 
     if start is None and end is None:
-        start, end, samples = _records(store, run)
+        start, end, samples = _records(store, run, owner)
     if end is None:
         return []
     lines, last = store.diagnosis_lines(run, M.NEEDLES, M.ERROR_LOOKING_RE2,
-                                        M.TRACEBACK_HEAD, MAX_TRACEBACK_LINES)
+                                        M.TRACEBACK_HEAD, MAX_TRACEBACK_LINES, owner)
     d = Diagnoser()
     for stream, seq, text in lines:
         d.feed(stream, seq, text)
     for stream, seq in last.items():
         d.note_last_seq(stream, seq)
     return run_insights(d, start, end, samples if samples is not None else
-                        store.samples(run), slurm_state=slurm_state,
+                        store.samples(run, owner), slurm_state=slurm_state,
                         thresholds=thresholds or admin_thresholds(), request=request)
 
 
 def store_insights(store: Any, run: str, start: Any, end: Any,
-                   samples: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+                   samples: list[dict[str, Any]] | None, owner: str | None = None
+                   ) -> list[dict[str, Any]]:
     """What ``show`` lists for a stored run: its stored insights when the shipper diagnosed
     it, else a diagnosis made now, with what the agent found while it ran."""
-    stored = store.insights(run)
+    stored = store.insights(run, owner)
     if end is None or any(i["category"] != LIVE for i in stored):
         return stored
     live = [i for i in stored if i["category"] == LIVE]
-    return [i.to_dict() for i in diagnose_stored(store, run, start, end, samples)] + live
+    return [i.to_dict() for i in diagnose_stored(store, run, start, end, samples,
+                                                 owner=owner)] + live
