@@ -500,27 +500,34 @@ def upload(spool: Path | None, store_dsn: str | None, run_arg: str | None,
               help="Ship when this many new spool bytes are waiting.")
 @click.option("--interval", type=float, default=2.0, show_default=True,
               help="Ship at least this often (seconds) when anything is waiting.")
+@click.option("--live-every", type=float, default=30.0, show_default=True,
+              help="Look for stalled runs this often (seconds); the admin config's "
+                   "stall_seconds says how long without output is a stall.")
 @_retention_options
 def agent(spool: Path | None, store_dsn: str | None, batch_bytes: int, interval: float,
-          retention_days: float, keep: bool) -> None:
+          live_every: float, retention_days: float, keep: bool) -> None:
     """Tail the spool and ship new lines to the store in batches, until TERM or INT (then
     ship what is waiting and exit 0). Holds an embedded store only while shipping a batch.
     Run as root on each node for every user's spool (the spool root of the config file),
-    the node samplers' samples (<spool root>/.samples) included."""
+    the node samplers' samples (<spool root>/.samples) included. While jobs run it finds
+    stalls and metrics that turned NaN, stores every finished run's insights, and sends the
+    messages users asked for in their .logoptin (docs/insights.md)."""
+    from .config import load_admin
+    from .insights.notify import Notifier
     from .ship import Agent, describe_dsn
-    from .slurm import samples_job_ended
+    from .slurm import NOTIFIED_DIR, samples_job_ended
 
     root = _root(spool)
-    if spool is None:
-        from .config import load_admin
-
-        admin = load_admin()
-        if os.geteuid() == 0 and admin.spool_root:
-            root = Path(admin.spool_root)
+    admin = load_admin()
+    if spool is None and os.geteuid() == 0 and admin.spool_root:
+        root = Path(admin.spool_root)
+    notifier = Notifier(root / NOTIFIED_DIR, mail_prog=admin.mail_prog,
+                        webhook=admin.notify_webhook)
     a = Agent(root, store_dsn, batch_bytes=batch_bytes, batch_interval=interval,
               retention_days=None if keep else retention_days,
               identify=_trusted_identity, job_ended=samples_job_ended,
-              job_info=_trusted_job_info,
+              job_info=_trusted_job_info, notifier=notifier,
+              stall_seconds=admin.stall_seconds, live_every=live_every,
               warn=Warner(limit=1000))
     a.install_signal_handlers()
     click.echo(f"logcapture: agent shipping {root} to {describe_dsn(store_dsn)}", err=True)

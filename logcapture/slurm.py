@@ -67,6 +67,7 @@ if TYPE_CHECKING:
 DEFAULT_SPOOL_ROOT = "/var/spool/logcapture"
 JOBS_DIR = ".jobs"
 SAMPLES_DIR = ".samples"  # root, 0700: the node samplers' spool, laid out like a spool root
+NOTIFIED_DIR = ".notified"  # root, 0700: one marker per message sent (insights.notify)
 SAMPLERS_DIR = ".samplers"  # root, 0755: <job id>.pid of each running node sampler (0644)
 PUBLIC_CONFIG = ".config.yaml"
 SHEBANG_MAX = 256  # Linux reads at most this many bytes of a "#!" line (BINPRM_BUF_SIZE)
@@ -1016,10 +1017,38 @@ def _record_final_state_later(root: str, job_id: str, timeout: float = 120.0) ->
             state = slurm_state(job_id)
             if state and state != "COMPLETING":
                 _update_record(root, job_id, {"slurm_state": state})
+                _rediagnose(root, job_id)
                 break
     except BaseException:  # noqa: BLE001 - a detached helper never reports anywhere
         pass
     os._exit(0)
+
+
+def _rediagnose(root: str, job_id: str) -> None:
+    """Once Slurm's final state is known (after the epilog), diagnose the job's run in the
+    store again with it (TIMEOUT, CANCELLED... where the epilog saw only COMPLETING), and send
+    the message its user asked for (insights.notify: once per job and event)."""
+    from pathlib import Path
+
+    from .config import load_admin
+    from .insights.notify import Notifier
+    from .ship import UploadResult, diagnose_run
+    from .store import Identity, open_store
+
+    admin = load_admin()
+    record = read_job_record(root, job_id)
+    if not admin.store or not record or not isinstance(record.get("run_id"), str):
+        return
+    uid, user = record.get("uid"), record.get("user")
+    if not isinstance(uid, int) or not isinstance(user, str):
+        return
+    identity = Identity(run=record["run_id"], user=user, uid=uid,
+                        cluster=str(record.get("cluster", "")), job_id=job_id)
+    notifier = Notifier(Path(root) / NOTIFIED_DIR, mail_prog=admin.mail_prog,
+                        webhook=admin.notify_webhook)
+    with open_store(admin.store, wait=60.0, must_exist=True) as store:
+        if store.has_run(identity.run, user):
+            diagnose_run(store, identity, job_insight_info(record), UploadResult(), notifier)
 
 
 def _run_dirs(names: list[str], job_id: str) -> list[str]:
@@ -1089,13 +1118,20 @@ def _ship(root: str, job_id: str, runs: list[str], admin: object, record: dict[s
     todo = [(Path(root) / SAMPLES_DIR / job_id, run) for run in samples or []]
     todo += [(Path(root) / job_id, run) for run in runs]
     info = job_insight_info(record)
+    from .insights.notify import Notifier
+
+    # While Slurm says only COMPLETING, the "failed" message waits for the final state
+    # (_rediagnose): a cancelled job's End says SIGTERM, its state says who and why.
+    notifier = Notifier(Path(root) / NOTIFIED_DIR, mail_prog=getattr(admin, "mail_prog", None),
+                        webhook=getattr(admin, "notify_webhook", None)) \
+        if info.get("slurm_state") else None
     for spool_dir, run in todo:
         try:
             # shipped_ok: the agent may have shipped the run already (it tails the spool
             # root); then the job's spool is done all the same and is removed below
             result = upload(spool_dir, run=run, dsn=store, deadline=deadline,
                             retention_days=0, identify=identify, shipped_ok=True,
-                            job_info=lambda _run_dir: info)
+                            job_info=lambda _run_dir: info, notifier=notifier)
         except Exception as e:  # noqa: BLE001
             ok, why = False, f"upload failed ({type(e).__name__})"
             continue
