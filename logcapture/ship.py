@@ -622,7 +622,7 @@ def diagnose_run(store: Store, identity: Identity, info: dict[str, Any],
     from .insights.report import diagnose_stored
 
     try:
-        rec = store.run_info(identity.run, identity.user)
+        rec = store.run_info(identity.run, identity.user, counts=False)
         start, end = rec["start_record"], rec["end_record"]
         found = diagnose_stored(store, identity.run, start, end,
                                 store.samples(identity.run, identity.user),

@@ -277,13 +277,10 @@ LIBRARY_FILE = re.compile(r"(?:site-packages|dist-packages)/|/lib/python\d(?:\.\
                           r"^<frozen |^<string>$|/lib64/python\d")
 PYTHON_HINT = "the line above is where your code raised it; the message says why"
 
-# The catch-all: lines that look like an error (whole words, any case), when nothing more
-# specific matched.
-ERROR_WORDS = ("error", "Error", "ERROR", "fatal", "Fatal", "FATAL", "exception", "Exception",
-               "failed", "Failed", "FAILED", "panic", "abort", "Abort")
-# The same words for the store's engine (re2 has no look-behind).
-ERROR_LOOKING_RE2 = (r"(?:^|[^\w-])(?:[Ee]rror|ERROR|[Ff]atal|FATAL|[Ee]xception|[Ff]ailed|FAILED|"
-                     r"panic|[Aa]bort(?:ed|ing)?)(?:$|[^\w-])")
+# The catch-all: lines that look like an error (these words, whole, when nothing more specific
+# matched). ERROR_WORDS, in any case, finds the candidates (the store: one
+# multiSearchAnyCaseInsensitive); ERROR_LOOKING decides.
+ERROR_WORDS = ("error", "fatal", "exception", "failed", "panic", "abort")
 ERROR_LOOKING = re.compile(r"(?<![\w-])(?:[Ee]rror|ERROR|[Ff]atal|FATAL|[Ee]xception|[Ff]ailed|"
                            r"FAILED|panic|[Aa]bort(?:ed|ing)?)(?![\w-])")
 

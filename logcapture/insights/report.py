@@ -13,14 +13,14 @@ from __future__ import annotations
 from typing import Any
 
 from . import matchers as M
-from .diagnose import MAX_TRACEBACK_LINES, Diagnoser
+from .diagnose import MAX_TRACEBACK_LINES, TRAILING_LINES, Diagnoser
 from .efficiency import Thresholds, admin_thresholds
 from .model import LIVE, Insight
 
 
 def _records(store: Any, run: str, owner: str | None
              ) -> tuple[Any, Any, list[dict[str, Any]]]:
-    info = store.run_info(run, owner)
+    info = store.run_info(run, owner, counts=False)
     return info["start_record"], info["end_record"], store.samples(run, owner)
 
 
@@ -37,8 +37,8 @@ def diagnose_stored(store: Any, run: str, start: Any = None, end: Any = None,
         start, end, samples = _records(store, run, owner)
     if end is None:
         return []
-    lines, last = store.diagnosis_lines(run, M.NEEDLES, M.ERROR_LOOKING_RE2,
-                                        M.TRACEBACK_HEAD, MAX_TRACEBACK_LINES, owner)
+    lines, last = store.diagnosis_lines(run, M.NEEDLES, M.ERROR_WORDS, M.TRACEBACK_HEAD,
+                                        MAX_TRACEBACK_LINES, TRAILING_LINES, owner)
     d = Diagnoser()
     for stream, seq, text in lines:
         d.feed(stream, seq, text)
