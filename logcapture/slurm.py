@@ -70,6 +70,7 @@ SAMPLES_DIR = ".samples"  # root, 0700: the node samplers' spool, laid out like 
 NOTIFIED_DIR = ".notified"  # root, 0700: one marker per message sent (insights.notify)
 SAMPLERS_DIR = ".samplers"  # root, 0755: <job id>.pid of each running node sampler (0644)
 PUBLIC_CONFIG = ".config.yaml"
+SECRET_KEYS = ("store", "notify_webhook")  # admin keys never copied where jobs read
 SHEBANG_MAX = 256  # Linux reads at most this many bytes of a "#!" line (BINPRM_BUF_SIZE)
 WRAPPER_OPTIONS = ("--spool-root",)
 
@@ -664,11 +665,13 @@ def _read_root_file(dir_fd: int, name: str, limit: int = 1 << 20) -> bytes | Non
 
 
 def public_config(admin: AdminConfig) -> bytes:
-    """The admin config without its secrets (the store DSN), as YAML for jobs."""
+    """The admin config without its secrets (the store DSN, the webhook URL, which often
+    holds a token), as YAML for jobs."""
     import yaml
 
     values = admin._asdict()
-    values.pop("store", None)
+    for secret in SECRET_KEYS:
+        values.pop(secret, None)
     values = {k: v for k, v in values.items() if v not in (None, "")}
     header = b"# Written by the logcapture prolog from the admin config, without secrets.\n"
     return header + yaml.safe_dump(values, sort_keys=True).encode()
@@ -1037,12 +1040,13 @@ def _rediagnose(root: str, job_id: str) -> None:
 
     admin = load_admin()
     record = read_job_record(root, job_id)
-    if not admin.store or not record or not isinstance(record.get("run_id"), str):
+    run_id = record.get("run_id") if record else None
+    if not admin.store or not record or not isinstance(run_id, str):
         return
     uid, user = record.get("uid"), record.get("user")
     if not isinstance(uid, int) or not isinstance(user, str):
         return
-    identity = Identity(run=record["run_id"], user=user, uid=uid,
+    identity = Identity(run=run_id, user=user, uid=uid,
                         cluster=str(record.get("cluster", "")), job_id=job_id)
     notifier = Notifier(Path(root) / NOTIFIED_DIR, mail_prog=admin.mail_prog,
                         webhook=admin.notify_webhook)

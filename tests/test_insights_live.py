@@ -242,3 +242,15 @@ while not os.path.exists({str(flag)!r}) and time.time() - t < 60:
     show = json.loads(run_lc(["show", "live-1", "--json", "--store", store], env).stdout)
     kinds = [i["kind"] for i in show["insights"]]
     assert "nan-metric" in kinds and "stalled" in kinds
+
+
+def test_the_webhook_url_never_reaches_the_jobs_copy_of_the_config(tmp_path: Path) -> None:
+    from logcapture.config import load_admin
+    from logcapture.slurm import public_config
+
+    path = tmp_path / "config.yaml"
+    path.write_text("store: chdb:///x\nnotify_webhook: https://hooks.example.org/T0/SECRET\n"
+                    "stall_seconds: 600\nmail_prog: /usr/sbin/sendmail-wrapper\n")
+    text = public_config(load_admin(path, env={})).decode()
+    assert "SECRET" not in text and "chdb" not in text
+    assert "stall_seconds: 600" in text and "mail_prog" in text

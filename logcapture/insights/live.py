@@ -165,11 +165,11 @@ class LiveWatch:
         s = run.last_sample
         if not s:
             return "", "", {}
-        job = s.get("job") if isinstance(s.get("job"), dict) else {}
-        cpu = job.get("cpu_percent")
-        gpus = [g.get("utilization_gpu_percent") for g in s.get("gpus") or ()
-                if isinstance(g, dict) and isinstance(g.get("utilization_gpu_percent"),
-                                                      (int, float))]
+        job = s.get("job")
+        cpu = job.get("cpu_percent") if isinstance(job, dict) else None
+        gpus: list[float] = [float(g["utilization_gpu_percent"]) for g in s.get("gpus") or ()
+                             if isinstance(g, dict) and isinstance(
+                                 g.get("utilization_gpu_percent"), (int, float))]
         parts = []
         details: dict[str, Any] = {}
         busy = False
