@@ -617,7 +617,7 @@ def diagnose_run(store: Store, identity: Identity, info: dict[str, Any],
     (``slurm_state``, ``request``; ``{}`` outside Slurm). A run that failed, of a user who
     asked for it (``notify: [failed]``), gets its message through ``notifier``. A failure
     here is a warning: the run is shipped all the same."""
-    from .insights import FAILURE
+    from .insights import EFFICIENCY, FAILURE
     from .insights.efficiency import admin_thresholds
     from .insights.report import diagnose_stored
 
@@ -630,7 +630,8 @@ def diagnose_run(store: Store, identity: Identity, info: dict[str, Any],
                                 thresholds=admin_thresholds(), request=info.get("request"),
                                 owner=identity.user)
         dicts = [i.to_dict() for i in found]
-        n = store.insert_insights(identity, dicts, time.time())
+        n = store.insert_insights(identity, dicts, time.time(),
+                                  replace=(FAILURE, EFFICIENCY))
     except LogcaptureError as e:
         result.warnings.append(f"run {identity.run}: no diagnosis: {e.message}")
         return 0

@@ -1302,10 +1302,18 @@ class Store:
 
     # --- insights
     def insert_insights(self, identity: Identity, insights: Iterable[Mapping[str, Any]],
-                        ts: float) -> int:
+                        ts: float, *, replace: tuple[str, ...] = ()) -> int:
         """Store a run's insights (``Insight.to_dict()``) as ``identity``'s, found at ``ts``
-        (epoch seconds); one row per kind replaces an older one."""
+        (epoch seconds); one row per kind replaces an older one. ``replace``: categories
+        whose older rows of the run go first (a diagnosis made again with Slurm's final
+        state is the whole answer: a kind it no longer gives must not stay)."""
         import datetime as _dt
+
+        if replace:
+            self._command("DELETE FROM insights WHERE run = {run:String} AND owner = "
+                          "{owner:String} AND category IN {cats:Array(String)}",
+                          {"run": identity.run, "owner": identity.user, "cats": list(replace)},
+                          what="replacing insights")
 
         rows = []
         when = _dt.datetime.fromtimestamp(ts, _dt.UTC)

@@ -134,3 +134,23 @@ def test_ls_flags_runs_that_ended_badly(lc_env: dict[str, str], tmp_path: Path) 
     table = run_lc(["ls"], lc_env).stdout.decode().splitlines()
     assert "INSIGHTS" in table[0]
     assert any(line.startswith("segv-1") and "!signal" in line for line in table)
+
+
+def test_a_diagnosis_made_again_replaces_the_whole_answer(tmp_path: Path) -> None:
+    """The epilog saw SIGTERM (Slurm said COMPLETING); once the final state is CANCELLED the
+    answer is `cancelled`, and the `signal` row of the first diagnosis is gone."""
+    from logcapture.ship import UploadResult, diagnose_run
+
+    with open_store(f"chdb://{tmp_path}/store") as st:
+        ident = Identity("77", "alice", 1000, job_id="77")
+        st.insert_records([
+            {"kind": "start", "run": "77", "stream": "run", "seq": 0, "ts": 1.7e9,
+             "command": ["bash", "job.sh"]},
+            {"kind": "line", "run": "77", "stream": "stdout", "seq": 0, "ts": 1.7e9 + 1,
+             "text": "before the cancel"},
+            {"kind": "end", "run": "77", "stream": "run", "seq": 1, "ts": 1.7e9 + 9,
+             "signal": 15, "state": "SIGNALED", "duration": 9.0}], ident)
+        diagnose_run(st, ident, {}, UploadResult())
+        assert [i["kind"] for i in st.insights("77")] == ["signal"]
+        diagnose_run(st, ident, {"slurm_state": "CANCELLED"}, UploadResult())
+        assert [i["kind"] for i in st.insights("77")] == ["cancelled"]

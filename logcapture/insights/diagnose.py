@@ -45,6 +45,7 @@ SLURM_STATES = {
                       "ask for more memory (--mem or --mem-per-cpu), or use less"),
     "BOOT_FAIL": ("node-fail", "a node of the job failed to boot", "resubmit"),
 }
+_STOPPED_BY_SLURM = ("time-limit", "cancelled", "preempted", "node-fail")
 GOOD_STATES = ("", "COMPLETED", "RUNNING", "COMPLETING", "PENDING", "SUSPENDED")
 # The order insights are listed in: the cause first, its consequences after.
 ORDER = ("oom-kill", "cuda-oom", "time-limit", "node-fail", "preempted", "cancelled",
@@ -323,6 +324,8 @@ class Diagnoser:
                 "SIGTERM": "something asked the job to stop (scancel, Slurm at the time limit)"}
         if "oom-kill" in out and name == "SIGKILL":
             return  # the OOM killer's SIGKILL: oom-kill says it
+        if name in ("SIGTERM", "SIGKILL") and any(k in out for k in _STOPPED_BY_SLURM):
+            return  # how Slurm stops a job at its time limit, on scancel, on preemption
         out["signal"] = Insight("signal", message, (), hint.get(name, ""), FAILURE,
                                 {"signal": name, "number": number})
 
