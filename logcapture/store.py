@@ -1316,8 +1316,10 @@ class Store:
                           what="replacing insights")
 
         rows = []
-        when = _dt.datetime.fromtimestamp(ts, _dt.UTC)
-        for i in insights:
+        for n, i in enumerate(insights):
+            # a millisecond apart, in the order given (the diagnosis lists the cause first):
+            # ``insights()`` reads them back by ts
+            when = _dt.datetime.fromtimestamp(ts + n / 1000, _dt.UTC)
             details = dict(i.get("details") or {})
             numbers = {k: float(v) for k, v in details.items()
                        if isinstance(v, (int, float)) and not isinstance(v, bool)}
@@ -1342,7 +1344,7 @@ class Store:
         rows = self._query(
             "SELECT kind, category, toUnixTimestamp64Milli(ts), message, hint, evidence, "
             "details FROM insights FINAL WHERE " + cond + " ORDER BY category = 'live', "
-            "category = 'efficiency', ts, kind", {"run": run, "owner": owner or ""})
+            "category = 'efficiency', ts", {"run": run, "owner": owner or ""})
         return [{"kind": r[0], "category": r[1], "ts": r[2] / 1000, "message": r[3],
                  "hint": r[4], "evidence": _loads(r[5], []), "details": _loads(r[6], {})}
                 for r in rows]
