@@ -992,7 +992,8 @@ def _update_record(root: str, job_id: str, fields: dict[str, object]) -> bool:
     return True
 
 
-def _record_final_state_later(root: str, job_id: str, timeout: float = 120.0) -> None:
+def _record_final_state_later(root: str, job_id: str, timeout: float = 120.0,
+                              record: dict[str, object] | None = None) -> None:
     """Slurm reports a job as COMPLETING until its epilogs have ended, so its final state
     (COMPLETED, FAILED, CANCELLED, TIMEOUT...) can only be read after the epilog: a detached
     process (its own session, no inherited descriptors, so neither slurmd nor the epilog
@@ -1020,17 +1021,20 @@ def _record_final_state_later(root: str, job_id: str, timeout: float = 120.0) ->
             state = slurm_state(job_id)
             if state and state != "COMPLETING":
                 _update_record(root, job_id, {"slurm_state": state})
-                _rediagnose(root, job_id)
+                # the record as the epilog wrote it: a job it shipped has none any more
+                _rediagnose({**(record or {}), "slurm_state": state}, job_id)
                 break
     except BaseException:  # noqa: BLE001 - a detached helper never reports anywhere
         pass
     os._exit(0)
 
 
-def _rediagnose(root: str, job_id: str) -> None:
+def _rediagnose(record: dict[str, object], job_id: str) -> None:
     """Once Slurm's final state is known (after the epilog), diagnose the job's run in the
     store again with it (TIMEOUT, CANCELLED... where the epilog saw only COMPLETING), and send
-    the message its user asked for (insights.notify: once per job and event)."""
+    the message its user asked for (insights.notify: once per job and event). ``record``: the
+    job's trusted record as the epilog completed it, with the final ``slurm_state`` (the
+    epilog removes the record of a job it shipped)."""
     from pathlib import Path
 
     from .config import load_admin
@@ -1039,7 +1043,7 @@ def _rediagnose(root: str, job_id: str) -> None:
     from .store import Identity, open_store
 
     admin = load_admin()
-    record = read_job_record(root, job_id)
+    root = _spool_root(admin)
     run_id = record.get("run_id") if record else None
     if not admin.store or not record or not isinstance(run_id, str):
         return
@@ -1260,7 +1264,7 @@ def epilog(env: dict[str, str] | os._Environ[str], *, now: float | None = None,
                             "its spool is not as the wrapper left it)")
         _write_job_record(root_fd, job.job_id, record)
         if info and record["slurm_state"] in ("", "COMPLETING") and not callable(state_of):
-            _record_final_state_later(root, job.job_id)
+            _record_final_state_later(root, job.job_id, record=dict(record))
         shipped, why = _ship(root, job.job_id, runs, admin, record, samples=samples)
         if shipped:
             _remove_job(root_fd, job.job_id)
