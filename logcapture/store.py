@@ -1001,19 +1001,22 @@ class Store:
     # Every read takes ``owner``: a user name, or None for all owners (the run's own store on a
     # laptop, an administrator). The condition is built from constants only; the values are
     # parameters (``_run_cond``).
-    def runs(self, owner: str | None = None) -> list[dict[str, Any]]:
-        """One dict per run, newest first: run, owner, uid, cluster, job_id, host, command,
-        start (epoch s), end, last (newest record), state (RUNNING while no end record),
-        exit_status, signal, duration, slurm (the Start record's Slurm identity, a dict),
-        lines (output lines: the End record's counts, counted in the store while it runs)."""
-        where = "WHERE owner = {owner:String}" if owner is not None else ""
+    def runs(self, owner: str | None = None, run: str | None = None) -> list[dict[str, Any]]:
+        """One dict per run (``run``: that one only), newest first: run, owner, uid, cluster,
+        job_id, host, command, start (epoch s), end, last (newest record), state (RUNNING
+        while no end record), exit_status, signal, duration, slurm (the Start record's Slurm
+        identity, a dict), lines (output lines: the End record's counts, counted in the
+        store while it runs)."""
+        conds = (["owner = {owner:String}"] if owner is not None else []) + (
+            ["run = {run:String}"] if run is not None else [])
+        where = ("WHERE " + " AND ".join(conds)) if conds else ""
         rows = self._query(
             "SELECT run, owner, uid, cluster, job_id, host, command, "
             "toUnixTimestamp64Nano(start_ts), toUnixTimestamp64Nano(end_ts), "
             "toUnixTimestamp64Nano(last_ts), ifNull(state, 'RUNNING'), exit_status, signal, "
             "duration, slurm, counts FROM runs FINAL " + where +
             " ORDER BY ifNull(start_ts, last_ts) DESC, run",
-            {"owner": owner} if owner is not None else None)
+            {"owner": owner or "", "run": run or ""} if conds else None)
         out = [self._run_row(r) for r in rows]
         for d, r in zip(out, rows, strict=True):
             d["slurm"] = _loads(r[14], {})
@@ -1238,6 +1241,42 @@ class Store:
         out = lines + notes + meta
         out.sort(key=lambda d: (d["ts"], d["stream"], d["seq"]))
         return out[-limit:] if limit else out
+
+    def log_page(self, run: str, owner: str | None = None, stderr: bool = False,
+                 before: tuple[int, str, int] | None = None,
+                 after: tuple[int, str, int] | None = None, limit: int = 1000
+                 ) -> tuple[list[tuple[float, str, int, str, str]], bool, bool]:
+        """One page of the run's log as ``logview`` shows it: entries ``(ts, stream, seq,
+        kind, text)`` in order, the newest ``limit`` before the cursor ``before`` (default:
+        the newest), or the oldest ``limit`` after ``after``; whether more lie beyond; and
+        whether the run has ended. A cursor is ``(ts in ns, stream, seq)``. The key begins
+        with the run and the time, so a page costs one range of the run's rows, however long
+        the log. NotFound when the run is not the owner's."""
+        from .logview import METADATA, log_sql, metadata_text
+
+        cond, params = self._run_cond(run, owner)
+        state = self._query("SELECT max(end_ts IS NOT NULL) FROM runs FINAL WHERE " + cond
+                            + " GROUP BY run", params)
+        if not state:
+            raise NotFound(f"run {run!r} is not in the store")
+        params.update(stderr=int(stderr), limit=int(limit) + 1)
+        where, order = "1", "DESC"
+        cursor = after or before
+        if cursor is not None:
+            params.update(c_ns=cursor[0], c_stream=cursor[1], c_seq=cursor[2])
+            where = (f"(ts, stream, seq) {'>' if after else '<'} "
+                     "(fromUnixTimestamp64Nano({c_ns:Int64}, 9), {c_stream:String}, "
+                     "{c_seq:UInt64})")
+            order = "ASC" if after else "DESC"
+        sql = log_sql("", cond, "{stderr:UInt8}", where, order, "{limit:UInt32}",
+                      ts="toUnixTimestamp64Nano(ts)")
+        rows = self._query(sql, params)
+        more = len(rows) > limit
+        out = [(r[0] / 1_000_000_000, r[1], int(r[2]), r[3],
+                metadata_text(r[4]) if r[3] == METADATA else r[4]) for r in rows[:limit]]
+        if after is None:
+            out.reverse()
+        return out, more, bool(state[0][0])
 
     def metadata(self, run: str, owner: str | None = None) -> list[dict[str, Any]]:
         """Metadata records of the run, newest first (dashboards show them that way)."""
