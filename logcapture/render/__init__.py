@@ -410,7 +410,7 @@ class Renderer:
         c = self.columns
         layout: list[tuple[str, int, int]] = []  # text, cut, wrapped per row
         for r, raw in zip(self._pending, self._raw, strict=True):
-            n = raw if type(raw) is int else _rows(len(raw), c)
+            n = raw if isinstance(raw, int) else _rows(len(raw), c)
             _lay_out(layout, r.text, r.cut, n, c)
         x = self._x
         row_in_line = (x - 1) // c if x > 0 else 0  # at x = k*c the cursor waits at the margin

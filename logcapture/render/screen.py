@@ -101,6 +101,8 @@ class Screen(pyte.Screen):
     - unknown sequences are counted in ``debug``; bounded savepoints.
     """
 
+    buffer: defaultdict[int, _Row]  # type: ignore[assignment]
+
     def __init__(self, columns: int, rows: int, line_limit: int, out: list[Rendered]):
         self.out = out
         self.line_limit = line_limit
@@ -113,7 +115,7 @@ class Screen(pyte.Screen):
         self.tabs_default = True
         self.unknown = 0
         super().__init__(columns, rows)
-        self.buffer = defaultdict(lambda: _Row(_DEFAULT))  # type: ignore[assignment]
+        self.buffer = defaultdict(lambda: _Row(_DEFAULT))
         self.mode.add(mo.LNM)
 
     # -- committing -------------------------------------------------------------------------
@@ -345,6 +347,8 @@ class Screen(pyte.Screen):
                     row.cut += 1
                     continue
                 if x + w > columns:
+                    if w > columns:
+                        continue  # wider than the screen: no terminal can show it
                     if autowrap:
                         row, base = self._wrap(base)
                         x = 0
