@@ -1,6 +1,6 @@
 """Render throughput: logcapture's Renderer against pure pyte, measured in the same run.
 
-    .venv/bin/python bench/bench_render.py [--mb 4] [--repeat 3]
+    .venv/bin/python bench/bench_render.py [--mb 4] [--repeat 3] [--before DIR]
 
 Two workloads, fed in 4 KiB chunks as a pty delivers them (PTY-RENDER.md):
 - plain: 80-byte log lines;
@@ -10,18 +10,26 @@ override collecting the rows that scroll off (the least a log renderer must do);
 logcapture's own renderer with the fast path off. Pure pyte is ~1 MB/s, so the baselines run on
 a slice of the input (throughput is per byte). Targets (issue 3): >= 40 MB/s plain, >= 20 MB/s
 progress-heavy. Prints MB/s and the ratios; the median of ``--repeat`` runs.
+
+``--before DIR`` also measures the renderer of another tree (a directory holding a
+``logcapture/`` package, e.g. from ``git archive``) in the same run: each repeat renders the
+workload once with that tree and once with this one, each in a fresh interpreter, timed in CPU
+seconds of that process (``time.process_time``: on a shared machine, wall time measures the
+neighbours), and the ``after/before`` ratio of the medians is printed.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 
 import pyte  # noqa: E402
 from pyte import modes as mo  # noqa: E402
@@ -99,15 +107,56 @@ def median(make: Callable[[], object], data: bytes, repeat: int) -> float:
     return statistics.median(run(make, data) for _ in range(repeat))
 
 
+# Renders stdin with the Renderer of the tree named by argv[1]; prints MB/s.
+_MEASURE = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+from logcapture.render import Renderer
+data = sys.stdin.buffer.read()
+r = Renderer()
+feed = r.feed
+t0 = time.process_time()
+for i in range(0, len(data), 4096):
+    feed(data[i:i + 4096])
+r.finish()
+print(len(data) / (time.process_time() - t0) / 1e6)
+"""
+
+
+def measure_tree(tree: Path, data: bytes) -> float:
+    out = subprocess.run([sys.executable, "-c", _MEASURE, str(tree)], input=data,
+                         capture_output=True, check=True, cwd=tree).stdout
+    return float(out)
+
+
+def before_after(before: Path, name: str, data: bytes, repeat: int) -> None:
+    b: list[float] = []
+    a: list[float] = []
+    for _ in range(repeat):  # interleaved, so both see the same machine
+        b.append(measure_tree(before, data))
+        a.append(measure_tree(ROOT, data))
+    mb, ma = statistics.median(b), statistics.median(a)
+    print(f"{name:<10} before {mb:>6.1f} MB/s  after {ma:>6.1f} MB/s (CPU)  after/before "
+          f"{ma / mb:.3f}"
+          f"  (runs: before {', '.join(f'{x:.1f}' for x in b)}; after "
+          f"{', '.join(f'{x:.1f}' for x in a)})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mb", type=float, default=4.0, help="input size per workload (MB)")
     ap.add_argument("--baseline-kb", type=int, default=256,
                     help="slice of the input the pyte baselines render (KB)")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--before", type=Path, default=None, metavar="DIR",
+                    help="also measure the renderer of this tree, in the same run")
     args = ap.parse_args()
     size = int(args.mb * 1e6)
     base = args.baseline_kb * 1000
+    if args.before is not None:
+        for name, data in (("plain", plain_lines(size)), ("progress", progress_heavy(size))):
+            before_after(args.before.resolve(), name, data, args.repeat)
+        return
     print(f"{'workload':<10} {'renderer':>10} {'pure':>8} {'pyte':>8} "
           f"{'x pure':>8} {'x pyte':>8} target")
     for name, data, target in (("plain", plain_lines(size), 40),

@@ -3,14 +3,19 @@
     .venv/bin/python tests/capture_tool.py NAME [NAME ...]     # run the recipes named
     .venv/bin/python tests/capture_tool.py --all
     .venv/bin/python tests/capture_tool.py --outputs            # re-derive every NAME.output
+    .venv/bin/python tests/capture_tool.py --check              # compare with a real terminal
 
-Each recipe runs under a fresh pty set up as logcapture's runner does it: 80x24 window size
-(TIOCSWINSZ, PTY-RENDER.md: without it tqdm prints nothing), no output post-processing
-(OPOST off, so the bytes are exactly what the program wrote), TERM=xterm-256color. The raw
-bytes go to ``tests/captured/NAME.input``; the lines the current renderer makes of them go to
-``NAME.output`` (a JSON list of strings) -- review that file by eye before committing it: it
-is the expectation the tests hold the renderer to. Needs tqdm and rich only when capturing;
-the tests read the committed files.
+Each recipe runs under a fresh pty set up as logcapture's runner does it: a window size
+(TIOCSWINSZ; 80x24 unless ``SIZES`` says otherwise; without one tqdm prints nothing), no output
+post-processing (OPOST off, so the bytes are exactly what the program wrote), stdout and stderr
+on the same pty, TERM=xterm-256color. The raw bytes go to ``tests/captured/NAME.input``; the
+lines the current renderer makes of them go to ``NAME.output`` (a JSON list of strings).
+
+The expectation is checked against a real terminal, not by eye alone: ``terminal_lines`` plays
+the bytes in tmux at the same size and reads its screen and history back with the wrapped rows
+joined (``capture-pane -J``); ``--check`` and tests/test_render.py compare. ``NOT_TERMINAL``
+lists where the log deliberately differs, and why. Needs tqdm and rich only when capturing, and
+tmux for the comparison; the tests read the committed files.
 """
 
 from __future__ import annotations
@@ -19,9 +24,11 @@ import fcntl
 import json
 import os
 import pty
+import shutil
 import struct
 import subprocess
 import sys
+import tempfile
 import termios
 from pathlib import Path
 
@@ -123,6 +130,115 @@ print("after curses")
 }
 
 
+# A rich progress display of two bars, live on stdout, while a C library writes a long warning
+# (NCCL-like) straight to fd 2, the same terminal: rich's next refresh moves up over what it
+# believes are its own two rows and erases them, one of which is the warning's second row.
+RECIPES["rich_live_fd_write"] = [PY, "-c", r'''
+import os, time
+from rich.progress import Progress
+with Progress(refresh_per_second=20) as progress:
+    a = progress.add_task("epoch 1", total=30)
+    b = progress.add_task("batches", total=30)
+    for i in range(30):
+        progress.update(a, advance=1)
+        progress.update(b, advance=1)
+        if i in (10, 20):
+            os.write(2, b"W1124 09:12:44.912345 2231 ProcessGroupNCCL.cpp:1249] Warning: the NCCL "
+                        b"communicator for rank 3 was created with blocking wait; collectives "
+                        b"may hang if a peer fails (step %d)\n" % i)
+        time.sleep(0.03)
+print("done")
+''']
+# rich's console.log between the refreshes of a live progress display, with log lines longer
+# than the width (rich wraps them itself) and a final print that wraps.
+RECIPES["rich_console_log"] = [PY, "-c", r'''
+import time
+from rich.progress import Progress
+with Progress(refresh_per_second=20) as progress:
+    t = progress.add_task("[green]train", total=40)
+    v = progress.add_task("[cyan]eval", total=40)
+    for i in range(40):
+        progress.update(t, advance=1)
+        progress.update(v, advance=1)
+        if i % 10 == 5:
+            progress.console.log(f"step {i}: loss 0.{90 - i} " + "lr 3e-4 " * (i // 3))
+        time.sleep(0.02)
+progress.console.print("finished: " + "all checkpoints written to /scratch/run-42/ckpt; " * 2)
+''']
+# A bar wider than the terminal (a fixed ncols), redrawn with \r: each redraw wraps.
+RECIPES["tqdm_too_wide"] = [PY, "-c", r'''
+import time
+from tqdm import tqdm
+print("start")
+for _ in tqdm(range(30), desc="a long description for a bar", ncols=100, mininterval=0):
+    time.sleep(0.005)
+print("done")
+''']
+# Nested bars moving up and down (tqdm moves down with newlines) around a message that wraps.
+RECIPES["tqdm_write_long"] = [PY, "-c", r'''
+import time
+from tqdm import tqdm
+for epoch in tqdm(range(2), desc="epoch", position=0):
+    for i in tqdm(range(20), desc="batch", position=1, leave=False, mininterval=0):
+        if i == 10:
+            tqdm.write(f"epoch {epoch}: validation accuracy 0.9{epoch} on 10000 samples, "
+                       "best so far; checkpoint saved to /scratch/run/ckpt.pt")
+        time.sleep(0.005)
+print("finished")
+''']
+# pip's download bar (rich, live) on a narrow terminal after lines that wrap.
+RECIPES["pip_download_narrow"] = [*RECIPES["pip_download"]]
+
+#: Window size (columns, rows) of the recipes not run at 80x24.
+SIZES: dict[str, tuple[int, int]] = {
+    "rich_live_fd_write": (120, 24),
+    "tqdm_write_long": (60, 24),
+    "pip_download_narrow": (50, 24),
+}
+
+#: Where the log deliberately differs from what a terminal of the recipe's size shows.
+NOT_TERMINAL = {
+    "curses": "the full-screen program's last frame is kept; a terminal drops it on leaving",
+}
+#: Compared with a terminal of another width: a \r redraw of a line wider than the screen
+#: keeps the line's last state, as a terminal wide enough for the line shows it (a terminal of
+#: the program's width piles the redraws up; docs/rendering.md).
+TERMINAL_COLUMNS = {"tqdm_too_wide": 120}
+
+
+def size(name: str) -> tuple[int, int]:
+    return SIZES.get(name, (80, 24))
+
+
+def terminal_lines(raw: bytes, columns: int, rows: int) -> list[str]:
+    """What a real terminal shows of ``raw``: the bytes played in a tmux pane of that size
+    (its pty turns ``\\n`` into CR LF, as the renderer's LNM does), then the pane's history and
+    screen read back with wrapped rows joined and trailing blanks dropped."""
+    tmux = shutil.which("tmux")
+    if tmux is None:
+        raise FileNotFoundError("tmux")
+    with tempfile.TemporaryDirectory() as d:
+        data = Path(d, "raw")
+        data.write_bytes(raw)
+        conf = Path(d, "tmux.conf")
+        conf.write_text("set -g history-limit 200000\nset -g status off\n")
+        sock = Path(d, "socket")
+        cmd = [tmux, "-S", str(sock), "-f", str(conf)]
+        subprocess.run([*cmd, "new-session", "-d", "-x", str(columns), "-y", str(rows),
+                        f"cat {data}; {tmux} -S {sock} wait-for -S played; sleep 600"],
+                       check=True)
+        try:
+            subprocess.run([*cmd, "wait-for", "played"], check=True, timeout=60)
+            shown = subprocess.run([*cmd, "capture-pane", "-p", "-J", "-S", "-", "-E", "-"],
+                                   check=True, capture_output=True).stdout
+        finally:
+            subprocess.run([*cmd, "kill-server"], capture_output=True)
+    lines = [line.rstrip(" ") for line in shown.decode().split("\n")]
+    while lines and not lines[-1]:
+        lines.pop()
+    return lines
+
+
 def capture(argv: list[str], columns: int = 80, rows: int = 24) -> bytes:
     master, slave = pty.openpty()
     attrs = termios.tcgetattr(slave)
@@ -152,7 +268,8 @@ def derive_output(name: str) -> None:
     from logcapture.render import Renderer
 
     raw = (CAPTURED / f"{name}.input").read_bytes()
-    r = Renderer()
+    columns, rows = size(name)
+    r = Renderer(columns=columns, rows=rows)
     lines = [x.text for x in r.feed(raw) + r.finish()]
     (CAPTURED / f"{name}.output").write_text(
         json.dumps(lines, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
@@ -164,9 +281,19 @@ def main(args: list[str]) -> None:
         for p in sorted(CAPTURED.glob("*.input")):
             derive_output(p.stem)
         return
+    if args == ["--check"]:
+        for p in sorted(CAPTURED.glob("*.input")):
+            if p.stem in NOT_TERMINAL:
+                print(f"{p.stem}: not compared ({NOT_TERMINAL[p.stem]})")
+                continue
+            columns, rows = size(p.stem)
+            shown = terminal_lines(p.read_bytes(), TERMINAL_COLUMNS.get(p.stem, columns), rows)
+            logged = json.loads((CAPTURED / f"{p.stem}.output").read_text(encoding="utf-8"))
+            print(f"{p.stem}: {'same as' if shown == logged else 'DIFFERS from'} a terminal")
+        return
     names = list(RECIPES) if args == ["--all"] else args
     for name in names:
-        raw = capture(RECIPES[name])
+        raw = capture(RECIPES[name], *size(name))
         (CAPTURED / f"{name}.input").write_bytes(raw)
         derive_output(name)
         print(f"{name}: {len(raw)} bytes")

@@ -7,6 +7,7 @@ what pure pyte renders, and the result does not depend on how the bytes were chu
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,8 @@ from hypothesis import strategies as st
 
 from logcapture.records import Rendered
 from logcapture.render import LINE_LIMIT, Renderer
+
+from .capture_tool import NOT_TERMINAL, TERMINAL_COLUMNS, size, terminal_lines
 
 CAPTURED = Path(__file__).parent / "captured"
 
@@ -47,11 +50,12 @@ def _golden() -> list[str]:
 def test_golden(name: str) -> None:
     raw = (CAPTURED / f"{name}.input").read_bytes()
     expected = json.loads((CAPTURED / f"{name}.output").read_text(encoding="utf-8"))
+    columns, rows = size(name)
     for cls in (Renderer, PureRenderer):
-        got = [line.text for line in render(raw, cls)]
+        got = [line.text for line in render(raw, cls, columns=columns, rows=rows)]
         assert got == expected, cls.__name__
-    # Chunked as a pty delivers it, and one byte at a time around every seam.
-    r = Renderer()
+    # Chunked as a pty delivers it.
+    r = Renderer(columns=columns, rows=rows)
     got = []
     for i in range(0, len(raw), 997):
         got += r.feed(raw[i:i + 997])
@@ -62,8 +66,20 @@ def test_golden(name: str) -> None:
 def test_golden_files_present() -> None:
     names = set(_golden())
     for want in ("tqdm", "tqdm_nested", "rich_progress", "colour_logging", "dd_progress",
-                 "curses"):
+                 "curses", "rich_live_fd_write", "rich_console_log", "tqdm_too_wide",
+                 "tqdm_write_long", "pip_download_narrow"):
         assert want in names
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux, the reference terminal")
+@pytest.mark.parametrize("name", [n for n in _golden() if n not in NOT_TERMINAL])
+def test_golden_is_what_a_real_terminal_shows(name: str) -> None:
+    # The expectations are not only reviewed by eye: tmux plays the same bytes at the same
+    # size, and its screen and history, wrapped rows joined, must be the expected lines.
+    raw = (CAPTURED / f"{name}.input").read_bytes()
+    expected = json.loads((CAPTURED / f"{name}.output").read_text(encoding="utf-8"))
+    columns, rows = size(name)
+    assert terminal_lines(raw, TERMINAL_COLUMNS.get(name, columns), rows) == expected
 
 
 # -- behaviour ---------------------------------------------------------------------------------
@@ -105,6 +121,70 @@ def test_cursor_up_rewrites_line() -> None:
     assert texts(b"one\ntwo\n\x1b[2Aonce\n") == ["once", "two"]
 
 
+def test_erasing_the_second_row_of_a_wrapped_line_erases_that_row_only() -> None:
+    # rich's live display of two rows redrawn after a 123-character line was written at 120
+    # columns: it moves up onto the line's second row believing it its own.
+    data = b"AAAA\n" + b"B" * 119 + b"`msg\n" + b"\r\x1b[2K\x1b[1A\x1b[2KCCCC\nend\n"
+    expected = ["AAAA", "B" * 119 + "`", "CCCC", "end"]
+    for cls in (Renderer, PureRenderer):
+        assert [x.text for x in render(data, cls, columns=120)] == expected
+    # On a screen wide enough for the line, its one row is erased whole.
+    assert texts(data, columns=200) == ["AAAA", "CCCC", "end"]
+
+
+# What tmux shows (capture-pane -J: wrapped rows joined) at 20 columns, each checked by hand
+# with tests/capture_tool.py's terminal_lines; test_golden_is_what_a_real_terminal_shows does
+# the same for the recorded programs.
+WRAPPED_ROWS = [
+    (b"A" * 25 + b"\n\x1b[1Axy\n", ["A" * 20 + "xyAAA"]),  # written over, still one line
+    (b"A" * 25 + b"\n\x1b[1A\x1b[Kxy\n", ["A" * 20, "xy"]),  # row cleared from column 0
+    (b"A" * 25 + b"\n\x1b[2A\x1b[5C\x1b[2Kxy\n", ["     xy", "AAAAA"]),  # first row cleared
+    (b"A" * 25 + b"\n\x1b[2A\x1b[5C\x1b[Kxy\n", ["AAAAAxy" + " " * 13 + "AAAAA"]),
+    (b"A" * 25 + b"\n\x1b[1A\x1b[5C\x1b[1Kxy\n", ["A" * 20 + "     xy"]),
+    (b"A" * 20 + b"\n" + b"B" * 20 + b"\r\nC\n", ["A" * 20, "B" * 20, "C"]),  # full, no wrap
+    (b"x" * 50 + b"\n\x1b[2A\x1b[Jdone\n", ["x" * 20, "done"]),  # erase below: rows 2, 3
+]
+
+
+@pytest.mark.parametrize("data, expected", WRAPPED_ROWS)
+def test_rows_of_wrapped_lines_as_a_terminal_shows_them(data: bytes, expected: list[str]
+                                                        ) -> None:
+    for cls in (Renderer, PureRenderer):
+        assert [x.text for x in render(data, cls, columns=20)] == expected
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux, the reference terminal")
+def test_the_wrapped_row_cases_are_what_tmux_shows() -> None:
+    for data, expected in WRAPPED_ROWS:
+        assert terminal_lines(data, 20, 24) == expected, data
+
+
+def test_a_carriage_return_redraws_a_line_wider_than_the_screen_whole() -> None:
+    # Keras' progress bar at 80 columns: the line is wider than the screen; each \r redraw
+    # starts over at the line's start, so the last state is what is kept (a terminal this
+    # narrow would pile the redraws up, one more row each).
+    bar = [f"{i:4d}/1875 [{'=' * (i // 63):<30}] - ETA: 0:{i % 60:02d} - loss: 0.{i:04d} - "
+           f"accuracy: 0.{9000 + i}".encode() for i in range(1, 1876, 100)]
+    data = b"Epoch 1/2\n" + b"".join(b"\x08" * 90 + b"\r" + line for line in bar) + b"\nok\n"
+    assert len(bar[-1]) > 80
+    for cls in (Renderer, PureRenderer):
+        assert [x.text for x in render(data, cls, columns=80)] == [
+            "Epoch 1/2", bar[-1].decode(), "ok"]
+    # A shorter redraw leaves the longer one's tail, as on a wide enough terminal; the next
+    # line starts below the whole line.
+    data = b"x" * 100 + b"\ry" * 3 + b"\nnext\n"
+    assert texts(data, columns=80) == ["y" + "x" * 99, "next"]
+    # ... unless it erases the line first: from the line's start, erase-line erases all of it
+    # (print(f"\r\x1b[K{status}", end=""); a terminal would erase its last row only).
+    for erase in (b"\x1b[K", b"\x1b[0K", b"\x1b[2K"):
+        data = b"x" * 100 + b"\r" + erase + b"short\nnext\n"
+        for cls in (Renderer, PureRenderer):
+            assert [x.text for x in render(data, cls, columns=80)] == ["short", "next"]
+    # Moved onto the line's first row by the cursor instead: the same, the cursor is at the
+    # line's start.
+    assert texts(b"x" * 100 + b"\n\x1b[2A\x1b[2Kshort\n", columns=80) == ["short"]
+
+
 def test_wide_characters() -> None:
     assert texts("中文 ok\n".encode()) == ["中文 ok"]
     assert texts("😀x\r😃\n".encode()) == ["😃x"]  # two cells overwritten, "x" stays
@@ -133,9 +213,11 @@ def test_blank_lines_kept_for_the_filter() -> None:
     assert texts(b"a\n\n\nb\n") == ["a", "", "", "b"]
 
 
-def test_long_line_not_wrapped_at_columns() -> None:
+def test_long_line_not_broken_at_columns() -> None:
     line = b"x" * 500
     assert texts(line + b"\n", columns=80) == ["x" * 500]
+    # ... nor when its first rows scrolled off the top before its end
+    assert texts(b"\x1b[A" + line + b"\n", columns=80, rows=3) == ["x" * 500]
 
 
 def test_line_limit_cut_counts_dropped() -> None:
@@ -245,6 +327,8 @@ TOKENS = [
     b"\x1b[J", b"\x1b[?25l", b"\x1b[?1049h", b"\x1b[?1049l", b"\x1b7", b"\x1b8", b"\x1bM",
     b"\x1b[4h", b"\x1b[4l", b"\x1b[2;3r", b"\x1b[r", b"\x1b[2P", b"\x1b[2@", b"\x1b[X",
     b"\x1b]0;t\x07", b"\x1bc", b"0123456789", b"\x1b(0", b"\x1b(B", b"\x0e", b"\x0f", b"lqk",
+    b"    ", b"\x1b[F", b"\x1b[2E", b"\x1bD", b"\x1bE", b"\x1b[L", b"\x1b[M", b"\x1b[1J",
+    b"\x1b[?7l", b"\x1b[?7h", b"\x1b[3G",
 ]
 
 inputs = st.lists(st.sampled_from(TOKENS), max_size=60).map(b"".join)

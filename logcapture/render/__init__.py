@@ -5,16 +5,19 @@ job believes it writes to (SPEC.md §2 "Rendering"): what is committed is what a
 show, with no escape sequences, no colours and no carriage-return debris. docs/rendering.md
 states the rules; in short:
 
-- The emulator is pyte, with a screen ``rows`` high and ``line_limit`` cells wide, so that a
-  logical line longer than the program's ``columns`` is never broken in the log. Characters
-  beyond ``line_limit`` are dropped and counted in ``Rendered.cut``.
-- A row is committed when it scrolls off the top of the screen, when ``idle()`` finds it above
-  the cursor, when the screen is cleared, reset or left for/from the alternate screen, and at
-  ``finish()``.
+- The emulator is pyte, with the program's screen: ``columns`` wide and ``rows`` high. A line
+  longer than ``columns`` wraps onto the rows below as on the program's terminal, so that
+  cursor motion and erasing act on the rows the program sees; the rows of one logical line are
+  joined again when committed (a terminal's soft-wrap flag), so the log never breaks a line at
+  the terminal's width. A logical line is cut at ``line_limit`` characters; the rest is
+  counted in ``Rendered.cut``.
+- A logical line is committed when its last row scrolls off the top of the screen, when
+  ``idle()`` finds it above the cursor's line, when the screen is cleared, reset or left
+  for/from the alternate screen, and at ``finish()``.
 - A fast path keeps plain text, ``\\r`` redraws, SGR colours and erase-line out of pyte's
-  per-character work. It models exactly the pyte screen state it stands in for (the rows above
-  the cursor and the cursor row), hands over to pyte on anything else and takes over again when
-  the screen is back in a state it can model, so its output is identical to pure pyte's
+  per-character work. It models exactly the pyte screen state it stands in for (the lines above
+  the cursor and the cursor's line), hands over to pyte on anything else and takes over again
+  when the screen is back in a state it can model, so its output is identical to pure pyte's
   (tests/test_render.py checks this differentially and under random chunking).
 
 The job's output never raises (STYLE.md practice 3): unknown sequences go to ``debug``, any
@@ -110,11 +113,18 @@ _PATTERNS = _Patterns()
 # ASCII bytes outside the pattern's text run: controls other than newline, and DEL.
 _NOT_PLAIN_ASCII = bytes([*range(0x0a), *range(0x0b, 0x20), 0x7f])
 
+def _rows(cells: int, columns: int) -> int:
+    """Rows a logical line of ``cells`` cells takes on a screen ``columns`` wide (a line that
+    fills its last row exactly does not take the next: the cursor waits at the margin)."""
+    return (cells - 1) // columns + 1 if cells > 0 else 1
+
+
 class Renderer:
     """Bytes of one stream in, committed lines out (see the module docstring).
 
-    ``columns`` is what the program was told (TIOCSWINSZ): cursor addressing is bounded by it.
-    Plain text is never wrapped at it; lines are cut at ``line_limit`` characters instead.
+    ``columns`` x ``rows`` is what the program was told (TIOCSWINSZ): the screen it draws on.
+    Lines longer than ``columns`` wrap there and are joined again in the log; lines are cut at
+    ``line_limit`` characters.
     """
 
     #: Class switch for tests and the benchmark: ``False`` sends every byte through pyte.
@@ -122,7 +132,7 @@ class Renderer:
 
     def __init__(self, columns: int = 80, rows: int = 24, line_limit: int = LINE_LIMIT):
         self.width = max(1, int(line_limit))
-        self.columns = max(1, min(int(columns), self.width))
+        self.columns = max(1, min(int(columns), 0xFFFF))  # a winsize is 16 bits
         self.rows = max(1, int(rows))
         self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
         self._out: list[Rendered] = []
@@ -138,6 +148,11 @@ class Renderer:
         self._line_mode = True
         self.screens = 0  # times the full emulator took the screen over (``line_mode``)
         self._pending: deque[Rendered] = deque()
+        # What the lines of _pending take on the program's screen, in the same order: each
+        # line's text before trailing spaces were stripped (spaces wrap onto rows too), or its
+        # number of rows. A deque of at most the lines _pending keeps, so that keeping it in
+        # step costs one C-level extend a chunk.
+        self._raw: deque[str | int] = deque(maxlen=self.rows - 1)
         self._burst: Rendered | None = None  # the line of the last burst of one line
         self._cur = ""
         self._x = 0
@@ -160,6 +175,7 @@ class Renderer:
         if self._line_mode:
             self._out.extend(self._pending)
             self._pending.clear()
+            self._raw.clear()
         else:
             from .screen import ALT_SCREEN
 
@@ -178,6 +194,7 @@ class Renderer:
         if self._line_mode:
             self._out.extend(self._pending)
             self._pending.clear()
+            self._raw.clear()
             if self._cut or self._cur.rstrip(" "):
                 self._out.append(Rendered(self._cur.rstrip(" "), self._cut))
             self._cur, self._x, self._cut = "", 0, 0
@@ -279,6 +296,8 @@ class Renderer:
                 self._plain(text)
                 return len(text)
         match = (_PATTERNS.fast_ascii if text.isascii() else _PATTERNS.fast).match
+        columns = self.columns
+        screen = columns * self.rows
         while True:
             m = match(text, pos)
             if m is None:
@@ -287,10 +306,16 @@ class Renderer:
             if k == 1:
                 self._plain(m.group(1))
             elif k == 2:
+                if len(self._cur) > screen:
+                    return pos  # the line's first rows scrolled off: pyte models where it goes
                 self._x = 0
-            elif k == 4:
+            elif k == 3:
+                pass  # SGR: no effect on text
+            else:
                 how = m.group(4)
                 x = self._x
+                if (x or how == "1") and len(self._cur) > columns:
+                    return pos  # a line that wrapped: the erase acts on the cursor's row only
                 if how in ("", "0"):
                     self._cur = self._cur[:x]
                     self._cut = 0
@@ -300,7 +325,6 @@ class Renderer:
                 else:
                     self._cur = ""
                     self._cut = 0
-            # k == 3: SGR, no effect on text
             pos = m.end()
 
     def _plain(self, s: str) -> None:
@@ -310,7 +334,9 @@ class Renderer:
         parts = s.split("\n")
         self._draw(parts[0])
         pending = self._pending
+        raw = self._raw
         pending.append(Rendered(self._cur.rstrip(" "), self._cut))
+        raw.append(self._cur)
         width = self.width
         mids = parts[1:-1]
         if not mids:
@@ -319,8 +345,11 @@ class Renderer:
             for mid in mids:
                 if len(mid) > width:
                     pending.append(Rendered(mid[:width].rstrip(" "), len(mid) - width))
+                    raw.append(mid[:width])
                 else:
                     pending.append(Rendered(mid.rstrip(" ")))
+                    raw.append(mid)
+            mids = []
         elif mids.count(mids[0]) == len(mids):
             # The same line over and over (a burst of one message): one immutable object,
             # the same as the last burst's when the text is (the filter counts by identity).
@@ -331,6 +360,7 @@ class Renderer:
             pending.extend([same] * len(mids))
         else:
             pending.extend(rendered_many(map(str.rstrip, mids, repeat(" "))))
+        raw.extend(mids)
         keep = self.rows - 1
         if len(pending) > keep:  # rows scrolled off the top: committed, oldest first
             rows = list(pending)
@@ -346,82 +376,121 @@ class Renderer:
         if not n:
             return
         x = self._x
+        room = self.width - x
+        if room <= 0:  # the cursor is at or past the line limit (moved there in pyte)
+            self._cut += n
+            return
         cur = self._cur
         if x > len(cur):
             cur += " " * (x - len(cur))
-        room = self.width - x
         if n <= room:
             cur = cur + t if x == len(cur) else cur[:x] + t + cur[x + n:]
             self._x = x + n
         else:
-            if room > 0:
-                cur = cur[:x] + t[:room]
-                self._x = self.width
+            cur = cur[:x] + t[:room]
+            self._x = self.width
             self._cut += n - room
         self._cur = cur
 
     def _emulator(self) -> Screen:
         if self._screen is None:
-            import pyte
+            from .screen import Screen, Stream
 
-            from .screen import Screen
-
-            self._screen = Screen(self.width, self.rows, self.columns, self._out)
-            self._stream = pyte.Stream(self._screen)
+            self._screen = Screen(self.columns, self.rows, self.width, self._out)
+            self._stream = Stream(self._screen)
             # Honour ESC ( 0 and SO/SI as xterm does in UTF-8 mode: curses draws boxes with
             # them.
             self._stream.use_utf8 = False
         return self._screen
 
     def _to_screen(self) -> None:
-        """Hand the modelled state to pyte."""
+        """Hand the modelled state to pyte: each line laid out on the rows it takes at the
+        program's width, the rows that did not fit scrolled off the top as they would have."""
         from .screen import row_from
 
         s = self._emulator()
         self.screens += 1
+        c = self.columns
+        layout: list[tuple[str, int, int]] = []  # text, cut, wrapped per row
+        for r, raw in zip(self._pending, self._raw, strict=True):
+            n = raw if isinstance(raw, int) else _rows(len(raw), c)
+            _lay_out(layout, r.text, r.cut, n, c)
+        x = self._x
+        row_in_line = (x - 1) // c if x > 0 else 0  # at x = k*c the cursor waits at the margin
+        cy = len(layout) + row_in_line
+        _lay_out(layout, self._cur, self._cut, max(_rows(len(self._cur), c), row_in_line + 1), c)
         buf = s.buffer
         buf.clear()
-        y = 0
-        for y, r in enumerate(self._pending):
-            buf[y] = row_from(r.text, r.cut)
-        y = len(self._pending)
-        buf[y] = row_from(self._cur, self._cut)
-        s.cursor.y = y
-        s.cursor.x = self._x
+        over = len(layout) - s.lines
+        for text, cut, wrapped in layout[:max(over, 0)]:
+            s.hand_on(row_from(text, cut, wrapped))
+        if over > 0:
+            layout = layout[over:]
+            cy -= over
+        for y, (text, cut, wrapped) in enumerate(layout):
+            buf[y] = row_from(text, cut, wrapped)
+        s.cursor.y = cy
+        s.cursor.x = x - row_in_line * c
         self._pending.clear()
+        self._raw.clear()
         self._cur, self._x, self._cut = "", 0, 0
         self._line_mode = False
 
     def _maybe_line_mode(self) -> None:
         """Take over from pyte again when the screen is in a state line mode models exactly:
-        parser at rest, default modes, no margins or savepoints, nothing below the cursor, and
-        one character per cell on the rows above and at the cursor."""
+        parser at rest, default modes, no margins or savepoints, no line scrolled off in part,
+        nothing below the cursor, the cursor's line starting on the cursor row, and one
+        character per cell on the rows above and at the cursor."""
         if not self.fast_path or self._line_mode:
             return
-        from .screen import BLOCKERS, LAT1_MAP, cells_text
+        from .screen import AUTOWRAP, BLOCKERS, LAT1_MAP, cells_text
 
         s = self._screen
         assert s is not None and self._stream is not None
         if not self._stream._taking_plain_text or s.margins is not None or s.savepoints:
             return
-        if s.mode & BLOCKERS or s.charset or s.g0_charset is not LAT1_MAP:
+        if (s.mode & BLOCKERS or AUTOWRAP not in s.mode or s.charset
+                or s.g0_charset is not LAT1_MAP or s.carry_open):
             return
         buf = s.buffer
         cy = s.cursor.y
         for y, row in buf.items():
             if y > cy and (row.cut or cells_text(row).strip(" ")):
                 return
+        row = buf.get(cy)
+        if (row is not None and row.wrapped) or s.chain_start(cy) != cy:
+            return
         texts = []
         for y in range(cy + 1):
-            row = buf.get(y)
-            if row and any(len(c.data) != 1 for c in row.values()):
+            line = buf.get(y)
+            if line and any(len(c.data) != 1 for c in line.values()):
                 return  # a wide character's stub, or a character with combining marks
-            texts.append(cells_text(row))
-        row = buf.get(cy)
-        self._pending = deque(
-            Rendered(texts[y].rstrip(" "), (buf[y].cut if y in buf else 0)) for y in range(cy))
+            texts.append(cells_text(line))
+        pending: deque[Rendered] = deque()
+        raw = self._raw
+        raw.clear()
+        parts: list[str] = []
+        cut = 0
+        for y in range(cy):
+            line = buf.get(y)
+            wrapped = line.wrapped if line is not None else 0
+            parts.append(texts[y][:wrapped].ljust(wrapped) if wrapped else texts[y])
+            cut += line.cut if line is not None else 0
+            if not wrapped:
+                pending.append(Rendered("".join(parts).rstrip(" "), cut))
+                raw.append(len(parts))
+                parts, cut = [], 0
+        self._pending = pending
         self._cur = texts[cy]
         self._x = s.cursor.x
         self._cut = row.cut if row is not None else 0
         buf.clear()
         self._line_mode = True
+
+
+def _lay_out(layout: list[tuple[str, int, int]], text: str, cut: int, rows: int,
+             columns: int) -> None:
+    """Append the ``rows`` rows a logical line takes on a screen ``columns`` wide."""
+    for i in range(rows - 1):
+        layout.append((text[i * columns:(i + 1) * columns], 0, columns))
+    layout.append((text[(rows - 1) * columns:rows * columns], cut, 0))

@@ -15,6 +15,7 @@ from typing import Any
 
 import pyte
 from pyte import charsets as cs
+from pyte import control as ctrl
 from pyte import modes as mo
 from pyte.screens import Char, StaticDefaultDict
 from wcwidth import wcwidth
@@ -27,6 +28,7 @@ log = logging.getLogger("logcapture.render")
 # Modes under which the fast path cannot stand in for the screen.
 ALT_SCREEN = frozenset({47 << 5, 1047 << 5, 1049 << 5})
 BLOCKERS = frozenset({mo.IRM, mo.DECOM}) | ALT_SCREEN
+AUTOWRAP = mo.DECAWM  # the fast path needs it on
 LAT1_MAP = cs.LAT1_MAP
 
 _DEFAULT = Char(data=" ", fg="default", bg="default", reverse=False)
@@ -46,50 +48,132 @@ _CELL = _Cells()
 
 
 class _Row(StaticDefaultDict[int, Char]):
-    """A screen row; ``cut`` counts characters dropped beyond the width (moves with the row)."""
+    """A screen row. ``cut`` counts characters of its logical line dropped at the line limit;
+    ``wrapped`` is a terminal's soft-wrap flag: 0, or the number of cells this row gives its
+    logical line when that line goes on in the row below (the cursor wrapped at the right
+    margin: ``columns``, one less when a wide character did not fit). Both move with the row."""
 
     cut = 0
+    wrapped = 0
 
 
-def cells_text(row: _Row | None) -> str:
-    """The row as text, one string per cell (a wide character's stub cell is "")."""
+def cells_text(row: _Row | None, cells: int | None = None) -> str:
+    """The row as text, one string per cell (a wide character's stub cell is ""): its first
+    ``cells`` cells, or up to its last cell."""
     if not row:
-        return ""
-    return "".join([row[x].data for x in range(max(row) + 1)])
+        return " " * cells if cells else ""
+    end = max(row) + 1 if cells is None else cells
+    return "".join([row[x].data for x in range(end)])
 
 
-def row_from(text: str, cut: int) -> _Row:
+def row_from(text: str, cut: int, wrapped: int = 0) -> _Row:
     row = _Row(_DEFAULT)
     row.update(zip(range(len(text)), map(_CELL.__getitem__, text), strict=True))
     row.cut = cut
+    row.wrapped = wrapped
     return row
+
+
+class Stream(pyte.Stream):
+    """pyte's stream, with a log's carriage return (``Screen.line_start``)."""
+
+    basic = {**pyte.Stream.basic, ctrl.CR: "line_start"}  # noqa: RUF012 - pyte reads it so
 
 
 class Screen(pyte.Screen):
     """pyte's screen with what a log needs (PTY-RENDER.md pitfalls):
 
+    - the program's own size: a line longer than ``columns`` wraps onto the rows below, as on
+      its terminal, so cursor motion and erasing act on the rows the program sees. Each row
+      keeps a soft-wrap flag (``_Row.wrapped``) and the rows of one logical line are joined
+      again when they are committed; clearing a whole row ends the line above it there, as in
+      xterm and tmux (tmux's grid.c, grid_clear_lines);
+    - except for a carriage return and a newline, which go to the start of the logical line and
+      of the next one (``line_start``, ``linefeed``), and erase-line at the start of a line that
+      wraps, which erases the whole line: a program redrawing a status line with ``\\r`` (and
+      ``ESC[K``) means the whole line, even when it is wider than the screen it was given;
+    - a logical line is cut at ``line_limit`` cells, the rest counted in ``Rendered.cut``;
     - LNM always on: the pty has OPOST off, so ``\\n`` arrives bare (no staircase);
-    - rows leaving the screen are handed on (``index``), never lost;
-    - no autowrap: the screen is ``line_limit`` wide and characters past it are cut and counted;
-    - erase/insert/delete work on the cells present, so the wide screen costs nothing;
-    - cursor motion to a column is bounded by the program's ``columns`` (``ESC[999C``);
+    - rows leaving the top of the screen are handed on (``index``), never lost; the start of a
+      logical line that is still going on below is kept in ``carry`` meanwhile;
+    - erase/insert/delete work on the cells present;
     - clear screen, reset and the alternate screen commit what they would wipe;
     - unknown sequences are counted in ``debug``; bounded savepoints.
     """
 
-    def __init__(self, width: int, rows: int, program_columns: int, out: list[Rendered]):
+    buffer: defaultdict[int, _Row]  # type: ignore[assignment]
+
+    def __init__(self, columns: int, rows: int, line_limit: int, out: list[Rendered]):
         self.out = out
-        self.program_columns = program_columns
+        self.line_limit = line_limit
+        # The logical line whose first rows scrolled off the top while the top row goes on
+        # with it (``carry_open``): its text, cells and cut so far.
+        self.carry = ""
+        self.carry_cells = 0
+        self.carry_cut = 0
+        self.carry_open = False
         self.tabs_default = True
         self.unknown = 0
-        super().__init__(width, rows)
-        self.buffer = defaultdict(lambda: _Row(_DEFAULT))  # type: ignore[assignment]
+        super().__init__(columns, rows)
+        self.buffer = defaultdict(lambda: _Row(_DEFAULT))
         self.mode.add(mo.LNM)
 
     # -- committing -------------------------------------------------------------------------
 
     def hand_on(self, row: _Row | None) -> None:
-        self.out.append(Rendered(cells_text(row).rstrip(" "), row.cut if row is not None else 0))
+        """Commit a row leaving the top of the screen, joined to the rows of its logical line
+        before it; a row whose line goes on below waits in ``carry``."""
+        if row is None:
+            text, cut, wrapped = "", 0, 0
+        else:
+            wrapped = row.wrapped
+            text, cut = cells_text(row, wrapped or None), row.cut
+        if self.carry_open:
+            text = self.carry + text
+            cut += self.carry_cut
+        if wrapped:
+            self.carry_cells = (self.carry_cells if self.carry_open else 0) + wrapped
+            self.carry, self.carry_cut, self.carry_open = text, cut, True
+        else:
+            self.carry, self.carry_cells, self.carry_cut, self.carry_open = "", 0, 0, False
+            self.out.append(Rendered(text.rstrip(" "), cut))
+
+    def end_carry(self) -> None:
+        """The top row no longer goes on with the line that scrolled off: that line is final."""
+        if self.carry_open:
+            self.out.append(Rendered(self.carry.rstrip(" "), self.carry_cut))
+        self.carry, self.carry_cells, self.carry_cut, self.carry_open = "", 0, 0, False
+
+    def chain_start(self, y: int) -> int:
+        """The first row of the logical line that row ``y`` belongs to."""
+        buf = self.buffer
+        while y > 0:
+            above = buf.get(y - 1)
+            if above is None or not above.wrapped:
+                break
+            y -= 1
+        return y
+
+    def line_offset(self, y: int) -> int:
+        """Cells of row ``y``'s logical line before that row (scrolled-off ones included)."""
+        buf = self.buffer
+        base = 0
+        while y > 0:
+            above = buf.get(y - 1)
+            if above is None or not above.wrapped:
+                return base
+            base += above.wrapped
+            y -= 1
+        return base + self.carry_cells if self.carry_open else base
+
+    def break_above(self, y: int) -> None:
+        """Row ``y`` was cleared whole or replaced: the row above no longer goes on into it."""
+        if y > 0:
+            above = self.buffer.get(y - 1)
+            if above is not None:
+                above.wrapped = 0
+        else:
+            self.end_carry()
 
     def last_row(self) -> int:
         """Index of the last row to commit at finish: the last non-blank row, and at least the
@@ -104,11 +188,14 @@ class Screen(pyte.Screen):
         buf = self.buffer
         for y in range(self.last_row() + 1):
             self.hand_on(buf.get(y))
+        if self.carry_open and not (self.carry.strip(" ") or self.carry_cut):
+            self.carry_open = False  # the rest of the line is blank: none was printed
+        self.end_carry()
         buf.clear()
 
     def commit_above_cursor(self) -> None:
-        """Commit the rows above the cursor and move the cursor row to the top."""
-        cy = self.cursor.y
+        """Commit the logical lines above the cursor's and move the cursor's line to the top."""
+        cy = self.chain_start(self.cursor.y)
         if cy <= 0:
             return
         buf = self.buffer
@@ -118,7 +205,7 @@ class Screen(pyte.Screen):
             row = buf.pop(y, None)
             if row is not None:
                 buf[y - cy] = row
-        self.cursor.y = 0
+        self.cursor.y -= cy
 
     # -- pyte events ------------------------------------------------------------------------
 
@@ -133,7 +220,12 @@ class Screen(pyte.Screen):
         top, bottom = self.margins or (0, self.lines - 1)
         if self.cursor.y == bottom:
             buf = self.buffer
-            self.hand_on(buf.pop(top, None))
+            row = buf.pop(top, None)
+            if top == 0:
+                self.hand_on(row)
+            else:  # leaves a scrolling region: a line of its own
+                self.out.append(Rendered(cells_text(row).rstrip(" "),
+                                         row.cut if row is not None else 0))
             for y in range(top + 1, bottom + 1):
                 row = buf.pop(y, None)
                 if row is not None:
@@ -141,41 +233,132 @@ class Screen(pyte.Screen):
         else:
             self.cursor_down()
 
+    def line_start(self) -> None:
+        """Carriage return: to the start of the logical line. On a terminal it goes to the start
+        of the line's last row, so a ``\\r`` redraw of a line wider than the screen (Keras'
+        progress bar at 80 columns) piles its states up; a batch job's screen size is only
+        what logcapture told it, and the line's last state is what it meant to show."""
+        self.cursor.y = self.chain_start(self.cursor.y)
+        self.cursor.x = 0
+
+    def linefeed(self) -> None:
+        """Newline: to the start of the next logical line (past the rows the cursor's line goes
+        on in, where a carriage return left the cursor on one of its first rows)."""
+        buf = self.buffer
+        bottom = self.margins.bottom if self.margins else self.lines - 1
+        y = self.cursor.y
+        while y < bottom:
+            row = buf.get(y)
+            if row is None or not row.wrapped:
+                break
+            y += 1
+        self.cursor.y = y
+        self.index()
+        self.cursor.x = 0
+
+    def reverse_index(self) -> None:
+        top = self.margins.top if self.margins else 0
+        scrolls = self.cursor.y == top
+        super().reverse_index()
+        if scrolls:  # a blank row came in at the top
+            self.break_above(top)
+
+    # Insert and delete lines: pyte's own leave a row in place when the row meant to replace it
+    # is absent from the (sparse) buffer.
+
+    def insert_lines(self, count: int | None = None) -> None:
+        count = count or 1
+        top, bottom = self.margins or (0, self.lines - 1)
+        y0 = self.cursor.y
+        if top <= y0 <= bottom:
+            buf = self.buffer
+            for y in range(bottom, y0 - 1, -1):
+                row = buf.pop(y, None)
+                if row is not None and y + count <= bottom:
+                    buf[y + count] = row
+            self.cursor.x = 0
+            self.break_above(y0)
+
+    def delete_lines(self, count: int | None = None) -> None:
+        count = count or 1
+        top, bottom = self.margins or (0, self.lines - 1)
+        y0 = self.cursor.y
+        if top <= y0 <= bottom:
+            buf = self.buffer
+            for y in range(y0, bottom + 1):
+                row = buf.pop(y + count, None) if y + count <= bottom else None
+                if row is not None:
+                    buf[y] = row
+                else:
+                    buf.pop(y, None)
+            self.cursor.x = 0
+            self.break_above(y0)
+
+    def _wrap(self, base: int) -> tuple[_Row, int]:
+        """Autowrap: the cursor row goes on in the next row (scrolling at the bottom)."""
+        cursor = self.cursor
+        x = cursor.x
+        self.buffer[cursor.y].wrapped = x
+        self.index()
+        cursor.x = 0
+        return self.buffer[cursor.y], base + x
+
     def draw(self, data: str) -> None:
         charset = self.g1_charset if self.charset else self.g0_charset
         if charset is not cs.LAT1_MAP:
             data = data.translate(charset)
         cursor = self.cursor
-        width = self.columns
+        columns = self.columns
         row = self.buffer[cursor.y]
         insert = mo.IRM in self.mode
+        autowrap = mo.DECAWM in self.mode
+        limit = self.line_limit
+        base = self.line_offset(cursor.y)  # cells of the logical line before this row
         i, n = 0, len(data)
         while i < n:
             m = None if insert else _PATTERNS.simple_run.match(data, i)
             if m is not None:
                 run = m.group()
                 i = m.end()
-                x = cursor.x
-                room = width - x
-                k = len(run)
-                if k <= room:
-                    row.update(zip(range(x, x + k), map(_CELL.__getitem__, run), strict=True))
-                    cursor.x = x + k
-                else:
-                    if room > 0:
-                        row.update(zip(range(x, width), map(_CELL.__getitem__, run[:room]),
-                                       strict=True))
-                        cursor.x = width
-                    row.cut += k - room
+                k, j = len(run), 0
+                while j < k:
+                    x = cursor.x
+                    if x >= columns:
+                        if autowrap and base + x < limit:
+                            row, base = self._wrap(base)
+                            x = 0
+                        elif not autowrap:
+                            x = cursor.x = columns - 1
+                    take = min(columns - x, k - j, limit - base - x)
+                    if take <= 0:  # the line limit: the rest is cut
+                        row.cut += k - j
+                        break
+                    row.update(zip(range(x, x + take), map(_CELL.__getitem__, run[j:j + take]),
+                                   strict=True))
+                    cursor.x = x + take
+                    j += take
                 continue
             ch = data[i]
             i += 1
             w = wcwidth(ch)
             x = cursor.x
             if w > 0:
-                if x + w > width:
+                if base + x + w > limit:
                     row.cut += 1
                     continue
+                if x + w > columns:
+                    if w > columns:
+                        continue  # wider than the screen: no terminal can show it
+                    if autowrap:
+                        row, base = self._wrap(base)
+                        x = 0
+                        if base + w > limit:
+                            row.cut += 1
+                            continue
+                    elif w <= columns:
+                        x = cursor.x = columns - w
+                    else:
+                        continue
                 if insert:
                     self.insert_characters(w)
                 row[x] = _CELL[ch]
@@ -193,19 +376,44 @@ class Screen(pyte.Screen):
                     row[px] = _CELL[unicodedata.normalize("NFC", prev + ch)]
             # else: unprintable, or zero-width at the line start: nothing shows.
 
+    def _cleared(self, y: int) -> None:
+        """Row ``y`` was cleared whole: it no longer goes on below, nor the row above into it."""
+        self.buffer[y].wrapped = 0
+        self.break_above(y)
+
     def erase_in_line(self, how: int = 0, private: bool = False) -> None:
-        row = self.buffer[self.cursor.y]
+        cy = self.cursor.y
+        row = self.buffer[cy]
         x = self.cursor.x
+        if how in (0, 2) and x == 0 and row.wrapped and self.line_offset(cy) == 0:
+            # At the start of a line that wraps, where a carriage return puts the cursor: the
+            # whole line, as ``\r ESC[K`` before a redraw means (see ``line_start``).
+            buf = self.buffer
+            for y in range(cy, self.lines):
+                line = buf.get(y)
+                if line is None:
+                    break
+                wrapped = line.wrapped
+                line.clear()
+                line.cut = line.wrapped = 0
+                if not wrapped:
+                    break
+            return
         if how == 0:
             for k in [k for k in row if k >= x]:
                 del row[k]
             row.cut = 0
+            if x == 0:
+                self._cleared(cy)
         elif how == 1:
             for k in [k for k in row if k <= x]:
                 del row[k]
+            if x >= self.columns - 1:
+                self._cleared(cy)
         elif how == 2:
             row.clear()
             row.cut = 0
+            self._cleared(cy)
         else:
             self.debug("erase_in_line", how)
 
@@ -215,10 +423,13 @@ class Screen(pyte.Screen):
         if how == 0:
             for y in [y for y in buf if y > cy]:
                 del buf[y]
+            buf[cy].wrapped = 0
             self.erase_in_line(0)
         elif how == 1:
             for y in [y for y in buf if y < cy]:
                 del buf[y]
+            if cy > 0:
+                self.end_carry()
             self.erase_in_line(1)
         elif how in (2, 3):
             self.commit_all()
@@ -247,7 +458,7 @@ class Screen(pyte.Screen):
     def alignment_display(self) -> None:
         e = _CELL["E"]
         for y in range(self.lines):
-            self.buffer[y].update(dict.fromkeys(range(self.program_columns), e))
+            self.buffer[y].update(dict.fromkeys(range(self.columns), e))
 
     def tab(self) -> None:
         if self.tabs_default:
@@ -286,17 +497,6 @@ class Screen(pyte.Screen):
                 if not (private and (m << 5) == mo.DECCOLM) and not (not private and m == 20)]
         super().reset_mode(*kept, **kwargs)
 
-    def _clamp_column(self, column: int) -> int:
-        return max(0, min(column, self.program_columns - 1))
-
-    def cursor_forward(self, count: int | None = None) -> None:
-        x = self.cursor.x
-        limit = max(self.program_columns - 1, x)
-        self.cursor.x = min(x + (count or 1), limit, self.columns - 1)
-
-    def cursor_to_column(self, column: int | None = None) -> None:
-        self.cursor.x = self._clamp_column((column or 1) - 1)
-
     def cursor_position(self, line: int | None = None, column: int | None = None) -> None:
         col = (column or 1) - 1
         y = (line or 1) - 1
@@ -304,7 +504,7 @@ class Screen(pyte.Screen):
             y += self.margins.top
             if not self.margins.top <= y <= self.margins.bottom:
                 return
-        self.cursor.x = self._clamp_column(col)
+        self.cursor.x = max(0, min(col, self.columns - 1))
         self.cursor.y = y
         self.ensure_vbounds()
 
