@@ -484,6 +484,8 @@ _ADMIN_DEFAULTS = {
     "flush_interval": 0.5,  # seconds between spool flushes (a quiet line lands within 1 s)
     "flush_records": 1000,  # flush after this many buffered records
     "segment_bytes": 8 * 1024 * 1024,  # rotate spool segments at this size
+    "reader_socket": None,  # the read service's socket (None: /run/logcapture/reader.sock)
+    "admin_group": None,  # members read every user's runs through the read service
 }
 
 
@@ -507,6 +509,8 @@ class AdminConfig(namedtuple("AdminConfig", tuple(_ADMIN_DEFAULTS),  # type: ign
         flush_interval: float
         flush_records: int
         segment_bytes: int
+        reader_socket: str | None
+        admin_group: str | None
 
 
 _ADMIN_SCHEMA: Schema = {
@@ -518,6 +522,8 @@ _ADMIN_SCHEMA: Schema = {
     "flush_interval": _positive_number,
     "flush_records": _positive_int,
     "segment_bytes": _positive_int,
+    "reader_socket": _string,
+    "admin_group": _string,
 }
 
 
