@@ -224,7 +224,7 @@ def spool_facts(run_dir: Path, owner: str, uid: int) -> RunFacts:
 
 def store_facts(st: Store, run: str, owner: str | None) -> RunFacts:
     """A run's facts from the store's counts, without reading every line."""
-    info = st.run_info(run, owner)
+    info = st.run_info(run, owner, counts=False)
     t = st.tallies(run, owner)
     notes = t["notes"]
     metadata = sorted(st.metadata(run, owner), key=lambda d: (d["ts"], d["seq"]))
@@ -295,20 +295,28 @@ class StoreReader:
     def lines(self, run: str, stream: str | None = None, tail: int | None = None
               ) -> list[dict[str, Any]]:
         with self.session() as st:
-            st.run_info(run, self.owner)  # NotFound when it is not the caller's
+            st.check_run(run, self.owner)  # NotFound when it is not the caller's
             return st.lines(run, stream, tail, owner=self.owner)
 
-    def iter_lines(self, run: str, stream: str | None = None, page: int = 10_000
-                   ) -> Iterator[dict[str, Any]]:
-        """``lines(run, stream)`` read a page at a time, the store released between pages
-        (the read service sends a long log without holding it all in memory)."""
-        nexts: dict[str, int] = {}
+    def iter_lines(self, run: str, stream: str | None = None, page: int = 50_000
+                   ) -> Iterator[list[dict[str, Any]]]:
+        """``lines(run, stream)`` in batches: at once for a run of up to ``page`` records, else
+        read a page at a time with the store released between pages (the read service sends
+        a long log without holding it all in memory)."""
         with self.session() as st:
-            st.run_info(run, self.owner)  # NotFound when it is not the caller's
+            st.check_run(run, self.owner)  # NotFound when it is not the caller's
+            if st.record_count(run, self.owner) <= page:
+                small = st.lines(run, stream, owner=self.owner)
+            else:
+                small = None
+        if small is not None:
+            yield small
+            return
+        nexts: dict[str, int] = {}
         while True:
             with self.session() as st:
                 recs = st.lines(run, stream, owner=self.owner, after=nexts, head=page)
-            yield from recs
+            yield recs
             if len(recs) < page:
                 return
             for d in recs:
@@ -317,35 +325,50 @@ class StoreReader:
     def follow(self, run: str, poll: float = FOLLOW_POLL, settle: float = FOLLOW_SETTLE,
                sleep: Callable[[float], None] = time.sleep,
                on_idle: Callable[[], None] | None = None) -> Iterator[dict[str, Any]]:
+        """Every record of the run, then new ones as the shipper brings them, until the end
+        record (``follow_batches``, one record at a time)."""
+        for batch in self.follow_batches(run, poll, settle, sleep, on_idle):
+            yield from batch
+
+    def follow_batches(self, run: str, poll: float = FOLLOW_POLL,
+                       settle: float = FOLLOW_SETTLE,
+                       sleep: Callable[[float], None] = time.sleep,
+                       on_idle: Callable[[], None] | None = None
+                       ) -> Iterator[list[dict[str, Any]]]:
         """Every record of the run, then new ones as the shipper brings them, a read every
         ``poll`` seconds (``on_idle`` is called after a read that found nothing), until the
-        end record: read on until a read finds nothing ``settle`` seconds after it."""
+        end record: once every record the end record counts is read, or a read finds nothing
+        ``settle`` seconds after it."""
         nexts: dict[str, int] = {}  # stream -> the next seq not yet read
         newest: float | None = None
         ended_at: float | None = None
         end: dict[str, Any] | None = None
+        lines: Counter[tuple[str, str]] = Counter()  # records read per stream and kind
         started = False
         while True:
             with self.session() as st:
-                info = st.run_info(run, self.owner)  # NotFound when it is not the caller's
+                # NotFound when it is not the caller's
+                info = st.run_info(run, self.owner, counts=False)
                 since = newest - FOLLOW_LOOKBACK if newest is not None else None
                 recs = st.lines(run, owner=self.owner, after=nexts, since=since,
                                 head=FOLLOW_PAGE)
             if not started and info["start_record"] is not None:
                 started = True
-                yield info["start_record"]
+                yield [info["start_record"]]
             for d in recs:
                 nexts[d["stream"]] = max(nexts.get(d["stream"], 0), int(d["seq"]) + 1)
                 newest = d["ts"] if newest is None else max(newest, d["ts"])
-                yield d
+                lines[d["stream"], d["kind"]] += 1
+            if recs:
+                yield recs
             if len(recs) == FOLLOW_PAGE:
                 continue  # more is waiting: read on at once
             now = time.monotonic()
             if info["end_record"] is not None and ended_at is None:
                 ended_at, end = now, info["end_record"]
-            if ended_at is not None and not recs and now - ended_at >= settle:
-                if end is not None:
-                    yield end
+            if end is not None and (_all_lines_read(end, lines) or (
+                    not recs and now - ended_at >= settle)):  # type: ignore[operator]
+                yield [end]
                 return
             if not recs and on_idle is not None:
                 on_idle()
@@ -357,17 +380,17 @@ class StoreReader:
 
     def metadata(self, run: str) -> list[dict[str, Any]]:
         with self.session() as st:
-            st.run_info(run, self.owner)
+            st.check_run(run, self.owner)
             return st.metadata(run, self.owner)
 
     def samples(self, run: str) -> list[dict[str, Any]]:
         with self.session() as st:
-            st.run_info(run, self.owner)
+            st.check_run(run, self.owner)
             return st.samples(run, self.owner)
 
     def export_rows(self, run: str, what: str) -> list[dict[str, Any]]:
         with self.session() as st:
-            st.run_info(run, self.owner)
+            st.check_run(run, self.owner)
             if what == "lines":
                 recs = st.lines(run, owner=self.owner)
             elif what == "metadata":
@@ -378,6 +401,17 @@ class StoreReader:
 
     def close(self) -> None:
         pass
+
+
+_COUNTED = (("line", "lines"), ("metadata", "metadata"), ("command", "commands"))
+
+
+def _all_lines_read(end: dict[str, Any], read: Counter[tuple[str, str]]) -> bool:
+    """Whether a follower has read every line, metadata and command record the run's end
+    record counts, per stream."""
+    counts = end.get("counts") or {}
+    return all(read[s, kind] >= int((counts.get(s) or {}).get(key, 0))
+               for s in OUTPUT_STREAMS for kind, key in _COUNTED)
 
 
 class HeldStore:
@@ -505,6 +539,10 @@ class LocalReader:
         return self.remote is not None or self.held.available
 
     def resolve(self, ref: str | None) -> str:
+        if ref is None or ref == "latest":  # the newest run, wherever it is
+            newest = self.runs()
+            if newest:
+                ref = newest[0]["run"]
         run_dir = self._spool_run(ref)
         if run_dir is not None and (self.source == "spool" or not _shipped(run_dir)):
             self._where[run_dir.name] = run_dir

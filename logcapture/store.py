@@ -1118,9 +1118,24 @@ class Store:
             return str(rows[0][0])
         raise NotFound(f"run {ref!r} is not in the store (ship it with `logcapture upload`)")
 
-    def run_info(self, run: str, owner: str | None = None) -> dict[str, Any]:
+    def check_run(self, run: str, owner: str | None = None) -> None:
+        """NotFound unless the store has the run (of ``owner``): one primary-key look-up."""
+        if not self.has_run(run, owner):
+            raise NotFound(f"run {run!r} is not in the store")
+
+    def record_count(self, run: str, owner: str | None = None) -> int:
+        """About how many output records the run has (lines, notes, metadata; rows not yet
+        merged counted each time): primary-key counts, without FINAL."""
+        cond, p = self._run_cond(run, owner)
+        return int(self._query(
+            "SELECT (SELECT count() FROM lines WHERE " + cond + ") + (SELECT count() FROM "
+            "notes WHERE " + cond + ") + (SELECT count() FROM metadata WHERE " + cond + ")",
+            p)[0][0])
+
+    def run_info(self, run: str, owner: str | None = None, counts: bool = True
+                 ) -> dict[str, Any]:
         """The run's summary (as ``runs()``) plus ``start_record`` and ``end_record`` (record
-        dicts as in the spool, or None) and per-table row counts."""
+        dicts as in the spool, or None) and, with ``counts``, per-table row counts."""
         cond, p = self._run_cond(run, owner)
         rows = self._query(
             "SELECT run, owner, uid, cluster, job_id, host, command, "
@@ -1146,8 +1161,9 @@ class Store:
                    "state": r[10], "duration": r[13] or 0.0, "counts": _loads(r[24], {})}
         info["start_record"] = start
         info["end_record"] = end
-        info["counts"] = {t: self._count(t, run, owner) for t in ("lines", "notes", "metadata",
-                                                                  "samples")}
+        if counts:
+            info["counts"] = {t: self._count(t, run, owner)
+                              for t in ("lines", "notes", "metadata", "samples")}
         return info
 
     def tallies(self, run: str, owner: str | None = None) -> dict[str, Any]:

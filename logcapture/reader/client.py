@@ -78,7 +78,7 @@ class ServiceReader:
         return sock
 
     def _ask(self, op: str, **args: Any) -> Iterator[tuple[str, Any]]:
-        """("item", X) for each item of the answer, then ("value", X) or nothing."""
+        """("items", [X, ...]) for each batch of the answer, then ("value", X) or nothing."""
         sock = self._connect()
         try:
             sock.sendall(request_line(op, **args))
@@ -90,8 +90,8 @@ class ServiceReader:
                     except ValueError:
                         raise ServiceError("the read service sent a line that is not "
                                            "JSON") from None
-                    if "item" in msg:
-                        yield "item", msg["item"]
+                    if "items" in msg:
+                        yield "items", msg["items"]
                     elif "value" in msg:
                         yield "value", msg["value"]
                     elif "error" in msg:
@@ -111,7 +111,11 @@ class ServiceReader:
             sock.close()
 
     def _items(self, op: str, **args: Any) -> list[Any]:
-        return [x for kind, x in self._ask(op, **args) if kind == "item"]
+        out: list[Any] = []
+        for kind, x in self._ask(op, **args):
+            if kind == "items":
+                out += x
+        return out
 
     def _value(self, op: str, **args: Any) -> Any:
         for kind, x in self._ask(op, **args):
@@ -135,8 +139,8 @@ class ServiceReader:
 
     def follow(self, run: str) -> Iterator[dict[str, Any]]:
         for kind, x in self._ask("follow", run=run):
-            if kind == "item":
-                yield x
+            if kind == "items":
+                yield from x
 
     def describe(self, run: str) -> dict[str, Any]:
         return dict(self._value("describe", run=run))

@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 
 from ..errors import LogcaptureError, NotFound, ServiceError, UsageError
 from ..query import FOLLOW_POLL, StoreReader, StoreSession
-from .protocol import MAX_REQUEST_BYTES, Request, encode, parse_request
+from .protocol import BATCH, MAX_REQUEST_BYTES, Request, encode, parse_request
 
 log = logging.getLogger("logcapture.reader")
 
@@ -41,8 +41,9 @@ REQUEST_TIMEOUT = 10.0
 SEND_TIMEOUT = 30.0
 MAX_RESPONSE_BYTES = 1 << 30
 BEAT_EVERY = 10.0  # seconds between a quiet follower's keep-alive lines
-PAGE = 10_000  # records per store read of a long answer
+PAGE = 50_000  # records per store read of a long answer
 SEND_CHUNK = 64 * 1024
+BUSY_REPLIES = 16
 DRAIN_BYTES = 1 << 20
 DRAIN_SECONDS = 0.5
 
@@ -101,6 +102,7 @@ class ReadService:
         self.follow_poll = follow_poll
         self._listener: socket.socket | None = None
         self._clients = threading.BoundedSemaphore(max_clients)
+        self._busy_replies = threading.BoundedSemaphore(BUSY_REPLIES)
         self._stop = threading.Event()
         self._threads: set[threading.Thread] = set()
         self._lock = threading.Lock()
@@ -186,19 +188,27 @@ class ReadService:
     # --- one client
     def _start_client(self, conn: socket.socket) -> None:
         if not self._clients.acquire(blocking=False):
-            try:
-                conn.settimeout(1.0)
-                conn.sendall(encode({"error": f"the read service is busy ({self.max_clients} "
-                                              "clients); try again", "kind": "Busy"}))
-            except OSError:
-                pass
-            conn.close()
+            # Told so by a short-lived thread of its own (the answer waits for the request,
+            # or the client would lose it: ``_send_error``); past BUSY_REPLIES of those at
+            # once, the connection is just closed.
+            if self._busy_replies.acquire(blocking=False):
+                threading.Thread(target=self._busy, args=(conn,), daemon=True).start()
+            else:
+                conn.close()
             return
         t = threading.Thread(target=self._client, args=(conn,), daemon=True,
                              name="logcapture-reader-client")
         with self._lock:
             self._threads.add(t)
         t.start()
+
+    def _busy(self, conn: socket.socket) -> None:
+        try:
+            self._send_error(conn, f"the read service is busy ({self.max_clients} clients); "
+                                   "try again", "Busy")
+        finally:
+            conn.close()
+            self._busy_replies.release()
 
     def _client(self, conn: socket.socket) -> None:
         caller: Caller | None = None
@@ -255,25 +265,26 @@ class ReadService:
                 if time.monotonic() - out.last_sent >= self.beat_every:
                     out.beat()
 
-            out.items(reader.follow(a["run"], poll=self.follow_poll, on_idle=beat), each=True)
+            out.batches(reader.follow_batches(a["run"], poll=self.follow_poll, on_idle=beat),
+                        each=True)
         else:
-            out.items(self._items(reader, op, a))
+            out.batches(self._batches(reader, op, a))
         out.end()
 
     @staticmethod
-    def _items(reader: StoreReader, op: str, a: dict[str, Any]) -> Iterable[Any]:
+    def _batches(reader: StoreReader, op: str, a: dict[str, Any]) -> Iterable[list[Any]]:
         if op == "runs":
-            return reader.runs()
+            return [reader.runs()]
         if op == "lines":
             if a.get("tail"):
-                return reader.lines(a["run"], a.get("stream"), a["tail"])
+                return [reader.lines(a["run"], a.get("stream"), a["tail"])]
             return reader.iter_lines(a["run"], a.get("stream"), page=PAGE)
         if op == "metadata":
-            return reader.metadata(a["run"])
+            return [reader.metadata(a["run"])]
         if op == "samples":
-            return reader.samples(a["run"])
+            return [reader.samples(a["run"])]
         if op == "export":
-            return reader.export_rows(a["run"], a["what"])
+            return [reader.export_rows(a["run"], a["what"])]
         raise UsageError(f"unknown op {op!r}")
 
     @staticmethod
@@ -341,19 +352,22 @@ class _Sender:
     def value(self, value: Any) -> None:
         self._write(encode({"value": value}))
 
-    def items(self, items: Iterable[Any], each: bool = False) -> None:
-        for item in items:
-            self._write(encode({"item": item}))
-            self.count += 1
+    def batches(self, batches: Iterable[list[Any]], each: bool = False) -> None:
+        """Each batch as ``{"items": [...]}`` lines of at most ``BATCH`` items; ``each``:
+        send every batch at once (a follower's lines go out as they come)."""
+        for batch in batches:
+            for i in range(0, len(batch), BATCH):
+                self._write(encode({"items": batch[i:i + BATCH]}))
+            self.count += len(batch)
             if each:
-                self.flush()  # a follower's lines go out as they come
+                self.flush()
 
     def beat(self) -> None:
         self._write(encode({"beat": True}))
         self.flush()
 
     def end(self) -> None:
-        self._write(encode({"end": True, "items": self.count}))
+        self._write(encode({"end": True, "count": self.count}))
         self.flush()
 
 
