@@ -442,3 +442,22 @@ def test_the_cli_falls_back_to_its_own_store_without_a_service(tmp_path: Path) -
     assert res.returncode == 0
     assert "no read service answers on" in res.stderr
     assert "reading your own spool and store" in res.stderr
+
+
+def test_a_page_of_the_log_through_the_service_is_the_stores(service: ReadService,
+                                                              dsn: str) -> None:
+    from logcapture.query import StoreReader
+
+    r = ServiceReader(service.socket_path)
+    direct = StoreReader(service.sessions, "lcuser2")
+    service.identify = lambda conn: Caller(pwd.getpwnam("lcuser2").pw_uid, "lcuser2", False)
+    first = r.log("202", limit=50)
+    assert first == direct.log("202", limit=50)
+    assert len(first["entries"]) == 50 and first["more"] and first["ended"]
+    older = r.log("202", before=first["entries"][0][0], limit=50)
+    assert older == direct.log("202", before=first["entries"][0][0], limit=50)
+    assert older["entries"] and older["entries"][-1] != first["entries"][0]
+    with pytest.raises(NotFound):
+        r.log("101")  # lcuser1's
+    [answer] = raw(service.socket_path, b'{"op": "log", "run": "202", "before": "x:y"}\n')
+    assert answer["kind"] == "UsageError" and "bad cursor" in answer["error"]

@@ -18,6 +18,7 @@ from ..errors import (
     ServiceUnavailable,
     UsageError,
 )
+from ..query import LOG_PAGE
 from .protocol import request_line
 
 DEFAULT_SOCKET = "/run/logcapture/reader.sock"
@@ -141,6 +142,11 @@ class ServiceReader:
         for kind, x in self._ask("follow", run=run):
             if kind == "items":
                 yield from x
+
+    def log(self, run: str, stderr: bool = False, before: str | None = None,
+            after: str | None = None, limit: int = LOG_PAGE) -> dict[str, Any]:
+        return dict(self._value("log", run=run, stderr=stderr, before=before, after=after,
+                                limit=limit))
 
     def describe(self, run: str) -> dict[str, Any]:
         return dict(self._value("describe", run=run))

@@ -25,6 +25,8 @@ op             arguments                                      answer
 ``resolve``    ``ref`` (run id, job id, ``latest`` or null)    value: a run id
 ``lines``      ``run``, ``stream`` (null: all), ``tail``       items: records
 ``follow``     ``run``                                        items: records until the end record
+``log``        ``run``, ``stderr``, ``before``, ``after``,    value: a page of the log
+               ``limit``                                      (``query.Reader.log``)
 ``describe``   ``run``                                        value: the ``show`` mapping
 ``metadata``   ``run``                                        items: metadata records, newest first
 ``samples``    ``run``                                        items: sample records, oldest first
@@ -54,6 +56,7 @@ OPS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "resolve": ((), ("ref",)),
     "lines": (("run",), ("stream", "tail")),
     "follow": (("run",), ()),
+    "log": (("run",), ("stderr", "before", "after", "limit")),
     "describe": (("run",), ()),
     "metadata": (("run",), ()),
     "samples": (("run",), ()),
@@ -132,6 +135,18 @@ def parse_request(line: bytes) -> Request:
                                  or not 0 < tail <= MAX_TAIL):
             raise UsageError(f"request key 'tail' must be a whole number from 1 to {MAX_TAIL}")
         args["tail"] = tail
+    for key in ("before", "after"):
+        if key in obj:
+            args[key] = _text(key, obj[key], nullable=True)
+    if "stderr" in obj:
+        if not isinstance(obj["stderr"], bool):
+            raise UsageError("request key 'stderr' must be true or false")
+        args["stderr"] = obj["stderr"]
+    if "limit" in obj:
+        limit = obj["limit"]
+        if not isinstance(limit, int) or isinstance(limit, bool) or not 0 < limit <= MAX_TAIL:
+            raise UsageError(f"request key 'limit' must be a whole number from 1 to {MAX_TAIL}")
+        args["limit"] = limit
     if "what" in obj:
         if obj["what"] not in EXPORTS:
             raise UsageError(f"request key 'what' must be one of {', '.join(EXPORTS)}")

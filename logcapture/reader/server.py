@@ -260,6 +260,9 @@ class ReadService:
             out.value(reader.resolve(a.get("ref")))
         elif op == "describe":
             out.value(reader.describe(a["run"]))
+        elif op == "log":
+            out.value(reader.log(a["run"], **{k: a[k] for k in ("stderr", "before", "after",
+                                                               "limit") if k in a}))
         elif op == "follow":
             def beat() -> None:  # between the follower's reads: is the client still there?
                 if time.monotonic() - out.last_sent >= self.beat_every:
