@@ -10,12 +10,13 @@ in the same run, median of ROUNDS:
 
 - baseline: the same question asked of the store in this process (``query.StoreReader``, the
   store already open): what the data costs;
-- service: the question asked of the read service (in this process, on a temporary socket,
-  the caller given as the owner) by ``ServiceReader``: the socket, the protocol, the owner
-  filter;
-- cli: the whole command (`logcapture ls`, `logcapture logs JOB`) as a new process asking the
-  service (as root: it reads every owner's jobs; as the owner where it exists), and
-  `logcapture --version` (the interpreter and the CLI starting) for scale;
+- service: the question asked by ``ServiceReader`` of the read service, running as deployed
+  (`logcapture reader serve`, a process of its own, as root), from a process running as the
+  owner (the kernel names the caller; the service filters by owner), and as root (every
+  owner's jobs): the socket, the protocol, the owner filter;
+- cli: the whole command (`logcapture ls`, `logcapture logs JOB`) as a new process of the
+  owner asking the service, and `logcapture --version` (the interpreter and the CLI
+  starting) for scale;
 
 and prints each case's ratio to its baseline.
 
@@ -44,6 +45,7 @@ import sys
 import tempfile
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -52,8 +54,6 @@ sys.path.insert(0, str(REPO))
 from logcapture import store as S  # noqa: E402
 from logcapture.query import StoreReader  # noqa: E402
 from logcapture.reader.client import ServiceReader  # noqa: E402
-from logcapture.reader.server import Caller, ReadService  # noqa: E402
-from logcapture.reader.sessions import EmbeddedTurns  # noqa: E402
 
 LC = [sys.executable, "-m", "logcapture"]
 DEV = REPO / "slurm" / "dev-cluster"
@@ -110,55 +110,95 @@ def median_ms(fn, rounds: int) -> float:  # type: ignore[no-untyped-def]
     return statistics.median(times) * 1000
 
 
+# Questions asked of the service from a process of their own, as ``owner`` (its uid is what
+# the service sees): the median milliseconds of each.
+ASK_AS_OWNER = """
+import json, statistics, sys, time
+from logcapture.reader.client import ServiceReader
+r = ServiceReader(sys.argv[1])
+big, rounds = sys.argv[2], int(sys.argv[3])
+def ms(fn):
+    fn()
+    xs = []
+    for _ in range(rounds):
+        t = time.perf_counter(); fn(); xs.append(time.perf_counter() - t)
+    return statistics.median(xs) * 1000
+print(json.dumps({"runs": len(r.runs()), "ls": ms(r.runs), "logs": ms(lambda: r.lines(big))}))
+"""
+
+
+def as_owner(owner: str) -> list[str]:
+    """The command prefix that runs as ``owner`` (nothing when it is not a real user)."""
+    try:
+        pw = pwd.getpwnam(owner)
+    except KeyError:
+        return []
+    return ["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--init-groups"]
+
+
 def bench_store(args: argparse.Namespace) -> int:
     base = Path(tempfile.mkdtemp(prefix="logcapture-bench-reader-", dir="/tmp"))
     base.chmod(0o755)
     owner = owner_name()
     dsn = f"chdb://{base / 'store'}"
+    sock = base / "reader.sock"
+    service = None
+    rows: list[tuple[str, float, float]] = []
     try:
         t = time.perf_counter()
         big = fill(dsn, args.jobs, args.lines, owner)
         print(f"store: {args.jobs + 1} jobs, {args.jobs * args.lines + 10_000} lines, "
               f"filled in {time.perf_counter() - t:.1f}s; owner {owner!r} has "
               f"{args.jobs // 20 + 1} jobs; `logs` reads job {big} (10,000 lines)")
-        sessions = EmbeddedTurns(dsn)
-        who = {"caller": Caller(os.getuid(), owner, False)}
-        svc = ReadService(base / "reader.sock", sessions, identify=lambda conn: who["caller"])
-        svc.start()
-        rows: list[tuple[str, float, float]] = []
-        try:
-            direct = StoreReader(sessions, owner)
-            everyone = StoreReader(sessions, None)
-            client = ServiceReader(svc.socket_path)
-            n_mine = len(direct.runs())
-            base_ls = median_ms(direct.runs, args.rounds)
+        # The baseline: the questions asked of the open store in this process.
+        with S.open_store(dsn) as st:
+            @contextmanager
+            def held():  # type: ignore[no-untyped-def]
+                yield st
+
+            mine, everyone = StoreReader(held, owner), StoreReader(held, None)
+            n_mine = len(mine.runs())
+            base_ls = median_ms(mine.runs, args.rounds)
             base_all = median_ms(everyone.runs, args.rounds)
-            base_logs = median_ms(lambda: direct.lines(big), args.rounds)
-            rows.append((f"ls ({n_mine} jobs of the owner): service", base_ls,
-                         median_ms(client.runs, args.rounds)))
-            rows.append((f"logs {big} (10,000 lines): service", base_logs,
+            base_logs = median_ms(lambda: mine.lines(big), args.rounds)
+        # The service, as deployed: a process of its own (root: the store is root's).
+        env = dict(os.environ, LOGCAPTURE_READER_SOCKET=str(sock),
+                   LOGCAPTURE_CONFIG="/nonexistent")
+        with open(base / "reader.log", "ab") as log:
+            service = subprocess.Popen([*LC, "reader", "serve", "--socket", str(sock),
+                                        "--store", dsn], env=env, stderr=log)
+        while not sock.exists():
+            time.sleep(0.05)
+        user = as_owner(owner)
+        if user:
+            got = json.loads(subprocess.run(
+                [*user, sys.executable, "-c", ASK_AS_OWNER, str(sock), big, str(args.rounds)],
+                env=env, cwd="/", check=True, capture_output=True, text=True).stdout)
+            rows.append((f"ls ({got['runs']} jobs of {owner}): service", base_ls, got["ls"]))
+            rows.append((f"logs {big} (10,000 lines): service", base_logs, got["logs"]))
+        client = ServiceReader(sock)  # root: every owner's jobs
+        rows.append((f"ls (all {args.jobs + 1} jobs, as root): service", base_all,
+                     median_ms(client.runs, args.rounds)))
+        if not user:
+            rows.append((f"logs {big} (10,000 lines, as root): service", base_logs,
                          median_ms(lambda: client.lines(big), args.rounds)))
-            who["caller"] = Caller(0, "root", True)
-            rows.append((f"ls (all {args.jobs + 1} jobs, admin): service", base_all,
-                         median_ms(client.runs, args.rounds)))
-            env = dict(os.environ, LOGCAPTURE_READER_SOCKET=str(svc.socket_path),
-                       LOGCAPTURE_CONFIG="/nonexistent")
-            version = median_ms(lambda: subprocess.run([*LC, "--version"], env=env, check=True,
-                                                       capture_output=True), args.rounds)
-            who["caller"] = Caller(os.getuid(), owner, False)
-            for name, cmd, ref in (
-                    (f"cli: logcapture ls ({n_mine} jobs)", ["ls"], base_ls),
-                    (f"cli: logcapture logs {big}", ["logs", big], base_logs)):
-                rows.append((name, ref, median_ms(lambda c=cmd: subprocess.run(  # type: ignore[misc]
-                    [*LC, *c], env=env, check=True, capture_output=True), args.rounds)))
-            rows.append(("cli: logcapture --version (start-up alone)", version, version))
-        finally:
-            svc.stop()
-            sessions.close()
+        version = median_ms(lambda: subprocess.run([*user, *LC, "--version"], env=env,
+                                                   cwd="/", check=True, capture_output=True),
+                            args.rounds)
+        for name, cmd, ref in ((f"cli: logcapture ls ({n_mine if user else 'all'} jobs)",
+                                ["ls"], base_ls if user else base_all),
+                               (f"cli: logcapture logs {big}", ["logs", big], base_logs)):
+            rows.append((name, ref, median_ms(lambda c=cmd: subprocess.run(  # type: ignore[misc]
+                [*user, *LC, *c], env=env, cwd="/", check=True, capture_output=True),
+                args.rounds)))
+        rows.append(("cli: logcapture --version (start-up alone)", version, version))
     finally:
+        if service is not None:
+            service.terminate()
+            service.wait(30)
         shutil.rmtree(base, ignore_errors=True)
     print(f"{'case':52} {'baseline ms':>12} {'ms':>9} {'ratio':>7}   (median of "
-          f"{args.rounds})")
+          f"{args.rounds}; baseline: the question asked of the open store in-process)")
     for name, ref, ms in rows:
         print(f"{name:52} {ref:12.1f} {ms:9.1f} {ms / ref:7.2f}x")
     return 0

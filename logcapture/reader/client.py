@@ -24,6 +24,7 @@ from .protocol import request_line
 DEFAULT_SOCKET = "/run/logcapture/reader.sock"
 CONNECT_TIMEOUT = 5.0
 READ_TIMEOUT = 120.0  # a question's answer, or a follower's keep-alive, comes well within it
+READ_BUFFER = 1 << 18  # an answer line holds up to 2,000 records (protocol.BATCH)
 _KINDS: dict[str, type[LogcaptureError]] = {"NotFound": NotFound, "UsageError": UsageError}
 
 
@@ -84,7 +85,7 @@ class ServiceReader:
         try:
             sock.sendall(request_line(op, **args))
             sock.settimeout(self.read_timeout)
-            with sock.makefile("rb") as f:
+            with sock.makefile("rb", buffering=READ_BUFFER) as f:
                 for raw in f:
                     try:
                         msg = json.loads(raw)

@@ -175,15 +175,15 @@ def test_logs_follow_reads_a_running_job_from_its_start_to_its_end(rd: Cluster) 
     assert other.returncode == 1 and other.stdout == "" and "no run" in other.stderr
     seen: list[tuple[float, str]] = []
     pw = pwd.getpwnam(U1)
-    proc = subprocess.Popen(
-        ["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--init-groups",
-         "--reset-env", *pw_cmd],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/")
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        seen.append((time.time(), line.rstrip("\n")))
-    proc.wait(60)
-    err = proc.stderr.read() if proc.stderr else ""
+    with subprocess.Popen(
+            ["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--init-groups",
+             "--reset-env", *pw_cmd],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/") as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        for line in proc.stdout:
+            seen.append((time.time(), line.rstrip("\n")))
+        err = proc.stderr.read()
+        proc.wait(60)
     assert proc.returncode == 0, err
     texts = [t for _, t in seen]
     assert [t.split()[1] for t in texts if t.startswith("tick ")] == [str(i)
