@@ -23,7 +23,6 @@ import pytest
 from logcapture import store as S
 from logcapture.errors import NotFound, ServiceUnavailable
 from logcapture.reader.client import ServiceReader, service_socket
-from logcapture.reader.protocol import MAX_REQUEST_BYTES
 from logcapture.reader.server import Caller, ReadService, caller_of_uid
 from logcapture.reader.sessions import EmbeddedTurns
 from logcapture.records import End, Line, Metadata, Sample, Start
@@ -246,7 +245,7 @@ print(json.dumps(out))
 def test_a_huge_request_a_silent_client_and_too_many_clients(service: ReadService) -> None:
     sock = service.socket_path
     # Longer than the limit, with no newline: refused once the limit is passed.
-    [answer] = raw(sock, b'{"op": "runs", "pad": "' + b"x" * (4 * MAX_REQUEST_BYTES))
+    [answer] = raw(sock, b'{"op": "runs", "pad": "' + b"x" * (8 << 20))
     assert answer["kind"] == "UsageError" and "longer than" in answer["error"]
     # A client that connects and says nothing is told so after request_timeout.
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:

@@ -44,7 +44,7 @@ BEAT_EVERY = 10.0  # seconds between a quiet follower's keep-alive lines
 PAGE = 50_000  # records per store read of a long answer
 SEND_CHUNK = 64 * 1024
 BUSY_REPLIES = 16
-DRAIN_BYTES = 1 << 20
+DRAIN_BYTES = 64 << 20
 DRAIN_SECONDS = 0.5
 
 
