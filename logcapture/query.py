@@ -99,6 +99,10 @@ class Reader(Protocol):
         """The run id REF names; NotFound when none of the caller's runs matches."""
         ...
 
+    def summary(self, run: str) -> dict[str, Any]:
+        """One run's summary (as in ``runs``), without listing every run."""
+        ...
+
     def lines(self, run: str, stream: str | None = None, tail: int | None = None
               ) -> list[dict[str, Any]]:
         """The run's output records (line, command, note, metadata) in order, run-level notes
@@ -300,6 +304,13 @@ def newest_first(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
 StoreSession = Callable[[], AbstractContextManager[Store]]
 
 
+def _check_run(st: Store, run: str, owner: str | None) -> None:
+    """NotFound unless the run is in the store as the owner's (one row of the runs table;
+    ``run_info`` would also count every table's rows)."""
+    if not st.has_run(run, owner):
+        raise NotFound(f"run {run!r} is not in the store")
+
+
 class StoreReader:
     """The Reader over the store alone, as ``owner`` (None: every owner). ``session`` opens
     the store for one question (``with session() as st``): an embedded store is one process's
@@ -317,10 +328,17 @@ class StoreReader:
         with self.session() as st:
             return st.resolve_run(ref, self.owner)
 
+    def summary(self, run: str) -> dict[str, Any]:
+        with self.session() as st:
+            rows = st.runs(self.owner, run)
+        if not rows:
+            raise NotFound(f"run {run!r} is not in the store")
+        return summary_of_store(rows[0])
+
     def lines(self, run: str, stream: str | None = None, tail: int | None = None
               ) -> list[dict[str, Any]]:
         with self.session() as st:
-            st.check_run(run, self.owner)  # NotFound when it is not the caller's
+            _check_run(st, run, self.owner)
             return st.lines(run, stream, tail, owner=self.owner)
 
     def iter_lines(self, run: str, stream: str | None = None, page: int = 50_000
@@ -329,7 +347,7 @@ class StoreReader:
         read a page at a time with the store released between pages (the read service sends
         a long log without holding it all in memory)."""
         with self.session() as st:
-            st.check_run(run, self.owner)  # NotFound when it is not the caller's
+            _check_run(st, run, self.owner)  # NotFound when it is not the caller's
             if st.record_count(run, self.owner) <= page:
                 small = st.lines(run, stream, owner=self.owner)
             else:
@@ -414,17 +432,17 @@ class StoreReader:
 
     def metadata(self, run: str) -> list[dict[str, Any]]:
         with self.session() as st:
-            st.check_run(run, self.owner)
+            _check_run(st, run, self.owner)
             return st.metadata(run, self.owner)
 
     def samples(self, run: str) -> list[dict[str, Any]]:
         with self.session() as st:
-            st.check_run(run, self.owner)
+            _check_run(st, run, self.owner)
             return st.samples(run, self.owner)
 
     def export_rows(self, run: str, what: str) -> list[dict[str, Any]]:
         with self.session() as st:
-            st.check_run(run, self.owner)
+            _check_run(st, run, self.owner)
             if what == "lines":
                 recs = st.lines(run, owner=self.owner)
             elif what == "metadata":
@@ -823,6 +841,8 @@ class LocalReader:
                     stream is None and rec.stream in (*OUTPUT_STREAMS, "run")
                     or rec.stream == stream):
                 out.append(rec.to_dict())
+        if stream is None:  # both streams and the run's notes, by read time (as the store)
+            out.sort(key=lambda d: d["ts"])
         return out[-tail:] if tail else out
 
     def follow(self, run: str) -> Iterator[dict[str, Any]]:
@@ -837,6 +857,13 @@ class LocalReader:
         self.held.release()  # the store is opened for each read: others take turns
         session = _Reopened(self.held)
         yield from StoreReader(session, self.owner).follow(run)
+
+    def summary(self, run: str) -> dict[str, Any]:
+        run_dir = self._dir(run)
+        if run_dir is None:
+            return self.store.summary(run)
+        who = self._mine(run_dir) or (self.user, self.uid)
+        return summary_of_spool(summarize(run_dir), *who)
 
     def log(self, run: str, stderr: bool = False, before: str | None = None,
             after: str | None = None, limit: int = LOG_PAGE) -> dict[str, Any]:

@@ -1047,19 +1047,22 @@ class Store:
     # Every read takes ``owner``: a user name, or None for all owners (the run's own store on a
     # laptop, an administrator). The condition is built from constants only; the values are
     # parameters (``_run_cond``).
-    def runs(self, owner: str | None = None) -> list[dict[str, Any]]:
-        """One dict per run, newest first: run, owner, uid, cluster, job_id, host, command,
-        start (epoch s), end, last (newest record), state (RUNNING while no end record),
-        exit_status, signal, duration, slurm (the Start record's Slurm identity, a dict),
-        lines (output lines: the End record's counts, counted in the store while it runs)."""
-        where = "WHERE owner = {owner:String}" if owner is not None else ""
+    def runs(self, owner: str | None = None, run: str | None = None) -> list[dict[str, Any]]:
+        """One dict per run (``run``: that one only), newest first: run, owner, uid, cluster,
+        job_id, host, command, start (epoch s), end, last (newest record), state (RUNNING
+        while no end record), exit_status, signal, duration, slurm (the Start record's Slurm
+        identity, a dict), lines (output lines: the End record's counts, counted in the
+        store while it runs)."""
+        conds = (["owner = {owner:String}"] if owner is not None else []) + (
+            ["run = {run:String}"] if run is not None else [])
+        where = ("WHERE " + " AND ".join(conds)) if conds else ""
         rows = self._query(
             "SELECT run, owner, uid, cluster, job_id, host, command, "
             "toUnixTimestamp64Nano(start_ts), toUnixTimestamp64Nano(end_ts), "
             "toUnixTimestamp64Nano(last_ts), ifNull(state, 'RUNNING'), exit_status, signal, "
             "duration, slurm, counts FROM runs FINAL " + where +
             " ORDER BY ifNull(start_ts, last_ts) DESC, run",
-            {"owner": owner} if owner is not None else None)
+            {"owner": owner or "", "run": run or ""} if conds else None)
         out = [self._run_row(r) for r in rows]
         for d, r in zip(out, rows, strict=True):
             d["slurm"] = _loads(r[14], {})
@@ -1117,11 +1120,6 @@ class Store:
         if rows:
             return str(rows[0][0])
         raise NotFound(f"run {ref!r} is not in the store (ship it with `logcapture upload`)")
-
-    def check_run(self, run: str, owner: str | None = None) -> None:
-        """NotFound unless the store has the run (of ``owner``): one primary-key look-up."""
-        if not self.has_run(run, owner):
-            raise NotFound(f"run {run!r} is not in the store")
 
     def record_count(self, run: str, owner: str | None = None) -> int:
         """About how many output records the run has (lines, notes, metadata; rows not yet

@@ -452,6 +452,7 @@ def test_a_page_of_the_log_through_the_service_is_the_stores(service: ReadServic
     service.identify = lambda conn: Caller(pwd.getpwnam("lcuser2").pw_uid, "lcuser2", False)
     first = r.log("202", limit=50)
     assert first == direct.log("202", limit=50)
+    assert r.summary("202") == direct.summary("202")
     assert len(first["entries"]) == 50 and first["more"] and first["ended"]
     older = r.log("202", before=first["entries"][0][0], limit=50)
     assert older == direct.log("202", before=first["entries"][0][0], limit=50)

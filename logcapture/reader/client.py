@@ -135,6 +135,9 @@ class ServiceReader:
     def resolve(self, ref: str | None) -> str:
         return str(self._value("resolve", ref=ref))
 
+    def summary(self, run: str) -> dict[str, Any]:
+        return dict(self._value("summary", run=run))
+
     def lines(self, run: str, stream: str | None = None, tail: int | None = None
               ) -> list[dict[str, Any]]:
         return self._items("lines", run=run, stream=stream, tail=tail)

@@ -23,6 +23,7 @@ op             arguments                                      answer
 ``whoami``                                                    value: user, uid, admin
 ``runs``                                                      items: run summaries, newest first
 ``resolve``    ``ref`` (run id, job id, ``latest`` or null)    value: a run id
+``summary``    ``run``                                        value: the run's summary
 ``lines``      ``run``, ``stream`` (null: all), ``tail``       items: records
 ``follow``     ``run``                                        items: records until the end record
 ``log``        ``run``, ``stderr``, ``before``, ``after``,    value: a page of the log
@@ -54,6 +55,7 @@ OPS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "whoami": ((), ()),
     "runs": ((), ()),
     "resolve": ((), ("ref",)),
+    "summary": (("run",), ()),
     "lines": (("run",), ("stream", "tail")),
     "follow": (("run",), ()),
     "log": (("run",), ("stderr", "before", "after", "limit")),

@@ -258,6 +258,8 @@ class ReadService:
             out.value({"user": caller.user, "uid": caller.uid, "admin": caller.admin})
         elif op == "resolve":
             out.value(reader.resolve(a.get("ref")))
+        elif op == "summary":
+            out.value(reader.summary(a["run"]))
         elif op == "describe":
             out.value(reader.describe(a["run"]))
         elif op == "log":
