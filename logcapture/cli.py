@@ -149,14 +149,28 @@ def format_note(note: Note) -> str:
 
 
 def _reader(spool: Path | None, store_dsn: str | None, source: str = "auto") -> Any:
-    """The Reader a reading command asks (``query.Reader``): the caller's own spool and
-    store."""
+    """The Reader a reading command asks (``query.Reader``): the caller's own spool, and the
+    read service where there is one (``reader.client.service_socket``; not with ``--store``),
+    else the caller's own store."""
     from .query import LocalReader
 
     def warn(message: str) -> None:
         click.echo(f"logcapture: {message}", err=True)
 
-    return LocalReader(_root(spool), store_dsn, source=source, warn=warn)
+    remote = None
+    if store_dsn is None and source != "spool":
+        from .errors import ServiceUnavailable
+        from .reader.client import ServiceReader, service_socket
+
+        path = service_socket()
+        if path is not None:
+            remote = ServiceReader(path)
+            try:
+                remote.whoami()
+            except ServiceUnavailable as e:
+                warn(f"{e.message}; reading your own spool and store")
+                remote = None
+    return LocalReader(_root(spool), store_dsn, source=source, warn=warn, remote=remote)
 
 
 def _duration_text(seconds: float | None) -> str:
@@ -390,6 +404,75 @@ def slurm_sampler(job_id: str) -> None:
     from .slurm import sampler_main
 
     sys.exit(sampler_main(job_id))
+
+
+# ------------------------------------------------------------------------------ reader
+
+
+@cli.group(name="reader")
+def reader_group() -> None:
+    """The read service: lets users on a login node read their own runs from the store
+    without its credentials. See docs/admin.md."""
+
+
+@reader_group.command(name="serve")
+@click.option("--socket", "socket_path", type=click.Path(path_type=Path), default=None,
+              help="The Unix socket to answer on (default: the admin config's reader_socket, "
+                   "else /run/logcapture/reader.sock).")
+@_store_option
+@click.option("--admin-group", default=None, metavar="GROUP",
+              help="Members of this group read every user's runs (default: the admin "
+                   "config's admin_group; root always does).")
+def reader_serve(socket_path: Path | None, store_dsn: str | None,
+                 admin_group: str | None) -> None:
+    """Answer users' reading commands on a Unix socket, as the user the kernel says
+    connected, until TERM or INT. Run by the administrator, with the store's credentials."""
+    import logging
+    import signal
+
+    from .config import load_admin
+    from .reader.client import DEFAULT_SOCKET
+    from .reader.server import ReadService
+    from .reader.sessions import store_sessions
+    from .store import redact, resolve_dsn
+
+    admin = load_admin()
+    path = socket_path or Path(admin.reader_socket or DEFAULT_SOCKET)
+    group = admin_group or admin.admin_group
+    logging.basicConfig(level=logging.INFO, format="logcapture reader: %(message)s")
+    sessions = store_sessions(store_dsn)
+    service = ReadService(path, sessions, admin_group=group)
+    service.bind()
+
+    def stop(signum: int, frame: object) -> None:
+        service._stop.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    click.echo(f"logcapture: read service on {path} for {redact(resolve_dsn(store_dsn))}"
+               + (f", admin group {group}" if group else ""), err=True)
+    try:
+        service.serve_forever()
+    finally:
+        service.stop()
+        sessions.close()
+    click.echo(f"logcapture: read service stopped after {service.served} request(s)", err=True)
+
+
+@reader_group.command(name="whoami")
+def reader_whoami() -> None:
+    """Ask the read service who you are to it (user, uid, whether you read every user's
+    runs): a check that it runs and that you reach it."""
+    from .errors import ServiceUnavailable
+    from .reader.client import ServiceReader, service_socket
+
+    path = service_socket()
+    if path is None:
+        raise ServiceUnavailable("no read service socket here (set LOGCAPTURE_READER_SOCKET "
+                                 "or the admin config's reader_socket)")
+    me = ServiceReader(path).whoami()
+    click.echo(f"{me['user']} (uid {me['uid']}){': reads every user' if me['admin'] else ''}"
+               f" via {path}")
 
 
 # ------------------------------------------------------------------------------ grafana

@@ -585,6 +585,8 @@ _ADMIN_DEFAULTS = {
     # body on stdin) and a webhook every message is also posted to (none by default).
     "mail_prog": "/usr/bin/mail",
     "notify_webhook": None,
+    "reader_socket": None,  # the read service's socket (None: /run/logcapture/reader.sock)
+    "admin_group": None,  # members read every user's runs through the read service
 }
 
 
@@ -617,6 +619,8 @@ class AdminConfig(namedtuple("AdminConfig", tuple(_ADMIN_DEFAULTS),  # type: ign
         stall_seconds: float
         mail_prog: str
         notify_webhook: str | None
+        reader_socket: str | None
+        admin_group: str | None
 
 
 _ADMIN_SCHEMA: Schema = {
@@ -637,6 +641,8 @@ _ADMIN_SCHEMA: Schema = {
     "stall_seconds": _positive_number,
     "mail_prog": _absolute_path,
     "notify_webhook": _webhook,
+    "reader_socket": _string,
+    "admin_group": _string,
 }
 
 

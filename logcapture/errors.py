@@ -11,6 +11,8 @@
     │   ├── StoreUnavailable        transient: connection refused, timeout, locked chDB folder
     │   ├── StoreDataError          the store refused the data (ClickHouse codes 117, 53, ...)
     │   └── StoreAuthError          401/403, authentication failed: stop at once
+    ├── ServiceError                the read service refused a request or failed
+    │   └── ServiceUnavailable      no read service answers on its socket
     ├── NotFound                    no such run / job
     └── UsageError                  a command was called wrongly (exit_code 2)
 
@@ -74,6 +76,14 @@ class StoreDataError(StoreError):
 
 class StoreAuthError(StoreError):
     """Authentication or authorisation failed: stop at once."""
+
+
+class ServiceError(LogcaptureError):
+    stage = "reading"
+
+
+class ServiceUnavailable(ServiceError):
+    """No read service answers on the socket (not installed, not started, or gone)."""
 
 
 class NotFound(LogcaptureError):

@@ -88,6 +88,7 @@ FOLLOW_SETTLE = 3.0
 # seen (the store's key begins with the run and the time, so the read stays small); records
 # reach the store in spool order, each within seconds of its time stamp.
 FOLLOW_LOOKBACK = 300.0
+FOLLOW_PAGE = 10_000  # records per read of a follower (a long log is read in pages)
 
 
 class Reader(Protocol):
@@ -261,7 +262,7 @@ def spool_facts(run_dir: Path, owner: str, uid: int) -> RunFacts:
 
 def store_facts(st: Store, run: str, owner: str | None) -> RunFacts:
     """A run's facts from the store's counts, without reading every line."""
-    info = st.run_info(run, owner)
+    info = st.run_info(run, owner, counts=False)
     t = st.tallies(run, owner)
     notes = t["notes"]
     metadata = sorted(st.metadata(run, owner), key=lambda d: (d["ts"], d["seq"]))
@@ -356,32 +357,80 @@ class StoreReader:
             _check_run(st, run, self.owner)
             return st.lines(run, stream, tail, owner=self.owner)
 
-    def follow(self, run: str, poll: float = FOLLOW_POLL, settle: float = FOLLOW_SETTLE,
-               sleep: Callable[[float], None] = time.sleep) -> Iterator[dict[str, Any]]:
+    def iter_lines(self, run: str, stream: str | None = None, page: int = 50_000
+                   ) -> Iterator[list[dict[str, Any]]]:
+        """``lines(run, stream)`` in batches: at once for a run of up to ``page`` records, else
+        read a page at a time with the store released between pages (the read service sends
+        a long log without holding it all in memory)."""
+        with self.session() as st:
+            _check_run(st, run, self.owner)  # NotFound when it is not the caller's
+            if st.record_count(run, self.owner) <= page:
+                small = st.lines(run, stream, owner=self.owner)
+            else:
+                small = None
+        if small is not None:
+            yield small
+            return
         nexts: dict[str, int] = {}
+        while True:
+            with self.session() as st:
+                recs = st.lines(run, stream, owner=self.owner, after=nexts, head=page)
+            yield recs
+            if len(recs) < page:
+                return
+            for d in recs:
+                nexts[d["stream"]] = max(nexts.get(d["stream"], 0), int(d["seq"]) + 1)
+
+    def follow(self, run: str, poll: float = FOLLOW_POLL, settle: float = FOLLOW_SETTLE,
+               sleep: Callable[[float], None] = time.sleep,
+               on_idle: Callable[[], None] | None = None) -> Iterator[dict[str, Any]]:
+        """Every record of the run, then new ones as the shipper brings them, until the end
+        record (``follow_batches``, one record at a time)."""
+        for batch in self.follow_batches(run, poll, settle, sleep, on_idle):
+            yield from batch
+
+    def follow_batches(self, run: str, poll: float = FOLLOW_POLL,
+                       settle: float = FOLLOW_SETTLE,
+                       sleep: Callable[[float], None] = time.sleep,
+                       on_idle: Callable[[], None] | None = None
+                       ) -> Iterator[list[dict[str, Any]]]:
+        """Every record of the run, then new ones as the shipper brings them, a read every
+        ``poll`` seconds (``on_idle`` is called after a read that found nothing), until the
+        end record: once every record the end record counts is read, or a read finds nothing
+        ``settle`` seconds after it."""
+        nexts: dict[str, int] = {}  # stream -> the next seq not yet read
         newest: float | None = None
         ended_at: float | None = None
         end: dict[str, Any] | None = None
-        first = True
+        lines: Counter[tuple[str, str]] = Counter()  # records read per stream and kind
+        started = False
         while True:
             with self.session() as st:
-                info = st.run_info(run, self.owner)
+                # NotFound when it is not the caller's
+                info = st.run_info(run, self.owner, counts=False)
                 since = newest - FOLLOW_LOOKBACK if newest is not None else None
-                recs = st.lines(run, owner=self.owner, after=nexts, since=since)
-            if first and info["start_record"] is not None:
-                yield info["start_record"]
-            first = False
+                recs = st.lines(run, owner=self.owner, after=nexts, since=since,
+                                head=FOLLOW_PAGE)
+            if not started and info["start_record"] is not None:
+                started = True
+                yield [info["start_record"]]
             for d in recs:
                 nexts[d["stream"]] = max(nexts.get(d["stream"], 0), int(d["seq"]) + 1)
                 newest = d["ts"] if newest is None else max(newest, d["ts"])
-                yield d
+                lines[d["stream"], d["kind"]] += 1
+            if recs:
+                yield recs
+            if len(recs) == FOLLOW_PAGE:
+                continue  # more is waiting: read on at once
             now = time.monotonic()
             if info["end_record"] is not None and ended_at is None:
                 ended_at, end = now, info["end_record"]
-            if ended_at is not None and not recs and now - ended_at >= settle:
-                if end is not None:
-                    yield end
+            if end is not None and (_all_lines_read(end, lines) or (
+                    not recs and now - ended_at >= settle)):  # type: ignore[operator]
+                yield [end]
                 return
+            if not recs and on_idle is not None:
+                on_idle()
             sleep(poll)
 
     def log(self, run: str, stderr: bool = False, before: str | None = None,
@@ -420,6 +469,17 @@ class StoreReader:
 
     def close(self) -> None:
         pass
+
+
+_COUNTED = (("line", "lines"), ("metadata", "metadata"), ("command", "commands"))
+
+
+def _all_lines_read(end: dict[str, Any], read: Counter[tuple[str, str]]) -> bool:
+    """Whether a follower has read every line, metadata and command record the run's end
+    record counts, per stream."""
+    counts = end.get("counts") or {}
+    return all(read[s, kind] >= int((counts.get(s) or {}).get(key, 0))
+               for s in OUTPUT_STREAMS for kind, key in _COUNTED)
 
 
 class HeldStore:
@@ -690,16 +750,20 @@ class LocalReader:
     """The Reader over a spool root and a store, as the user running it: their own runs only
     (root reads every run it can open). ``source``: ``auto`` reads a run from the store once
     the spool has shipped all of it (or no longer has it), else from the spool; ``spool`` and
-    ``store`` force one."""
+    ``store`` force one. ``remote``: where "the store" is asked instead (the read service's
+    ``ServiceReader`` on a cluster's login node)."""
 
     def __init__(self, spool_root: Path, dsn: str | None = None, source: str = "auto",
-                 warn: Callable[[str], None] | None = None, store_wait: float = 5.0):
+                 warn: Callable[[str], None] | None = None, store_wait: float = 5.0,
+                 remote: Reader | None = None):
         self.root = spool_root
         self.source = source
         self.user, self.uid = current_user()
         self.owner: str | None = None if self.uid == 0 else self.user
         self.held = HeldStore(dsn, wait=store_wait, warn=warn)
-        self.store = StoreReader(self.held, self.owner)
+        self.remote = remote
+        self.store: Reader = (remote if remote is not None
+                              else StoreReader(self.held, self.owner))
         self._where: dict[str, Path | None] = {}  # run id -> its spool dir, None: the store
         self._cache: dict[Path, SpoolRun] = {}  # spool runs asked of, read on as they grow
 
@@ -727,9 +791,15 @@ class LocalReader:
         return run_dir if self._mine(run_dir) is not None else None
 
     def _in_store(self) -> bool:
-        return self.source != "spool" and self.held.available
+        if self.source == "spool":
+            return False
+        return self.remote is not None or self.held.available
 
     def resolve(self, ref: str | None) -> str:
+        if ref is None or ref == "latest":  # the newest run, wherever it is
+            newest = self.runs()
+            if newest:
+                ref = newest[0]["run"]
         run_dir = self._spool_run(ref)
         if run_dir is not None and (self.source == "spool" or not is_shipped(run_dir)):
             self._where[run_dir.name] = run_dir
@@ -797,6 +867,9 @@ class LocalReader:
             for rec in follow_records(run_dir):
                 yield rec.to_dict()
             return
+        if self.remote is not None:
+            yield from self.remote.follow(run)
+            return
         self.held.release()  # the store is opened for each read: others take turns
         session = _Reopened(self.held)
         yield from StoreReader(session, self.owner).follow(run)
@@ -853,6 +926,8 @@ class LocalReader:
 
     def close(self) -> None:
         self.held.close()
+        if self.remote is not None:
+            self.remote.close()
 
 
 class _Reopened:

@@ -85,6 +85,9 @@ DIRECT_BATCHES = 4
 BATCH_INTERVAL = 2.0
 DEADLINE = 300.0  # gpufl's total timeout (5 min)
 RETENTION_DAYS = 7.0
+# Seconds a shipper waits for an embedded store that another process holds (the read service
+# lets go as soon as it sees a process waiting: store.store_wanted) before it retries later.
+STORE_WAIT = 5.0
 # How often the agent looks for segments of shipped runs that have outlived the retention
 # (a run is shipped while its segments are young; nothing else comes back to it).
 SWEEP_EVERY = 3600.0
@@ -803,7 +806,9 @@ def upload(spool_root: Path, run: str | None = None, all: bool = False,  # noqa:
     def get_store() -> Store:
         nonlocal store
         if store is None:
-            store = _with_retry(lambda: open_store(dsn), end, sleep, warn)
+            store = _with_retry(
+                lambda: open_store(dsn, wait=max(0.0, min(STORE_WAIT, end - time.monotonic()))),
+                end, sleep, warn)
         return store
 
     try:
@@ -1045,7 +1050,7 @@ class Agent:
         if not runs:
             return result
         try:
-            with open_store(self.dsn) as store, ExitStack() as stack:
+            with open_store(self.dsn, wait=STORE_WAIT) as store, ExitStack() as stack:
                 jobs = []
                 for run_dir in runs:
                     try:

@@ -561,6 +561,48 @@ logging.getLogger("clickhouse_connect").addHandler(logging.NullHandler())
 logging.getLogger("clickhouse_connect").propagate = False
 
 
+def _want_path(lock_path: Path) -> Path:
+    return lock_path.with_name(lock_path.name + ".want")
+
+
+def _lock_or_wait(fd: int, lock_path: Path, wait: float) -> bool:
+    """Take the store's flock, waiting up to ``wait`` seconds. A process that has to wait says
+    so by holding a shared flock on ``<store>.lock.want`` meanwhile: a holder that keeps the
+    store between questions (the read service) sees it (``store_wanted``) and lets go."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        if wait <= 0:
+            return False
+    want = None
+    try:
+        want = os.open(_want_path(lock_path), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(want, fcntl.LOCK_SH)  # the holder's check holds it exclusively a moment
+    except OSError:
+        pass  # not ours to write (another user's store): wait all the same
+    try:
+        return flock_within(fd, wait, poll=0.05)
+    finally:
+        if want is not None:
+            os.close(want)
+
+
+def store_wanted(lock_path: Path) -> bool:
+    """Whether another process waits for the embedded store whose lock is ``lock_path``."""
+    try:
+        fd = os.open(_want_path(lock_path), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing drops the flock when it was taken
+    return False
+
+
 class _StoreLock:
     """Per-process reference-counted flock on ``<store>.lock``: chDB is one engine per process,
     so clients of one process share it; another process is refused."""
@@ -589,7 +631,7 @@ class _StoreLock:
             except OSError as e:
                 raise StoreUnavailable(f"cannot open the embedded store's lock {lock_path}: "
                                        f"{e.strerror}") from None
-            if not flock_within(fd, wait, poll=0.05):
+            if not _lock_or_wait(fd, lock_path, wait):
                 holder = ""
                 try:
                     holder = os.pread(fd, 32, 0).decode().strip()
@@ -726,6 +768,10 @@ class Store:
         finally:
             if self._lock_path is not None:
                 _StoreLock.release(self._lock_path)
+
+    def wanted(self) -> bool:
+        """Whether another process waits for this embedded store (``store_wanted``)."""
+        return self._lock_path is not None and store_wanted(self._lock_path)
 
     def __enter__(self) -> Store:
         return self
@@ -1107,6 +1153,15 @@ class Store:
             return str(rows[0][0])
         raise NotFound(f"run {ref!r} is not in the store (ship it with `logcapture upload`)")
 
+    def record_count(self, run: str, owner: str | None = None) -> int:
+        """About how many output records the run has (lines, notes, metadata; rows not yet
+        merged counted each time): primary-key counts, without FINAL."""
+        cond, p = self._run_cond(run, owner)
+        return int(self._query(
+            "SELECT (SELECT count() FROM lines WHERE " + cond + ") + (SELECT count() FROM "
+            "notes WHERE " + cond + ") + (SELECT count() FROM metadata WHERE " + cond + ")",
+            p)[0][0])
+
     def run_info(self, run: str, owner: str | None = None, *, counts: bool = True
                  ) -> dict[str, Any]:
         """The run's summary (as ``runs()``) plus ``start_record`` and ``end_record`` (record
@@ -1231,13 +1286,14 @@ class Store:
 
     def lines(self, run: str, stream: str | None = None, limit: int | None = None, *,
               owner: str | None = None, after: Mapping[str, int] | None = None,
-              since: float | None = None) -> list[dict[str, Any]]:
+              since: float | None = None, head: int | None = None) -> list[dict[str, Any]]:
         """What ``logcapture logs`` shows: the run's output-stream records (line, command,
         note, metadata) as spool record dicts, in order (ts, stream, seq); ``stream`` picks
         one stream; ``limit`` keeps the last N. Run-level notes (stream ``run``) included
         when ``stream`` is None. ``after`` (stream -> the next seq not yet seen) and ``since``
         (epoch seconds; no record older) read only what is new to a follower: seq counts each
-        stream from 0 and is shipped in order, so nothing is missed or read twice."""
+        stream from 0 and is shipped in order, so nothing is missed or read twice. ``head``
+        keeps the first N (a page: the next page is ``after`` the streams' last seqs)."""
         cond, params = self._run_cond(run, owner)
         params["stream"] = stream or ""
         cond += " AND ({stream:String} = '' OR stream = {stream:String})"
@@ -1255,6 +1311,9 @@ class Store:
                 return tail
             line_rows, note_rows, meta_rows = self._tail(cond, params, int(limit))
         else:
+            if head:
+                cond += " ORDER BY ts, stream, seq LIMIT {head:UInt64}"
+                params["head"] = int(head)
             line_rows = self._rows("lines", "kind, text, options", cond, params)
             note_rows = self._rows("notes", "note, count, text", cond, params)
             meta_rows = self._rows("metadata", "fields", cond, params)
@@ -1275,7 +1334,7 @@ class Store:
             return lines
         out = lines + notes + meta
         out.sort(key=lambda d: (d["ts"], d["stream"], d["seq"]))
-        return out[-limit:] if limit else out
+        return out[-limit:] if limit else out[:head] if head else out
 
     def log_page(self, run: str, owner: str | None = None, stderr: bool = False,
                  before: tuple[int, str, int] | None = None,
@@ -1300,7 +1359,7 @@ class Store:
         if cursor is not None:
             params.update(c_ns=cursor[0], c_stream=cursor[1], c_seq=cursor[2])
             where = (f"(ts, stream, seq) {'>' if after else '<'} "
-                     "(fromUnixTimestamp64Nano({c_ns:Int64}, 9), {c_stream:String}, "
+                     "(fromUnixTimestamp64Nano({c_ns:Int64}), {c_stream:String}, "
                      "{c_seq:UInt64})")
             order = "ASC" if after else "DESC"
         sql = log_sql("", cond, "{stderr:UInt8}", where, order, "{limit:UInt32}",

@@ -1,0 +1,168 @@
+"""The read service's client: ``ServiceReader`` asks the ``query.Reader`` questions over the
+service's Unix socket (``protocol``), and ``service_socket`` says where that socket is."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from ..errors import (
+    ConfigError,
+    LogcaptureError,
+    NotFound,
+    ServiceError,
+    ServiceUnavailable,
+    UsageError,
+)
+from ..query import LOG_PAGE
+from .protocol import request_line
+
+DEFAULT_SOCKET = "/run/logcapture/reader.sock"
+CONNECT_TIMEOUT = 5.0
+READ_TIMEOUT = 120.0  # a question's answer, or a follower's keep-alive, comes well within it
+READ_BUFFER = 1 << 18  # an answer line holds up to 2,000 records (protocol.BATCH)
+_KINDS: dict[str, type[LogcaptureError]] = {"NotFound": NotFound, "UsageError": UsageError}
+
+
+def service_socket(env: Mapping[str, str] = os.environ) -> Path | None:
+    """The read service's socket when one is there: ``$LOGCAPTURE_READER_SOCKET`` (empty:
+    none), else the admin config's ``reader_socket`` where this user may read the config,
+    else ``/run/logcapture/reader.sock``. None when no socket exists at that path (a laptop,
+    a cluster without the service: read your own spool and store)."""
+    if "LOGCAPTURE_READER_SOCKET" in env:
+        value = env["LOGCAPTURE_READER_SOCKET"]
+        return Path(value) if value and _is_socket(Path(value)) else None
+    path = Path(DEFAULT_SOCKET)
+    try:
+        from ..config import load_admin
+
+        configured = load_admin(env=env).reader_socket
+        if configured:
+            path = Path(configured)
+    except ConfigError:
+        pass  # root's config (it may hold the store's credentials): the default path
+    return path if _is_socket(path) else None
+
+
+def _is_socket(path: Path) -> bool:
+    import stat
+
+    try:
+        return stat.S_ISSOCK(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
+class ServiceReader:
+    """The Reader that asks the read service on ``socket_path``; the service answers as the
+    user the kernel says this process runs as."""
+
+    def __init__(self, socket_path: Path | str, connect_timeout: float = CONNECT_TIMEOUT,
+                 read_timeout: float = READ_TIMEOUT):
+        self.socket_path = Path(socket_path)
+        self.connect_timeout = connect_timeout
+        self.read_timeout = read_timeout
+
+    # --- the wire
+    def _connect(self) -> socket.socket:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.connect_timeout)
+        try:
+            sock.connect(str(self.socket_path))
+        except OSError as e:
+            sock.close()
+            raise ServiceUnavailable(f"no read service answers on {self.socket_path}: "
+                                     f"{e.strerror or e}") from None
+        return sock
+
+    def _ask(self, op: str, **args: Any) -> Iterator[tuple[str, Any]]:
+        """("items", [X, ...]) for each batch of the answer, then ("value", X) or nothing."""
+        sock = self._connect()
+        try:
+            sock.sendall(request_line(op, **args))
+            sock.settimeout(self.read_timeout)
+            with sock.makefile("rb", buffering=READ_BUFFER) as f:
+                for raw in f:
+                    try:
+                        msg = json.loads(raw)
+                    except ValueError:
+                        raise ServiceError("the read service sent a line that is not "
+                                           "JSON") from None
+                    if "items" in msg:
+                        yield "items", msg["items"]
+                    elif "value" in msg:
+                        yield "value", msg["value"]
+                    elif "error" in msg:
+                        kind = _KINDS.get(str(msg.get("kind")), ServiceError)
+                        raise kind(f"{msg['error']}" if kind is not ServiceError
+                                   else f"read service: {msg['error']}")
+                    elif msg.get("end"):
+                        return
+            raise ServiceError("the read service closed the connection before the end of "
+                               "its answer")
+        except TimeoutError:
+            raise ServiceError(f"the read service did not answer within "
+                               f"{self.read_timeout:g}s") from None
+        except OSError as e:
+            raise ServiceError(f"reading from the read service: {e.strerror or e}") from None
+        finally:
+            sock.close()
+
+    def _items(self, op: str, **args: Any) -> list[Any]:
+        out: list[Any] = []
+        for kind, x in self._ask(op, **args):
+            if kind == "items":
+                out += x
+        return out
+
+    def _value(self, op: str, **args: Any) -> Any:
+        for kind, x in self._ask(op, **args):
+            if kind == "value":
+                return x
+        raise ServiceError(f"the read service gave no answer to {op!r}")
+
+    # --- the questions (query.Reader)
+    def whoami(self) -> dict[str, Any]:
+        return dict(self._value("whoami"))
+
+    def runs(self) -> list[dict[str, Any]]:
+        return self._items("runs")
+
+    def resolve(self, ref: str | None) -> str:
+        return str(self._value("resolve", ref=ref))
+
+    def summary(self, run: str) -> dict[str, Any]:
+        return dict(self._value("summary", run=run))
+
+    def lines(self, run: str, stream: str | None = None, tail: int | None = None
+              ) -> list[dict[str, Any]]:
+        return self._items("lines", run=run, stream=stream, tail=tail)
+
+    def follow(self, run: str) -> Iterator[dict[str, Any]]:
+        for kind, x in self._ask("follow", run=run):
+            if kind == "items":
+                yield from x
+
+    def log(self, run: str, stderr: bool = False, before: str | None = None,
+            after: str | None = None, limit: int = LOG_PAGE) -> dict[str, Any]:
+        return dict(self._value("log", run=run, stderr=stderr, before=before, after=after,
+                                limit=limit))
+
+    def describe(self, run: str) -> dict[str, Any]:
+        return dict(self._value("describe", run=run))
+
+    def metadata(self, run: str) -> list[dict[str, Any]]:
+        return self._items("metadata", run=run)
+
+    def samples(self, run: str) -> list[dict[str, Any]]:
+        return self._items("samples", run=run)
+
+    def export_rows(self, run: str, what: str) -> list[dict[str, Any]]:
+        return self._items("export", run=run, what=what)
+
+    def close(self) -> None:
+        pass

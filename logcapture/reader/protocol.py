@@ -1,0 +1,156 @@
+"""The read service's request protocol, shared by the server and its client.
+
+One connection, one question. The client sends ONE request: a JSON object on one line (UTF-8,
+at most ``MAX_REQUEST_BYTES`` with its newline). The service answers with JSON lines (NDJSON):
+
+- ``{"items": [X, ...]}`` zero or more times: run summaries, records, export rows, in
+  order, a batch per line (one ``json.loads`` per batch instead of per record: a 10,000-line
+  log decodes in a quarter of the time);
+- ``{"value": X}`` once, for a question with one answer (``resolve``, ``describe``,
+  ``whoami``);
+- ``{"beat": true}`` now and then while a ``follow`` waits for new lines (so that a client
+  that went away is noticed); clients ignore it;
+- last, ``{"end": true, "count": N}``, or ``{"error": MESSAGE, "kind": KIND}`` where KIND is
+  ``NotFound``, ``UsageError`` (a bad request), ``Busy`` (too many clients), ``TooLarge``
+  (the answer passed the service's size limit) or another error class's name.
+
+Requests (``op`` and its arguments; any other key is refused, and so is a request that names
+a user: the service takes the caller's identity from the kernel, never from the request):
+
+=============  =============================================  ==================================
+op             arguments                                      answer
+=============  =============================================  ==================================
+``whoami``                                                    value: user, uid, admin
+``runs``                                                      items: run summaries, newest first
+``resolve``    ``ref`` (run id, job id, ``latest`` or null)    value: a run id
+``summary``    ``run``                                        value: the run's summary
+``lines``      ``run``, ``stream`` (null: all), ``tail``       items: records
+``follow``     ``run``                                        items: records until the end record
+``log``        ``run``, ``stderr``, ``before``, ``after``,    value: a page of the log
+               ``limit``                                      (``query.Reader.log``)
+``describe``   ``run``                                        value: the ``show`` mapping
+``metadata``   ``run``                                        items: metadata records, newest first
+``samples``    ``run``                                        items: sample records, oldest first
+``export``     ``run``, ``what`` (lines, metadata, samples)    items: export rows
+=============  =============================================  ==================================
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, NamedTuple
+
+from ..errors import UsageError
+from ..records import OUTPUT_STREAMS
+from ..store import EXPORTS
+
+VERSION = 1
+MAX_REQUEST_BYTES = 64 * 1024
+MAX_REF_CHARS = 256  # a run id is at most 128 (spool.check_run_id); a job ref far less
+MAX_TAIL = 10_000_000
+BATCH = 2_000  # items per answer line
+
+# op -> (required arguments, optional arguments)
+OPS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "whoami": ((), ()),
+    "runs": ((), ()),
+    "resolve": ((), ("ref",)),
+    "summary": (("run",), ()),
+    "lines": (("run",), ("stream", "tail")),
+    "follow": (("run",), ()),
+    "log": (("run",), ("stderr", "before", "after", "limit")),
+    "describe": (("run",), ()),
+    "metadata": (("run",), ()),
+    "samples": (("run",), ()),
+    "export": (("run", "what"), ()),
+}
+IDENTITY_KEYS = frozenset({"uid", "user", "owner", "gid", "pid", "admin", "as", "identity"})
+
+
+class Request(NamedTuple):
+    op: str
+    args: dict[str, Any]
+
+
+def encode(obj: dict[str, Any]) -> bytes:
+    """One protocol line. ``ensure_ascii``: a text of the job that is not valid UTF-8 (kept
+    as surrogates by the spool's reader) still travels."""
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=True).encode() + b"\n"
+
+
+def request_line(op: str, **args: Any) -> bytes:
+    return encode({"v": VERSION, "op": op, **{k: v for k, v in args.items() if v is not None}})
+
+
+def _text(name: str, value: Any, nullable: bool) -> str | None:
+    if value is None and nullable:
+        return None
+    if not isinstance(value, str) or not value:
+        raise UsageError(f"request key {name!r} must be a non-empty string")
+    if len(value) > MAX_REF_CHARS:
+        raise UsageError(f"request key {name!r} is longer than {MAX_REF_CHARS} characters")
+    if any(ord(c) < 32 for c in value):
+        raise UsageError(f"request key {name!r} holds a control character")
+    return value
+
+
+def parse_request(line: bytes) -> Request:
+    """The request on one line, checked; UsageError names what is wrong."""
+    try:
+        obj = json.loads(line)
+    except (ValueError, UnicodeDecodeError):
+        raise UsageError("the request is not a JSON object on one line") from None
+    if not isinstance(obj, dict):
+        raise UsageError("the request is not a JSON object on one line")
+    version = obj.pop("v", VERSION)
+    if version != VERSION:
+        raise UsageError(f"protocol version {version!r} is not served (this service: "
+                         f"{VERSION})")
+    op = obj.pop("op", None)
+    if not isinstance(op, str) or op not in OPS:
+        raise UsageError(f"unknown op {op!r}: one of {', '.join(OPS)}")
+    forged = sorted(IDENTITY_KEYS & set(obj))
+    if forged:
+        raise UsageError(f"request key {forged[0]!r} refused: the service takes your "
+                         "identity from the operating system, not from the request")
+    required, optional = OPS[op]
+    unknown = sorted(set(obj) - set(required) - set(optional))
+    if unknown:
+        raise UsageError(f"unknown request key {unknown[0]!r} for op {op!r}")
+    args: dict[str, Any] = {}
+    for key in required:
+        if key not in obj:
+            raise UsageError(f"op {op!r} needs the key {key!r}")
+    if "run" in obj:
+        args["run"] = _text("run", obj["run"], nullable=False)
+    if "ref" in obj:
+        args["ref"] = _text("ref", obj["ref"], nullable=True)
+    if "stream" in obj:
+        stream = obj["stream"]
+        if stream is not None and stream not in OUTPUT_STREAMS:
+            raise UsageError(f"request key 'stream' must be one of {', '.join(OUTPUT_STREAMS)} "
+                             "or null")
+        args["stream"] = stream
+    if "tail" in obj:
+        tail = obj["tail"]
+        if tail is not None and (not isinstance(tail, int) or isinstance(tail, bool)
+                                 or not 0 < tail <= MAX_TAIL):
+            raise UsageError(f"request key 'tail' must be a whole number from 1 to {MAX_TAIL}")
+        args["tail"] = tail
+    for key in ("before", "after"):
+        if key in obj:
+            args[key] = _text(key, obj[key], nullable=True)
+    if "stderr" in obj:
+        if not isinstance(obj["stderr"], bool):
+            raise UsageError("request key 'stderr' must be true or false")
+        args["stderr"] = obj["stderr"]
+    if "limit" in obj:
+        limit = obj["limit"]
+        if not isinstance(limit, int) or isinstance(limit, bool) or not 0 < limit <= MAX_TAIL:
+            raise UsageError(f"request key 'limit' must be a whole number from 1 to {MAX_TAIL}")
+        args["limit"] = limit
+    if "what" in obj:
+        if obj["what"] not in EXPORTS:
+            raise UsageError(f"request key 'what' must be one of {', '.join(EXPORTS)}")
+        args["what"] = obj["what"]
+    return Request(op, args)

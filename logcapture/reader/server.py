@@ -1,0 +1,379 @@
+"""The read service: answers ``query.Reader`` questions on a Unix socket, as the caller.
+
+Run by the administrator (``logcapture reader serve``, slurm/logcapture-reader.service) with
+the store's credentials, which users never see. Each connection carries one request
+(``protocol``). The caller is who the kernel says connected (``SO_PEERCRED``: the uid of the
+process at the other end, see unix(7)), never anything in the request; the caller's questions
+go to a ``query.StoreReader`` as that user's name, so every query is filtered by owner
+(members of the configured admin group, and root, read every owner's runs).
+
+Robustness: a thread per client, at most ``max_clients`` at once (more are told ``Busy``); a
+request must arrive within ``request_timeout`` seconds and fit in ``MAX_REQUEST_BYTES``; an
+answer must be taken within ``send_timeout`` seconds per write and stay under
+``max_response_bytes``; a client that stops reading is dropped without holding the store
+(answers are read from the store first, then sent). A bad request gets one error line; no
+client can stop the service.
+"""
+
+from __future__ import annotations
+
+import grp
+import logging
+import os
+import pwd
+import socket
+import stat
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from ..errors import LogcaptureError, NotFound, ServiceError, UsageError
+from ..query import FOLLOW_POLL, StoreReader, StoreSession
+from .protocol import BATCH, MAX_REQUEST_BYTES, Request, encode, parse_request
+
+log = logging.getLogger("logcapture.reader")
+
+MAX_CLIENTS = 64
+REQUEST_TIMEOUT = 10.0
+SEND_TIMEOUT = 30.0
+MAX_RESPONSE_BYTES = 1 << 30
+BEAT_EVERY = 10.0  # seconds between a quiet follower's keep-alive lines
+PAGE = 50_000  # records per store read of a long answer
+SEND_CHUNK = 64 * 1024
+BUSY_REPLIES = 16
+DRAIN_BYTES = 64 << 20
+DRAIN_SECONDS = 0.5
+
+
+class Caller(NamedTuple):
+    """Who asks: from the kernel, never from the request."""
+
+    uid: int
+    user: str
+    admin: bool  # reads every owner's runs
+
+
+def peer_uid(conn: socket.socket) -> int:
+    """The uid of the process that connected (``SO_PEERCRED``: pid, uid, gid as ints)."""
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[1]
+
+
+def caller_of_uid(uid: int, admin_group: str | None) -> Caller:
+    """The caller with this uid: its user name, and whether it is root or a member of
+    ``admin_group`` (its primary group or a supplementary one in the group database)."""
+    try:
+        pw = pwd.getpwuid(uid)
+    except KeyError:
+        return Caller(uid, str(uid), uid == 0)
+    admin = uid == 0
+    if admin_group and not admin:
+        try:
+            gid = grp.getgrnam(admin_group).gr_gid
+            admin = gid in os.getgrouplist(pw.pw_name, pw.pw_gid)
+        except (KeyError, OSError):
+            admin = False
+    return Caller(uid, pw.pw_name, admin)
+
+
+class ReadService:
+    """The service on ``socket_path``; ``identify(conn) -> Caller`` (the kernel's peer
+    credentials by default; tests pass their own)."""
+
+    def __init__(self, socket_path: Path, sessions: StoreSession, *,
+                 admin_group: str | None = None,
+                 identify: Callable[[socket.socket], Caller] | None = None,
+                 max_clients: int = MAX_CLIENTS, request_timeout: float = REQUEST_TIMEOUT,
+                 send_timeout: float = SEND_TIMEOUT,
+                 max_response_bytes: int = MAX_RESPONSE_BYTES, beat_every: float = BEAT_EVERY,
+                 follow_poll: float = FOLLOW_POLL):
+        self.socket_path = Path(socket_path)
+        self.sessions = sessions
+        self.admin_group = admin_group
+        self.identify = identify or (lambda conn: caller_of_uid(peer_uid(conn), admin_group))
+        self.max_clients = max_clients
+        self.request_timeout = request_timeout
+        self.send_timeout = send_timeout
+        self.max_response_bytes = max_response_bytes
+        self.beat_every = beat_every
+        self.follow_poll = follow_poll
+        self._listener: socket.socket | None = None
+        self._clients = threading.BoundedSemaphore(max_clients)
+        self._busy_replies = threading.BoundedSemaphore(BUSY_REPLIES)
+        self._stop = threading.Event()
+        self._threads: set[threading.Thread] = set()
+        self._lock = threading.Lock()
+        self._server_thread: threading.Thread | None = None
+        self.served = 0  # answered requests (errors included)
+
+    # --- the socket
+    def bind(self) -> None:
+        """Create the socket (mode 0666: anyone may connect, the kernel says who did). A
+        stale socket file is replaced; a live service on the path is an error."""
+        path = self.socket_path
+        path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        if path.exists() or path.is_symlink():
+            st = os.lstat(path)
+            if not stat.S_ISSOCK(st.st_mode):
+                raise ServiceError(f"{path} exists and is not a socket; not replacing it")
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                probe.settimeout(1.0)
+                probe.connect(str(path))
+                raise ServiceError(f"another read service answers on {path}")
+            except OSError:
+                path.unlink()  # stale: nobody listens
+            finally:
+                probe.close()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        try:
+            tmp.unlink(missing_ok=True)
+            sock.bind(str(tmp))
+            os.chmod(tmp, 0o666)
+            os.replace(tmp, path)  # the socket appears with its final mode
+        except OSError as e:
+            sock.close()
+            raise ServiceError(f"cannot create the socket {path}: {e.strerror or e}") from None
+        sock.listen(128)
+        self._listener = sock
+
+    def serve_forever(self) -> None:
+        if self._listener is None:
+            self.bind()
+        listener = self._listener
+        assert listener is not None
+        listener.settimeout(0.2)
+        try:
+            while not self._stop.is_set():
+                try:
+                    conn, _ = listener.accept()
+                except TimeoutError:
+                    continue
+                except OSError:
+                    if self._stop.is_set():
+                        break
+                    raise
+                self._start_client(conn)
+        finally:
+            listener.close()
+            try:
+                self.socket_path.unlink()
+            except OSError:
+                pass
+
+    def start(self) -> threading.Thread:
+        """Serve in a background thread (tests, the benchmark); ``stop`` ends it."""
+        self.bind()
+        t = threading.Thread(target=self.serve_forever, daemon=True, name="logcapture-reader")
+        t.start()
+        self._server_thread = t
+        return t
+
+    def stop(self, wait: float = 5.0) -> None:
+        """Stop accepting (the socket is removed), then wait up to ``wait`` seconds for the
+        clients being answered."""
+        self._stop.set()
+        deadline = time.monotonic() + wait
+        if self._server_thread is not None:
+            self._server_thread.join(wait)
+        with self._lock:
+            threads = list(self._threads)
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+
+    # --- one client
+    def _start_client(self, conn: socket.socket) -> None:
+        if not self._clients.acquire(blocking=False):
+            # Told so by a short-lived thread of its own (the answer waits for the request,
+            # or the client would lose it: ``_send_error``); past BUSY_REPLIES of those at
+            # once, the connection is just closed.
+            if self._busy_replies.acquire(blocking=False):
+                threading.Thread(target=self._busy, args=(conn,), daemon=True).start()
+            else:
+                conn.close()
+            return
+        t = threading.Thread(target=self._client, args=(conn,), daemon=True,
+                             name="logcapture-reader-client")
+        with self._lock:
+            self._threads.add(t)
+        t.start()
+
+    def _busy(self, conn: socket.socket) -> None:
+        try:
+            self._send_error(conn, f"the read service is busy ({self.max_clients} clients); "
+                                   "try again", "Busy")
+        finally:
+            conn.close()
+            self._busy_replies.release()
+
+    def _client(self, conn: socket.socket) -> None:
+        caller: Caller | None = None
+        try:
+            caller = self.identify(conn)
+            request = self._read_request(conn)
+            self._answer(conn, caller, request)
+        except _Gone as e:
+            log.info("client %s: %s", caller.user if caller else "?", e)
+        except LogcaptureError as e:
+            self._send_error(conn, e.message, type(e).__name__)
+        except Exception:  # noqa: BLE001 - one client's failure never stops the service
+            log.exception("client %s: internal error", caller.user if caller else "?")
+            self._send_error(conn, "internal error in the read service (logged)", "internal")
+        finally:
+            self.served += 1
+            conn.close()
+            self._clients.release()
+            with self._lock:
+                self._threads.discard(threading.current_thread())
+
+    def _read_request(self, conn: socket.socket) -> Request:
+        conn.settimeout(self.request_timeout)
+        data = b""
+        deadline = time.monotonic() + self.request_timeout
+        while b"\n" not in data:
+            if len(data) >= MAX_REQUEST_BYTES:
+                raise UsageError(f"request longer than {MAX_REQUEST_BYTES} bytes")
+            if time.monotonic() > deadline:
+                raise UsageError(f"no complete request line within {self.request_timeout:g}s")
+            try:
+                chunk = conn.recv(MAX_REQUEST_BYTES + 1 - len(data))
+            except TimeoutError:
+                raise UsageError(f"no complete request line within "
+                                 f"{self.request_timeout:g}s") from None
+            if not chunk:
+                raise _Gone("closed before a whole request line")
+            data += chunk
+        line, _, _ = data.partition(b"\n")
+        return parse_request(line)
+
+    def _answer(self, conn: socket.socket, caller: Caller, request: Request) -> None:
+        reader = StoreReader(self.sessions, None if caller.admin else caller.user)
+        out = _Sender(conn, self.send_timeout, self.max_response_bytes)
+        op, a = request.op, request.args
+        if op == "whoami":
+            out.value({"user": caller.user, "uid": caller.uid, "admin": caller.admin})
+        elif op == "resolve":
+            out.value(reader.resolve(a.get("ref")))
+        elif op == "summary":
+            out.value(reader.summary(a["run"]))
+        elif op == "describe":
+            out.value(reader.describe(a["run"]))
+        elif op == "log":
+            out.value(reader.log(a["run"], **{k: a[k] for k in ("stderr", "before", "after",
+                                                               "limit") if k in a}))
+        elif op == "follow":
+            def beat() -> None:  # between the follower's reads: is the client still there?
+                if time.monotonic() - out.last_sent >= self.beat_every:
+                    out.beat()
+
+            out.batches(reader.follow_batches(a["run"], poll=self.follow_poll, on_idle=beat),
+                        each=True)
+        else:
+            out.batches(self._batches(reader, op, a))
+        out.end()
+
+    @staticmethod
+    def _batches(reader: StoreReader, op: str, a: dict[str, Any]) -> Iterable[list[Any]]:
+        if op == "runs":
+            return [reader.runs()]
+        if op == "lines":
+            if a.get("tail"):
+                return [reader.lines(a["run"], a.get("stream"), a["tail"])]
+            return reader.iter_lines(a["run"], a.get("stream"), page=PAGE)
+        if op == "metadata":
+            return [reader.metadata(a["run"])]
+        if op == "samples":
+            return [reader.samples(a["run"])]
+        if op == "export":
+            return [reader.export_rows(a["run"], a["what"])]
+        raise UsageError(f"unknown op {op!r}")
+
+    @staticmethod
+    def _send_error(conn: socket.socket, message: str, kind: str) -> None:
+        """The error line, then a short wait for the client to stop sending: a Unix socket
+        closed with unread data resets the connection, and the client would lose the
+        error (at most DRAIN_BYTES are read, for at most DRAIN_SECONDS)."""
+        try:
+            conn.settimeout(1.0)
+            conn.sendall(encode({"error": message, "kind": kind}))
+            conn.shutdown(socket.SHUT_WR)
+            deadline = time.monotonic() + DRAIN_SECONDS
+            drained = 0
+            while drained < DRAIN_BYTES and time.monotonic() < deadline:
+                conn.settimeout(max(0.01, deadline - time.monotonic()))
+                chunk = conn.recv(SEND_CHUNK)
+                if not chunk:
+                    break
+                drained += len(chunk)
+        except OSError:
+            pass
+
+
+class _Gone(Exception):
+    """The client went away or stopped reading."""
+
+
+class _Sender:
+    """Writes answer lines in chunks, each within ``timeout`` seconds, at most ``limit``
+    bytes in all."""
+
+    def __init__(self, conn: socket.socket, timeout: float, limit: int):
+        self.conn = conn
+        self.limit = limit
+        self.sent = 0
+        self.count = 0
+        self.buf: list[bytes] = []
+        self.size = 0
+        self.last_sent = time.monotonic()
+        conn.settimeout(timeout)
+
+    def _write(self, line: bytes) -> None:
+        if self.sent + self.size + len(line) > self.limit:
+            raise ServiceError(f"the answer is larger than the service's limit of "
+                               f"{self.limit} bytes")
+        self.buf.append(line)
+        self.size += len(line)
+        if self.size >= SEND_CHUNK:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.buf:
+            return
+        data = b"".join(self.buf)
+        self.buf, self.size = [], 0
+        try:
+            self.conn.sendall(data)
+        except TimeoutError:
+            raise _Gone("stopped reading; dropped") from None
+        except OSError as e:
+            raise _Gone(f"went away ({e.strerror or e})") from None
+        self.sent += len(data)
+        self.last_sent = time.monotonic()
+
+    def value(self, value: Any) -> None:
+        self._write(encode({"value": value}))
+
+    def batches(self, batches: Iterable[list[Any]], each: bool = False) -> None:
+        """Each batch as ``{"items": [...]}`` lines of at most ``BATCH`` items; ``each``:
+        send every batch at once (a follower's lines go out as they come)."""
+        for batch in batches:
+            for i in range(0, len(batch), BATCH):
+                self._write(encode({"items": batch[i:i + BATCH]}))
+            self.count += len(batch)
+            if each:
+                self.flush()
+
+    def beat(self) -> None:
+        self._write(encode({"beat": True}))
+        self.flush()
+
+    def end(self) -> None:
+        self._write(encode({"end": True, "count": self.count}))
+        self.flush()
+
+
+__all__ = ["Caller", "NotFound", "ReadService", "caller_of_uid", "peer_uid"]
