@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -156,50 +155,35 @@ def _reader(spool: Path | None, store_dsn: str | None, source: str = "auto") -> 
     return LocalReader(_root(spool), store_dsn, source=source, warn=warn)
 
 
-def _duration_text(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    m, s = divmod(int(seconds), 60)
-    h, m = divmod(m, 60)
-    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
-
-
-def _ls_row(d: dict[str, Any]) -> tuple[str, ...]:
-    start = d["start"]
-    duration = d["duration"]
-    if duration is None and d["state"] == "RUNNING" and start is not None:
-        duration = max(0.0, time.time() - start)
-    return (d["run"], d["state"],
-            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(start)) if start else "-",
-            _duration_text(duration), str(d["lines"]), " ".join(d["command"]))
-
-
 @cli.command(name="ls")
 @_spool_option
 @_store_option
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per run.")
-def ls_cmd(spool: Path | None, store_dsn: str | None, as_json: bool) -> None:
-    """List your runs, newest first, from the spool and the store: id, state, start,
-    duration, lines, command."""
+@click.argument("job", metavar="[JOB]", required=False)
+def ls_cmd(spool: Path | None, store_dsn: str | None, as_json: bool, job: str | None) -> None:
+    """List your runs, newest first, from the spool and the store: job id, job name, state
+    (as sacct says it), exit code, start, duration, nodes, lines. JOB: only that job's runs
+    (an array job's tasks, a requeued job's earlier runs)."""
     from contextlib import closing
+
+    from . import jobref
+    from .views import ls_rows, table
 
     with closing(_reader(spool, store_dsn)) as reader:
         summaries = reader.runs()
+    if job is not None:
+        wanted = {d["run"] for d in jobref.select(job, summaries)}
+        summaries = [d for d in summaries if d["run"] in wanted]
     if as_json:
         for d in summaries:
             click.echo(json.dumps(d))
         return
     if not summaries:
-        click.echo(f"no runs in {_root(spool)} or in the store", err=True)
+        click.echo(f"no job {job!r} of yours" if job is not None
+                   else f"no runs in {_root(spool)} or in the store", err=True)
         return
-    rows: list[tuple[str, ...]] = [("RUN", "STATE", "START", "DURATION", "LINES", "COMMAND")]
-    rows += [_ls_row(d) for d in summaries]
-    widths = [max(len(r[i]) for r in rows) for i in range(5)]
-    for r in rows:
-        click.echo("  ".join(c.ljust(w) for c, w in zip(r[:5], widths, strict=True))
-                   + "  " + r[5])
+    for line in table(ls_rows(summaries)):
+        click.echo(line)
 
 
 @cli.command()
@@ -244,8 +228,10 @@ def logs(spool: Path | None, stream: str, follow: bool, store_dsn: str | None, s
 @click.argument("run_ref", metavar="RUN", required=False)
 def show(spool: Path | None, as_json: bool, store_dsn: str | None, source: str,
          run_ref: str | None) -> None:
-    """Summarise RUN: owner, command, status, lines per stream, dropped repetitions, mode
-    changes, metadata keys (from the store once the run is shipped, else the spool)."""
+    """Summarise RUN (a job id as Slurm users write it, a run id, default: the latest run):
+    job, state, exit status, times, resources with their units, lines per stream, dropped
+    repetitions, one line per mode change, metadata keys (from the store once the run is
+    shipped, else the spool). --json: the same fields, snake_case, numbers as numbers."""
     from contextlib import closing
 
     with closing(_reader(spool, store_dsn, source)) as reader:
@@ -253,15 +239,10 @@ def show(spool: Path | None, as_json: bool, store_dsn: str | None, source: str,
     if as_json:
         click.echo(json.dumps(info, indent=2, default=str))
         return
-    for key, value in info.items():
-        if isinstance(value, dict):
-            click.echo(f"{key}:")
-            for k, v in value.items():
-                click.echo(f"  {k}: {v}")
-        elif isinstance(value, list):
-            click.echo(f"{key}: {', '.join(map(str, value)) if value else '-'}")
-        else:
-            click.echo(f"{key}: {value}")
+    from .views import show_lines
+
+    for line in show_lines(info):
+        click.echo(line)
 
 
 # ------------------------------------------------------------------------------ check

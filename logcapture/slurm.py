@@ -796,7 +796,10 @@ def prolog(env: dict[str, str] | os._Environ[str], *, now: float | None = None,
 
 
 _SEGMENT_NAME = r"^seg-(\d{6,})\.ndjson(\.gz)?$"
-_END_STATES = ("COMPLETED", "FAILED", "SIGNALED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY")
+# The states an End record may carry (``END_STATES`` below, and SIGNALED: a run outside Slurm
+# killed by a signal).
+_END_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL",
+               "PREEMPTED", "BOOT_FAIL", "DEADLINE", "REQUEUED", "SIGNALED")
 
 
 def _open_user_dir(name: str, dir_fd: int, uid: int) -> int | None:
@@ -967,6 +970,49 @@ def slurm_job(job_id: str, timeout: float = 10.0) -> dict[str, str]:
                 fields[key] = value
         return fields
     return {}
+
+
+# The states sacct reports for a job that has ended (Slurm's job_state_string of the job's base
+# state, https://slurm.schedmd.com/sacct.html#SECTION_JOB-STATE-CODES), and the ones only
+# Slurm can know: a job that was cancelled, timed out, preempted or requeued, or whose node
+# failed, ended by a signal or an exit status that says none of it.
+END_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL",
+              "PREEMPTED", "BOOT_FAIL", "DEADLINE", "REQUEUED")
+_DECIDED_BY_SLURM = frozenset(END_STATES) - {"COMPLETED", "FAILED"}
+_REASON_STATES = {"TimeLimit": "TIMEOUT", "OutOfMemory": "OUT_OF_MEMORY",
+                  "NodeDown": "NODE_FAIL", "Preempted": "PREEMPTED",
+                  "JobHeldUser": "REQUEUED", "JobHeldAdmin": "REQUEUED",
+                  "BeginTime": "REQUEUED"}
+
+
+def end_state(exit_status: int | None, signal: int | None, job: dict[str, str]) -> str:
+    """The state sacct gives a job that ended with ``exit_status`` or ``signal``, from what
+    slurmctld said of it at that moment (``scontrol show job -o`` fields; {} when it could
+    not be asked): a state only Slurm decides (CANCELLED, TIMEOUT, PREEMPTED, NODE_FAIL,
+    OUT_OF_MEMORY, a requeue) as Slurm says it (``JobState``, or ``Reason`` while the job is
+    still COMPLETING; a requeued job is PENDING again with ``Restarts`` counted up, reason
+    BeginTime), else COMPLETED for exit status 0 and FAILED for any other exit or a signal
+    (sacct's FAILED: "terminated with non-zero exit code or other failure condition")."""
+    state = job.get("JobState", "")
+    if state in _DECIDED_BY_SLURM:
+        return state
+    if state in ("REQUEUE_FED", "REQUEUE_HOLD", "SPECIAL_EXIT"):
+        return "REQUEUED"
+    reason = job.get("Reason", "")
+    if state in ("COMPLETING", "PENDING") and reason in _REASON_STATES:
+        return _REASON_STATES[reason]
+    if signal is None and exit_status == 0:
+        return "COMPLETED"
+    return "FAILED"
+
+
+def job_end_state(exit_status: int | None, signal: int | None,
+                  env: dict[str, str] | os._Environ[str], timeout: float = 3.0) -> str:
+    """``end_state`` of the job in ``env`` (SLURM_JOB_ID), asking slurmctld now: the job
+    wrapper calls it when the job's script has ended, before its End record is written."""
+    job_id = env.get("SLURM_JOB_ID", "")
+    return end_state(exit_status, signal,
+                     slurm_job(job_id, timeout) if job_id.isdigit() else {})
 
 
 def slurm_state(job_id: str, timeout: float = 10.0) -> str:
