@@ -53,6 +53,7 @@ from .records import (
     Sample,
     Start,
     from_dict,
+    streams_of,
 )
 from .runs import RunSummary, find_run, follow_records, job_candidates, summarize
 from .spool import ReadStats, find_run_dirs, iter_run
@@ -164,6 +165,7 @@ def describe(facts: RunFacts) -> dict[str, Any]:
     info["cwd"] = (start or {}).get("cwd", "")
     info["host"] = summary["host"]
     info["initial_mode"] = (start or {}).get("mode", "")
+    info["streams"] = streams_of((start or {}).get("config") or {}) if start else None
     info["slurm"] = slurm
     info["lines"] = {s: facts.lines.get(s, 0) for s in OUTPUT_STREAMS}
     info["dropped_repetitions"] = {s: facts.repeats.get(s, 0) for s in OUTPUT_STREAMS}

@@ -42,9 +42,11 @@ def percent(fraction: float | None) -> str:
 
 
 def duration(seconds: float | None) -> str:
-    """``4.2 s``, ``45 s``, ``3 min 05 s``, ``2 h 03 min``, ``3 d 04 h``."""
+    """``0.04 s``, ``4.2 s``, ``45 s``, ``3 min 05 s``, ``2 h 03 min``, ``3 d 04 h``."""
     if seconds is None or not isinstance(seconds, (int, float)) or not math.isfinite(seconds):
         return "-"
+    if seconds < 1:
+        return f"{max(seconds, 0.0):.2f} s"
     if seconds < 10:
         return f"{max(seconds, 0.0):.1f} s"
     s = int(round(seconds))
@@ -152,6 +154,7 @@ def show_lines(info: Mapping[str, Any]) -> list[str]:
     add("command", info.get("command"))
     add("working directory", info.get("cwd"))
     add("initial mode", info.get("initial_mode"))
+    add("streams", info.get("streams"))
     add("lines", _per_stream(info.get("lines")))
     add("dropped repetitions", _per_stream(info.get("dropped_repetitions")))
     add("dropped blank lines", _per_stream(info.get("dropped_blank_lines")))

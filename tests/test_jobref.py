@@ -127,7 +127,7 @@ def test_units_a_person_reads() -> None:
     assert views.size(None) == "-"
     assert views.percent(0.37) == "37 %"
     assert views.percent(0.0015692) == "0.2 %"
-    assert views.duration(4.25) == "4.2 s"
+    assert views.duration(0.04) == "0.04 s" and views.duration(4.25) == "4.2 s"
     assert views.duration(45) == "45 s"
     assert views.duration(185) == "3 min 05 s"
     assert views.duration(2 * 3600 + 3 * 60 + 20) == "2 h 03 min"
