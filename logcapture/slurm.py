@@ -985,15 +985,20 @@ _REASON_STATES = {"TimeLimit": "TIMEOUT", "OutOfMemory": "OUT_OF_MEMORY",
                   "BeginTime": "REQUEUED"}
 
 
-def end_state(exit_status: int | None, signal: int | None, job: dict[str, str]) -> str:
+def end_state(exit_status: int | None, signal: int | None, job: dict[str, str],
+              restarts: int = 0) -> str:
     """The state sacct gives a job that ended with ``exit_status`` or ``signal``, from what
     slurmctld said of it at that moment (``scontrol show job -o`` fields; {} when it could
     not be asked): a state only Slurm decides (CANCELLED, TIMEOUT, PREEMPTED, NODE_FAIL,
     OUT_OF_MEMORY, a requeue) as Slurm says it (``JobState``, or ``Reason`` while the job is
     still COMPLETING; a requeued job is PENDING again with ``Restarts`` counted up, reason
-    BeginTime), else COMPLETED for exit status 0 and FAILED for any other exit or a signal
-    (sacct's FAILED: "terminated with non-zero exit code or other failure condition")."""
+    BeginTime, and its ``Restarts`` are more than ``restarts``, the count this run started
+    with), else COMPLETED for exit status 0 and FAILED for any other exit or a signal (sacct's
+    FAILED: "terminated with non-zero exit code or other failure condition")."""
     state = job.get("JobState", "")
+    counted = job.get("Restarts", "")
+    if counted.isdigit() and int(counted) > restarts:
+        return "REQUEUED"
     if state in _DECIDED_BY_SLURM:
         return state
     if state in ("REQUEUE_FED", "REQUEUE_HOLD", "SPECIAL_EXIT"):
@@ -1011,8 +1016,10 @@ def job_end_state(exit_status: int | None, signal: int | None,
     """``end_state`` of the job in ``env`` (SLURM_JOB_ID), asking slurmctld now: the job
     wrapper calls it when the job's script has ended, before its End record is written."""
     job_id = env.get("SLURM_JOB_ID", "")
+    restarts = env.get("SLURM_RESTART_COUNT", "")
     return end_state(exit_status, signal,
-                     slurm_job(job_id, timeout) if job_id.isdigit() else {})
+                     slurm_job(job_id, timeout) if job_id.isdigit() else {},
+                     int(restarts) if restarts.isdigit() else 0)
 
 
 def slurm_state(job_id: str, timeout: float = 10.0) -> str:

@@ -98,6 +98,12 @@ def test_ls_labels_name_exactly_their_run() -> None:
 
 
 # --- the state sacct gives a job --------------------------------------------------------------
+def test_a_run_ended_by_a_requeue_is_requeued() -> None:
+    job = {"JobState": "COMPLETING", "Reason": "None", "Restarts": "1"}
+    assert end_state(None, 15, job) == "REQUEUED"
+    assert end_state(0, None, job, restarts=1) == "COMPLETED"  # the requeued run itself
+
+
 @pytest.mark.parametrize(("exit_status", "signal", "job", "state"), [
     (0, None, {"JobState": "RUNNING"}, "COMPLETED"),
     (3, None, {"JobState": "RUNNING"}, "FAILED"),
