@@ -531,14 +531,20 @@ class LocalReader:
                     shipped[run_dir.name] = run_dir
         stored: set[str] = set()
         if self._in_store():
-            with self.held() as st:
-                for row in st.runs(self.owner, job=ref):
-                    if row["run"] not in live:
-                        found[row["run"]] = summary_of_store(row)
-                        stored.add(row["run"])
+            for d in self._store_candidates(ref):
+                if d["run"] not in live:
+                    found[d["run"]] = d
+                    stored.add(d["run"])
         run = jobref.choose(ref, found.values())
         self._where[run] = live.get(run) or (None if run in stored else shipped.get(run))
         return run
+
+    def _store_candidates(self, ref: str) -> list[dict[str, Any]]:
+        """Summaries of the caller's runs in the store that job reference ``ref`` may name."""
+        if isinstance(self.store, StoreReader):
+            with self.held() as st:
+                return [summary_of_store(r) for r in st.runs(self.owner, job=ref)]
+        return [dict(d) for d in jobref.select(ref, self.store.runs())]
 
     def resolve(self, ref: str | None) -> str:
         if ref is not None and jobref.parse(ref) is not None:
