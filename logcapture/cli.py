@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -206,7 +207,7 @@ def logs(spool: Path | None, stream: str, follow: bool, store_dsn: str | None, s
 
     streams = OUTPUT_STREAMS if stream == "all" else (stream,)
     with closing(_reader(spool, store_dsn, source)) as reader:
-        run = reader.resolve(run_ref)
+        run = _wait_for_job(reader, run_ref) if follow else reader.resolve(run_ref)
         records: Any = (reader.follow(run) if follow
                         else reader.lines(run, None if stream == "all" else stream))
         printed = False
@@ -227,6 +228,35 @@ def logs(spool: Path | None, stream: str, follow: bool, store_dsn: str | None, s
             click.echo("logcapture: stdout and stderr of this run went to the same place and "
                        "were captured as one stream, in the order written: see --stream "
                        "stdout (#SBATCH -e FILE or 2>FILE keeps them apart)", err=True)
+
+
+def _wait_for_job(reader: Any, ref: str | None, poll: float = 1.0) -> str:
+    """``logs -f JOB`` right after ``sbatch``: while Slurm has the job queued or starting and
+    no run of it is there yet, wait for its run (a message on stderr says so once)."""
+    from . import jobref
+    from .errors import NotFound
+    from .slurm import ACTIVE_STATES, slurm_job
+
+    told = ""
+    while True:
+        try:
+            return str(reader.resolve(ref))
+        except NotFound:
+            parsed = jobref.parse(ref)
+            if parsed is None or parsed.restart is not None:
+                raise
+            spec = parsed.job + (f"_{parsed.task}" if parsed.task else "")
+            state = slurm_job(spec, timeout=5.0).get("JobState", "")
+            if state not in ACTIVE_STATES:
+                if told:
+                    raise NotFound(f"job {ref} ended ({state or 'gone from the queue'}) and "
+                                   "logcapture has no run of it: was ~/.logoptin there when "
+                                   "it started?") from None
+                raise
+            if state != told:
+                click.echo(f"logcapture: job {ref} is {state}: waiting for its output", err=True)
+                told = state
+            time.sleep(poll)
 
 
 @cli.command()

@@ -972,6 +972,10 @@ def slurm_job(job_id: str, timeout: float = 10.0) -> dict[str, str]:
     return {}
 
 
+# Slurm's states of a job that has not ended yet (squeue's, https://slurm.schedmd.com/squeue.html)
+ACTIVE_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED",
+                           "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SIGNALING",
+                           "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD"})
 # The states sacct reports for a job that has ended (Slurm's job_state_string of the job's base
 # state, https://slurm.schedmd.com/sacct.html#SECTION_JOB-STATE-CODES), and the ones only
 # Slurm can know: a job that was cancelled, timed out, preempted or requeued, or whose node

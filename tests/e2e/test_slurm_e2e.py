@@ -475,6 +475,12 @@ def test_job_ids_states_and_views_as_the_user_reads_them(lc: Cluster) -> None:
     cancelled = lc.submit(U1, CANCELLED, "--job-name=cancelme", name="cancel")
     requeued = lc.submit(U1, REQUEUED, "--job-name=again", "--requeue", name="again")
     array = lc.submit(U1, ARRAY, "--array=1-3", "--job-name=sweep", name="sweep")
+    spool = ["--spool", str(lc.spool_root), "--source", "spool"]
+    # logs -f right after sbatch: it waits for the job to start, then follows it to its end.
+    quick = lc.submit(U1, "#!/bin/bash\nsleep 1\necho 'after the wait'\n", name="quick")
+    r = _as_reader(lc, U1, "logs", "-f", quick.id, *spool)
+    assert r.returncode == 0 and r.stdout == "after the wait\n", r.stderr
+    assert f"job {quick.id} is " in r.stderr
     tasks = lc.array_tasks(array.id, 3)
 
     lc.wait_running(cancelled, "until scancel")
@@ -496,7 +502,6 @@ def test_job_ids_states_and_views_as_the_user_reads_them(lc: Cluster) -> None:
     assert lc.show(requeued.id).get("Restarts") == "1"
     assert lc.wait(timed, timeout=180)[timed.id][0] == "TIMEOUT"
 
-    spool = ["--spool", str(lc.spool_root), "--source", "spool"]
     r = _as_reader(lc, U1, "ls", "--json", *spool)
     assert r.returncode == 0, r.stderr
     runs = {d["job"] + (f".{d['restart']}" if d["restart"] else ""): d
