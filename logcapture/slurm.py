@@ -1020,10 +1020,33 @@ def job_end_state(exit_status: int | None, signal: int | None,
     """``end_state`` of the job in ``env`` (SLURM_JOB_ID), asking slurmctld now: the job
     wrapper calls it when the job's script has ended, before its End record is written."""
     job_id = env.get("SLURM_JOB_ID", "")
+    if not job_id.isdigit():
+        return end_state(exit_status, signal, {})
     restarts = env.get("SLURM_RESTART_COUNT", "")
-    return end_state(exit_status, signal,
-                     slurm_job(job_id, timeout) if job_id.isdigit() else {},
-                     int(restarts) if restarts.isdigit() else 0)
+    job = slurm_job(job_id, timeout)
+    if job.get("JobState") == "COMPLETING" and job.get("Reason", "None") in ("None", ""):
+        # scontrol names a completing job's state COMPLETING; squeue's state filter matches
+        # the state underneath (CANCELLED, TIMEOUT...).
+        job = {**job, "JobState": _base_state(job_id, timeout) or "COMPLETING"}
+    return end_state(exit_status, signal, job, int(restarts) if restarts.isdigit() else 0)
+
+
+def _base_state(job_id: str, timeout: float) -> str:
+    """The state of a COMPLETING job that only Slurm decides, asked one state at a time of
+    ``squeue --states`` (whose filter compares the state under COMPLETING), or ""."""
+    import subprocess
+
+    for state in sorted(_DECIDED_BY_SLURM - {"REQUEUED"}):
+        for squeue in ("/usr/bin/squeue", "/usr/local/bin/squeue", "squeue"):
+            try:
+                out = subprocess.run([squeue, "-h", "-j", job_id, "-t", state, "-o", "%i"],
+                                     capture_output=True, timeout=timeout, check=False)
+            except (OSError, subprocess.SubprocessError):
+                continue
+            if out.stdout.strip():
+                return state
+            break
+    return ""
 
 
 def slurm_state(job_id: str, timeout: float = 10.0) -> str:

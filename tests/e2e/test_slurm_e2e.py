@@ -455,7 +455,7 @@ def test_an_opted_in_jobs_output_files_are_byte_identical_to_an_uncaptured_jobs(
 # --- job ids, states and views, as the job's user reads them -------------------------------
 TIMED_OUT = "#!/bin/bash\necho 'until the time limit'\nexec sleep 600\n"
 REQUEUED = r"""#!/bin/bash
-echo "run $SLURM_RESTART_COUNT of $SLURM_JOB_NAME"
+echo "run ${SLURM_RESTART_COUNT:-0} of $SLURM_JOB_NAME"
 if [ "${SLURM_RESTART_COUNT:-0}" = 0 ]; then sleep 120; fi
 """
 CANCELLED = "#!/bin/bash\necho 'until scancel'\nsleep 120\n"
