@@ -1035,12 +1035,17 @@ def _base_state(job_id: str, timeout: float) -> str:
     """The state of a COMPLETING job that only Slurm decides, asked one state at a time of
     ``squeue --states`` (whose filter compares the state under COMPLETING), or ""."""
     import subprocess
+    import time
 
+    deadline = time.monotonic() + timeout  # for all the questions together
     for state in sorted(_DECIDED_BY_SLURM - {"REQUEUED"}):
         for squeue in ("/usr/bin/squeue", "/usr/local/bin/squeue", "squeue"):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return ""
             try:
                 out = subprocess.run([squeue, "-h", "-j", job_id, "-t", state, "-o", "%i"],
-                                     capture_output=True, timeout=timeout, check=False)
+                                     capture_output=True, timeout=left, check=False)
             except (OSError, subprocess.SubprocessError):
                 continue
             if out.stdout.strip():
