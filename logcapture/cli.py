@@ -147,9 +147,11 @@ def _reader(spool: Path | None, store_dsn: str | None, source: str = "auto") -> 
 @cli.command(name="ls")
 @_spool_option
 @_store_option
+@_source_option
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per run.")
 @click.argument("job", metavar="[JOB]", required=False)
-def ls_cmd(spool: Path | None, store_dsn: str | None, as_json: bool, job: str | None) -> None:
+def ls_cmd(spool: Path | None, store_dsn: str | None, source: str, as_json: bool,
+           job: str | None) -> None:
     """List your runs, newest first, from the spool and the store: job id, job name, state
     (as sacct says it), exit code, start, duration, nodes, lines. JOB: only that job's runs
     (an array job's tasks, a requeued job's earlier runs)."""
@@ -158,7 +160,7 @@ def ls_cmd(spool: Path | None, store_dsn: str | None, as_json: bool, job: str | 
     from . import jobref
     from .views import ls_rows, table
 
-    with closing(_reader(spool, store_dsn)) as reader:
+    with closing(_reader(spool, store_dsn, source)) as reader:
         summaries = reader.runs()
     if job is not None:
         wanted = {d["run"] for d in jobref.select(job, summaries)}
