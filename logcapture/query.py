@@ -101,6 +101,10 @@ class Reader(Protocol):
         """The run id REF names; NotFound when none of the caller's runs matches."""
         ...
 
+    def summary(self, run: str) -> dict[str, Any]:
+        """One run's summary (as in ``runs``), without listing every run."""
+        ...
+
     def lines(self, run: str, stream: str | None = None, tail: int | None = None
               ) -> list[dict[str, Any]]:
         """The run's output records (line, command, note, metadata) in order, run-level notes
@@ -336,6 +340,13 @@ def newest_first(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
 StoreSession = Callable[[], AbstractContextManager[Store]]
 
 
+def _check_run(st: Store, run: str, owner: str | None) -> None:
+    """NotFound unless the run is in the store as the owner's (one row of the runs table;
+    ``run_info`` would also count every table's rows)."""
+    if not st.has_run(run, owner):
+        raise NotFound(f"run {run!r} is not in the store")
+
+
 class StoreReader:
     """The Reader over the store alone, as ``owner`` (None: every owner). ``session`` opens
     the store for one question (``with session() as st``): an embedded store is one process's
@@ -353,10 +364,17 @@ class StoreReader:
         with self.session() as st:
             return st.resolve_run(ref, self.owner)
 
+    def summary(self, run: str) -> dict[str, Any]:
+        with self.session() as st:
+            rows = st.runs(self.owner, run)
+        if not rows:
+            raise NotFound(f"run {run!r} is not in the store")
+        return summary_of_store(rows[0])
+
     def lines(self, run: str, stream: str | None = None, tail: int | None = None
               ) -> list[dict[str, Any]]:
         with self.session() as st:
-            st.run_info(run, self.owner)  # NotFound when it is not the caller's
+            _check_run(st, run, self.owner)
             return st.lines(run, stream, tail, owner=self.owner)
 
     def follow(self, run: str, poll: float = FOLLOW_POLL, settle: float = FOLLOW_SETTLE,
@@ -402,17 +420,17 @@ class StoreReader:
 
     def metadata(self, run: str) -> list[dict[str, Any]]:
         with self.session() as st:
-            st.run_info(run, self.owner)
+            _check_run(st, run, self.owner)
             return st.metadata(run, self.owner)
 
     def samples(self, run: str) -> list[dict[str, Any]]:
         with self.session() as st:
-            st.run_info(run, self.owner)
+            _check_run(st, run, self.owner)
             return st.samples(run, self.owner)
 
     def export_rows(self, run: str, what: str) -> list[dict[str, Any]]:
         with self.session() as st:
-            st.run_info(run, self.owner)
+            _check_run(st, run, self.owner)
             if what == "lines":
                 recs = st.lines(run, owner=self.owner)
             elif what == "metadata":
@@ -840,6 +858,13 @@ class LocalReader:
         self.held.release()  # the store is opened for each read: others take turns
         session = _Reopened(self.held)
         yield from StoreReader(session, self.owner).follow(run)
+
+    def summary(self, run: str) -> dict[str, Any]:
+        run_dir = self._dir(run)
+        if run_dir is None:
+            return self.store.summary(run)
+        who = self._mine(run_dir) or (self.user, self.uid)
+        return summary_of_spool(summarize(run_dir), *who)
 
     def log(self, run: str, stderr: bool = False, before: str | None = None,
             after: str | None = None, limit: int = LOG_PAGE) -> dict[str, Any]:

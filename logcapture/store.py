@@ -1002,16 +1002,18 @@ class Store:
     # Every read takes ``owner``: a user name, or None for all owners (the run's own store on a
     # laptop, an administrator). The condition is built from constants only; the values are
     # parameters (``_run_cond``).
-    def runs(self, owner: str | None = None, job: str | None = None) -> list[dict[str, Any]]:
-        """One dict per run, newest first: run, owner, uid, cluster, job_id, host, command,
-        start (epoch s), end, last (newest record), state (RUNNING while no end record),
-        exit_status, signal, duration, slurm (the Start record's Slurm identity, a dict),
-        lines (output lines: the End record's counts, counted in the store while it runs).
-        ``job``: only the runs a job reference may name (``jobref.select`` picks among
-        them): run id ``job``, or job id or array job id ``jobref.parse(job).job``."""
-        conds, p = [], {"owner": owner or "", "ref": job or "", "job": ""}
-        if owner is not None:
-            conds.append("owner = {owner:String}")
+    def runs(self, owner: str | None = None, run: str | None = None,
+             job: str | None = None) -> list[dict[str, Any]]:
+        """One dict per run (``run``: that one only), newest first: run, owner, uid, cluster,
+        job_id, host, command, start (epoch s), end, last (newest record), state (RUNNING
+        while no end record), exit_status, signal, duration, slurm (the Start record's Slurm
+        identity, a dict), lines (output lines: the End record's counts, counted in the
+        store while it runs). ``job``: only the runs a job reference may name
+        (``jobref.select`` picks among them): run id ``job``, or job id or array job id
+        ``jobref.parse(job).job``."""
+        p = {"owner": owner or "", "run": run or "", "ref": job or "", "job": ""}
+        conds = (["owner = {owner:String}"] if owner is not None else []) + (
+            ["run = {run:String}"] if run is not None else [])
         if job is not None:
             ref = jobref.parse(job)
             p["job"] = ref.job if ref is not None else ""
@@ -1024,7 +1026,7 @@ class Store:
             "toUnixTimestamp64Nano(start_ts), toUnixTimestamp64Nano(end_ts), "
             "toUnixTimestamp64Nano(last_ts), ifNull(state, 'RUNNING'), exit_status, signal, "
             "duration, slurm, counts FROM runs FINAL " + where +
-            " ORDER BY ifNull(start_ts, last_ts) DESC, run", p)
+            " ORDER BY ifNull(start_ts, last_ts) DESC, run", p if conds else None)
         out = [self._run_row(r) for r in rows]
         for d, r in zip(out, rows, strict=True):
             d["slurm"] = _loads(r[14], {})

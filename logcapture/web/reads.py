@@ -73,9 +73,9 @@ class Pages:
 
     def header(self, ref: str) -> dict[str, Any]:
         run = self.resolve(ref)
-        # A run found but not listed yet has written nothing but its directory: starting.
-        summary = next((s for s in self._ask(self.reader.runs) if s["run"] == run),
-                       {"run": run, "state": "RUNNING"})
+        summary = self._ask(self.reader.summary, run)
+        if summary["state"] == "EMPTY":  # nothing written yet but its directory: starting
+            summary = {**summary, "state": "RUNNING"}
         return header(summary, self._ask(self.reader.samples, run))
 
     def log(self, ref: str, stderr: bool, before: str | None, after: str | None,
@@ -105,11 +105,10 @@ class Pages:
 
     def compare(self, refs: Iterable[str], key: str) -> dict[str, Any]:
         runs = []
-        summaries = {s["run"]: s for s in self._ask(self.reader.runs)}
         for ref in refs:
             run = self.resolve(ref)
             rows = self._ask(self.reader.metadata, run)[::-1]
-            runs.append(compare_one(summaries.get(run, {"run": run}), rows, key))
+            runs.append(compare_one(self._ask(self.reader.summary, run), rows, key))
         return {"key": key, "runs": runs}
 
 

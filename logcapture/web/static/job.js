@@ -43,7 +43,8 @@
   }
 
   // ------------------------------------------------------------------ the log
-  const ROW = 20, PAGE = 1000, OVERSCAN = 30;
+  // The first page fills a screen and some scrolling; older pages come larger as one scrolls.
+  const ROW = 20, FIRST = 300, PAGE = 1000, OVERSCAN = 30;
   const logBox = document.getElementById("log");
   const rowsBox = document.getElementById("log-rows");
   const stderrSwitch = document.getElementById("stderr-switch");
@@ -96,7 +97,7 @@
     const gen = ++generation;
     if (source) { source.close(); source = null; }
     const stderr = stderrSwitch.checked ? 1 : 0;
-    const page = await api(`${base}/log?stderr=${stderr}&limit=${PAGE}`);
+    const page = await api(`${base}/log?stderr=${stderr}&limit=${FIRST}`);
     if (gen !== generation) return;
     entries = page.entries;
     older = page.more;
