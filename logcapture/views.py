@@ -15,7 +15,8 @@ from typing import Any
 
 from . import jobref
 
-LS_COLUMNS = ("JOBID", "NAME", "STATE", "EXIT", "START", "DURATION", "NODES", "LINES")
+LS_COLUMNS = ("JOBID", "NAME", "STATE", "EXIT", "START", "DURATION", "NODES", "LINES",
+              "INSIGHTS")
 NAME_WIDTH = 24  # longer job names are cut (with an ellipsis) to keep one row per run
 
 
@@ -95,8 +96,16 @@ def ls_rows(summaries: Iterable[Mapping[str, Any]],
                      str(d.get("state") or "-"), exit_code(d.get("exit_status"),
                                                            d.get("signal")),
                      timestamp(d.get("start")), duration(length), str(d.get("nodes") or "-"),
-                     str(d.get("lines") if d.get("lines") is not None else "-")))
+                     str(d.get("lines") if d.get("lines") is not None else "-"),
+                     flag(d.get("insights") or [])))
     return rows
+
+
+def flag(kinds: list[str]) -> str:
+    """An ls cell: the first insight's kind and how many more (`show RUN` says them all)."""
+    if not kinds:
+        return "-"
+    return f"!{kinds[0]}" + (f" +{len(kinds) - 1}" if len(kinds) > 1 else "")
 
 
 def table(rows: list[tuple[str, ...]]) -> list[str]:
