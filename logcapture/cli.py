@@ -173,59 +173,38 @@ def _reader(spool: Path | None, store_dsn: str | None, source: str = "auto") -> 
     return LocalReader(_root(spool), store_dsn, source=source, warn=warn, remote=remote)
 
 
-def _duration_text(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    m, s = divmod(int(seconds), 60)
-    h, m = divmod(m, 60)
-    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
-
-
-def _ls_row(d: dict[str, Any]) -> tuple[str, ...]:
-    start = d["start"]
-    duration = d["duration"]
-    if duration is None and d["state"] == "RUNNING" and start is not None:
-        duration = max(0.0, time.time() - start)
-    return (d["run"], d["state"],
-            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(start)) if start else "-",
-            _duration_text(duration), str(d["lines"]), _flag(d.get("insights") or []),
-            " ".join(d["command"]))
-
-
-def _flag(kinds: list[str]) -> str:
-    """An ls cell: the first insight's kind and how many more (`show RUN` says them all)."""
-    if not kinds:
-        return "-"
-    return f"!{kinds[0]}" + (f" +{len(kinds) - 1}" if len(kinds) > 1 else "")
-
-
 @cli.command(name="ls")
 @_spool_option
 @_store_option
+@_source_option
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per run.")
-def ls_cmd(spool: Path | None, store_dsn: str | None, as_json: bool) -> None:
-    """List your runs, newest first, from the spool and the store: id, state, start,
-    duration, lines, insights (the first kind `show` explains, and how many more), command."""
+@click.argument("job", metavar="[JOB]", required=False)
+def ls_cmd(spool: Path | None, store_dsn: str | None, source: str, as_json: bool,
+           job: str | None) -> None:
+    """List your runs, newest first, from the spool and the store: job id, job name, state
+    (as sacct says it), exit code, start, duration, nodes, lines, insights (the first kind
+    `show` explains, and how many more). JOB: only that job's runs (an array job's tasks, a
+    requeued job's earlier runs)."""
     from contextlib import closing
 
-    with closing(_reader(spool, store_dsn)) as reader:
+    from . import jobref
+    from .views import ls_rows, table
+
+    with closing(_reader(spool, store_dsn, source)) as reader:
         summaries = reader.runs()
+    if job is not None:
+        wanted = {d["run"] for d in jobref.select(job, summaries)}
+        summaries = [d for d in summaries if d["run"] in wanted]
     if as_json:
         for d in summaries:
             click.echo(json.dumps(d))
         return
     if not summaries:
-        click.echo(f"no runs in {_root(spool)} or in the store", err=True)
+        click.echo(f"no job {job!r} of yours" if job is not None
+                   else f"no runs in {_root(spool)} or in the store", err=True)
         return
-    rows: list[tuple[str, ...]] = [("RUN", "STATE", "START", "DURATION", "LINES", "INSIGHTS",
-                                     "COMMAND")]
-    rows += [_ls_row(d) for d in summaries]
-    widths = [max(len(r[i]) for r in rows) for i in range(6)]
-    for r in rows:
-        click.echo("  ".join(c.ljust(w) for c, w in zip(r[:6], widths, strict=True))
-                   + "  " + r[6])
+    for line in table(ls_rows(summaries)):
+        click.echo(line)
 
 
 @cli.command()
@@ -246,7 +225,7 @@ def logs(spool: Path | None, stream: str, follow: bool, store_dsn: str | None, s
 
     streams = OUTPUT_STREAMS if stream == "all" else (stream,)
     with closing(_reader(spool, store_dsn, source)) as reader:
-        run = reader.resolve(run_ref)
+        run = _wait_for_job(reader, run_ref) if follow else reader.resolve(run_ref)
         records: Any = (reader.follow(run) if follow
                         else reader.lines(run, None if stream == "all" else stream))
         printed = False
@@ -269,6 +248,35 @@ def logs(spool: Path | None, stream: str, follow: bool, store_dsn: str | None, s
                        "stdout (#SBATCH -e FILE or 2>FILE keeps them apart)", err=True)
 
 
+def _wait_for_job(reader: Any, ref: str | None, poll: float = 1.0) -> str:
+    """``logs -f JOB`` right after ``sbatch``: while Slurm has the job queued or starting and
+    no run of it is there yet, wait for its run (a message on stderr says so once)."""
+    from . import jobref
+    from .errors import NotFound
+    from .slurm import ACTIVE_STATES, slurm_job
+
+    told = ""
+    while True:
+        try:
+            return str(reader.resolve(ref))
+        except NotFound:
+            parsed = jobref.parse(ref)
+            if parsed is None or parsed.restart is not None:
+                raise
+            spec = parsed.job + (f"_{parsed.task}" if parsed.task else "")
+            state = slurm_job(spec, timeout=5.0).get("JobState", "")
+            if state not in ACTIVE_STATES:
+                if told:
+                    raise NotFound(f"job {ref} ended ({state or 'gone from the queue'}) and "
+                                   "logcapture has no run of it: was ~/.logoptin there when "
+                                   "it started?") from None
+                raise
+            if state != told:
+                click.echo(f"logcapture: job {ref} is {state}: waiting for its output", err=True)
+                told = state
+            time.sleep(poll)
+
+
 @cli.command()
 @_spool_option
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
@@ -277,8 +285,10 @@ def logs(spool: Path | None, stream: str, follow: bool, store_dsn: str | None, s
 @click.argument("run_ref", metavar="RUN", required=False)
 def show(spool: Path | None, as_json: bool, store_dsn: str | None, source: str,
          run_ref: str | None) -> None:
-    """Summarise RUN: owner, command, status, lines per stream, dropped repetitions, mode
-    changes, metadata keys (from the store once the run is shipped, else the spool)."""
+    """Summarise RUN (a job id as Slurm users write it, a run id, default: the latest run):
+    job, state, exit status, times, resources with their units, lines per stream, dropped
+    repetitions, one line per mode change, metadata keys (from the store once the run is
+    shipped, else the spool). --json: the same fields, snake_case, numbers as numbers."""
     from contextlib import closing
 
     with closing(_reader(spool, store_dsn, source)) as reader:
@@ -286,18 +296,13 @@ def show(spool: Path | None, as_json: bool, store_dsn: str | None, source: str,
     if as_json:
         click.echo(json.dumps(info, indent=2, default=str))
         return
+    from .views import show_lines
+
     insights = info.pop("insights", None) or []
     for line in format_insights(insights):
         click.echo(line)
-    for key, value in info.items():
-        if isinstance(value, dict):
-            click.echo(f"{key}:")
-            for k, v in value.items():
-                click.echo(f"  {k}: {v}")
-        elif isinstance(value, list):
-            click.echo(f"{key}: {', '.join(map(str, value)) if value else '-'}")
-        else:
-            click.echo(f"{key}: {value}")
+    for line in show_lines(info):
+        click.echo(line)
 
 
 # ------------------------------------------------------------------------------ serve

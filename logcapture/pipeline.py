@@ -570,10 +570,16 @@ def _capture_worker(fd: int, s: _WorkerSettings) -> int:
                           end["ended"], end["bytes"], spawn_error=end["spawn_error"])
         reader = end.get("reader", {})
         mine = own_usage()
+        state = "FAILED" if outcome.spawn_error else outcome.state
+        if s.env.get("SLURM_JOB_ID") and not outcome.spawn_error:
+            from .slurm import job_end_state
+
+            state = job_end_state(outcome.exit_status, outcome.signal, s.env)
+        usage = end.get("usage")
         pipeline.finish(exit_status=outcome.exit_status, signal=outcome.signal,
-                        state="FAILED" if outcome.spawn_error else outcome.state,
-                        duration=outcome.duration, bytes_read=outcome.bytes,
-                        extra_counts={"capture": {
+                        state=state, duration=outcome.duration, bytes_read=outcome.bytes,
+                        extra_counts={**({"job": usage} if isinstance(usage, dict) and usage
+                                         else {}), "capture": {
                             # Both capture processes (reader and worker), for bench/ and show.
                             "cpu_ms": reader.get("cpu_ms", 0) + mine["cpu_ms"],
                             "max_rss_kib": max(reader.get("max_rss_kib", 0),
@@ -731,6 +737,7 @@ def slurm_identity(env: dict[str, str]) -> dict[str, str]:
         "array_job_id": "SLURM_ARRAY_JOB_ID", "array_task_id": "SLURM_ARRAY_TASK_ID",
         "step": "SLURM_STEP_ID", "node": "SLURMD_NODENAME", "job_name": "SLURM_JOB_NAME",
         "partition": "SLURM_JOB_PARTITION", "nodelist": "SLURM_JOB_NODELIST",
+        "restart_count": "SLURM_RESTART_COUNT",
         # what the job asked for (insights.efficiency.slurm_request)
         "cpus": "SLURM_CPUS_ON_NODE", "mem_per_node_mb": "SLURM_MEM_PER_NODE",
         "mem_per_cpu_mb": "SLURM_MEM_PER_CPU", "gpus": "SLURM_GPUS_ON_NODE",

@@ -38,10 +38,12 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
+from . import jobref
 from .errors import LogcaptureError, NotFound, SpoolError
 from .insights import Diagnoser, Outcome, run_insights
 from .insights.efficiency import admin_thresholds
 from .insights.report import store_insights
+from .jobref import JOB_KEYS
 from .logview import Entry, LogView, cursor_of, parse_cursor, sort_key
 from .records import (
     NOTE_BLANK,
@@ -60,7 +62,7 @@ from .records import (
     from_dict,
     streams_of,
 )
-from .runs import RunSummary, find_run, follow_records, summarize
+from .runs import RunSummary, find_run, follow_records, job_candidates, summarize
 from .ship import is_shipped
 from .spool import (
     ReadStats,
@@ -76,7 +78,7 @@ from .store import EXPORTS, Store, export_rows, redact
 # The keys of a run summary (``Reader.runs``), the same from the spool and from the store.
 SUMMARY_KEYS = ("run", "owner", "uid", "job_id", "cluster", "host", "state", "exit_status",
                 "signal", "start", "end", "duration", "lines", "command", "slurm", "source",
-                "insights")
+                "insights", *JOB_KEYS)
 FOLLOW_POLL = 0.5  # seconds between a follower's reads of the store
 LOG_PAGE = 1000  # entries in a page of a log (``Reader.log``) unless asked otherwise
 LOG_PAGE_MAX = 5000
@@ -160,7 +162,7 @@ class RunFacts(NamedTuple):
     repeats: dict[str, int]  # dropped repetitions per stream
     blanks: dict[str, int]  # dropped blank lines per stream
     commands: int
-    modes: list[str]  # mode changes in order
+    modes: list[dict[str, Any]]  # mode changes in order: {"ts", "text"}
     metadata_keys: list[str]  # sorted
     metadata: list[dict[str, Any]]  # metadata fields in time order
     samples: list[dict[str, Any]]  # sample records, oldest first
@@ -171,48 +173,79 @@ class RunFacts(NamedTuple):
 
 
 def describe(facts: RunFacts) -> dict[str, Any]:
-    """The mapping ``logcapture show`` prints for a run, whatever its source."""
+    """The mapping ``logcapture show`` prints for a run, whatever its source: snake_case keys,
+    numbers as numbers, times in seconds since the epoch and durations in seconds
+    (docs/cli.md says what each field means; ``views.show_lines`` writes it for people)."""
     from .sampler import summarize as summarize_samples
     from .xaxis import choose_x_axis
 
     start, end = facts.start, facts.end
+    slurm = dict((start or {}).get("slurm") or {})
+    summary = {"run": facts.run, "job_id": slurm.get("job_id", ""), "slurm": slurm,
+               "host": (start or {}).get("host", ""),
+               "command": list((start or {}).get("command") or ())}
     # the answers first (docs/insights.md): why it failed, what it wasted, what it does now
-    info: dict[str, Any] = {"insights": list(facts.insights), "run": facts.run}
-    if start is not None:
-        info["owner"] = f"{facts.owner} (uid {facts.uid})"
-        info["command"] = " ".join(start.get("command") or ())
-        info["cwd"] = start.get("cwd", "")
-        info["host"] = start.get("host", "")
-        info["started"] = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(start["ts"]))
-        info["initial mode"] = start.get("mode", "")
-        info["streams"] = streams_of(start.get("config") or {})
-        if start.get("slurm"):
-            info["slurm"] = dict(start["slurm"])
-    if end is not None:
-        info["state"] = end["state"]
-        info["exit status"] = (end["exit_status"] if end.get("signal") is None
-                               else f"signal {end['signal']}")
-        info["duration"] = f"{end['duration'] or 0.0:.1f}s"
-    else:
-        info["state"] = "RUNNING"
+    info: dict[str, Any] = {"insights": list(facts.insights), "run": facts.run,
+                            **jobref.job_fields(summary)}
+    info["owner"] = facts.owner
+    info["uid"] = facts.uid
+    info["state"] = end["state"] if end is not None else "RUNNING"
+    info["exit_status"] = end.get("exit_status") if end is not None else None
+    info["signal"] = end.get("signal") if end is not None else None
+    info["start"] = start["ts"] if start is not None else None
+    info["end"] = end["ts"] if end is not None else None
+    info["duration"] = (end.get("duration") or 0.0) if end is not None else None
+    info["command"] = " ".join(summary["command"])
+    info["cwd"] = (start or {}).get("cwd", "")
+    info["host"] = summary["host"]
+    info["initial_mode"] = (start or {}).get("mode", "")
+    info["streams"] = streams_of((start or {}).get("config") or {}) if start else None
+    info["slurm"] = slurm
     info["lines"] = {s: facts.lines.get(s, 0) for s in OUTPUT_STREAMS}
-    info["dropped repetitions"] = {s: facts.repeats.get(s, 0) for s in OUTPUT_STREAMS}
-    info["dropped blank lines"] = {s: facts.blanks.get(s, 0) for s in OUTPUT_STREAMS}
+    info["dropped_repetitions"] = {s: facts.repeats.get(s, 0) for s in OUTPUT_STREAMS}
+    info["dropped_blank_lines"] = {s: facts.blanks.get(s, 0) for s in OUTPUT_STREAMS}
     info["commands"] = facts.commands
-    info["mode changes"] = list(facts.modes)
-    info["metadata keys"] = list(facts.metadata_keys)
-    info["x axis"] = choose_x_axis(facts.metadata) or "-"
+    info["mode_changes"] = [dict(m) for m in facts.modes]
+    info["metadata_keys"] = list(facts.metadata_keys)
+    info["x_axis"] = choose_x_axis(facts.metadata)
+    usage = ((end or {}).get("counts") or {}).get("job") or {}
+    resources: dict[str, Any] = {}
     if facts.samples:
         recs = [Sample(**{k: v for k, v in d.items() if k != "kind"}) for d in facts.samples]
-        summary = summarize_samples(recs, wall_seconds=end["duration"] if end else None)
-        info["resources"] = {k: v for k, v in summary.items()
-                             if not isinstance(v, (dict, list)) and v is not None}
+        summed = summarize_samples(recs, wall_seconds=info["duration"])
+        resources = {k: v for k, v in summed.items()
+                     if not isinstance(v, (dict, list)) and v is not None}
+        cpus = [n.get("cpus_allocated") for n in summed["nodes"].values()]
+        if cpus and all(isinstance(c, int) for c in cpus):
+            resources["cpus_allocated"] = sum(cpus)
+    resources.update(job_usage(usage, resources, info["duration"],
+                               (start or {}).get("inventory") or {}))
+    info["resources"] = resources
     info["warnings"] = facts.warnings
-    if facts.spool_problems:
-        info["spool problems"] = facts.spool_problems
-    if facts.stored_in:
-        info["stored in"] = facts.stored_in
+    info["spool_problems"] = facts.spool_problems
+    info["stored_in"] = facts.stored_in
     return info
+
+
+def job_usage(usage: dict[str, Any], resources: dict[str, Any], wall: float | None,
+              inventory: dict[str, Any]) -> dict[str, Any]:
+    """The resource figures the End record adds to the samples' (``counts["job"]``: the
+    kernel's account of the job's processes once they were waited for, ``getrusage`` of the
+    wrapper's children): total CPU time and the peak resident memory of its largest process.
+    A job shorter than the sampling interval has these even without a sample of its own."""
+    out: dict[str, Any] = {}
+    cpu_ms, rss_kib = usage.get("cpu_ms"), usage.get("max_rss_kib")
+    if isinstance(cpu_ms, int):
+        cpu = max(cpu_ms / 1000.0, resources.get("cpu_seconds_total") or 0.0)
+        out["cpu_seconds_total"] = cpu
+        cpus = resources.get("cpus_allocated") or inventory.get("cpus_allocated")
+        if isinstance(cpus, int) and cpus > 0 and wall:
+            out["cpus_allocated"] = cpus
+            out["cpu_efficiency"] = cpu / (wall * cpus)
+    if isinstance(rss_kib, int):
+        out["memory_rss_peak_bytes"] = max(rss_kib * 1024,
+                                           resources.get("memory_rss_peak_bytes") or 0)
+    return out
 
 
 def spool_facts(run_dir: Path, owner: str, uid: int) -> RunFacts:
@@ -223,7 +256,7 @@ def spool_facts(run_dir: Path, owner: str, uid: int) -> RunFacts:
     repeats: Counter[str] = Counter()
     blanks: Counter[str] = Counter()
     warnings = commands = 0
-    modes: list[str] = []
+    modes: list[dict[str, Any]] = []
     keys: set[str] = set()
     metadata: list[dict[str, Any]] = []  # stream order is time order
     samples: list[dict[str, Any]] = []
@@ -249,7 +282,8 @@ def spool_facts(run_dir: Path, owner: str, uid: int) -> RunFacts:
             elif rec.note == NOTE_BLANK:
                 blanks[rec.stream] += rec.count
             elif rec.note == NOTE_MODE and rec.stream == "stdout":
-                modes.append(rec.text)  # the classifier notes a change in both streams
+                # the classifier notes a change in both streams
+                modes.append({"ts": rec.ts, "text": rec.text})
             elif rec.note == NOTE_WARNING:
                 warnings += 1
     problems = (f"{stats.torn} torn line(s), {len(stats.bad)} invalid line(s)"
@@ -286,7 +320,7 @@ def summary_of_spool(s: RunSummary, owner: str, uid: int) -> dict[str, Any]:
     """A spool run's summary, with the keys of a store run's (``SUMMARY_KEYS``)."""
     start, end = s.start, s.end
     slurm = dict(start.slurm or {}) if start else {}  # null in a hand-made start record
-    return {"run": s.run_id, "owner": owner, "uid": uid,
+    out = {"run": s.run_id, "owner": owner, "uid": uid,
             "job_id": str(slurm.get("job_id", "")), "cluster": str(slurm.get("cluster", "")),
             "host": (start.host or "") if start else "", "state": s.state,
             "exit_status": end.exit_status if end else None,
@@ -298,6 +332,8 @@ def summary_of_spool(s: RunSummary, owner: str, uid: int) -> dict[str, Any]:
             # how it ended says the first answer; `show` reads the log for the rest
             "insights": [i.kind for i in Diagnoser().result(Outcome.of(end))]
             if end is not None else []}
+    out.update(jobref.job_fields(out))
+    return out
 
 
 def summary_of_store(row: dict[str, Any]) -> dict[str, Any]:
@@ -308,6 +344,7 @@ def summary_of_store(row: dict[str, Any]) -> dict[str, Any]:
     out["command"] = list(row.get("command") or [])
     out["source"] = "store"
     out["insights"] = list(row.get("insights") or [])
+    out.update(jobref.job_fields(out))
     return out
 
 
@@ -795,11 +832,48 @@ class LocalReader:
             return False
         return self.remote is not None or self.held.available
 
+    def _resolve_job(self, ref: str) -> str:
+        """A Slurm job reference (``jobref``) among the caller's runs in the spool and the
+        store together: an array's tasks or a requeued job's runs may be in both. A run is
+        read from the spool until it is shipped, as ``resolve`` does."""
+        found: dict[str, Any] = {}
+        live: dict[str, Path] = {}  # in the spool, not shipped (or --source spool)
+        shipped: dict[str, Path] = {}
+        if self.source != "store":
+            run_dirs = {d.name: d for d in find_run_dirs(self.root)}
+            for c in jobref.select(ref, job_candidates(list(run_dirs.values()), ref)):
+                run_dir = run_dirs[str(c["run"])]
+                if self._mine(run_dir) is None:
+                    continue
+                found[run_dir.name] = c
+                if self.source == "spool" or not is_shipped(run_dir):
+                    live[run_dir.name] = run_dir
+                else:
+                    shipped[run_dir.name] = run_dir
+        stored: set[str] = set()
+        if self._in_store():
+            for d in self._store_candidates(ref):
+                if d["run"] not in live:
+                    found[d["run"]] = d
+                    stored.add(d["run"])
+        run = jobref.choose(ref, found.values())
+        self._where[run] = live.get(run) or (None if run in stored else shipped.get(run))
+        return run
+
+    def _store_candidates(self, ref: str) -> list[dict[str, Any]]:
+        """Summaries of the caller's runs in the store that job reference ``ref`` may name."""
+        if isinstance(self.store, StoreReader):
+            with self.held() as st:
+                return [summary_of_store(r) for r in st.runs(self.owner, job=ref)]
+        return [dict(d) for d in jobref.select(ref, self.store.runs())]
+
     def resolve(self, ref: str | None) -> str:
         if ref is None or ref == "latest":  # the newest run, wherever it is
             newest = self.runs()
             if newest:
                 ref = newest[0]["run"]
+        if ref is not None and jobref.parse(ref) is not None:
+            return self._resolve_job(ref)
         run_dir = self._spool_run(ref)
         if run_dir is not None and (self.source == "spool" or not is_shipped(run_dir)):
             self._where[run_dir.name] = run_dir

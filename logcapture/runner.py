@@ -170,11 +170,12 @@ class Options(namedtuple("Options", (
 
 class Outcome(namedtuple("Outcome", (
         "exit_status", "signal", "pid", "started", "ended", "bytes", "spawn_error", "reads",
-        "lingers"), defaults=(_NO_BYTES, "", 0, 0))):
+        "lingers", "usage"), defaults=(_NO_BYTES, "", 0, 0, _NO_BYTES))):
     """How the command ended. ``exit_status``: 0-255 when it exited; ``signal``: N when it was
     killed by signal N; ``bytes``: read per stream; ``spawn_error``: why the command could not
     be started (exit_status 126 or 127); ``reads``: pty reads that returned data and
-    ``lingers``: LINGER waits between reads (bench/ and the end record)."""
+    ``lingers``: LINGER waits between reads (bench/ and the end record); ``usage``: the
+    command's own resource use, ``children_usage``."""
 
     __slots__ = ()
     if TYPE_CHECKING:
@@ -187,6 +188,7 @@ class Outcome(namedtuple("Outcome", (
         spawn_error: str
         reads: int
         lingers: int
+        usage: Mapping[str, int]
 
     @property
     def duration(self) -> float:
@@ -347,7 +349,7 @@ class Worker:
         payload = json.dumps({
             "exit_status": outcome.exit_status, "signal": outcome.signal, "pid": outcome.pid,
             "started": outcome.started, "ended": outcome.ended, "bytes": dict(outcome.bytes),
-            "spawn_error": outcome.spawn_error,
+            "spawn_error": outcome.spawn_error, "usage": dict(outcome.usage),
             "reader": {**own_usage(), "reads": outcome.reads,
                        "lingers": outcome.lingers}}).encode()
         self.send(FRAME_END, [payload], time.time(), time.monotonic())
@@ -395,6 +397,34 @@ class Worker:
             how = f" (exit status {os.WEXITSTATUS(status)})"
         warn(f"capture stopped: the capture process ended unexpectedly{how}; the command "
              "goes on and its output still reaches its files")
+
+
+def children_usage(floor_kib: int) -> dict[str, int]:
+    """The command's resource use once it has been waited for (``getrusage`` of this
+    process's children: the command and every descendant that was waited for): CPU time (ms)
+    and, when it says something of the command, the peak resident memory of its largest
+    process (KiB). The command was spawned from this process's memory (vfork shares it until
+    exec), so its ``ru_maxrss`` is at least this process's resident size then, ``floor_kib``:
+    a peak not above that is not the command's and is left out."""
+    import resource
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out = {"cpu_ms": int(1000 * (usage.ru_utime + usage.ru_stime))}
+    if int(usage.ru_maxrss) > floor_kib:
+        out["max_rss_kib"] = int(usage.ru_maxrss)
+    return out
+
+
+def _resident_kib() -> int:
+    """This process's resident size now (``VmRSS``), or its peak where /proc has none."""
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"VmRSS:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    import resource
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 
 
 def own_usage() -> dict[str, int]:
@@ -630,6 +660,7 @@ def run(argv: Sequence[str], sink: Sink | Worker | None,
     previous[signal.SIGCHLD] = signal.signal(signal.SIGCHLD, lambda s, f: None)
     old_wakeup = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
     started = time.time()
+    floor_kib = _resident_kib()
     try:
         try:
             child = subprocess.Popen(
@@ -893,7 +924,8 @@ def run(argv: Sequence[str], sink: Sink | Worker | None,
         status = child.wait()
         ended = time.time()
         outcome = Outcome(status if status >= 0 else None, -status if status < 0 else None,
-                          child.pid, started, ended, counts, reads=reads, lingers=lingers)
+                          child.pid, started, ended, counts, reads=reads, lingers=lingers,
+                          usage=children_usage(max(floor_kib, _resident_kib())))
         if worker is not None:
             worker.finish(outcome, opts.worker_timeout, warn)
         return outcome

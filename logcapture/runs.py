@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import jobref
 from .errors import NotFound, SpoolError
 from .records import (
     OUTPUT_STREAMS,
@@ -82,24 +83,35 @@ def summarize(run_dir: Path) -> RunSummary:
 
 
 def find_run(root: Path, ref: str | None) -> Path:
-    """A run directory by run id, by Slurm job id (``1234`` or ``1234_5`` for an array
-    task), or the latest run when ``ref`` is None or ``latest``."""
+    """A run directory by run id or Slurm job reference (``1234``, ``1234_5`` for an array
+    task, ``1234.1`` after a requeue: ``jobref``), or the latest run when ``ref`` is None or
+    ``latest``."""
     runs = find_run_dirs(root)
     if ref is None or ref == "latest":
         if not runs:
             raise NotFound(f"no runs in {root}")
         return runs[-1]
-    for run_dir in runs:
-        if run_dir.name == ref:
-            return run_dir
-    for run_dir in reversed(runs):
-        start = _first_record(run_dir)
-        if isinstance(start, Start):
-            slurm = start.slurm
-            if ref in (slurm.get("job_id"),
-                       f"{slurm.get('array_job_id')}_{slurm.get('array_task_id')}"):
-                return run_dir
-    raise NotFound(f"no run {ref!r} in {root} (see `logcapture ls`)")
+    by_name = {d.name: d for d in runs}
+    try:
+        return by_name[jobref.choose(ref, job_candidates(runs, ref))]
+    except NotFound:
+        raise NotFound(f"no run {ref!r} in {root} (see `logcapture ls`)") from None
+
+
+def job_candidates(run_dirs: list[Path], ref: str) -> list[dict[str, object]]:
+    """Light summaries (run, job_id, slurm, start) of the runs ``ref`` may name, newest
+    first: only the Start records of runs whose name or job could match are read."""
+    parsed = jobref.parse(ref)
+    out: list[dict[str, object]] = []
+    for run_dir in reversed(run_dirs):
+        if parsed is None and run_dir.name != ref:
+            continue
+        start = _first_record(run_dir) if parsed is not None else None
+        slurm = dict(start.slurm or {}) if isinstance(start, Start) else {}
+        out.append({"run": run_dir.name, "job_id": str(slurm.get("job_id", "")),
+                    "slurm": slurm, "start": start.ts if isinstance(start, Start) else None,
+                    "command": list(start.command or ()) if isinstance(start, Start) else []})
+    return out
 
 
 class SpoolTail:

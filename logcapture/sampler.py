@@ -159,7 +159,8 @@ class Sampler:
     ``Sample``: run, stream ``sample:<node>``, seq from ``seq_start`` (0) up, ts from
     ``clock`` (epoch seconds), node, gpus = ``gpu.collect()``, job = ``job.collect()``.
     The first sample is taken at ``start()``, then one per interval on a fixed grid (a slow
-    sample skips ticks rather than bunching up), and a last one at ``stop()``.
+    sample skips ticks rather than bunching up), and a last one at ``stop()``; a moment at
+    which the job collector finds no process of the job gives no sample.
     """
 
     def __init__(self, run: str, node: str, *, gpu: GpuCollector | None = None,
@@ -217,8 +218,10 @@ class Sampler:
         except Exception:
             pass
 
-    def sample_once(self) -> Sample:
-        """Collect, emit and return one Sample. Never raises."""
+    def sample_once(self) -> Sample | None:
+        """Collect, emit and return one Sample; None when the job has no process now (before
+        it started or after it ended: such a sample would describe no job, an RSS of 0 and a
+        GPU someone else may use). Never raises."""
         with self._lock:
             job: dict[str, Any] = {}
             gpus: list[dict[str, Any]] = []
@@ -229,6 +232,8 @@ class Sampler:
                 except Exception as e:
                     self._warn(f"job sampling failed: {type(e).__name__}: {e}")
                 self._drain(self.job)
+                if job.get("processes") == 0:
+                    return None
             if self.gpu is not None:
                 try:
                     gpus = self.gpu.collect()

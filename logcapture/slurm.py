@@ -800,7 +800,10 @@ def prolog(env: dict[str, str] | os._Environ[str], *, now: float | None = None,
 
 
 _SEGMENT_NAME = r"^seg-(\d{6,})\.ndjson(\.gz)?$"
-_END_STATES = ("COMPLETED", "FAILED", "SIGNALED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY")
+# The states an End record may carry (``END_STATES`` below, and SIGNALED: a run outside Slurm
+# killed by a signal).
+_END_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL",
+               "PREEMPTED", "BOOT_FAIL", "DEADLINE", "REQUEUED", "SIGNALED")
 
 
 def _open_user_dir(name: str, dir_fd: int, uid: int) -> int | None:
@@ -971,6 +974,91 @@ def slurm_job(job_id: str, timeout: float = 10.0) -> dict[str, str]:
                 fields[key] = value
         return fields
     return {}
+
+
+# Slurm's states of a job that has not ended yet (squeue's, https://slurm.schedmd.com/squeue.html)
+ACTIVE_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED",
+                           "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SIGNALING",
+                           "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD"})
+# The states sacct reports for a job that has ended (Slurm's job_state_string of the job's base
+# state, https://slurm.schedmd.com/sacct.html#SECTION_JOB-STATE-CODES), and the ones only
+# Slurm can know: a job that was cancelled, timed out, preempted or requeued, or whose node
+# failed, ended by a signal or an exit status that says none of it.
+END_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL",
+              "PREEMPTED", "BOOT_FAIL", "DEADLINE", "REQUEUED")
+_DECIDED_BY_SLURM = frozenset(END_STATES) - {"COMPLETED", "FAILED"}
+# Slurm's Reason for a job that is still COMPLETING (its final state comes only after the
+# epilogs, ``_record_final_state_later``) or PENDING again after a requeue, as the final
+# state it announces.
+_REASON_STATES = {"TimeLimit": "TIMEOUT", "Deadline": "DEADLINE", "OutOfMemory": "OUT_OF_MEMORY",
+                  "NodeDown": "NODE_FAIL", "Preempted": "PREEMPTED", "Prolog": "FAILED",
+                  "JobHeldUser": "REQUEUED", "JobHeldAdmin": "REQUEUED",
+                  "BeginTime": "REQUEUED"}
+
+
+def end_state(exit_status: int | None, signal: int | None, job: dict[str, str],
+              restarts: int = 0) -> str:
+    """The state sacct gives a job that ended with ``exit_status`` or ``signal``, from what
+    slurmctld said of it at that moment (``scontrol show job -o`` fields; {} when it could
+    not be asked): a state only Slurm decides (CANCELLED, TIMEOUT, PREEMPTED, NODE_FAIL,
+    OUT_OF_MEMORY, a requeue) as Slurm says it (``JobState``, or ``Reason`` while the job is
+    still COMPLETING; a requeued job is PENDING again with ``Restarts`` counted up, reason
+    BeginTime, and its ``Restarts`` are more than ``restarts``, the count this run started
+    with), else COMPLETED for exit status 0 and FAILED for any other exit or a signal (sacct's
+    FAILED: "terminated with non-zero exit code or other failure condition")."""
+    state = job.get("JobState", "")
+    counted = job.get("Restarts", "")
+    if counted.isdigit() and int(counted) > restarts:
+        return "REQUEUED"
+    if state in _DECIDED_BY_SLURM:
+        return state
+    if state in ("REQUEUE_FED", "REQUEUE_HOLD", "SPECIAL_EXIT"):
+        return "REQUEUED"
+    reason = job.get("Reason", "")
+    if state in ("COMPLETING", "PENDING") and reason in _REASON_STATES:
+        return _REASON_STATES[reason]
+    if signal is None and exit_status == 0:
+        return "COMPLETED"
+    return "FAILED"
+
+
+def job_end_state(exit_status: int | None, signal: int | None,
+                  env: dict[str, str] | os._Environ[str], timeout: float = 3.0) -> str:
+    """``end_state`` of the job in ``env`` (SLURM_JOB_ID), asking slurmctld now: the job
+    wrapper calls it when the job's script has ended, before its End record is written."""
+    job_id = env.get("SLURM_JOB_ID", "")
+    if not job_id.isdigit():
+        return end_state(exit_status, signal, {})
+    restarts = env.get("SLURM_RESTART_COUNT", "")
+    job = slurm_job(job_id, timeout)
+    if job.get("JobState") == "COMPLETING" and job.get("Reason", "None") in ("None", ""):
+        # scontrol names a completing job's state COMPLETING; squeue's state filter matches
+        # the state underneath (CANCELLED, TIMEOUT...).
+        job = {**job, "JobState": _base_state(job_id, timeout) or "COMPLETING"}
+    return end_state(exit_status, signal, job, int(restarts) if restarts.isdigit() else 0)
+
+
+def _base_state(job_id: str, timeout: float) -> str:
+    """The state of a COMPLETING job that only Slurm decides, asked one state at a time of
+    ``squeue --states`` (whose filter compares the state under COMPLETING), or ""."""
+    import subprocess
+    import time
+
+    deadline = time.monotonic() + timeout  # for all the questions together
+    for state in sorted(_DECIDED_BY_SLURM - {"REQUEUED"}):
+        for squeue in ("/usr/bin/squeue", "/usr/local/bin/squeue", "squeue"):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return ""
+            try:
+                out = subprocess.run([squeue, "-h", "-j", job_id, "-t", state, "-o", "%i"],
+                                     capture_output=True, timeout=left, check=False)
+            except (OSError, subprocess.SubprocessError):
+                continue
+            if out.stdout.strip():
+                return state
+            break
+    return ""
 
 
 def slurm_state(job_id: str, timeout: float = 10.0) -> str:
@@ -1146,12 +1234,6 @@ def _ship(root: str, job_id: str, runs: list[str], admin: object, record: dict[s
         if result.exit_code != 0:
             ok, why = False, f"upload exit {result.exit_code}"
     return ok, why
-
-
-# Slurm's Reason for a job that is still COMPLETING (its final state comes only after the
-# epilogs, ``_record_final_state_later``), as the final state it announces.
-_REASON_STATES = {"TimeLimit": "TIMEOUT", "Deadline": "DEADLINE", "OutOfMemory": "OUT_OF_MEMORY",
-                  "NodeDown": "NODE_FAIL", "Preempted": "PREEMPTED", "Prolog": "FAILED"}
 
 
 def job_insight_info(record: dict[str, object] | None) -> dict[str, object]:

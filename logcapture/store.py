@@ -61,6 +61,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import urlparse, urlunparse
 
+from . import jobref
 from .errors import (
     LogcaptureError,
     NotFound,
@@ -1070,22 +1071,31 @@ class Store:
     # Every read takes ``owner``: a user name, or None for all owners (the run's own store on a
     # laptop, an administrator). The condition is built from constants only; the values are
     # parameters (``_run_cond``).
-    def runs(self, owner: str | None = None, run: str | None = None) -> list[dict[str, Any]]:
+    def runs(self, owner: str | None = None, run: str | None = None,
+             job: str | None = None) -> list[dict[str, Any]]:
         """One dict per run (``run``: that one only), newest first: run, owner, uid, cluster,
         job_id, host, command, start (epoch s), end, last (newest record), state (RUNNING
         while no end record), exit_status, signal, duration, slurm (the Start record's Slurm
         identity, a dict), lines (output lines: the End record's counts, counted in the
-        store while it runs)."""
+        store while it runs). ``job``: only the runs a job reference may name
+        (``jobref.select`` picks among them): run id ``job``, or job id or array job id
+        ``jobref.parse(job).job``."""
+        p = {"owner": owner or "", "run": run or "", "ref": job or "", "job": ""}
         conds = (["owner = {owner:String}"] if owner is not None else []) + (
             ["run = {run:String}"] if run is not None else [])
+        if job is not None:
+            ref = jobref.parse(job)
+            p["job"] = ref.job if ref is not None else ""
+            conds.append("(run = {ref:String} OR ({job:String} != '' AND (job_id = {job:String}"
+                         " OR JSONExtractString(ifNull(slurm, ''), 'array_job_id') = "
+                         "{job:String})))")
         where = ("WHERE " + " AND ".join(conds)) if conds else ""
         rows = self._query(
             "SELECT run, owner, uid, cluster, job_id, host, command, "
             "toUnixTimestamp64Nano(start_ts), toUnixTimestamp64Nano(end_ts), "
             "toUnixTimestamp64Nano(last_ts), ifNull(state, 'RUNNING'), exit_status, signal, "
             "duration, slurm, counts FROM runs FINAL " + where +
-            " ORDER BY ifNull(start_ts, last_ts) DESC, run",
-            {"owner": owner or "", "run": run or ""} if conds else None)
+            " ORDER BY ifNull(start_ts, last_ts) DESC, run", p if conds else None)
         out = [self._run_row(r) for r in rows]
         for d, r in zip(out, rows, strict=True):
             d["slurm"] = _loads(r[14], {})
@@ -1135,8 +1145,9 @@ class Store:
 
     def resolve_run(self, ref: str | None, owner: str | None = None) -> str:
         """The run id RUN names, as the other commands take it (``runs.find_run`` on the spool
-        side): None or ``latest`` (the newest run in the store), a run id, or a Slurm job id
-        (the newest such run). NotFound when the store has none (of ``owner``'s)."""
+        side): None or ``latest`` (the newest run in the store), a run id, or a Slurm job
+        reference (``J``, ``J_T``, ``J.N``: ``jobref``). NotFound when the store has none (of
+        ``owner``'s); a UsageError when an array job of several tasks is named."""
         mine = " AND owner = {owner:String}" if owner is not None else ""
         p: dict[str, Any] = {"owner": owner or "", "ref": ref or ""}
         if ref is None or ref == "latest":
@@ -1145,13 +1156,11 @@ class Store:
             if not rows:
                 raise NotFound("the store has no runs yet (ship one with `logcapture upload`)")
             return str(rows[0][0])
-        if self.has_run(ref, owner):
-            return ref
-        rows = self._query("SELECT run FROM runs FINAL WHERE job_id = {ref:String}" + mine
-                           + " ORDER BY ifNull(start_ts, last_ts) DESC LIMIT 1", p)
-        if rows:
-            return str(rows[0][0])
-        raise NotFound(f"run {ref!r} is not in the store (ship it with `logcapture upload`)")
+        try:  # a Slurm job reference or a run id (jobref: the rule)
+            return jobref.choose(ref, self.runs(owner, job=ref))
+        except NotFound:
+            raise NotFound(f"run {ref!r} is not in the store (ship it with `logcapture "
+                           "upload`)") from None
 
     def record_count(self, run: str, owner: str | None = None) -> int:
         """About how many output records the run has (lines, notes, metadata; rows not yet
@@ -1210,9 +1219,9 @@ class Store:
             + " GROUP BY stream, note", p)]
         commands = int(self._query("SELECT count() FROM lines FINAL WHERE " + cond
                                    + " AND kind = 'command'", p)[0][0])
-        modes = [r[0] for r in self._query(
-            "SELECT text FROM notes FINAL WHERE " + cond + " AND note = 'mode' AND "
-            "stream = 'stdout' ORDER BY ts, seq", p)]
+        modes = [{"ts": _ns_to_float(r[0]), "text": r[1]} for r in self._query(
+            "SELECT toUnixTimestamp64Nano(ts), text FROM notes FINAL WHERE " + cond
+            + " AND note = 'mode' AND stream = 'stdout' ORDER BY ts, seq", p)]
         keys = [r[0] for r in self._query(
             "SELECT DISTINCT arrayJoin(JSONExtractKeys(fields)) AS k FROM metadata FINAL "
             "WHERE " + cond + " ORDER BY k", p)]

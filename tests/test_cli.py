@@ -53,7 +53,8 @@ def test_run_then_ls_logs_show(lc_env: dict[str, str]) -> None:
     ls = run_lc(["ls"], lc_env)
     assert ls.returncode == 0
     row = [ln for ln in ls.stdout.decode().splitlines() if ln.startswith("demo-1")]
-    assert row and "COMPLETED" in row[0] and sys.executable in row[0]
+    name = Path(sys.executable).name
+    assert row and row[0].split()[:4] == ["demo-1", name, "COMPLETED", "0:0"]
 
     logs = run_lc(["logs", "demo-1", "--stream", "stdout"], lc_env).stdout.decode()
     assert logs.splitlines() == [
@@ -68,9 +69,13 @@ def test_run_then_ls_logs_show(lc_env: dict[str, str]) -> None:
     show = json.loads(run_lc(["show", "demo-1", "--json"], lc_env).stdout)
     assert show["state"] == "COMPLETED"
     assert show["lines"] == {"stdout": 3, "stderr": 1}
-    assert show["dropped repetitions"]["stdout"] == 3
-    assert show["metadata keys"] == ["epoch", "loss"]
-    assert show["owner"].endswith(f"(uid {os.getuid()})")
+    assert show["dropped_repetitions"]["stdout"] == 3
+    assert show["metadata_keys"] == ["epoch", "loss"]
+    assert show["uid"] == os.getuid() and show["exit_status"] == 0
+    assert isinstance(show["duration"], float) and isinstance(show["start"], float)
+    text = run_lc(["show", "demo-1"], lc_env).stdout.decode().splitlines()
+    assert "lines:               3 stdout, 1 stderr" in text
+    assert any(ln.startswith("duration:") and ln.endswith(" s") for ln in text)
 
 
 def test_a_slurm_job_id_is_the_run_id(lc_env: dict[str, str]) -> None:
@@ -79,6 +84,7 @@ def test_a_slurm_job_id_is_the_run_id(lc_env: dict[str, str]) -> None:
     assert run_lc(["logs", "4242"], lc_env).stdout == b"hello\n"
     show = json.loads(run_lc(["show", "4242", "--json"], lc_env).stdout)
     assert show["slurm"] == {"cluster": "test", "job_id": "4242"}
+    assert show["job"] == "4242"
 
 
 def test_logs_follow_tails_a_live_run(lc_env: dict[str, str]) -> None:

@@ -63,7 +63,7 @@ def test_show_lists_insights_first_from_the_spool_and_the_store(
     assert up.returncode == 0, up.stderr
     store_json = json.loads(run_lc(["show", "fail-1", "--json", "--store", store],
                                    lc_env).stdout)
-    assert "stored in" in store_json
+    assert store_json["stored_in"].startswith("chdb://")
     assert [(i["kind"], i["message"]) for i in store_json["insights"]] == \
         [(i["kind"], i["message"]) for i in spool_json["insights"]]
     # stored by the shipper, with the same evidence

@@ -82,7 +82,7 @@ def test_every_question_sees_the_owners_rows_only(dsn: str) -> None:
     with pytest.raises(NotFound):
         alice.export_rows("901", "lines")
     assert len(alice.metadata("900")) == 1 and len(alice.samples("900")) == 1
-    assert alice.describe("900")["owner"] == "alice (uid 1001)"
+    assert (alice.describe("900")["owner"], alice.describe("900")["uid"]) == ("alice", 1001)
     assert alice.describe("900")["lines"] == {"stdout": 20, "stderr": 1}
     assert [r["text"] for r in alice.export_rows("900", "lines")][:1] == ["alice step 0"]
     # The administrator reads both owners' rows of a shared run id.
@@ -118,7 +118,7 @@ def test_describe_is_one_mapping_from_spool_and_store(tmp_path: Path) -> None:
     finally:
         from_spool.close()
         from_store.close()
-    assert b.pop("stored in").startswith("chdb://")
+    assert b.pop("stored_in").startswith("chdb://") and a.pop("stored_in") is None
     assert a == b
     assert a["resources"]["cpu_seconds_total"] == 1.5
 
@@ -185,3 +185,42 @@ def test_the_owner_rule_takes_a_slurm_runs_owner_from_roots_job_record(tmp_path:
     # A record in a directory that is not root's alone does not count.
     jobs.chmod(0o777)
     assert trusted_identity(rd).uid == os.stat(rd).st_uid
+
+
+def test_job_references_resolve_across_the_spool_and_the_store(tmp_path: Path) -> None:
+    """Array 6: tasks 1 and 2 (job ids 7, 8) shipped to the store, task 3 (job id 6) still in
+    the spool; job 12 requeued once, its first run in the store, its second in the spool."""
+    from logcapture.errors import UsageError
+
+    def task(run: str, t: str, job_id: str = "") -> list:
+        recs = records(run, ME, os.getuid(), n=2)
+        return [recs[0]._replace(slurm={"job_id": job_id or run, "array_job_id": "6",
+                                         "array_task_id": t, "job_name": "sweep"}), *recs[1:]]
+
+    dsn = f"chdb://{tmp_path / 'store'}"
+    spool = tmp_path / "spool"
+    local = {"6": task("6", "3"), "12.1": records("12.1", ME, os.getuid(), n=1)}
+    local["12.1"][0] = local["12.1"][0]._replace(slurm={"job_id": "12"})
+    for run, recs in local.items():
+        w = SpoolWriter(create_run_dir(spool, run), fsync=False)
+        w.write(recs)
+        w.close()
+    with S.open_store(dsn) as st:
+        for run, recs in (("7", task("7", "1")), ("8", task("8", "2")),
+                          ("12", records("12", ME, os.getuid(), n=1))):
+            st.insert_records(recs, S.Identity(run=run, user=ME, uid=os.getuid(),
+                                               job_id=run.partition(".")[0]))
+    reader = Q.LocalReader(spool, dsn)
+    try:
+        assert reader.resolve("6_1") == "7" and reader.resolve("6_2") == "8"
+        assert reader.resolve("6_3") == "6"  # not task 3's job id read as the array
+        with pytest.raises(UsageError, match="6_1, 6_2, 6_3"):
+            reader.resolve("6")
+        assert reader.resolve("12") == "12.1" and reader.resolve("12.0") == "12"
+        assert [d["text"] for d in reader.lines("7") if d["kind"] == "line"][0] == f"{ME} step 0"
+        jobs = {d["job"] + (f".{d['restart']}" if d["restart"] else ""): d["source"]
+                for d in reader.runs()}
+        assert jobs == {"6_1": "store", "6_2": "store", "6_3": "spool", "12": "store",
+                        "12.1": "spool"}
+    finally:
+        reader.close()

@@ -695,13 +695,15 @@ def test_node_sampler_samples_the_jobs_cgroup_and_gpus_until_stopped(
 
 
 @root_only
-def test_node_sampler_stops_by_itself_when_the_jobs_cgroup_is_gone(root: Path,
-                                                                   tmp_path: Path) -> None:
+def test_node_sampler_stops_by_itself_when_the_jobs_cgroup_is_gone(
+        root: Path, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     env = _hook_env(root, LOGCAPTURE_SAMPLE_INTERVAL="0.05")
     slurm.prolog(env, optin=lambda uid: False)
+    job = subprocess.Popen(["sleep", "30"])  # stands in for the job's process
+    request.addfinalizer(lambda: (job.kill(), job.wait()))
     cgroups = tmp_path / "cgroup"
     _cgroup(cgroups / "cpuacct" / "slurm" / f"uid_{NOBODY.pw_uid}" / "job_4242",
-            usage_ns=2_000_000_000)
+            procs=f"{job.pid}\n", usage_ns=2_000_000_000)
     t = threading.Thread(target=slurm.node_sampler, args=(env, "4242"),
                          kwargs={"cgroup_root": str(cgroups)})
     t.start()
@@ -711,6 +713,8 @@ def test_node_sampler_stops_by_itself_when_the_jobs_cgroup_is_gone(root: Path,
     assert not t.is_alive()
     samples = _samples(root / slurm.SAMPLES_DIR / "4242" / "4242")
     assert samples[-1].job["cpu_seconds_total"] == 2.0
+    # the sample taken on the way out, after the job's cgroup went, is not a sample of it
+    assert all(s.job["processes"] == 1 for s in samples)
 
 
 def test_the_prologs_optin_rule_is_logoptin_in_the_passwd_home_in_any_form(
@@ -729,8 +733,13 @@ def test_the_prologs_optin_rule_is_logoptin_in_the_passwd_home_in_any_form(
 
 @root_only
 def test_prolog_starts_a_detached_node_sampler_and_epilog_stops_and_cleans_it(
-        root: Path) -> None:
+        root: Path, request: pytest.FixtureRequest) -> None:
     env = _hook_env(root, LOGCAPTURE_SAMPLE_INTERVAL="0.1")
+    # the job's process: the sampler finds it by its user and SLURM_JOB_ID (no cgroup here)
+    job = subprocess.Popen(["setpriv", f"--reuid={NOBODY.pw_uid}", f"--regid={NOBODY.pw_gid}",
+                            "--clear-groups", "sleep", "60"],
+                           env={"SLURM_JOB_ID": "4242", "PATH": "/usr/bin:/bin"})
+    request.addfinalizer(lambda: (job.kill(), job.wait()))
     messages = slurm.prolog(env, optin=lambda uid: True)
     assert len(messages) == 1 and messages[0].startswith("node sampler started (pid ")
     pidfile = root / slurm.SAMPLERS_DIR / "4242.pid"
@@ -822,8 +831,12 @@ def test_the_wrapper_does_not_sample_a_node_the_prologs_sampler_samples(
     finally:
         fake.kill()
         fake.wait()
-    # Without a running node sampler the wrapper samples its node itself.
+    # Without a running node sampler the wrapper samples its node itself (while the job
+    # runs: a moment with no process of the job gives no sample).
     shutil.rmtree(root / "77" / "77")
-    r = _run_wrapper([f"--spool-root={root}", str(script)], env)
+    script = _wrapped(tmp_path, "sleep 0.6\n")
+    r = _run_wrapper([f"--spool-root={root}", str(script)],
+                     {**env, "LOGCAPTURE_SAMPLE_INTERVAL": "0.1"})
     assert r.returncode == 0, r.stderr
-    assert [x for x in iter_run(root / "77" / "77") if isinstance(x, Sample)]
+    samples = [x for x in iter_run(root / "77" / "77") if isinstance(x, Sample)]
+    assert samples and all(x.job["processes"] >= 1 for x in samples)

@@ -267,7 +267,10 @@ def cluster() -> Iterator[Cluster]:
     env.update({"LOGCAPTURE_DEV_DIR": str(directory),
                 "LOGCAPTURE_DEV_CTLD_PORT": str(ctld_port),
                 "LOGCAPTURE_DEV_SLURMD_PORT": str(slurmd_port),
-                "LOGCAPTURE_DEV_CLUSTER": "e2e"})
+                "LOGCAPTURE_DEV_CLUSTER": "e2e",
+                # Runs stay in the spool unless a test turns the store on (set_store); a test
+                # that wants the agent starts one.
+                "LOGCAPTURE_DEV_AGENT": "0"})
     r = subprocess.run([str(DEV_CLUSTER), "up"], env=env, capture_output=True, text=True,
                        timeout=120)
     if r.returncode != 0:

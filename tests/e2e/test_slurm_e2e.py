@@ -450,3 +450,102 @@ def test_an_opted_in_jobs_output_files_are_byte_identical_to_an_uncaptured_jobs(
     assert next(r for r in records if r["kind"] == "start")["config"]["streams"] == "separate"
     assert "err 1" in lines(records, "stderr") and "out 1" in lines(records)
     assert not (lc.spool_root / merged[1].id).exists()
+
+
+# --- job ids, states and views, as the job's user reads them -------------------------------
+TIMED_OUT = "#!/bin/bash\necho 'until the time limit'\nexec sleep 600\n"
+REQUEUED = r"""#!/bin/bash
+echo "run ${SLURM_RESTART_COUNT:-0} of $SLURM_JOB_NAME"
+if [ "${SLURM_RESTART_COUNT:-0}" = 0 ]; then sleep 120; fi
+"""
+CANCELLED = "#!/bin/bash\necho 'until scancel'\nsleep 120\n"
+
+
+def _as_reader(lc: Cluster, user: str, *args: str) -> subprocess.CompletedProcess:
+    """``logcapture ARGS`` as ``user``, reading their own runs in the cluster's spool."""
+    return lc.as_user(user, [lc.env["LOGCAPTURE_BIN"] + "/logcapture", *args])
+
+
+def test_job_ids_states_and_views_as_the_user_reads_them(lc: Cluster) -> None:
+    """An array job's tasks as J_T, a requeued job's runs, scancel -> CANCELLED and a time
+    limit -> TIMEOUT as sacct would say, read back by the job's user with ls, logs and show.
+    Jobs of one test so that the minute the time limit takes covers the others."""
+    lc.optin(U1, "")
+    timed = lc.submit(U1, TIMED_OUT, "--time=1", "--job-name=limit", name="limit")
+    cancelled = lc.submit(U1, CANCELLED, "--job-name=cancelme", name="cancel")
+    requeued = lc.submit(U1, REQUEUED, "--job-name=again", "--requeue", name="again")
+    array = lc.submit(U1, ARRAY, "--array=1-3", "--job-name=sweep", name="sweep")
+    spool = ["--spool", str(lc.spool_root), "--source", "spool"]
+    # logs -f right after sbatch: it waits for the job to start, then follows it to its end.
+    quick = lc.submit(U1, "#!/bin/bash\nsleep 1\necho 'after the wait'\n", name="quick")
+    r = _as_reader(lc, U1, "logs", "-f", quick.id, *spool)
+    assert r.returncode == 0 and r.stdout == "after the wait\n", r.stderr
+    tasks = lc.array_tasks(array.id, 3)
+
+    lc.wait_running(cancelled, "until scancel")
+    r = lc.as_user(U1, ["scancel", cancelled.id])  # the user cancels their own job
+    assert r.returncode == 0, r.stderr
+    lc.wait_running(requeued, "run 0")
+    subprocess.run(["scontrol", "requeue", requeued.id], env=lc.env, check=True, timeout=30)
+    # A requeued job waits for its BeginTime (two minutes on); start it now.
+    deadline = time.monotonic() + 30
+    while lc.state(requeued.id) != "PENDING":
+        assert time.monotonic() < deadline, lc.show(requeued.id)
+        time.sleep(0.2)
+    subprocess.run(["scontrol", "update", f"JobId={requeued.id}", "StartTime=now"],
+                   env=lc.env, check=True, timeout=30)
+    states = lc.wait(cancelled, requeued, *[Job(j, U1, array.out) for j in tasks.values()],
+                     timeout=90)
+    assert states[cancelled.id][0] == "CANCELLED"
+    assert states[requeued.id][0] == "COMPLETED"
+    assert lc.show(requeued.id).get("Restarts") == "1"
+    assert lc.wait(timed, timeout=180)[timed.id][0] == "TIMEOUT"
+
+    r = _as_reader(lc, U1, "ls", "--json", *spool)
+    assert r.returncode == 0, r.stderr
+    runs = {d["job"] + (f".{d['restart']}" if d["restart"] else ""): d
+            for d in map(json.loads, r.stdout.splitlines())}
+    t = array.id
+    assert {f"{t}_1", f"{t}_2", f"{t}_3", timed.id, cancelled.id, requeued.id,
+            f"{requeued.id}.1"} <= set(runs)
+    assert runs[f"{t}_2"]["run"] == tasks["2"] and runs[f"{t}_2"]["job_name"] == "sweep"
+    assert runs[f"{t}_2"]["state"] == "COMPLETED" and runs[f"{t}_2"]["exit_status"] == 0
+    assert runs[cancelled.id]["state"] == "CANCELLED"  # not SIGNALED / signal 15
+    assert runs[cancelled.id]["job_name"] == "cancelme"
+    assert runs[timed.id]["state"] == "TIMEOUT"
+    assert runs[requeued.id]["state"] == "REQUEUED"  # the run the requeue ended
+    assert runs[f"{requeued.id}.1"]["state"] == "COMPLETED"
+    assert all(d["owner"] == U1 and d["nodes"] for d in runs.values())
+    starts = [d["start"] for d in map(json.loads, r.stdout.splitlines())]
+    assert starts == sorted(starts, reverse=True)  # newest first
+
+    table = _as_reader(lc, U1, "ls", *spool).stdout.splitlines()
+    assert table[0].split()[:4] == ["JOBID", "NAME", "STATE", "EXIT"]
+    rows = {ln.split()[0]: ln.split() for ln in table[1:]}
+    assert rows[f"{t}_3"][1:4] == ["sweep", "COMPLETED", "0:0"]
+    assert rows[cancelled.id][2] == "CANCELLED"
+    assert rows[requeued.id][2] == "COMPLETED" and rows[f"{requeued.id}.0"][2] == "REQUEUED"
+    assert sorted(ln.split()[0] for ln in _as_reader(lc, U1, "ls", t, *spool)
+                  .stdout.splitlines()[1:]) == [f"{t}_1", f"{t}_2", f"{t}_3"]
+
+    # Job ids as Slurm users write them, each naming its own run.
+    for task in ("1", "2", "3"):
+        r = _as_reader(lc, U1, "logs", f"{t}_{task}", *spool)
+        assert r.returncode == 0 and r.stdout == f"task {task} of {t}\n", r.stderr
+    r = _as_reader(lc, U1, "logs", t, *spool)  # the array: which task?
+    assert r.returncode != 0 and f"{t} is an array job of 3 tasks" in r.stderr
+    assert _as_reader(lc, U1, "logs", requeued.id, *spool).stdout == "run 1 of again\n"
+    assert _as_reader(lc, U1, "logs", f"{requeued.id}.0", *spool).stdout == "run 0 of again\n"
+
+    # show: units for people, numbers for programs.
+    info = json.loads(_as_reader(lc, U1, "show", "--json", f"{t}_1", *spool).stdout)
+    assert info["job"] == f"{t}_1" and info["state"] == "COMPLETED"
+    assert isinstance(info["duration"], float) and isinstance(info["exit_status"], int)
+    assert all(" " not in k for k in info)
+    cancel_info = json.loads(_as_reader(lc, U1, "show", "--json", cancelled.id, *spool).stdout)
+    assert cancel_info["state"] == "CANCELLED" and cancel_info["signal"] == 15
+    text = _as_reader(lc, U1, "show", timed.id, *spool).stdout
+    assert "state:" in text and "TIMEOUT" in text and "min" in text  # a minute and more
+    # The other user finds none of it.
+    r = _as_reader(lc, U2, "logs", f"{t}_1", *spool)
+    assert r.returncode != 0 and "task 1" not in r.stdout + r.stderr
