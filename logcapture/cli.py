@@ -374,7 +374,15 @@ def grafana_install(directory: Path, store_url: str | None, host: str | None,
     """Write Grafana provisioning under DIRECTORY: datasources/logcapture.yaml (the
     grafana-clickhouse-datasource plugin), dashboards/logcapture.yaml (a file provider) and
     the dashboards. Prints the files written."""
-    from .grafana import install, make_connection, password_reference
+    try:
+        from .grafana import install, make_connection, password_reference
+    except ModuleNotFoundError as e:
+        if (e.name or "").split(".")[0] != "grafana_foundation_sdk":
+            raise
+        from .errors import UsageError
+
+        raise UsageError("building the dashboards needs Grafana's SDK, which is not installed: "
+                         "pip install 'logcapture[grafana]'") from None
 
     password = password_reference(env=password_env, file=password_file, clear=clear_password,
                                   none=no_password)
@@ -487,12 +495,14 @@ def upload(spool: Path | None, store_dsn: str | None, run_arg: str | None,
     from .errors import UsageError
     from .ship import describe_dsn
     from .ship import upload as do_upload
+    from .store import check_engine
 
     if run_arg and run_opt and run_arg != run_opt:
         raise UsageError("give the run once: RUN or --run ID")
     run = run_opt or run_arg
     if run and all_runs:
         raise UsageError("--run and --all are mutually exclusive")
+    check_engine(store_dsn)
     warn = Warner(limit=20)
     res = do_upload(_root(spool), run=run, all=all_runs, force=force, dsn=store_dsn,
                     deadline=timeout, retention_days=None if keep else retention_days,
@@ -529,7 +539,9 @@ def agent(spool: Path | None, store_dsn: str | None, batch_bytes: int, interval:
     the node samplers' samples (<spool root>/.samples) included."""
     from .ship import Agent, describe_dsn
     from .slurm import samples_job_ended
+    from .store import check_engine
 
+    check_engine(store_dsn)  # a store to ship to, before waiting for anything to ship
     root = _root(spool)
     if spool is None:
         from .config import load_admin
@@ -608,8 +620,9 @@ def export_cmd(store_dsn: str | None, run_ref: str, what: str, fmt: str,
     `latest` (the newest run in the store)."""
     from .errors import NotFound
     from .runs import find_run
-    from .store import open_store
+    from .store import check_engine, open_store
 
+    check_engine(store_dsn)
     with open_store(store_dsn, wait=10.0, must_exist=True) as st:
         try:
             run_ref = st.resolve_run(run_ref)

@@ -45,10 +45,9 @@ parameters (``{name:Type}``) and table names come from the fixed allow-list ``TA
 
 from __future__ import annotations
 
-import csv
 import fcntl
 import gc
-import io
+import importlib.util
 import json
 import logging
 import os
@@ -63,6 +62,7 @@ from urllib.parse import urlparse, urlunparse
 
 from .errors import (
     LogcaptureError,
+    NoEngine,
     NotFound,
     StoreAuthError,
     StoreDataError,
@@ -72,7 +72,7 @@ from .errors import (
 )
 from .records import KINDS, Record, dumps, from_dict
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 DEFAULT_DATABASE = "logcapture"
 # The tables a user-facing name may refer to (the identifier allow-list).
 TABLES = ("runs", "lines", "notes", "metadata", "samples")
@@ -142,6 +142,43 @@ _RECORD_TABLE = """ENGINE = ReplacingMergeTree
 PARTITION BY toDate(ts)
 ORDER BY (run, ts, stream, seq, owner)
 SETTINGS index_granularity = 8192"""
+
+
+def json_keys(column: str) -> str:
+    """SQL: the top-level keys of the JSON object in ``column``, in their order. Written with
+    functions every engine build has (the lightest chDB build lacks ``JSONExtractKeys`` and
+    ``JSONExtractKeysAndValuesRaw``)."""
+    return f"mapKeys(JSONExtract({column}, 'Map(String, String)'))"
+
+
+def _numbers(column: str) -> str:
+    """SQL: the JSON numbers among the top-level values of ``column`` as a
+    ``Map(String, Float64)`` (strings, booleans, null, objects and arrays left out)."""
+    return (f"CAST(arrayFilter(kv -> isNotNull(kv.2), arrayMap(k -> (k, "
+            f"if(JSONType({column}, k) IN ('Int64', 'UInt64', 'Double'), "
+            f"JSONExtractFloat({column}, k), NULL)), {json_keys(column)})), "
+            f"'Map(String, Float64)')")
+
+
+# How a record's ``ts`` (seconds since the epoch, a JSON number such as 1700000000.25) is read:
+# as a decimal, converted to DateTime64(9) on the way into a table (exact, at the column
+# scale). Read straight into DateTime64, a JSON number with a fraction is refused by the
+# engine before ClickHouse 26.7 (CANNOT_PARSE_INPUT, ClickHouse issue 59443; fixed by
+# pull request 108091), and a bare integer is taken as nanosecond ticks: every server of an
+# older release and the lightest chDB build (26.5) would refuse every batch.
+_TS_INPUT = "Nullable(Decimal(38, 9))"
+
+# The two views that extract numbers (created by migration 1, rewritten by migration 3).
+_METADATA_VIEW = f"""
+SELECT assumeNotNull(_run) AS run, assumeNotNull(_owner) AS owner, assumeNotNull(_uid) AS uid,
+    assumeNotNull(stream) AS stream, assumeNotNull(seq) AS seq, assumeNotNull(ts) AS ts,
+    fields, {_numbers("fields")} AS numbers
+FROM ingest WHERE kind = 'metadata'"""
+_SAMPLES_VIEW = f"""
+SELECT assumeNotNull(_run) AS run, assumeNotNull(_owner) AS owner, assumeNotNull(_uid) AS uid,
+    assumeNotNull(stream) AS stream, assumeNotNull(seq) AS seq, assumeNotNull(ts) AS ts,
+    node, gpus, job, {_numbers("job")} AS job_metrics
+FROM ingest WHERE kind = 'sample'"""
 
 MIGRATIONS: list[tuple[int, list[str]]] = [
     (1, [
@@ -261,22 +298,10 @@ SELECT assumeNotNull(_run) AS run, assumeNotNull(_owner) AS owner, assumeNotNull
     note, count, text
 FROM ingest WHERE kind = 'note'""",
         # numbers: the numeric values of the flattened fields (booleans and strings left out).
-        """CREATE MATERIALIZED VIEW IF NOT EXISTS ingest_metadata TO metadata AS
-SELECT assumeNotNull(_run) AS run, assumeNotNull(_owner) AS owner, assumeNotNull(_uid) AS uid,
-    assumeNotNull(stream) AS stream, assumeNotNull(seq) AS seq, assumeNotNull(ts) AS ts,
-    fields,
-    CAST(arrayFilter(kv -> isNotNull(kv.2),
-        arrayMap(kv -> (kv.1, toFloat64OrNull(kv.2)), JSONExtractKeysAndValuesRaw(fields))),
-        'Map(String, Float64)') AS numbers
-FROM ingest WHERE kind = 'metadata'""",
-        """CREATE MATERIALIZED VIEW IF NOT EXISTS ingest_samples TO samples AS
-SELECT assumeNotNull(_run) AS run, assumeNotNull(_owner) AS owner, assumeNotNull(_uid) AS uid,
-    assumeNotNull(stream) AS stream, assumeNotNull(seq) AS seq, assumeNotNull(ts) AS ts,
-    node, gpus, job,
-    CAST(arrayFilter(kv -> isNotNull(kv.2),
-        arrayMap(kv -> (kv.1, toFloat64OrNull(kv.2)), JSONExtractKeysAndValuesRaw(job))),
-        'Map(String, Float64)') AS job_metrics
-FROM ingest WHERE kind = 'sample'""",
+        "CREATE MATERIALIZED VIEW IF NOT EXISTS ingest_metadata TO metadata AS "
+        + _METADATA_VIEW,
+        "CREATE MATERIALIZED VIEW IF NOT EXISTS ingest_samples TO samples AS "
+        + _SAMPLES_VIEW,
     ]),
     # 2: the token index covers 8 granules (65,536 rows) per filter, as the OpenTelemetry
     # exporter's current log table and ClickStack: 0.5 bytes a line instead of 4 (a 32 KiB
@@ -291,6 +316,17 @@ FROM ingest WHERE kind = 'sample'""",
         "ALTER TABLE lines ADD INDEX IF NOT EXISTS text_tokens text "
         "TYPE tokenbf_v1(32768, 3, 0) GRANULARITY 8",
         "ALTER TABLE lines MATERIALIZE INDEX text_tokens SETTINGS mutations_sync = 0",
+    ]),
+    # 3: ``ts`` read as a decimal (``_TS_INPUT``; the views convert it into their tables'
+    # DateTime64 by themselves), and the views of migration 1 as they are written now, with
+    # functions every engine build has: a store made by the full engine
+    # (JSONExtractKeysAndValuesRaw) then takes inserts from the lightest one. MODIFY QUERY
+    # swaps a query with no moment without a view (``ingest`` keeps nothing: rows inserted
+    # meanwhile would be lost).
+    (3, [
+        f"ALTER TABLE ingest MODIFY COLUMN ts {_TS_INPUT}",
+        "ALTER TABLE ingest_metadata MODIFY QUERY " + _METADATA_VIEW,
+        "ALTER TABLE ingest_samples MODIFY QUERY " + _SAMPLES_VIEW,
     ]),
 ]
 
@@ -318,8 +354,7 @@ INGEST_SETTINGS = {
 # shipper then parses the batch line by line and reports it (the ``ingest`` table's
 # constraints do the same for the other records).
 _LINES_STRUCTURE = ("run String, stream Nullable(String), seq Nullable(UInt64), "
-                    "ts Nullable(DateTime64(9, 'UTC')), kind Nullable(String), text String, "
-                    "options String")
+                    f"ts {_TS_INPUT}, kind Nullable(String), text String, options String")
 _LINES_FROM_FILE = """INSERT INTO lines (run, owner, uid, stream, seq, ts, kind, text, options)
 SELECT {run:String}, {owner:String}, {uid:UInt32}, assumeNotNull(stream), assumeNotNull(seq),
     assumeNotNull(ts), assumeNotNull(kind), text, options
@@ -457,12 +492,13 @@ def row_policy_statements() -> list[str]:
 
 
 def check_sql_syntax(store: Store, statements: Iterable[str]) -> list[str]:
-    """Parse each statement with the store's own parser (``formatQuery``) without running
-    it; returns the normalised text. Used to test DDL chDB cannot execute (row policies)."""
+    """Parse each statement (constants of this module, never input) with the store's own
+    parser without running it (``EXPLAIN AST``; the lightest chDB build has no
+    ``formatQuery``); returns them. Used to check DDL chDB cannot execute (row policies)."""
     out = []
     for sql in statements:
-        rows = store._query("SELECT formatQuery({q:String})", {"q": sql}, what="checking SQL")
-        out.append(rows[0][0])
+        store._query("EXPLAIN AST " + sql, what="checking SQL")
+        out.append(sql)
     return out
 
 
@@ -1116,7 +1152,7 @@ class Store:
             "SELECT text FROM notes FINAL WHERE run = {run:String} AND note = 'mode' AND "
             "stream = 'stdout' ORDER BY seq", p)]
         info["metadata keys"] = [r[0] for r in self._query(
-            "SELECT DISTINCT arrayJoin(JSONExtractKeys(fields)) AS k FROM metadata FINAL "
+            f"SELECT DISTINCT arrayJoin({json_keys('fields')}) AS k FROM metadata FINAL "
             "WHERE run = {run:String} ORDER BY k", p)]
         from .xaxis import choose_x_axis_of_records
 
@@ -1265,80 +1301,137 @@ class Store:
     def export(self, run: str, what: str, fmt: str, out: BinaryIO) -> int:
         """Write the run's ``lines``, ``metadata`` or ``samples`` as ``csv``, ``ndjson`` or
         ``parquet`` to ``out``; returns the number of rows. Metadata and sample fields become
-        columns (dotted keys)."""
+        columns (dotted keys). The engine writes the file (formats ``CSVWithNames``,
+        ``JSONEachRow``, ``Parquet``), streamed to ``out``: no data-frame library here."""
         if what not in ("lines", "metadata", "samples"):
             raise UsageError(f"--what must be lines, metadata or samples, not {what!r}")
-        if fmt not in ("csv", "ndjson", "parquet"):
+        if fmt not in EXPORT_FORMATS:
             raise UsageError(f"--format must be csv, ndjson or parquet, not {fmt!r}")
         self.run_info(run)  # NotFound when absent
-        rows = export_rows(self, run, what)
-        write_rows(rows, fmt, out)
-        return len(rows)
+        params: dict[str, Any] = {"run": run}
+        sql = _EXPORT_LINES if what == "lines" else self._export_sql(what, params)
+        try:
+            n = int(self.client.command(f"SELECT count() FROM ({sql})", parameters=params))
+            for chunk in self.client.raw_stream(sql, parameters=params, fmt=EXPORT_FORMATS[fmt],
+                                                settings=_EXPORT_SETTINGS):
+                out.write(chunk)
+        except OSError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            raise classify(e, "exporting") from None
+        return n
+
+    def _export_sql(self, what: str, params: dict[str, Any]) -> str:
+        """The query of a metadata or samples export: ts and seq (metadata) or ts and node
+        (samples), then a column per JSON key (``job.KEY``, ``gpuN.KEY`` for samples) in the
+        order first seen, typed by the JSON values it holds. Keys, GPU indexes and column
+        names are query parameters."""
+        found: list[tuple[str, str, str, list[str]]] = []  # (column, JSON source, key, types)
+        if what == "metadata":
+            base = ["ts", "seq"]
+            found += [(k, "fields", k, t) for k, t in self._export_keys("metadata", "fields",
+                                                                        params["run"])]
+        else:
+            base = ["ts", "node"]
+            found += [(f"job.{k}", "job", k, t)
+                      for k, t in self._export_keys("samples", "job", params["run"])]
+            for idx, k, t in self._query(_EXPORT_GPU_KEYS, {"run": params["run"]},
+                                         what="exporting"):
+                params[f"g{len(found)}"] = int(idx)
+                found.append((f"gpu{idx}.{k}", _gpu_element(f"{{g{len(found)}:Int64}}"), k,
+                              list(t)))
+        names = {c for c, _, _, _ in found}
+        columns = [_EXPORT_BASE[c] for c in base if c not in names]  # a field named ts wins
+        for n, (column, source, key, types) in enumerate(found):
+            params[f"k{n}"], params[f"c{n}"] = key, column
+            columns.append(_export_value(source, f"{{k{n}:String}}", types)
+                           + f" AS {{c{n}:Identifier}}")
+        return (f"SELECT {', '.join(columns)} FROM {what} FINAL WHERE run = {{run:String}} "
+                "ORDER BY ts, seq, stream")
+
+    def _export_keys(self, table: str, column: str, run: str) -> list[tuple[str, list[str]]]:
+        """The top-level keys of the JSON objects in ``column`` of ``table`` (constants of this
+        module) for the run, in the order first seen, each with its values' JSON types."""
+        assert table in TABLES and column in ("fields", "job")
+        keys = json_keys(column)
+        return [(r[0], list(r[1])) for r in self._query(
+            f"SELECT k, groupUniqArray(JSONType({column}, k)) FROM {table} FINAL "
+            f"ARRAY JOIN {keys} AS k, arrayEnumerate({keys}) AS pos "
+            "WHERE run = {run:String} GROUP BY k ORDER BY min((ts, seq, pos))", {"run": run},
+            what="exporting")]
 
 
-def export_rows(store: Store, run: str, what: str) -> list[dict[str, Any]]:
-    if what == "lines":
-        return [{"ts": d["ts"], "stream": d["stream"], "seq": d["seq"], "kind": d["kind"],
-                 "text": _line_text(d)} for d in store.lines(run)]
-    if what == "metadata":
-        recs = sorted(store.metadata(run), key=lambda d: (d["ts"], d["seq"]))
-        return [{"ts": d["ts"], "seq": d["seq"], **d["fields"]} for d in recs]
-    rows = []
-    for d in store.samples(run):
-        row: dict[str, Any] = {"ts": d["ts"], "node": d["node"]}
-        row.update({f"job.{k}": v for k, v in d["job"].items()})
-        for i, gpu in enumerate(d["gpus"]):
-            if isinstance(gpu, dict):
-                row.update({f"gpu{gpu.get('index', i)}.{k}": v for k, v in gpu.items()})
-        rows.append(row)
-    return rows
+EXPORT_FORMATS = {"csv": "CSVWithNames", "ndjson": "JSONEachRow", "parquet": "Parquet"}
+# 64-bit integers as JSON numbers, "/" unescaped, NULL as an empty CSV field, Parquet text as
+# strings (not binary) on servers of any age.
+_EXPORT_SETTINGS = {
+    "output_format_json_quote_64bit_integers": 0,
+    "output_format_json_escape_forward_slashes": 0,
+    "format_csv_null_representation": "",
+    "output_format_parquet_string_as_string": 1,
+}
+# ts as seconds since the epoch (a float, as in the spool).
+_EXPORT_BASE = {"ts": "toUnixTimestamp64Nano(ts) / 1e9 AS ts", "seq": "seq",
+                "node": "CAST(node AS String) AS node"}
+# What ``logcapture logs`` shows, in its order: lines and commands, notes (their text) and
+# metadata (the fields as JSON text).
+_EXPORT_LINES = """
+SELECT ns / 1e9 AS ts, stream, seq, kind, text FROM (
+    SELECT toUnixTimestamp64Nano(ts) AS ns, CAST(stream AS String) AS stream, seq,
+        CAST(kind AS String) AS kind, text FROM lines FINAL WHERE run = {run:String}
+    UNION ALL SELECT toUnixTimestamp64Nano(ts), CAST(stream AS String), seq, 'note', text
+        FROM notes FINAL WHERE run = {run:String}
+    UNION ALL SELECT toUnixTimestamp64Nano(ts), CAST(stream AS String), seq, 'metadata', fields
+        FROM metadata FINAL WHERE run = {run:String})
+ORDER BY ns, stream, seq"""
+# A sample's GPU: its ``index`` key, else its place in the list (from 0).
+_GPU_INDEX = "if(JSONType(g, 'index') IN ('Int64', 'UInt64'), JSONExtractInt(g, 'index'), n - 1)"
+_EXPORT_GPU_KEYS = f"""
+SELECT {_GPU_INDEX} AS idx, k, groupUniqArray(JSONType(g, k)) FROM samples FINAL
+ARRAY JOIN JSONExtractArrayRaw(gpus) AS g, arrayEnumerate(JSONExtractArrayRaw(gpus)) AS n
+ARRAY JOIN {json_keys("g")} AS k, arrayEnumerate({json_keys("g")}) AS pos
+WHERE run = {{run:String}} GROUP BY idx, k ORDER BY idx, min((ts, seq, pos))"""
 
 
-def _line_text(d: dict[str, Any]) -> str:
-    if d["kind"] == "metadata":
-        return dumps(d["fields"])
-    return str(d.get("text", ""))
+def _gpu_element(index: str) -> str:
+    """SQL: the JSON object of the row's GPU whose index (``_GPU_INDEX``) is ``index``."""
+    gpus = "JSONExtractArrayRaw(gpus)"
+    return (f"arrayFirst((g, n) -> JSONType(g) = 'Object' AND {_GPU_INDEX} = {index}, "
+            f"{gpus}, arrayEnumerate({gpus}))")
 
 
-def write_rows(rows: list[dict[str, Any]], fmt: str, out: BinaryIO) -> None:
-    if fmt == "ndjson":
-        for row in rows:
-            out.write(dumps(row).encode("utf-8", "surrogatepass") + b"\n")
-        return
-    columns: list[str] = []
-    seen: set[str] = set()
-    for row in rows:
-        for k in row:
-            if k not in seen:
-                seen.add(k)
-                columns.append(k)
-    if fmt == "csv":
-        text = io.StringIO()
-        w = csv.DictWriter(text, fieldnames=columns, extrasaction="ignore")
-        w.writeheader()
-        for row in rows:
-            w.writerow({k: (dumps(v) if isinstance(v, (dict, list)) else v)
-                        for k, v in row.items()})
-        out.write(text.getvalue().encode("utf-8", "surrogatepass"))
-        return
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    data = {}
-    for c in columns:
-        values = [row.get(c) for row in rows]
-        kinds = {type(v) for v in values if v is not None}
-        if kinds <= {int, float} and kinds:
-            values = [float(v) if v is not None and float in kinds else v for v in values]
-        elif kinds - {str}:
-            values = [v if v is None or isinstance(v, str) else dumps(v)
-                      if isinstance(v, (dict, list)) else str(v) for v in values]
-        data[c] = values
-    table = pa.table(data) if columns else pa.table({"ts": pa.array([], pa.float64())})
-    pq.write_table(table, out)
+def _export_value(source: str, key: str, types: list[str]) -> str:
+    """SQL: the value of ``key`` in the JSON object ``source``, NULL where absent: whole
+    numbers as Int64, numbers as Float64, strings, booleans; a key holding anything else
+    (objects, arrays, mixed types) as text (JSON text but for strings)."""
+    kinds = set(types) - {"Null"}
+    as_type = ("Nullable(Int64)" if kinds and kinds <= {"Int64", "UInt64"} else
+               "Nullable(Float64)" if kinds and kinds <= {"Int64", "UInt64", "Double"} else
+               "Nullable(String)" if kinds == {"String"} else
+               "Nullable(Bool)" if kinds == {"Bool"} else None)
+    if as_type:
+        return f"JSONExtract({source}, {key}, '{as_type}')"
+    return (f"multiIf(JSONType({source}, {key}) = 'Null', NULL, JSONType({source}, {key}) = "
+            f"'String', JSONExtractString({source}, {key}), JSONExtractRaw({source}, {key}))")
 
 
 # --- opening ---------------------------------------------------------------------------------
+# One line: what a plain install (no ``embedded`` extra) says when a command needs a store and
+# none is named, so the embedded default would be used.
+NO_ENGINE = ("the embedded store ({path}) needs the chDB engine, which is not installed: "
+             "pip install 'logcapture[embedded]', or name a ClickHouse server with "
+             "LOGCAPTURE_STORE=http(s)://USER:PASS@HOST:8123/DB (or --store, or store: in the "
+             "config file)")
+
+
+def check_engine(dsn: str | None, env: Mapping[str, str] = os.environ) -> None:
+    """Raise NoEngine (one line: how to get a store) when ``dsn`` (``resolve_dsn`` when
+    None) is the embedded store and its engine is not installed."""
+    dsn = resolve_dsn(dsn, env)
+    if urlparse(dsn).scheme == "chdb" and importlib.util.find_spec("chdb") is None:
+        raise NoEngine(NO_ENGINE.format(path=_chdb_path(dsn)))
+
+
 def _chdb_path(dsn: str) -> Path:
     p = urlparse(dsn)
     if p.netloc and p.netloc not in ("",):
@@ -1364,6 +1457,7 @@ def open_store(dsn: str | None = None, *, wait: float = 0.0, create: bool = True
         path = _chdb_path(dsn)
         if must_exist and not path.is_dir():
             raise NotFound(f"no store at {path}")
+        check_engine(dsn, env)
         lock = path.with_name(path.name + ".lock")
         _StoreLock.acquire(lock, wait)
         try:
