@@ -455,7 +455,7 @@ class Classifier:
         fields = None
         if stream == STDOUT and not item.cut and self.mode != DISABLED:
             fields = parse_metadata(text)
-        out: list[Record] = []
+        out = []
         if self.mode == ENABLED:
             counts["lines"] += 1
             out.append(Line(run=self.run, stream=stream, seq=self._next(stream), ts=ts,

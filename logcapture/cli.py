@@ -145,38 +145,57 @@ def format_note(note: Note) -> str:
     return f"[logcapture: {note.note}: {note.text}]"
 
 
+def _reader(spool: Path | None, store_dsn: str | None, source: str = "auto") -> Any:
+    """The Reader a reading command asks (``query.Reader``): the caller's own spool and
+    store."""
+    from .query import LocalReader
+
+    def warn(message: str) -> None:
+        click.echo(f"logcapture: {message}", err=True)
+
+    return LocalReader(_root(spool), store_dsn, source=source, warn=warn)
+
+
+def _duration_text(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    m, s = divmod(int(seconds), 60)
+    h, m = divmod(m, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def _ls_row(d: dict[str, Any]) -> tuple[str, ...]:
+    start = d["start"]
+    duration = d["duration"]
+    if duration is None and d["state"] == "RUNNING" and start is not None:
+        duration = max(0.0, time.time() - start)
+    return (d["run"], d["state"],
+            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(start)) if start else "-",
+            _duration_text(duration), str(d["lines"]), " ".join(d["command"]))
+
+
 @cli.command(name="ls")
 @_spool_option
 @_store_option
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per run.")
 def ls_cmd(spool: Path | None, store_dsn: str | None, as_json: bool) -> None:
-    """List the runs in the spool, then those only in the store: id, state, start,
+    """List your runs, newest first, from the spool and the store: id, state, start,
     duration, lines, command."""
-    from .runs import list_summaries
+    from contextlib import closing
 
-    summaries = [s for s in list_summaries(_root(spool)) if s.state != "EMPTY"]
-    stored = _store_rows_for_ls(store_dsn, {s.run_id for s in summaries})
+    with closing(_reader(spool, store_dsn)) as reader:
+        summaries = reader.runs()
     if as_json:
-        for s in summaries:
-            click.echo(json.dumps(s.as_dict()))
-        for r in stored:
-            click.echo(json.dumps({k: r[k] for k in ("run", "state", "start", "duration",
-                                                     "exit_status", "signal", "lines",
-                                                     "command", "owner")}))
+        for d in summaries:
+            click.echo(json.dumps(d))
         return
-    if not summaries and not stored:
+    if not summaries:
         click.echo(f"no runs in {_root(spool)} or in the store", err=True)
         return
-    rows = [("RUN", "STATE", "START", "DURATION", "LINES", "COMMAND")]
-    for s in summaries:
-        rows.append((s.run_id, s.state, s.start_text, s.duration_text, str(s.lines),
-                     s.command_text))
-    for r in stored:
-        start = r["start"] if r["start"] is not None else r["last"]
-        rows.append((r["run"], r["state"],
-                     time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(start)),
-                     f"{r['duration']:.1f}s" if r["duration"] is not None else "-",
-                     str(r["lines"]), " ".join(r["command"])))
+    rows: list[tuple[str, ...]] = [("RUN", "STATE", "START", "DURATION", "LINES", "COMMAND")]
+    rows += [_ls_row(d) for d in summaries]
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
     for r in rows:
         click.echo("  ".join(c.ljust(w) for c, w in zip(r[:5], widths, strict=True))
@@ -195,28 +214,26 @@ def logs(spool: Path | None, stream: str, follow: bool, store_dsn: str | None, s
          run_ref: str | None) -> None:
     """Print the rendered lines and notes of RUN (a run id or Slurm job id; default: the
     latest run), from the store once the run is shipped, else from the spool."""
+    from contextlib import closing
+
     from .records import from_dict
-    from .runs import find_run, follow_records
-    from .spool import iter_run
 
     streams = OUTPUT_STREAMS if stream == "all" else (stream,)
-    found = None if follow else _from_store(_root(spool), run_ref, store_dsn, source)
-    if found is not None:
-        st, run_id = found
-        with st:
-            records: Any = [from_dict(d) for d in st.lines(run_id)]
-    else:
-        run_dir = find_run(_root(spool), run_ref)
-        records = follow_records(run_dir) if follow else iter_run(run_dir)
-    for rec in records:
-        if rec.stream not in streams and not (rec.stream == "run" and isinstance(rec, Note)):
-            continue
-        if (len(streams) > 1 and rec.stream == "stderr" and isinstance(rec, Note)
-                and rec.note == NOTE_MODE):
-            continue  # a mode change is noted in both streams; show it once
-        text = _format_record(rec, show_stream=False)
-        if text is not None:
-            click.echo(text)
+    with closing(_reader(spool, store_dsn, source)) as reader:
+        run = reader.resolve(run_ref)
+        records: Any = (reader.follow(run) if follow
+                        else reader.lines(run, None if stream == "all" else stream))
+        for d in records:
+            rec = from_dict(d)
+            if rec.stream not in streams and not (rec.stream == "run"
+                                                  and isinstance(rec, Note)):
+                continue
+            if (len(streams) > 1 and rec.stream == "stderr" and isinstance(rec, Note)
+                    and rec.note == NOTE_MODE):
+                continue  # a mode change is noted in both streams; show it once
+            text = _format_record(rec, show_stream=False)
+            if text is not None:
+                click.echo(text)
 
 
 @cli.command()
@@ -229,15 +246,10 @@ def show(spool: Path | None, as_json: bool, store_dsn: str | None, source: str,
          run_ref: str | None) -> None:
     """Summarise RUN: owner, command, status, lines per stream, dropped repetitions, mode
     changes, metadata keys (from the store once the run is shipped, else the spool)."""
-    from .runs import describe_run, find_run
+    from contextlib import closing
 
-    found = _from_store(_root(spool), run_ref, store_dsn, source)
-    if found is not None:
-        st, run_id = found
-        with st:
-            info = st.describe(run_id)
-    else:
-        info = describe_run(find_run(_root(spool), run_ref))
+    with closing(_reader(spool, store_dsn, source)) as reader:
+        info = reader.describe(reader.resolve(run_ref))
     if as_json:
         click.echo(json.dumps(info, indent=2, default=str))
         return
@@ -396,79 +408,6 @@ def grafana_install(directory: Path, store_url: str | None, host: str | None,
 # ------------------------------------------------------------------------------ store
 
 
-def _open_reader_store(dsn: str | None) -> Any:
-    """The store for reading, or None when there is none (an embedded store never created)
-    or it cannot be reached now (another process holds the embedded store)."""
-    from .errors import ConfigError, NotFound
-    from .store import open_store
-
-    try:
-        return open_store(dsn, wait=5.0, must_exist=True)
-    except (NotFound, ConfigError):  # no store, or its config is root's (credentials)
-        return None
-    except LogcaptureError as e:
-        click.echo(f"logcapture: store not read: {e.message}", err=True)
-        return None
-
-
-def _shipped(run_dir: Path) -> bool:
-    from .ship import CURSOR_NAME, Cursor
-
-    try:
-        return bool(Cursor.from_json((run_dir / CURSOR_NAME).read_text()).shipped_at)
-    except (OSError, ValueError):
-        return False
-
-
-def _from_store(root: Path, run_ref: str | None, dsn: str | None,
-                source: str) -> tuple[Any, str] | None:
-    """(open store, run id) when RUN should be read from the store: it is there and the spool
-    no longer has it or has shipped all of it (``--source store`` forces the store,
-    ``--source spool`` the spool). None: read the spool."""
-    from .errors import NotFound
-    from .runs import find_run
-
-    if source == "spool":
-        return None
-    try:
-        run_dir: Path | None = find_run(root, run_ref)
-    except NotFound:
-        run_dir = None
-    if run_dir is not None and source == "auto" and not _shipped(run_dir):
-        return None
-    st = _open_reader_store(dsn)
-    if st is None:
-        if run_dir is None:
-            raise NotFound(f"no run {run_ref!r} in {root} or in the store" if run_ref
-                           else f"no runs in {root} or in the store")
-        return None
-    run = run_dir.name if run_dir is not None else run_ref
-    if run is None or run == "latest":
-        runs = st.runs()
-        run = runs[0]["run"] if runs else None
-    if run is not None and st.has_run(run):
-        return st, run
-    st.close()
-    if run_dir is None:
-        raise NotFound(f"no run {run_ref!r} in {root} or in the store (see `logcapture ls`)")
-    return None
-
-
-def _store_rows_for_ls(dsn: str | None, known: set[str]) -> list[dict[str, Any]]:
-    st = _open_reader_store(dsn)
-    if st is None:
-        return []
-    with st:
-        rows = [r for r in st.runs() if r["run"] not in known]
-        if rows:
-            counts = dict(st.client.query(
-                "SELECT run, count() FROM lines FINAL WHERE kind = 'line' GROUP BY run"
-            ).result_rows)
-            for r in rows:
-                r["lines"] = counts.get(r["run"], 0)
-    return rows
-
-
 @cli.command()
 @_spool_option
 @_store_option
@@ -561,23 +500,9 @@ def agent(spool: Path | None, store_dsn: str | None, batch_bytes: int, interval:
 
 
 def _trusted_identity(run_dir: Path) -> Any:
-    """A Slurm run (``<root>/<job id>/<run>``) takes its owner from the root-owned prolog
-    record when there is one; any other run from its directory's owner."""
-    from .ship import identity_from_spool
-    from .store import Identity
+    from .ship import trusted_identity
 
-    job_id = run_dir.parent.name
-    if job_id.isdigit():
-        try:
-            from .slurm import read_job_record
-
-            rec = read_job_record(str(run_dir.parent.parent), job_id)
-        except Exception:  # noqa: BLE001 - no record: fall back to the directory's owner
-            rec = None
-        if rec and isinstance(rec.get("uid"), int) and isinstance(rec.get("user"), str):
-            return Identity(run=run_dir.name, user=rec["user"], uid=rec["uid"],
-                            cluster=str(rec.get("cluster", "")), job_id=job_id)
-    return identity_from_spool(run_dir)
+    return trusted_identity(run_dir)
 
 
 @cli.group(name="db")
@@ -605,7 +530,9 @@ def db_init(store_dsn: str | None, ttl_days: int | None, row_policies: bool) -> 
 
 
 @cli.command(name="export")
+@_spool_option
 @_store_option
+@_source_option
 @click.argument("run_ref", metavar="RUN")
 @click.option("--what", type=click.Choice(["lines", "metadata", "samples"]),
               default="metadata", show_default=True, help="Which data to write.")
@@ -613,36 +540,31 @@ def db_init(store_dsn: str | None, ttl_days: int | None, row_policies: bool) -> 
               default="csv", show_default=True, help="The file format.")
 @click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False),
               default=None, help="Write here (default: standard output).")
-def export_cmd(store_dsn: str | None, run_ref: str, what: str, fmt: str,
-               output: Path | None) -> None:
-    """Write your own data of RUN from the store: its lines, metadata (one column per key)
-    or resource samples, as CSV, NDJSON or Parquet. RUN: a run id, a Slurm job id, or
-    `latest` (the newest run in the store)."""
-    from .errors import NotFound
-    from .runs import find_run
-    from .store import check_engine, open_store
+def export_cmd(spool: Path | None, store_dsn: str | None, source: str, run_ref: str,
+               what: str, fmt: str, output: Path | None) -> None:
+    """Write your own data of RUN: its lines, metadata (one column per key) or resource
+    samples, as CSV, NDJSON or Parquet, from the store once the run is shipped, else from the
+    spool. RUN: a run id, a Slurm job id, or `latest` (your newest run)."""
+    from contextlib import closing, nullcontext
 
-    check_engine(store_dsn)
-    with open_store(store_dsn, wait=10.0, must_exist=True) as st:
-        try:
-            run_ref = st.resolve_run(run_ref)
-        except NotFound:
-            try:  # a Slurm job id the store does not know, named in the user's spool
-                run_ref = find_run(_root(None), run_ref).name
-            except LogcaptureError:
-                run_ref = ""
-            if not run_ref or not st.has_run(run_ref):
-                raise
-        if output is None:
-            out = sys.stdout.buffer
-            n = st.export(run_ref, what, fmt, out)
-            out.flush()
-        else:
-            tmp = output.with_name(output.name + ".tmp")
-            with open(tmp, "wb") as f:
-                n = st.export(run_ref, what, fmt, f)
-            os.replace(tmp, output)
-    click.echo(f"logcapture: {n} {what} row(s) of run {run_ref}"
+    from .store import check_export, write_rows
+
+    check_export(what, fmt)
+    with closing(_reader(spool, store_dsn, source)) as reader:
+        run = reader.resolve(run_ref)
+        rows = reader.export_rows(run, what)
+        # the engine writes the file: the store's when there is one, else an in-memory one
+        with reader.held() if reader.held.available else nullcontext() as store:
+            if output is None:
+                out = sys.stdout.buffer
+                write_rows(rows, fmt, out, store)
+                out.flush()
+            else:
+                tmp = output.with_name(output.name + ".tmp")
+                with open(tmp, "wb") as f:
+                    write_rows(rows, fmt, f, store)
+                os.replace(tmp, output)
+    click.echo(f"logcapture: {len(rows)} {what} row(s) of run {run}"
                + (f" written to {output}" if output else ""), err=True)
 
 

@@ -487,8 +487,9 @@ _ADMIN_DEFAULTS = {
 }
 
 
-class AdminConfig(namedtuple("AdminConfig", tuple(_ADMIN_DEFAULTS),
-                             defaults=tuple(_ADMIN_DEFAULTS.values()))):
+# The fields come from _ADMIN_DEFAULTS (one list of keys and defaults); mypy wants literals.
+class AdminConfig(namedtuple("AdminConfig", tuple(_ADMIN_DEFAULTS),  # type: ignore[misc]
+                             defaults=tuple(_ADMIN_DEFAULTS.values()))):  # type: ignore[misc]
     """The administrator's settings (``/etc/logcapture/config.yaml``).
 
     ``store``: the ClickHouse DSN (``chdb://PATH`` for the embedded engine, ``http(s)://...``

@@ -22,7 +22,7 @@ import re
 import select
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from .config import AdminConfig
@@ -241,7 +241,7 @@ class Pipeline:
         self.spool.close()
 
     def finish(self, *, exit_status: int | None, signal: int | None, state: str,
-               duration: float, bytes_read: dict[str, int],
+               duration: float, bytes_read: Mapping[str, int],
                extra_counts: dict[str, dict[str, int]] | None = None) -> End:
         now = time.time()
         self._final_lines(now)
@@ -254,8 +254,7 @@ class Pipeline:
             counts[stream] = c
         spool_counts = {"records_lost": self.spool.lost, "write_errors": self.spool.errors}
         counts["spool"] = spool_counts
-        for k, v in (extra_counts or {}).items():
-            counts[k] = v
+        counts.update(extra_counts or {})
         end = End(run=self.run_id, stream=RUN, seq=self._next_run_seq(), ts=now,
                   exit_status=exit_status, signal=signal, state=state, duration=duration,
                   counts=counts)

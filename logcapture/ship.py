@@ -44,7 +44,7 @@ import stat
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -111,7 +111,7 @@ def identity_from_spool(run_dir: Path) -> Identity:
             first = _first_line(segs[0])
             if first:
                 rec = from_dict(json.loads(first))
-                if isinstance(rec, Start):
+                if isinstance(rec, Start) and rec.slurm:  # null in a hand-made record
                     cluster = str(rec.slurm.get("cluster", ""))
                     job_id = str(rec.slurm.get("job_id", ""))
     except (LogcaptureError, ValueError, OSError):
@@ -121,8 +121,31 @@ def identity_from_spool(run_dir: Path) -> Identity:
 
 
 # --- reading segments as bytes -------------------------------------------------------------
+def trusted_identity(run_dir: Path, job_record: Mapping[str, object] | None = None
+                     ) -> Identity:
+    """Who owns a run's rows: the one rule every shipper and reader applies. A Slurm run
+    (``<spool root>/<job id>/<run>``, or the node sampler's ``<spool root>/.samples/<job id>/
+    <run>``) belongs to the user of the job's root-owned prolog record (``job_record``, else
+    read beside the run); any other run, or one without such a record, to its directory's
+    owner (``identity_from_spool``). Nothing a job writes into its spool can change it."""
+    job_id = run_dir.parent.name
+    if job_record is None and job_id.isdigit():
+        try:
+            from .slurm import read_job_record
+
+            job_record = read_job_record(str(run_dir.parent.parent), job_id)
+        except (OSError, LogcaptureError):
+            job_record = None
+    if job_record:
+        uid, user = job_record.get("uid"), job_record.get("user")
+        if isinstance(uid, int) and isinstance(user, str):
+            return Identity(run=check_run_id(run_dir.name), user=user, uid=uid,
+                            cluster=str(job_record.get("cluster", "")), job_id=job_id)
+    return identity_from_spool(run_dir)
+
+
 def _read_all(fd: int) -> bytes:
-    chunks = []
+    chunks: list[bytes] = []
     while True:
         b = os.read(fd, 1 << 22)
         if not b:

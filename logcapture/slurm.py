@@ -709,7 +709,11 @@ def read_job_record(root: str, job_id: str) -> dict[str, object] | None:
         os.close(root_fd)
         return None
     try:
-        data = _read_root_file(jobs_fd, f"{job_id}.json")
+        # Only root's records count: a user can make a directory of this shape in a spool of
+        # their own, but not one owned by root and writable by root alone.
+        st = os.fstat(jobs_fd)
+        data = (_read_root_file(jobs_fd, f"{job_id}.json")
+                if st.st_uid == 0 and not st.st_mode & 0o022 else None)
     finally:
         os.close(jobs_fd)
         os.close(root_fd)
@@ -891,7 +895,8 @@ def _valid_end(obj: object, run_id: str) -> dict[str, object] | None:
     duration = obj.get("duration")
     return {"exit_status": status, "signal": sig,
             "state": state if state in _END_STATES else "",
-            "duration": float(duration) if type(duration) in (int, float) else None}
+            "duration": float(duration) if isinstance(duration, (int, float))
+            and type(duration) is not bool else None}
 
 
 def read_end(job_fd: int, run_id: str, uid: int) -> dict[str, object] | None:
@@ -1064,7 +1069,7 @@ def _ship(root: str, job_id: str, runs: list[str], admin: object, record: dict[s
     try:
         from pathlib import Path
 
-        from .ship import upload
+        from .ship import trusted_identity, upload
         from .store import Identity
     except Exception as e:  # noqa: BLE001 - shipping is optional here
         return False, f"shipping unavailable ({type(e).__name__})"
@@ -1073,8 +1078,7 @@ def _ship(root: str, job_id: str, runs: list[str], admin: object, record: dict[s
         return False, "job record without user"
 
     def identify(run_dir: Path) -> Identity:
-        return Identity(run=run_dir.name, user=user, uid=uid,
-                        cluster=str(record.get("cluster", "")), job_id=job_id)
+        return trusted_identity(run_dir, record)
 
     ok = True
     why = ""

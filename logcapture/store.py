@@ -55,6 +55,7 @@ import re
 import tempfile
 import threading
 from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -1034,18 +1035,39 @@ class Store:
         return self.insert_ndjson(b"".join(lines), identity)
 
     # --- reading
+    # Every read takes ``owner``: a user name, or None for all owners (the run's own store on a
+    # laptop, an administrator). The condition is built from constants only; the values are
+    # parameters (``_run_cond``).
     def runs(self, owner: str | None = None) -> list[dict[str, Any]]:
         """One dict per run, newest first: run, owner, uid, cluster, job_id, host, command,
-        start (epoch s), end, state (RUNNING while no end record), exit_status, signal,
-        duration."""
+        start (epoch s), end, last (newest record), state (RUNNING while no end record),
+        exit_status, signal, duration, slurm (the Start record's Slurm identity, a dict),
+        lines (output lines: the End record's counts, counted in the store while it runs)."""
         where = "WHERE owner = {owner:String}" if owner is not None else ""
         rows = self._query(
             "SELECT run, owner, uid, cluster, job_id, host, command, "
             "toUnixTimestamp64Nano(start_ts), toUnixTimestamp64Nano(end_ts), "
             "toUnixTimestamp64Nano(last_ts), ifNull(state, 'RUNNING'), exit_status, signal, "
-            "duration FROM runs FINAL " + where +
-            " ORDER BY ifNull(start_ts, last_ts) DESC, run", {"owner": owner} if owner else None)
-        return [self._run_row(r) for r in rows]
+            "duration, slurm, counts FROM runs FINAL " + where +
+            " ORDER BY ifNull(start_ts, last_ts) DESC, run",
+            {"owner": owner} if owner is not None else None)
+        out = [self._run_row(r) for r in rows]
+        for d, r in zip(out, rows, strict=True):
+            d["slurm"] = _loads(r[14], {})
+            counts = _loads(r[15], None)
+            d["lines"] = (sum(int(c.get("lines", 0)) for c in counts.values()
+                              if isinstance(c, dict))
+                          if isinstance(counts, dict) else None)
+        live = [d["run"] for d in out if d["lines"] is None]
+        if live:
+            counted = dict(self._query(
+                "SELECT run, count() FROM lines FINAL WHERE run IN {runs:Array(String)} AND "
+                "kind = 'line'" + (" AND owner = {owner:String}" if owner is not None else "")
+                + " GROUP BY run", {"runs": live, "owner": owner or ""}))
+            for d in out:
+                if d["lines"] is None:
+                    d["lines"] = int(counted.get(d["run"], 0))
+        return out
 
     @staticmethod
     def _run_row(r: tuple[Any, ...]) -> dict[str, Any]:
@@ -1056,37 +1078,47 @@ class Store:
                 "last": _ns_to_float(r[9]), "state": r[10], "exit_status": r[11],
                 "signal": r[12], "duration": r[13]}
 
-    def has_run(self, run: str) -> bool:
-        return bool(self._query("SELECT count() FROM runs WHERE run = {run:String}",
-                                {"run": run})[0][0])
+    @staticmethod
+    def _run_cond(run: str, owner: str | None) -> tuple[str, dict[str, Any]]:
+        """The condition and parameters selecting one run's rows, of one owner or of all."""
+        if owner is None:
+            return "run = {run:String}", {"run": run}
+        return "run = {run:String} AND owner = {owner:String}", {"run": run, "owner": owner}
 
-    def resolve_run(self, ref: str | None) -> str:
+    def has_run(self, run: str, owner: str | None = None) -> bool:
+        cond, p = self._run_cond(run, owner)
+        return bool(self._query("SELECT count() FROM runs WHERE " + cond, p)[0][0])
+
+    def resolve_run(self, ref: str | None, owner: str | None = None) -> str:
         """The run id RUN names, as the other commands take it (``runs.find_run`` on the spool
         side): None or ``latest`` (the newest run in the store), a run id, or a Slurm job id
-        (``runs.job_id``, the newest such run). NotFound when the store has none."""
+        (the newest such run). NotFound when the store has none (of ``owner``'s)."""
+        mine = " AND owner = {owner:String}" if owner is not None else ""
+        p: dict[str, Any] = {"owner": owner or "", "ref": ref or ""}
         if ref is None or ref == "latest":
-            rows = self._query("SELECT run FROM runs FINAL ORDER BY ifNull(start_ts, last_ts) "
-                               "DESC, run DESC LIMIT 1")
+            rows = self._query("SELECT run FROM runs FINAL WHERE 1" + mine + " ORDER BY "
+                               "ifNull(start_ts, last_ts) DESC, run DESC LIMIT 1", p)
             if not rows:
                 raise NotFound("the store has no runs yet (ship one with `logcapture upload`)")
             return str(rows[0][0])
-        if self.has_run(ref):
+        if self.has_run(ref, owner):
             return ref
-        rows = self._query("SELECT run FROM runs FINAL WHERE job_id = {ref:String} ORDER BY "
-                           "ifNull(start_ts, last_ts) DESC LIMIT 1", {"ref": ref})
+        rows = self._query("SELECT run FROM runs FINAL WHERE job_id = {ref:String}" + mine
+                           + " ORDER BY ifNull(start_ts, last_ts) DESC LIMIT 1", p)
         if rows:
             return str(rows[0][0])
         raise NotFound(f"run {ref!r} is not in the store (ship it with `logcapture upload`)")
 
-    def run_info(self, run: str) -> dict[str, Any]:
+    def run_info(self, run: str, owner: str | None = None) -> dict[str, Any]:
         """The run's summary (as ``runs()``) plus ``start_record`` and ``end_record`` (record
         dicts as in the spool, or None) and per-table row counts."""
+        cond, p = self._run_cond(run, owner)
         rows = self._query(
             "SELECT run, owner, uid, cluster, job_id, host, command, "
             "toUnixTimestamp64Nano(start_ts), toUnixTimestamp64Nano(end_ts), "
             "toUnixTimestamp64Nano(last_ts), ifNull(state, 'RUNNING'), exit_status, signal, "
             "duration, start_seq, end_seq, cwd, record_user, record_uid, pid, mode, slurm, "
-            "inventory, config, counts FROM runs FINAL WHERE run = {run:String}", {"run": run})
+            "inventory, config, counts FROM runs FINAL WHERE " + cond, p)
         if not rows:
             raise NotFound(f"run {run!r} is not in the store")
         r = rows[0]
@@ -1105,77 +1137,38 @@ class Store:
                    "state": r[10], "duration": r[13] or 0.0, "counts": _loads(r[24], {})}
         info["start_record"] = start
         info["end_record"] = end
-        info["counts"] = {t: self._count(t, run) for t in ("lines", "notes", "metadata",
-                                                           "samples")}
+        info["counts"] = {t: self._count(t, run, owner) for t in ("lines", "notes", "metadata",
+                                                                  "samples")}
         return info
 
-    def describe(self, run: str) -> dict[str, Any]:
-        """What ``logcapture show`` prints for a run in the store (the keys of
-        ``runs.describe_run``), counted by the store rather than by reading every line."""
-        import time as _time
-
-        info0 = self.run_info(run)
-        start, end = info0["start_record"], info0["end_record"]
-        info: dict[str, Any] = {"run": run}
-        if start is not None:
-            info["owner"] = f"{info0['owner']} (uid {info0['uid']})"
-            info["command"] = " ".join(start["command"])
-            info["cwd"] = start["cwd"]
-            info["host"] = start["host"]
-            info["started"] = _time.strftime("%Y-%m-%d %H:%M:%S", _time.localtime(start["ts"]))
-            info["initial mode"] = start["mode"]
-            if start["slurm"]:
-                info["slurm"] = dict(start["slurm"])
-        if end is not None:
-            info["state"] = end["state"]
-            info["exit status"] = (end["exit_status"] if end["signal"] is None
-                                   else f"signal {end['signal']}")
-            info["duration"] = f"{end['duration']:.1f}s"
-        else:
-            info["state"] = "RUNNING"
-        p = {"run": run}
-        lines = dict(self._query("SELECT stream, count() FROM lines FINAL WHERE run = "
-                                 "{run:String} AND kind = 'line' GROUP BY stream", p))
-        notes = self._query("SELECT stream, note, sum(count), count() FROM notes FINAL WHERE "
-                            "run = {run:String} GROUP BY stream, note", p)
-        streams = ("stdout", "stderr")
-        info["lines"] = {s: lines.get(s, 0) for s in streams}
-        info["dropped repetitions"] = {s: sum(int(r[2]) for r in notes
-                                              if r[0] == s and r[1] == "repeat")
-                                       for s in streams}
-        info["dropped blank lines"] = {s: sum(int(r[2]) for r in notes
-                                              if r[0] == s and r[1] == "blank")
-                                       for s in streams}
-        info["commands"] = int(self._query("SELECT count() FROM lines FINAL WHERE run = "
-                                           "{run:String} AND kind = 'command'", p)[0][0])
-        info["mode changes"] = [r[0] for r in self._query(
-            "SELECT text FROM notes FINAL WHERE run = {run:String} AND note = 'mode' AND "
-            "stream = 'stdout' ORDER BY seq", p)]
-        info["metadata keys"] = [r[0] for r in self._query(
+    def tallies(self, run: str, owner: str | None = None) -> dict[str, Any]:
+        """What the store counts for ``query.describe`` without reading every line: output
+        lines per stream, ``notes`` as (stream, note, sum of count, records) rows, commands,
+        the mode changes in order (stdout's notes: the classifier notes a change in both
+        streams) and the metadata keys."""
+        cond, p = self._run_cond(run, owner)
+        lines = dict(self._query("SELECT stream, count() FROM lines FINAL WHERE " + cond
+                                 + " AND kind = 'line' GROUP BY stream", p))
+        notes = [(r[0], r[1], int(r[2]), int(r[3])) for r in self._query(
+            "SELECT stream, note, sum(count), count() FROM notes FINAL WHERE " + cond
+            + " GROUP BY stream, note", p)]
+        commands = int(self._query("SELECT count() FROM lines FINAL WHERE " + cond
+                                   + " AND kind = 'command'", p)[0][0])
+        modes = [r[0] for r in self._query(
+            "SELECT text FROM notes FINAL WHERE " + cond + " AND note = 'mode' AND "
+            "stream = 'stdout' ORDER BY ts, seq", p)]
+        keys = [r[0] for r in self._query(
             f"SELECT DISTINCT arrayJoin({json_keys('fields')}) AS k FROM metadata FINAL "
-            "WHERE run = {run:String} ORDER BY k", p)]
-        from .xaxis import choose_x_axis_of_records
+            "WHERE " + cond + " ORDER BY k", p)]
+        return {"lines": lines, "notes": notes, "commands": commands, "modes": modes,
+                "metadata_keys": keys}
 
-        info["x axis"] = choose_x_axis_of_records(self.metadata(run)) or "-"
-        samples = self.samples(run)
-        if samples:
-            from .records import Sample
-            from .sampler import summarize as summarize_samples
-
-            summary = summarize_samples([Sample(**{k: v for k, v in d.items() if k != "kind"})
-                                         for d in samples],
-                                        wall_seconds=end["duration"] if end else None)
-            info["resources"] = {k: v for k, v in summary.items()
-                                 if not isinstance(v, (dict, list)) and v is not None}
-        info["warnings"] = sum(int(r[3]) for r in notes if r[1] == "warning")
-        info["stored in"] = redact(self.dsn)
-        return info
-
-    def _count(self, table: str, run: str) -> int:
+    def _count(self, table: str, run: str, owner: str | None = None) -> int:
         if table not in TABLES:
             raise UsageError(f"unknown table {table!r}")
-        return int(self._query("SELECT count() FROM {t:Identifier} FINAL WHERE run = "
-                               "{run:String}", {"t": table, "run": run})[0][0])
+        cond, p = self._run_cond(run, owner)
+        return int(self._query("SELECT count() FROM {t:Identifier} FINAL WHERE " + cond,
+                               {"t": table, **p})[0][0])
 
     def _rows(self, table: str, columns: str, cond: str, params: dict[str, Any]
               ) -> list[tuple[Any, ...]]:
@@ -1235,14 +1228,26 @@ class Store:
                     d["options"] = _loads(o, {})
         return out
 
-    def lines(self, run: str, stream: str | None = None, limit: int | None = None
-              ) -> list[dict[str, Any]]:
+    def lines(self, run: str, stream: str | None = None, limit: int | None = None, *,
+              owner: str | None = None, after: Mapping[str, int] | None = None,
+              since: float | None = None) -> list[dict[str, Any]]:
         """What ``logcapture logs`` shows: the run's output-stream records (line, command,
         note, metadata) as spool record dicts, in order (ts, stream, seq); ``stream`` picks
         one stream; ``limit`` keeps the last N. Run-level notes (stream ``run``) included
-        when ``stream`` is None."""
-        params: dict[str, Any] = {"run": run, "stream": stream or ""}
-        cond = "run = {run:String} AND ({stream:String} = '' OR stream = {stream:String})"
+        when ``stream`` is None. ``after`` (stream -> the next seq not yet seen) and ``since``
+        (epoch seconds; no record older) read only what is new to a follower: seq counts each
+        stream from 0 and is shipped in order, so nothing is missed or read twice."""
+        cond, params = self._run_cond(run, owner)
+        params["stream"] = stream or ""
+        cond += " AND ({stream:String} = '' OR stream = {stream:String})"
+        if after is not None:
+            cond += (" AND seq >= transform(CAST(stream AS String), {streams:Array(String)}, "
+                     "{nexts:Array(UInt64)}, toUInt64(0))")
+            params["streams"] = list(after)
+            params["nexts"] = [int(v) for v in after.values()]
+        if since is not None:
+            cond += " AND ts >= fromUnixTimestamp64Nano({since:Int64})"
+            params["since"] = int(since * 1_000_000_000)
         if limit:
             tail = self._tail_of_lines(run, cond, params, int(limit))
             if tail is not None:
@@ -1271,97 +1276,89 @@ class Store:
         out.sort(key=lambda d: (d["ts"], d["stream"], d["seq"]))
         return out[-limit:] if limit else out
 
-    def metadata(self, run: str) -> list[dict[str, Any]]:
+    def metadata(self, run: str, owner: str | None = None) -> list[dict[str, Any]]:
         """Metadata records of the run, newest first (dashboards show them that way)."""
+        cond, p = self._run_cond(run, owner)
         rows = self._query("SELECT stream, seq, toUnixTimestamp64Nano(ts), fields FROM "
-                           "metadata FINAL WHERE run = {run:String} ORDER BY ts DESC, seq DESC",
-                           {"run": run})
+                           "metadata FINAL WHERE " + cond + " ORDER BY ts DESC, seq DESC", p)
         return [{"kind": "metadata", "run": run, "stream": r[0], "seq": r[1],
                  "ts": _ns_to_float(r[2]), "fields": _loads(r[3], {})} for r in rows]
 
-    def samples(self, run: str) -> list[dict[str, Any]]:
+    def samples(self, run: str, owner: str | None = None) -> list[dict[str, Any]]:
         """Sample records of the run, oldest first."""
+        cond, p = self._run_cond(run, owner)
         rows = self._query("SELECT stream, seq, toUnixTimestamp64Nano(ts), node, gpus, job "
-                           "FROM samples FINAL WHERE run = {run:String} ORDER BY ts, stream, "
-                           "seq", {"run": run})
+                           "FROM samples FINAL WHERE " + cond + " ORDER BY ts, stream, seq", p)
         return [{"kind": "sample", "run": run, "stream": r[0], "seq": r[1],
                  "ts": _ns_to_float(r[2]), "node": r[3], "gpus": _loads(r[4], []),
                  "job": _loads(r[5], {})} for r in rows]
 
-    def records(self, run: str) -> list[dict[str, Any]]:
+    def records(self, run: str, owner: str | None = None) -> list[dict[str, Any]]:
         """Every record of the run, as spool record dicts (start first, end last)."""
-        info = self.run_info(run)
-        body = self.lines(run) + self.samples(run)
+        info = self.run_info(run, owner)
+        body = self.lines(run, owner=owner) + self.samples(run, owner)
         body.sort(key=lambda d: (d["ts"], d["stream"], d["seq"]))
         head = [info["start_record"]] if info["start_record"] else []
         tail = [info["end_record"]] if info["end_record"] else []
         return head + body + tail
 
     # --- export
-    def export(self, run: str, what: str, fmt: str, out: BinaryIO) -> int:
+    def export(self, run: str, what: str, fmt: str, out: BinaryIO,
+               owner: str | None = None) -> int:
         """Write the run's ``lines``, ``metadata`` or ``samples`` as ``csv``, ``ndjson`` or
         ``parquet`` to ``out``; returns the number of rows. Metadata and sample fields become
-        columns (dotted keys). The engine writes the file (formats ``CSVWithNames``,
-        ``JSONEachRow``, ``Parquet``), streamed to ``out``: no data-frame library here."""
-        if what not in ("lines", "metadata", "samples"):
-            raise UsageError(f"--what must be lines, metadata or samples, not {what!r}")
-        if fmt not in EXPORT_FORMATS:
-            raise UsageError(f"--format must be csv, ndjson or parquet, not {fmt!r}")
-        self.run_info(run)  # NotFound when absent
-        params: dict[str, Any] = {"run": run}
-        sql = _EXPORT_LINES if what == "lines" else self._export_sql(what, params)
-        try:
-            n = int(self.client.command(f"SELECT count() FROM ({sql})", parameters=params))
-            for chunk in self.client.raw_stream(sql, parameters=params, fmt=EXPORT_FORMATS[fmt],
-                                                settings=_EXPORT_SETTINGS):
-                out.write(chunk)
-        except OSError:
-            raise
-        except Exception as e:  # noqa: BLE001
-            raise classify(e, "exporting") from None
-        return n
-
-    def _export_sql(self, what: str, params: dict[str, Any]) -> str:
-        """The query of a metadata or samples export: ts and seq (metadata) or ts and node
-        (samples), then a column per JSON key (``job.KEY``, ``gpuN.KEY`` for samples) in the
-        order first seen, typed by the JSON values it holds. Keys, GPU indexes and column
-        names are query parameters."""
-        found: list[tuple[str, str, str, list[str]]] = []  # (column, JSON source, key, types)
-        if what == "metadata":
-            base = ["ts", "seq"]
-            found += [(k, "fields", k, t) for k, t in self._export_keys("metadata", "fields",
-                                                                        params["run"])]
+        columns (dotted keys)."""
+        check_export(what, fmt)
+        self.run_info(run, owner)  # NotFound when absent
+        if what == "lines":
+            recs = self.lines(run, owner=owner)
         else:
-            base = ["ts", "node"]
-            found += [(f"job.{k}", "job", k, t)
-                      for k, t in self._export_keys("samples", "job", params["run"])]
-            for idx, k, t in self._query(_EXPORT_GPU_KEYS, {"run": params["run"]},
-                                         what="exporting"):
-                params[f"g{len(found)}"] = int(idx)
-                found.append((f"gpu{idx}.{k}", _gpu_element(f"{{g{len(found)}:Int64}}"), k,
-                              list(t)))
-        names = {c for c, _, _, _ in found}
-        columns = [_EXPORT_BASE[c] for c in base if c not in names]  # a field named ts wins
-        for n, (column, source, key, types) in enumerate(found):
-            params[f"k{n}"], params[f"c{n}"] = key, column
-            columns.append(_export_value(source, f"{{k{n}:String}}", types)
-                           + f" AS {{c{n}:Identifier}}")
-        return (f"SELECT {', '.join(columns)} FROM {what} FINAL WHERE run = {{run:String}} "
-                "ORDER BY ts, seq, stream")
-
-    def _export_keys(self, table: str, column: str, run: str) -> list[tuple[str, list[str]]]:
-        """The top-level keys of the JSON objects in ``column`` of ``table`` (constants of this
-        module) for the run, in the order first seen, each with its values' JSON types."""
-        assert table in TABLES and column in ("fields", "job")
-        keys = json_keys(column)
-        return [(r[0], list(r[1])) for r in self._query(
-            f"SELECT k, groupUniqArray(JSONType({column}, k)) FROM {table} FINAL "
-            f"ARRAY JOIN {keys} AS k, arrayEnumerate({keys}) AS pos "
-            "WHERE run = {run:String} GROUP BY k ORDER BY min((ts, seq, pos))", {"run": run},
-            what="exporting")]
+            recs = self.metadata(run, owner) if what == "metadata" else self.samples(run, owner)
+        rows = export_rows(what, recs)
+        write_rows(rows, fmt, out, self)
+        return len(rows)
 
 
-EXPORT_FORMATS = {"csv": "CSVWithNames", "ndjson": "JSONEachRow", "parquet": "Parquet"}
+EXPORTS = ("lines", "metadata", "samples")
+EXPORT_FORMATS = ("csv", "ndjson", "parquet")
+
+
+def check_export(what: str, fmt: str) -> None:
+    if what not in EXPORTS:
+        raise UsageError(f"--what must be lines, metadata or samples, not {what!r}")
+    if fmt not in EXPORT_FORMATS:
+        raise UsageError(f"--format must be csv, ndjson or parquet, not {fmt!r}")
+
+
+def export_rows(what: str, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows ``export`` writes from one run's record dicts of that kind: its output records
+    (``lines``), metadata records (one column per key) or sample records (``job.KEY`` and
+    ``gpuN.KEY`` columns)."""
+    if what == "lines":
+        return [{"ts": d["ts"], "stream": d["stream"], "seq": d["seq"], "kind": d["kind"],
+                 "text": _line_text(d)} for d in records]
+    if what == "metadata":
+        recs = sorted(records, key=lambda d: (d["ts"], d["seq"]))
+        return [{"ts": d["ts"], "seq": d["seq"], **d["fields"]} for d in recs]
+    rows = []
+    for d in records:
+        row: dict[str, Any] = {"ts": d["ts"], "node": d["node"]}
+        row.update({f"job.{k}": v for k, v in d["job"].items()})
+        for i, gpu in enumerate(d["gpus"]):
+            if isinstance(gpu, dict):
+                row.update({f"gpu{gpu.get('index', i)}.{k}": v for k, v in gpu.items()})
+        rows.append(row)
+    return rows
+
+
+def _line_text(d: dict[str, Any]) -> str:
+    if d["kind"] == "metadata":
+        return dumps(d["fields"])
+    return str(d.get("text", ""))
+
+
+# The engine's output format for each export format.
+ENGINE_FORMATS = {"csv": "CSVWithNames", "ndjson": "JSONEachRow", "parquet": "Parquet"}
 # 64-bit integers as JSON numbers, "/" unescaped, NULL as an empty CSV field, Parquet text as
 # strings (not binary) on servers of any age.
 _EXPORT_SETTINGS = {
@@ -1370,49 +1367,110 @@ _EXPORT_SETTINGS = {
     "format_csv_null_representation": "",
     "output_format_parquet_string_as_string": 1,
 }
-# ts as seconds since the epoch (a float, as in the spool).
-_EXPORT_BASE = {"ts": "toUnixTimestamp64Nano(ts) / 1e9 AS ts", "seq": "seq",
-                "node": "CAST(node AS String) AS node"}
-# What ``logcapture logs`` shows, in its order: lines and commands, notes (their text) and
-# metadata (the fields as JSON text).
-_EXPORT_LINES = """
-SELECT ns / 1e9 AS ts, stream, seq, kind, text FROM (
-    SELECT toUnixTimestamp64Nano(ts) AS ns, CAST(stream AS String) AS stream, seq,
-        CAST(kind AS String) AS kind, text FROM lines FINAL WHERE run = {run:String}
-    UNION ALL SELECT toUnixTimestamp64Nano(ts), CAST(stream AS String), seq, 'note', text
-        FROM notes FINAL WHERE run = {run:String}
-    UNION ALL SELECT toUnixTimestamp64Nano(ts), CAST(stream AS String), seq, 'metadata', fields
-        FROM metadata FINAL WHERE run = {run:String})
-ORDER BY ns, stream, seq"""
-# A sample's GPU: its ``index`` key, else its place in the list (from 0).
-_GPU_INDEX = "if(JSONType(g, 'index') IN ('Int64', 'UInt64'), JSONExtractInt(g, 'index'), n - 1)"
-_EXPORT_GPU_KEYS = f"""
-SELECT {_GPU_INDEX} AS idx, k, groupUniqArray(JSONType(g, k)) FROM samples FINAL
-ARRAY JOIN JSONExtractArrayRaw(gpus) AS g, arrayEnumerate(JSONExtractArrayRaw(gpus)) AS n
-ARRAY JOIN {json_keys("g")} AS k, arrayEnumerate({json_keys("g")}) AS pos
-WHERE run = {{run:String}} GROUP BY idx, k ORDER BY idx, min((ts, seq, pos))"""
+_INT64 = range(-(1 << 63), 1 << 63)
 
 
-def _gpu_element(index: str) -> str:
-    """SQL: the JSON object of the row's GPU whose index (``_GPU_INDEX``) is ``index``."""
-    gpus = "JSONExtractArrayRaw(gpus)"
-    return (f"arrayFirst((g, n) -> JSONType(g) = 'Object' AND {_GPU_INDEX} = {index}, "
-            f"{gpus}, arrayEnumerate({gpus}))")
+def _export_column(values: list[Any]) -> tuple[str, bool]:
+    """The engine type of an export column from its Python values (None: absent), and whether
+    its values go in as text: whole numbers Int64, numbers Float64, booleans Bool, strings
+    String; anything else (objects, lists, mixed) its JSON text."""
+    kinds = {type(v) for v in values if v is not None}
+    if kinds == {int} and all(v in _INT64 for v in values if v is not None):
+        return "Int64", False
+    if kinds and kinds <= {int, float}:
+        return "Float64", False
+    if kinds == {bool}:
+        return "Bool", False
+    return "String", bool(kinds - {str})
 
 
-def _export_value(source: str, key: str, types: list[str]) -> str:
-    """SQL: the value of ``key`` in the JSON object ``source``, NULL where absent: whole
-    numbers as Int64, numbers as Float64, strings, booleans; a key holding anything else
-    (objects, arrays, mixed types) as text (JSON text but for strings)."""
-    kinds = set(types) - {"Null"}
-    as_type = ("Nullable(Int64)" if kinds and kinds <= {"Int64", "UInt64"} else
-               "Nullable(Float64)" if kinds and kinds <= {"Int64", "UInt64", "Double"} else
-               "Nullable(String)" if kinds == {"String"} else
-               "Nullable(Bool)" if kinds == {"Bool"} else None)
-    if as_type:
-        return f"JSONExtract({source}, {key}, '{as_type}')"
-    return (f"multiIf(JSONType({source}, {key}) = 'Null', NULL, JSONType({source}, {key}) = "
-            f"'String', JSONExtractString({source}, {key}), JSONExtractRaw({source}, {key}))")
+def _as_text(v: Any) -> str | None:
+    """A value of a text column: objects and lists as their JSON text (``dumps`` takes a list
+    as well), anything else as ``str``."""
+    if v is None or isinstance(v, str):
+        return v
+    if isinstance(v, list):
+        return dumps(v)  # type: ignore[arg-type]
+    return dumps(v) if isinstance(v, dict) else str(v)
+
+
+def write_rows(rows: list[dict[str, Any]], fmt: str, out: BinaryIO,
+               store: Store | None = None) -> None:
+    """Write export rows (``export_rows``) to ``out`` as ``csv``, ``ndjson`` or ``parquet``:
+    the engine writes the file (``ENGINE_FORMATS``), one column per key in the order first
+    seen, typed by ``_export_column``, NULL (an empty CSV field) where a row lacks it. The
+    engine is ``store``'s (an embedded store reads the rows from a private temporary file, a
+    server gets them as external data), else an in-memory embedded one. Values of a text
+    column that are not strings are turned into their JSON text in ``rows`` itself."""
+    columns: dict[str, None] = {}
+    for row in rows:
+        columns.update(dict.fromkeys(row))
+    if not columns:
+        columns = {"ts": None}
+    types: dict[str, str] = {}
+    for c in columns:
+        values = [row.get(c) for row in rows]
+        types[c], text = _export_column(values)
+        if text:
+            for row in rows:
+                if c in row:
+                    row[c] = _as_text(row[c])
+    structure = ", ".join(f"`{_escape_ident(c)}` Nullable({t})" for c, t in types.items())
+    body = "".join(dumps(row) + "\n" for row in rows).encode("utf-8", "surrogatepass")
+    try:
+        if store is None:
+            with _memory_engine() as client:
+                _write_through(client, True, body, structure, fmt, out)
+        else:
+            _write_through(store.client, store.embedded, body, structure, fmt, out)
+    except LogcaptureError:
+        raise
+    except Exception as e:  # noqa: BLE001
+        raise classify(e, "exporting") from None
+
+
+def _escape_ident(name: str) -> str:
+    return name.replace("\\", "\\\\").replace("`", "\\`")
+
+
+def _write_through(client: Any, embedded: bool, body: bytes, structure: str, fmt: str,
+                   out: BinaryIO) -> None:
+    if not embedded:
+        from clickhouse_connect.driver.external import ExternalData
+
+        data = ExternalData(file_name="export_rows", data=body, fmt="JSONEachRow",
+                            structure=structure)
+        chunks = client.raw_stream("SELECT * FROM export_rows", fmt=ENGINE_FORMATS[fmt],
+                                   settings=_EXPORT_SETTINGS, external_data=data)
+        for chunk in chunks:
+            out.write(chunk)
+        return
+    with tempfile.NamedTemporaryFile(prefix="logcapture-export-", suffix=".ndjson") as f:
+        f.write(body)
+        f.flush()
+        chunks = client.raw_stream(
+            "SELECT * FROM file({path:String}, 'JSONEachRow', {structure:String})",
+            parameters={"path": f.name, "structure": structure}, fmt=ENGINE_FORMATS[fmt],
+            settings=_EXPORT_SETTINGS)
+        for chunk in chunks:
+            out.write(chunk)
+
+
+@contextmanager
+def _memory_engine() -> Iterator[Any]:
+    """An in-memory embedded engine (``chdb://memory``) for writing an export of a run read
+    from the spool when there is no store to write it with."""
+    if importlib.util.find_spec("chdb") is None:
+        raise NoEngine("writing an export needs the ClickHouse engine: a store (LOGCAPTURE_STORE"
+                       "=http(s)://USER:PASS@HOST:8123/DB or --store), or the embedded one: "
+                       "pip install 'logcapture[embedded]'")
+    import clickhouse_connect
+
+    client = clickhouse_connect.get_client(dsn="chdb://memory")
+    try:
+        yield client
+    finally:
+        client.close()
 
 
 # --- opening ---------------------------------------------------------------------------------

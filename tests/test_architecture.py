@@ -1,6 +1,6 @@
 """The one-way rule (SPEC.md §1, STYLE.md practice 1): a stage never imports a stage after it.
 
-Order: runner -> render -> filter -> classify -> spool -> store. The sampler is a source
+Order: runner -> render -> filter -> classify -> spool -> store -> query. The sampler is a source
 beside the runner: it knows nothing of spool or store either. ``pipeline`` (runner to spool)
 and ``ship`` (spool to store) are the wiring modules; ``cli`` sits on top of everything.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "logcapture"
-ORDER = ["runner", "render", "filter", "classify", "spool", "store"]
+ORDER = ["runner", "render", "filter", "classify", "spool", "store", "query"]
 SOURCES_BESIDE = {"sampler": ORDER[ORDER.index("spool"):], "sampling": ORDER[ORDER.index("spool"):]}
 
 

@@ -78,8 +78,7 @@ def test_capture_works_and_store_commands_say_how_to_get_a_store(env: dict[str, 
     code, out, tried = plain(["ls"], env)
     assert code == 0 and tried == [], (out, tried)
     store = tmp_path / "state" / "logcapture" / "store"
-    for args in (["upload"], ["upload", "--all"], ["agent"], ["db", "init"],
-                 ["export", "latest"]):
+    for args in (["upload"], ["upload", "--all"], ["agent"], ["db", "init"]):
         code, err, _ = plain(args, env)
         assert code == 2, (args, code, err)
         line = f"logcapture: error: the embedded store ({store}) needs the chDB engine"
@@ -87,6 +86,11 @@ def test_capture_works_and_store_commands_say_how_to_get_a_store(env: dict[str, 
         assert "\n" not in err, (args, err)  # one line
         assert "pip install 'logcapture[embedded]'" in err and "LOGCAPTURE_STORE=" in err
     assert not store.exists()
+    # export reads the unshipped run from the spool; the engine writes the file
+    code, err, _ = plain(["export", "latest"], env)
+    assert code == 2 and "\n" not in err, err
+    assert err.startswith("logcapture: error: writing an export needs the ClickHouse engine"), err
+    assert "pip install 'logcapture[embedded]'" in err and "LOGCAPTURE_STORE=" in err
     # a store named on a server: no engine needed to try it (nothing listens there)
     code, err, tried = plain(["db", "init", "--store", "http://u:p@127.0.0.1:9/db"], env)
     assert code != 0 and "chDB" not in err and "Traceback" not in err, err

@@ -161,6 +161,32 @@ def test_export_formats(capsys: pytest.CaptureFixture[str], env: Path, tmp_path:
     assert code == 1 and "not in the store" in err
 
 
+def test_export_of_an_unshipped_run_without_a_store(capsys: pytest.CaptureFixture[str],
+                                                    env: Path, tmp_path: Path) -> None:
+    """No store at all: the run is read from the spool and an in-memory engine writes the
+    file, with the same columns and types as from the store."""
+    make_run(env, "exp-spool")
+    nowhere = f"chdb://{tmp_path / 'never-made'}"
+    dest = tmp_path / "s.parquet"
+    code, _, err = lc(capsys, "export", "exp-spool", "--spool", str(env), "--store", nowhere,
+                      "--format", "parquet", "-o", str(dest))
+    assert code == 0 and "2 metadata row(s)" in err, err
+    assert not (tmp_path / "never-made").exists()
+    with S.open_store() as st:
+        described = st.client.query("DESCRIBE file({p:String}, 'Parquet')",
+                                    parameters={"p": str(dest)}).result_rows
+        assert [(r[0], r[1]) for r in described] == [
+            ("ts", "Nullable(Float64)"), ("seq", "Nullable(Int64)"),
+            ("epoch", "Nullable(Int64)"), ("loss", "Nullable(Float64)")]
+        assert st.client.query("SELECT epoch, loss FROM file({p:String}, 'Parquet')",
+                               parameters={"p": str(dest)}).result_rows == [(1, 0.5), (2, 0.25)]
+    code, out, err = lc(capsys, "export", "exp-spool", "--spool", str(env), "--store", nowhere,
+                        "--what", "lines", "--format", "ndjson")
+    assert code == 0, err
+    rows = [json.loads(x) for x in out.splitlines()]
+    assert rows[0] == {"ts": T0, "stream": "stdout", "seq": 0, "kind": "line", "text": "step 0"}
+
+
 def test_export_latest_and_slurm_job_id(capsys: pytest.CaptureFixture[str], env: Path,
                                         tmp_path: Path) -> None:
     """RUN is what the other commands take: `latest` and a Slurm job id too."""

@@ -68,8 +68,7 @@ def summarize(samples: Iterable[Any], *, cpus_allocated: int | None = None,
     for node, rows in sorted(by_node.items()):
         rows.sort(key=lambda d: (d.get("seq", 0), d.get("ts", 0)))
         jobs = [_loads(d.get("job"), {}) for d in rows]
-        cpu = [_num(j.get("cpu_seconds_total")) for j in jobs]
-        cpu = [c for c in cpu if c is not None]
+        cpu = [c for c in (_num(j.get("cpu_seconds_total")) for j in jobs) if c is not None]
         cpus = cpus_allocated or _max(j.get("cpus_allocated") for j in jobs)
         wall = wall_seconds if wall_seconds is not None else (
             float(rows[-1].get("ts", 0)) - float(rows[0].get("ts", 0)))

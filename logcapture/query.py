@@ -1,0 +1,604 @@
+"""The questions every reader asks: which runs are mine, which run a job reference names, its
+lines (all of them, the last N, or followed while it runs), its summary, its metadata, its
+resource samples and the rows an export writes.
+
+One interface, ``Reader`` (the protocol below), answered three ways:
+
+- ``StoreReader``: the store alone, as one owner (or every owner, for an administrator). The
+  read service (``logcapture.reader``) answers its clients with one per request.
+- ``LocalReader``: the caller's own spool and store, as on a laptop or on the node that runs the
+  job: a run is read from the store once shipped, else from the spool.
+- ``logcapture.reader.client.ServiceReader``: the same questions asked of the read service over
+  its Unix socket, on a login node that sees neither the spools nor the store's credentials.
+
+Everything a Reader returns is plain JSON data, so the read service sends it as it is:
+
+- a run summary (``runs()``): a dict with the keys of ``SUMMARY_KEYS``, whatever the source;
+- records (``lines``, ``follow``, ``metadata``, ``samples``): record dicts as the spool writes
+  them (``records.Record.to_dict``; ``records.from_dict`` makes them records again);
+- ``describe(run)``: the mapping ``logcapture show`` prints (``describe`` below, the one place
+  that builds it, from ``RunFacts`` that the spool or the store supply);
+- ``export_rows(run, what)``: the rows ``logcapture export`` writes (``store.write_rows``).
+
+Every run a Reader names is the caller's own: ``owner`` (a user name; None means every owner)
+filters every question, and a run of someone else is "not found", never "forbidden", so a
+reader learns nothing of other people's job ids.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any, NamedTuple, Protocol
+
+from .errors import LogcaptureError, NotFound, SpoolError
+from .records import (
+    NOTE_BLANK,
+    NOTE_MODE,
+    NOTE_REPEAT,
+    NOTE_WARNING,
+    OUTPUT_STREAMS,
+    Command,
+    End,
+    Line,
+    Metadata,
+    Note,
+    Sample,
+    Start,
+    from_dict,
+)
+from .runs import RunSummary, find_run, follow_records, summarize
+from .spool import ReadStats, find_run_dirs, iter_run
+from .store import EXPORTS, Store, export_rows, redact
+
+# The keys of a run summary (``Reader.runs``), the same from the spool and from the store.
+SUMMARY_KEYS = ("run", "owner", "uid", "job_id", "cluster", "host", "state", "exit_status",
+                "signal", "start", "end", "duration", "lines", "command", "slurm", "source")
+FOLLOW_POLL = 0.5  # seconds between a follower's reads of the store
+# After the end record is in the store, the batch that carried it may still be inserting its
+# lines (the shipper inserts the other records first, store.Store.insert_many): a follower
+# reads on until a read finds nothing this long after it saw the end.
+FOLLOW_SETTLE = 3.0
+# A follower asks the store only for records at most this much older than the newest it has
+# seen (the store's key begins with the run and the time, so the read stays small); records
+# reach the store in spool order, each within seconds of its time stamp.
+FOLLOW_LOOKBACK = 300.0
+
+
+class Reader(Protocol):
+    """The questions every reader asks. RUN arguments are run ids as ``resolve`` returns them;
+    ``resolve`` takes what a user types (a run id, a Slurm job id, ``latest`` or None)."""
+
+    def runs(self) -> list[dict[str, Any]]:
+        """Run summaries (``SUMMARY_KEYS``), newest first."""
+        ...
+
+    def resolve(self, ref: str | None) -> str:
+        """The run id REF names; NotFound when none of the caller's runs matches."""
+        ...
+
+    def lines(self, run: str, stream: str | None = None, tail: int | None = None
+              ) -> list[dict[str, Any]]:
+        """The run's output records (line, command, note, metadata) in order, run-level notes
+        included when ``stream`` is None; ``tail`` keeps the last N."""
+        ...
+
+    def follow(self, run: str) -> Iterator[dict[str, Any]]:
+        """Every record of the run, then new ones as they come, until its end record (the last
+        one yielded)."""
+        ...
+
+    def describe(self, run: str) -> dict[str, Any]:
+        """What ``logcapture show`` prints (``describe``)."""
+        ...
+
+    def metadata(self, run: str) -> list[dict[str, Any]]:
+        """Metadata records, newest first."""
+        ...
+
+    def samples(self, run: str) -> list[dict[str, Any]]:
+        """Resource sample records, oldest first."""
+        ...
+
+    def export_rows(self, run: str, what: str) -> list[dict[str, Any]]:
+        """The rows of ``lines``, ``metadata`` or ``samples`` that ``export`` writes."""
+        ...
+
+    def close(self) -> None:
+        ...
+
+
+# --- describe: one summary from either source -----------------------------------------------
+class RunFacts(NamedTuple):
+    """What ``describe`` needs to know of a run, from the spool (``spool_facts``) or from the
+    store (``store_facts``). Records are record dicts."""
+
+    run: str
+    owner: str  # the trusted owner (the spool's owner rule, or the store's owner column)
+    uid: int
+    start: dict[str, Any] | None
+    end: dict[str, Any] | None
+    lines: dict[str, int]  # output lines per stream
+    repeats: dict[str, int]  # dropped repetitions per stream
+    blanks: dict[str, int]  # dropped blank lines per stream
+    commands: int
+    modes: list[str]  # mode changes in order
+    metadata_keys: list[str]  # sorted
+    metadata: list[dict[str, Any]]  # metadata fields in time order
+    samples: list[dict[str, Any]]  # sample records, oldest first
+    warnings: int
+    spool_problems: str | None = None
+    stored_in: str | None = None
+
+
+def describe(facts: RunFacts) -> dict[str, Any]:
+    """The mapping ``logcapture show`` prints for a run, whatever its source."""
+    from .sampler import summarize as summarize_samples
+    from .xaxis import choose_x_axis
+
+    start, end = facts.start, facts.end
+    info: dict[str, Any] = {"run": facts.run}
+    if start is not None:
+        info["owner"] = f"{facts.owner} (uid {facts.uid})"
+        info["command"] = " ".join(start.get("command") or ())
+        info["cwd"] = start.get("cwd", "")
+        info["host"] = start.get("host", "")
+        info["started"] = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(start["ts"]))
+        info["initial mode"] = start.get("mode", "")
+        if start.get("slurm"):
+            info["slurm"] = dict(start["slurm"])
+    if end is not None:
+        info["state"] = end["state"]
+        info["exit status"] = (end["exit_status"] if end.get("signal") is None
+                               else f"signal {end['signal']}")
+        info["duration"] = f"{end['duration'] or 0.0:.1f}s"
+    else:
+        info["state"] = "RUNNING"
+    info["lines"] = {s: facts.lines.get(s, 0) for s in OUTPUT_STREAMS}
+    info["dropped repetitions"] = {s: facts.repeats.get(s, 0) for s in OUTPUT_STREAMS}
+    info["dropped blank lines"] = {s: facts.blanks.get(s, 0) for s in OUTPUT_STREAMS}
+    info["commands"] = facts.commands
+    info["mode changes"] = list(facts.modes)
+    info["metadata keys"] = list(facts.metadata_keys)
+    info["x axis"] = choose_x_axis(facts.metadata) or "-"
+    if facts.samples:
+        recs = [Sample(**{k: v for k, v in d.items() if k != "kind"}) for d in facts.samples]
+        summary = summarize_samples(recs, wall_seconds=end["duration"] if end else None)
+        info["resources"] = {k: v for k, v in summary.items()
+                             if not isinstance(v, (dict, list)) and v is not None}
+    info["warnings"] = facts.warnings
+    if facts.spool_problems:
+        info["spool problems"] = facts.spool_problems
+    if facts.stored_in:
+        info["stored in"] = facts.stored_in
+    return info
+
+
+def spool_facts(run_dir: Path, owner: str, uid: int) -> RunFacts:
+    """A run's facts from one pass over its spool."""
+    stats = ReadStats()
+    start = end = None
+    lines: Counter[str] = Counter()
+    repeats: Counter[str] = Counter()
+    blanks: Counter[str] = Counter()
+    warnings = commands = 0
+    modes: list[str] = []
+    keys: set[str] = set()
+    metadata: list[dict[str, Any]] = []  # stream order is time order
+    samples: list[dict[str, Any]] = []
+    for rec in iter_run(run_dir, stats):
+        if isinstance(rec, Line):
+            lines[rec.stream] += 1
+        elif isinstance(rec, Start):
+            start = rec.to_dict()
+        elif isinstance(rec, End):
+            end = rec.to_dict()
+        elif isinstance(rec, Metadata):
+            keys.update(rec.fields)
+            metadata.append(dict(rec.fields))
+        elif isinstance(rec, Sample):
+            samples.append(rec.to_dict())
+        elif isinstance(rec, Command):
+            commands += 1
+        elif isinstance(rec, Note):
+            if rec.note == NOTE_REPEAT:
+                repeats[rec.stream] += rec.count
+            elif rec.note == NOTE_BLANK:
+                blanks[rec.stream] += rec.count
+            elif rec.note == NOTE_MODE and rec.stream == "stdout":
+                modes.append(rec.text)  # the classifier notes a change in both streams
+            elif rec.note == NOTE_WARNING:
+                warnings += 1
+    problems = (f"{stats.torn} torn line(s), {len(stats.bad)} invalid line(s)"
+                if stats.torn or stats.bad else None)
+    return RunFacts(run_dir.name, owner, uid, start, end, dict(lines), dict(repeats),
+                    dict(blanks), commands, modes, sorted(keys), metadata, samples, warnings,
+                    spool_problems=problems)
+
+
+def store_facts(st: Store, run: str, owner: str | None) -> RunFacts:
+    """A run's facts from the store's counts, without reading every line."""
+    info = st.run_info(run, owner)
+    t = st.tallies(run, owner)
+    notes = t["notes"]
+    metadata = sorted(st.metadata(run, owner), key=lambda d: (d["ts"], d["seq"]))
+    return RunFacts(
+        run, info["owner"], int(info["uid"]), info["start_record"], info["end_record"],
+        {s: int(n) for s, n in t["lines"].items()},
+        {s: sum(r[2] for r in notes if r[0] == s and r[1] == NOTE_REPEAT)
+         for s in OUTPUT_STREAMS},
+        {s: sum(r[2] for r in notes if r[0] == s and r[1] == NOTE_BLANK)
+         for s in OUTPUT_STREAMS},
+        t["commands"], t["modes"], t["metadata_keys"], [d["fields"] for d in metadata],
+        st.samples(run, owner), sum(r[3] for r in notes if r[1] == NOTE_WARNING),
+        stored_in=redact(st.dsn))
+
+
+# --- run summaries --------------------------------------------------------------------------
+def summary_of_spool(s: RunSummary, owner: str, uid: int) -> dict[str, Any]:
+    """A spool run's summary, with the keys of a store run's (``SUMMARY_KEYS``)."""
+    start, end = s.start, s.end
+    slurm = dict(start.slurm or {}) if start else {}  # null in a hand-made start record
+    return {"run": s.run_id, "owner": owner, "uid": uid,
+            "job_id": str(slurm.get("job_id", "")), "cluster": str(slurm.get("cluster", "")),
+            "host": (start.host or "") if start else "", "state": s.state,
+            "exit_status": end.exit_status if end else None,
+            "signal": end.signal if end else None,
+            "start": start.ts if start else None, "end": end.ts if end else None,
+            "duration": end.duration if end else None, "lines": s.lines,
+            "command": list(start.command or ()) if start else [], "slurm": slurm,
+            "source": "spool"}
+
+
+def summary_of_store(row: dict[str, Any]) -> dict[str, Any]:
+    """A store run's summary (a ``Store.runs`` row) with the keys of ``SUMMARY_KEYS``."""
+    out = {k: row.get(k) for k in SUMMARY_KEYS}
+    out["start"] = row["start"] if row["start"] is not None else row["last"]
+    out["slurm"] = row.get("slurm") or {}
+    out["command"] = list(row.get("command") or [])
+    out["source"] = "store"
+    return out
+
+
+def newest_first(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return sorted(summaries, key=lambda d: (d["start"] is not None, d["start"] or 0.0,
+                                            d["run"]), reverse=True)
+
+
+# --- the store alone ------------------------------------------------------------------------
+StoreSession = Callable[[], AbstractContextManager[Store]]
+
+
+class StoreReader:
+    """The Reader over the store alone, as ``owner`` (None: every owner). ``session`` opens
+    the store for one question (``with session() as st``): an embedded store is one process's
+    at a time, so it is held only while a question is answered."""
+
+    def __init__(self, session: StoreSession, owner: str | None):
+        self.session = session
+        self.owner = owner
+
+    def runs(self) -> list[dict[str, Any]]:
+        with self.session() as st:
+            return [summary_of_store(r) for r in st.runs(self.owner)]
+
+    def resolve(self, ref: str | None) -> str:
+        with self.session() as st:
+            return st.resolve_run(ref, self.owner)
+
+    def lines(self, run: str, stream: str | None = None, tail: int | None = None
+              ) -> list[dict[str, Any]]:
+        with self.session() as st:
+            st.run_info(run, self.owner)  # NotFound when it is not the caller's
+            return st.lines(run, stream, tail, owner=self.owner)
+
+    def follow(self, run: str, poll: float = FOLLOW_POLL, settle: float = FOLLOW_SETTLE,
+               sleep: Callable[[float], None] = time.sleep) -> Iterator[dict[str, Any]]:
+        nexts: dict[str, int] = {}
+        newest: float | None = None
+        ended_at: float | None = None
+        end: dict[str, Any] | None = None
+        first = True
+        while True:
+            with self.session() as st:
+                info = st.run_info(run, self.owner)
+                since = newest - FOLLOW_LOOKBACK if newest is not None else None
+                recs = st.lines(run, owner=self.owner, after=nexts, since=since)
+            if first and info["start_record"] is not None:
+                yield info["start_record"]
+            first = False
+            for d in recs:
+                nexts[d["stream"]] = max(nexts.get(d["stream"], 0), int(d["seq"]) + 1)
+                newest = d["ts"] if newest is None else max(newest, d["ts"])
+                yield d
+            now = time.monotonic()
+            if info["end_record"] is not None and ended_at is None:
+                ended_at, end = now, info["end_record"]
+            if ended_at is not None and not recs and now - ended_at >= settle:
+                if end is not None:
+                    yield end
+                return
+            sleep(poll)
+
+    def describe(self, run: str) -> dict[str, Any]:
+        with self.session() as st:
+            return describe(store_facts(st, run, self.owner))
+
+    def metadata(self, run: str) -> list[dict[str, Any]]:
+        with self.session() as st:
+            st.run_info(run, self.owner)
+            return st.metadata(run, self.owner)
+
+    def samples(self, run: str) -> list[dict[str, Any]]:
+        with self.session() as st:
+            st.run_info(run, self.owner)
+            return st.samples(run, self.owner)
+
+    def export_rows(self, run: str, what: str) -> list[dict[str, Any]]:
+        with self.session() as st:
+            st.run_info(run, self.owner)
+            if what == "lines":
+                recs = st.lines(run, owner=self.owner)
+            elif what == "metadata":
+                recs = st.metadata(run, self.owner)
+            else:
+                recs = st.samples(run, self.owner)
+        return export_rows(what, recs)
+
+    def close(self) -> None:
+        pass
+
+
+class HeldStore:
+    """A ``StoreSession`` for one command: opens the store on the first question and keeps
+    it until ``release`` (between a follower's reads) or ``close``. ``available`` is False when
+    there is no store to read (an embedded store never created, or its config is root's)."""
+
+    def __init__(self, dsn: str | None, wait: float = 5.0,
+                 warn: Callable[[str], None] | None = None):
+        self.dsn = dsn
+        self.wait = wait
+        self.warn = warn
+        self._store: Store | None = None
+        self._checked: bool | None = None
+
+    @property
+    def available(self) -> bool:
+        if self._checked is None:
+            try:
+                self._open()
+                self._checked = True
+            except LogcaptureError as e:
+                from .errors import ConfigError
+
+                if self.warn is not None and not isinstance(e, (NotFound, ConfigError)):
+                    self.warn(f"store not read: {e.message}")
+                self._checked = False
+        return self._checked
+
+    def _open(self) -> Store:
+        if self._store is None:
+            from .store import open_store
+
+            self._store = open_store(self.dsn, wait=self.wait, must_exist=True)
+        return self._store
+
+    def __call__(self) -> AbstractContextManager[Store]:
+        return _Borrowed(self._open())
+
+    def release(self) -> None:
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+
+    close = release
+
+
+class _Borrowed(AbstractContextManager[Store]):
+    """A held store lent for one question (leaving the block does not close it)."""
+
+    def __init__(self, store: Store):
+        self.store = store
+
+    def __enter__(self) -> Store:
+        return self.store
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+# --- the caller's own spool and store ---------------------------------------------------------
+def current_user() -> tuple[str, int]:
+    uid = os.getuid()
+    try:
+        return pwd.getpwuid(uid).pw_name, uid
+    except KeyError:
+        return str(uid), uid
+
+
+def _shipped(run_dir: Path) -> bool:
+    from .ship import CURSOR_NAME, Cursor
+
+    try:
+        return bool(Cursor.from_json((run_dir / CURSOR_NAME).read_text()).shipped_at)
+    except (OSError, ValueError):
+        return False
+
+
+class LocalReader:
+    """The Reader over a spool root and a store, as the user running it: their own runs only
+    (root reads every run it can open). ``source``: ``auto`` reads a run from the store once
+    the spool has shipped all of it (or no longer has it), else from the spool; ``spool`` and
+    ``store`` force one."""
+
+    def __init__(self, spool_root: Path, dsn: str | None = None, source: str = "auto",
+                 warn: Callable[[str], None] | None = None, store_wait: float = 5.0):
+        self.root = spool_root
+        self.source = source
+        self.user, self.uid = current_user()
+        self.owner: str | None = None if self.uid == 0 else self.user
+        self.held = HeldStore(dsn, wait=store_wait, warn=warn)
+        self.store = StoreReader(self.held, self.owner)
+        self._where: dict[str, Path | None] = {}  # run id -> its spool dir, None: the store
+
+    # where a run lives
+    def _mine(self, run_dir: Path) -> tuple[str, int] | None:
+        """The run's trusted owner (``ship.trusted_identity``), or None when it is not the
+        caller's."""
+        from .ship import trusted_identity
+
+        try:
+            ident = trusted_identity(run_dir)
+        except (OSError, LogcaptureError):
+            return None
+        if self.owner is not None and ident.uid != self.uid:
+            return None
+        return ident.user, ident.uid
+
+    def _spool_run(self, ref: str | None) -> Path | None:
+        if self.source == "store":
+            return None
+        try:
+            run_dir = find_run(self.root, ref)
+        except NotFound:
+            return None
+        return run_dir if self._mine(run_dir) is not None else None
+
+    def _in_store(self) -> bool:
+        return self.source != "spool" and self.held.available
+
+    def resolve(self, ref: str | None) -> str:
+        run_dir = self._spool_run(ref)
+        if run_dir is not None and (self.source == "spool" or not _shipped(run_dir)):
+            self._where[run_dir.name] = run_dir
+            return run_dir.name
+        if self._in_store():
+            name = run_dir.name if run_dir is not None else ref
+            try:
+                run = self.store.resolve(name)
+                self._where[run] = None
+                return run
+            except NotFound:
+                pass
+        if run_dir is not None:
+            self._where[run_dir.name] = run_dir
+            return run_dir.name
+        where = f"{self.root}" + (" or in the store" if self.source != "spool" else "")
+        if ref is None or ref == "latest":
+            raise NotFound(f"no runs in {where}")
+        raise NotFound(f"no run {ref!r}: not in {self.root}"
+                       + (" and not in the store" if self.source != "spool" else "")
+                       + " (see `logcapture ls`)")
+
+    def _dir(self, run: str) -> Path | None:
+        if run not in self._where:
+            self.resolve(run)
+        return self._where.get(run)
+
+    # the questions
+    def runs(self) -> list[dict[str, Any]]:
+        out = []
+        if self.source != "store":
+            for run_dir in find_run_dirs(self.root):
+                who = self._mine(run_dir)
+                if who is None:
+                    continue
+                try:
+                    s = summarize(run_dir)
+                except SpoolError:
+                    continue
+                if s.state != "EMPTY":
+                    out.append(summary_of_spool(s, *who))
+        if self._in_store():
+            known = {d["run"] for d in out}
+            out += [d for d in self.store.runs() if d["run"] not in known]
+        return newest_first(out)
+
+    def lines(self, run: str, stream: str | None = None, tail: int | None = None
+              ) -> list[dict[str, Any]]:
+        run_dir = self._dir(run)
+        if run_dir is None:
+            return self.store.lines(run, stream, tail)
+        out = []
+        for rec in iter_run(run_dir):
+            if isinstance(rec, (Line, Command, Note, Metadata)) and (
+                    stream is None and rec.stream in (*OUTPUT_STREAMS, "run")
+                    or rec.stream == stream):
+                out.append(rec.to_dict())
+        return out[-tail:] if tail else out
+
+    def follow(self, run: str) -> Iterator[dict[str, Any]]:
+        run_dir = self._dir(run)
+        if run_dir is not None:
+            for rec in follow_records(run_dir):
+                yield rec.to_dict()
+            return
+        self.held.release()  # the store is opened for each read: others take turns
+        session = _Reopened(self.held)
+        yield from StoreReader(session, self.owner).follow(run)
+
+    def describe(self, run: str) -> dict[str, Any]:
+        run_dir = self._dir(run)
+        if run_dir is None:
+            return self.store.describe(run)
+        who = self._mine(run_dir) or (self.user, self.uid)
+        return describe(spool_facts(run_dir, *who))
+
+    def metadata(self, run: str) -> list[dict[str, Any]]:
+        run_dir = self._dir(run)
+        if run_dir is None:
+            return self.store.metadata(run)
+        recs = [r.to_dict() for r in iter_run(run_dir) if isinstance(r, Metadata)]
+        return recs[::-1]
+
+    def samples(self, run: str) -> list[dict[str, Any]]:
+        run_dir = self._dir(run)
+        if run_dir is None:
+            return self.store.samples(run)
+        return [r.to_dict() for r in iter_run(run_dir) if isinstance(r, Sample)]
+
+    def export_rows(self, run: str, what: str) -> list[dict[str, Any]]:
+        if what not in EXPORTS:
+            from .errors import UsageError
+
+            raise UsageError(f"--what must be lines, metadata or samples, not {what!r}")
+        if self._dir(run) is None:
+            return self.store.export_rows(run, what)
+        recs = (self.lines(run) if what == "lines" else
+                self.metadata(run) if what == "metadata" else self.samples(run))
+        return export_rows(what, recs)
+
+    def close(self) -> None:
+        self.held.close()
+
+
+class _Reopened:
+    """A ``StoreSession`` that opens the held store for one read and closes it after."""
+
+    def __init__(self, held: HeldStore):
+        self.held = held
+
+    def __call__(self) -> AbstractContextManager[Store]:
+        return _OpenClose(self.held)
+
+
+class _OpenClose(AbstractContextManager[Store]):
+    def __init__(self, held: HeldStore):
+        self.held = held
+
+    def __enter__(self) -> Store:
+        return self.held._open()
+
+    def __exit__(self, *exc: object) -> None:
+        self.held.release()
+
+
+def records_of(dicts: Iterator[dict[str, Any]] | list[dict[str, Any]]) -> Iterator[Any]:
+    """Records from record dicts (for printing): ``records.from_dict`` of each."""
+    for d in dicts:
+        yield from_dict(d)
