@@ -27,6 +27,8 @@ from .records import (
     NOTE_REPEAT,
     NOTE_WARNING,
     OUTPUT_STREAMS,
+    STDERR,
+    STREAMS_MERGED,
     Command,
     Line,
     Note,
@@ -223,6 +225,7 @@ def logs(spool: Path | None, stream: str, follow: bool, store_dsn: str | None, s
         run = reader.resolve(run_ref)
         records: Any = (reader.follow(run) if follow
                         else reader.lines(run, None if stream == "all" else stream))
+        printed = False
         for d in records:
             rec = from_dict(d)
             if rec.stream not in streams and not (rec.stream == "run"
@@ -234,6 +237,12 @@ def logs(spool: Path | None, stream: str, follow: bool, store_dsn: str | None, s
             text = _format_record(rec, show_stream=False)
             if text is not None:
                 click.echo(text)
+                printed = True
+        if stream == STDERR and not printed and not follow and str(
+                reader.describe(run).get("streams", "")).startswith(STREAMS_MERGED):
+            click.echo("logcapture: stdout and stderr of this run went to the same place and "
+                       "were captured as one stream, in the order written: see --stream "
+                       "stdout (#SBATCH -e FILE or 2>FILE keeps them apart)", err=True)
 
 
 @cli.command()
@@ -294,7 +303,12 @@ def check(uid: int | None, file: Path | None) -> None:
         click.echo(f"{path}: invalid ({n} problem{'s' if n != 1 else ''}): jobs started now "
                    "are logged in mode disabled (only /LOGCOMMAND lines are kept)")
         sys.exit(1)
-    click.echo(f"{path}: valid; mode: {result.config.mode}")
+    streams = result.config.streams
+    how = ("stdout and stderr are one stream (stdout) when they go to the same file or "
+           "terminal, two otherwise" if streams == "auto" else
+           "stdout and stderr are always two streams (where they share a file, the order "
+           "of their lines there may differ from a run without logcapture)")
+    click.echo(f"{path}: valid; mode: {result.config.mode}; streams: {streams} ({how})")
 
 
 # ------------------------------------------------------------------------------ slurm

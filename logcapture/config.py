@@ -41,7 +41,15 @@ if TYPE_CHECKING:
 OPTIN_ENV = "LOGCAPTURE_OPTIN"
 OPTIN_NAME = ".logoptin"
 OPTIN_MAX_BYTES = 65536
-OPTIN_KEYS = ("mode",)
+OPTIN_KEYS = ("mode", "streams")
+# ``streams``: how the job's stdout and stderr are captured (runner.same_destination).
+# ``auto``: one terminal for both when they go to the same place (the order of their writes
+# is then kept there, as without logcapture), two otherwise; ``separate``: always two, so the
+# log keeps stderr apart, at the price of that order where they share a place. There is no
+# choice that merges streams going to different places: that would change what reaches them.
+STREAMS_AUTO = "auto"
+STREAMS_SEPARATE = "separate"
+STREAMS_CHOICES = (STREAMS_AUTO, STREAMS_SEPARATE)
 
 ADMIN_ENV = "LOGCAPTURE_CONFIG"
 ADMIN_DEFAULT_PATH = "/etc/logcapture/config.yaml"
@@ -86,12 +94,15 @@ _YAML_TRUE = {"on", "yes", "true", "y"}
 # The configuration types are named tuples, as the records are (records.py says why).
 
 
-class OptinConfig(namedtuple("OptinConfig", ("mode",), defaults=(ENABLED,))):
-    """The user's settings. The cluster guide documents one option, ``mode``."""
+class OptinConfig(namedtuple("OptinConfig", ("mode", "streams"),
+                             defaults=(ENABLED, STREAMS_AUTO))):
+    """The user's settings: ``mode`` (the cluster guide's option) and ``streams``
+    (``STREAMS_CHOICES``)."""
 
     __slots__ = ()
     if TYPE_CHECKING:
         mode: str
+        streams: str
 
 
 class OptinResult(namedtuple("OptinResult", ("opted_in", "config", "problems"))):
@@ -349,7 +360,17 @@ def _dsn(node: yaml.Node) -> Any:
 
 _DSN_SCHEMES = ("chdb", "http", "https")
 
-_OPTIN_SCHEMA: Schema = {"mode": _choice(MODES)}
+def _streams(node: yaml.Node) -> Any:
+    if isinstance(node, yaml.ScalarNode) and node.tag == _STR and node.value.strip().lower() in (
+            "merged", "merge", "combined", "one"):
+        raise _Problem(
+            f"must be one of {', '.join(STREAMS_CHOICES)}, not {node.value!r}: stdout and "
+            "stderr are captured as one stream whenever they go to the same place (auto); "
+            "to merge them, send both to one place (2>&1, or no #SBATCH -e)")
+    return _choice(STREAMS_CHOICES)(node)
+
+
+_OPTIN_SCHEMA: Schema = {"mode": _choice(MODES), "streams": _streams}
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
 _QUOTED = re.compile(r"'([^']*)'|\"([^\"]*)\"")

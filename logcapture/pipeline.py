@@ -284,12 +284,19 @@ def capture_command(argv: list[str], *, spool_root: Path, run_id: str | None = N
     mode): the job's outcome never depends on logcapture (SPEC.md §3).
     """
     from . import runner
-    from .config import FALLBACK_MESSAGE, load_admin, load_optin, optin_path
+    from .config import (
+        FALLBACK_MESSAGE,
+        STREAMS_AUTO,
+        load_admin,
+        load_optin,
+        optin_path,
+    )
     from .spool import create_run_dir
 
     base_env = dict(os.environ if env is None else env)
     worker: runner.Worker | None = None
     problems: list[str] = []
+    merge: bool | None = None
     try:
         try:
             admin = load_admin(env=base_env)
@@ -304,6 +311,9 @@ def capture_command(argv: list[str], *, spool_root: Path, run_id: str | None = N
             problems.append(FALLBACK_MESSAGE.removeprefix("logcapture: "))  # the note adds its own
         if effective_mode is None:
             effective_mode = optin.config.mode if optin.opted_in else ENABLED
+        # One pty for both streams when they go to the same place, so that what reaches it
+        # is what the job wrote there, in its order (runner.same_destination).
+        merge = optin.config.streams == STREAMS_AUTO and runner.same_destination()
         rid = run_id or default_run_id(base_env)
         run_dir = create_run_dir(spool_root, rid)
         rows, cols = runner.caller_winsize()
@@ -312,7 +322,8 @@ def capture_command(argv: list[str], *, spool_root: Path, run_id: str | None = N
             host=_hostname(), pid=os.getpid(),
             slurm=slurm if slurm is not None else slurm_identity(base_env),
             config={"mode": effective_mode, "optin": str(path) if optin.opted_in else None,
-                    "columns": cols, "rows": rows})
+                    "columns": cols, "rows": rows,
+                    "streams": "merged" if merge else "separate"})
         for problem in problems:  # on the user's stderr now, in the spool by the worker
             warn(problem)
         settings = _WorkerSettings(
@@ -329,10 +340,12 @@ def capture_command(argv: list[str], *, spool_root: Path, run_id: str | None = N
         warn(f"capture disabled for this run: {reason}; the command runs normally")
         worker = None
         winsize = None
+        if merge is None:  # the job's bytes, in order, all the same
+            merge = runner.same_destination()
 
     try:
         outcome = runner.run(argv, worker, runner.Options(env=base_env, warn=warn,
-                                                          winsize=winsize))
+                                                          winsize=winsize, merge=bool(merge)))
     except runner.NoTerminal as e:
         # No pty or no file descriptor left: the command runs as if logcapture were not
         # there (SPEC.md §3), in this process, so its exit status and signals are the

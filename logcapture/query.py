@@ -51,6 +51,7 @@ from .records import (
     Sample,
     Start,
     from_dict,
+    streams_of,
 )
 from .runs import RunSummary, find_run, follow_records, summarize
 from .spool import ReadStats, find_run_dirs, iter_run
@@ -150,6 +151,7 @@ def describe(facts: RunFacts) -> dict[str, Any]:
         info["host"] = start.get("host", "")
         info["started"] = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(start["ts"]))
         info["initial mode"] = start.get("mode", "")
+        info["streams"] = streams_of(start.get("config") or {})
         if start.get("slurm"):
             info["slurm"] = dict(start["slurm"])
     if end is not None:

@@ -56,6 +56,21 @@ NOTE_MODE = "mode"  # the mode changed (from .logoptin or a /LOGCOMMAND)
 NOTE_KINDS = (NOTE_REPEAT, NOTE_BLANK, NOTE_CUT, NOTE_WARNING, NOTE_MODE)
 
 
+# How the job's stdout and stderr were captured, in the start record's config["streams"]:
+# two ptys, or one for both (they went to the same file or terminal, runner.same_destination)
+# whose stream is stdout. A start record without the key is from before there was a choice.
+STREAMS_SEPARATE = "separate"
+STREAMS_MERGED = "merged"
+
+
+def streams_of(config: Mapping[str, Any]) -> str:
+    """What ``logcapture show`` says of a run's streams, from its start record's config."""
+    if config.get("streams") == STREAMS_MERGED:
+        return (f"{STREAMS_MERGED} (stdout and stderr went to the same place and were "
+                "captured as one stream, in the order written: stdout)")
+    return STREAMS_SEPARATE
+
+
 _IDENTITY = ("run", "stream", "seq", "ts")
 _NO_ITEMS: Mapping[str, Any] = MappingProxyType({})  # the default of every dict field
 

@@ -1,10 +1,15 @@
-"""Run a command under two pseudo-terminals and pump its bytes; know nothing of content.
+"""Run a command under pseudo-terminals and pump its bytes; know nothing of content.
 
 Entry point: ``run(argv, sink, options) -> Outcome``.
 
 - stdout and stderr each get their own pty, so both are ttys (``isatty()`` true, colours and
   progress bars as in a shell) and stay separate streams. stdin is passed through untouched
   (the command inherits the caller's stdin, so pipes and interactive terminals both work).
+- With ``Options.merge`` (the caller's stdout and stderr go to the same place:
+  ``same_destination``) both are one pty, as in a terminal or under ``script``: the order in
+  which the command wrote to the two reaches that place as it wrote it, which two ptys read
+  by one reader cannot keep (a write to stderr right after one to stdout may be read first).
+  That one stream is ``stdout``: it is copied to the caller's stdout and fed as ``stdout``.
 - Output post-processing is switched off on both ptys (no ``\\n`` -> ``\\r\\n``), so what is
   copied to the real stdout/stderr is byte-identical to what the command wrote (SPEC.md §3).
 - The window size is the caller's terminal's, else ``LOGCAPTURE_COLUMNS`` x ``LOGCAPTURE_LINES``,
@@ -44,6 +49,7 @@ import json
 import os
 import select
 import signal
+import stat
 import struct
 import subprocess
 import sys
@@ -133,10 +139,12 @@ if TYPE_CHECKING:
 
 class Options(namedtuple("Options", (
         "env", "stdin_fd", "stdout_fd", "stderr_fd", "winsize", "drain_idle", "drain_timeout",
-        "warn", "on_start", "worker_buffer", "worker_timeout"),
-        defaults=(None, 0, 1, 2, None, 0.5, 5.0, None, None, WORKER_BUFFER, WORKER_TIMEOUT))):
+        "warn", "on_start", "worker_buffer", "worker_timeout", "merge"),
+        defaults=(None, 0, 1, 2, None, 0.5, 5.0, None, None, WORKER_BUFFER, WORKER_TIMEOUT,
+                  False))):
     """How ``run`` runs a command. ``winsize``: (rows, columns), None for the caller's;
-    ``on_start``: called with the child's pid."""
+    ``on_start``: called with the child's pid; ``merge``: one pty for stdout and stderr,
+    copied to ``stdout_fd`` and fed as stream ``stdout`` (``same_destination`` says when)."""
 
     __slots__ = ()
     if TYPE_CHECKING:
@@ -151,6 +159,7 @@ class Options(namedtuple("Options", (
         on_start: Callable[[int], None] | None
         worker_buffer: int
         worker_timeout: float
+        merge: bool
 
 
 class Outcome(namedtuple("Outcome", (
@@ -448,6 +457,55 @@ def fork_worker(target: Callable[[int], int]) -> Worker:
     return Worker(pid, w)
 
 
+def same_destination(fd1: int = 1, fd2: int = 2) -> bool:
+    """Do ``fd1`` and ``fd2`` write to the same place, so that the order of writes across them
+    is part of what ends up there? True for one open file description (``2>&1``, Slurm's
+    ``slurm-N.out`` without ``-e``), for the same pipe, FIFO, socket or terminal however it
+    was opened (writes to it are kept in order), and for the same regular file when both
+    append (``>>f 2>>f``: each write lands at the end). Not for /dev/null (nobody sees an
+    order there: the streams keep their names), not for two descriptors that each write at
+    their own offset of one file (``>f 2>f``: each overwrites the other at its own offset, so
+    the bytes a stream writes land where they would without a terminal only if it keeps its
+    own descriptor), and not when either is closed."""
+    try:
+        a, b = os.fstat(fd1), os.fstat(fd2)
+    except OSError:
+        return False
+    if (a.st_dev, a.st_ino) != (b.st_dev, b.st_ino):
+        return False
+    if stat.S_ISCHR(a.st_mode) and a.st_rdev == os.makedev(1, 3):  # /dev/null
+        return False
+    if not stat.S_ISREG(a.st_mode):
+        return True  # one pipe, socket or terminal: one queue of writes
+    try:
+        fl1, fl2 = fcntl.fcntl(fd1, fcntl.F_GETFL), fcntl.fcntl(fd2, fcntl.F_GETFL)
+        if fl1 & fl2 & os.O_APPEND:
+            return True
+        return _same_description(fd1, fd2)
+    except OSError:
+        return False
+
+
+def _same_description(fd1: int, fd2: int) -> bool:
+    """Are ``fd1`` and ``fd2`` one open file description (one offset)? kcmp(2) says exactly;
+    where it is missing (a kernel without CONFIG_KCMP, another architecture), two descriptors
+    at one offset are taken as one: a file opened twice at the same offset would have its
+    streams overwrite each other, so no order of theirs survives there anyway."""
+    number = _KCMP_SYSCALL.get(os.uname().machine)
+    if number is not None:
+        import ctypes  # only for a regular file shared by both streams
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        pid = os.getpid()
+        got = libc.syscall(number, pid, pid, 0, fd1, fd2)  # 0: KCMP_FILE
+        if got >= 0:
+            return got == 0
+    return os.lseek(fd1, 0, os.SEEK_CUR) == os.lseek(fd2, 0, os.SEEK_CUR)
+
+
+_KCMP_SYSCALL = {"x86_64": 312, "aarch64": 272, "ppc64le": 354}
+
+
 def caller_winsize(fds: Sequence[int] = (0, 1, 2),
                    env: dict[str, str] | os._Environ[str] = os.environ) -> tuple[int, int]:
     """(rows, columns) of the first fd that is a terminal with a size, else the
@@ -527,13 +585,16 @@ def run(argv: Sequence[str], sink: Sink | Worker | None,
     opened: list[int] = []
     try:  # nothing has started yet: a failure here is the caller's to handle (NoTerminal)
         out_m, out_s = _open_pty(rows, cols, opened)
-        err_m, err_s = _open_pty(rows, cols, opened)
+        if opts.merge:  # one terminal for both, as the job's two descriptors share one place
+            err_m, err_s = out_m, out_s
+        else:
+            err_m, err_s = _open_pty(rows, cols, opened)
         wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as e:
         for fd in opened:
             os.close(fd)
         raise NoTerminal(e.errno, e.strerror) from e
-    masters = {out_m: STDOUT, err_m: STDERR}
+    masters = {out_m: STDOUT} if opts.merge else {out_m: STDOUT, err_m: STDERR}
     real = {STDOUT: opts.stdout_fd, STDERR: opts.stderr_fd}
     counts = {STDOUT: 0, STDERR: 0}
 
@@ -544,8 +605,8 @@ def run(argv: Sequence[str], sink: Sink | Worker | None,
         if signum == signal.SIGWINCH:
             try:
                 r, c = caller_winsize()
-                set_winsize(out_m, r, c)
-                set_winsize(err_m, r, c)
+                for fd in masters:
+                    set_winsize(fd, r, c)
             except OSError:
                 pass
             # The ptys are no controlling terminal, so the kernel tells nobody of the new
@@ -569,7 +630,7 @@ def run(argv: Sequence[str], sink: Sink | Worker | None,
                 list(argv), stdin=opts.stdin_fd, stdout=out_s, stderr=err_s,
                 env=opts.env, start_new_session=True, restore_signals=True, close_fds=True)
         except OSError as e:
-            for fd in (out_m, out_s, err_m, err_s):
+            for fd in {out_m, out_s, err_m, err_s}:
                 os.close(fd)
             if e.errno in _RESOURCE_ERRNOS:
                 raise NoTerminal(e.errno, e.strerror) from e
@@ -580,8 +641,8 @@ def run(argv: Sequence[str], sink: Sink | Worker | None,
             if worker is not None:
                 worker.finish(outcome, opts.worker_timeout, warn)
             return outcome
-        os.close(out_s)
-        os.close(err_s)
+        for fd in {out_s, err_s}:
+            os.close(fd)
         if opts.on_start:
             opts.on_start(child.pid)
 

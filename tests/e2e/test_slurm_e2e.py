@@ -59,7 +59,10 @@ def test_an_opted_in_job_is_captured_rendered_and_recorded(lc: Cluster) -> None:
     assert f"hello from {job.id}" in stdout
     assert "progress 5/5" in stdout and not any("progress 1/5" in t for t in stdout)
     assert "from an srun step" in stdout
-    assert lines(records, "stderr") == ["to stderr"]
+    # No -e: stdout and stderr share the output file, so they are one stream, in order.
+    assert lines(records, "stderr") == []
+    assert stdout.index('{"epoch": 1, "loss": 0.5}') < stdout.index("to stderr") \
+        < stdout.index("from an srun step")
     assert [r["fields"] for r in records if r["kind"] == "metadata"] == [
         {"epoch": 1, "loss": 0.5}]
     start = records[0]
@@ -394,3 +397,56 @@ def test_the_prologs_node_sampler_records_the_jobs_cpu_and_ships_it_with_the_job
     owner = lc.store_query("print(json.dumps({r['run']: r['owner'] for r in store.runs()}"
                            "[sys.argv[2]]))", j2.id)
     assert json.loads(owner) == U1
+
+
+# A deterministic job writing to both streams: alternating lines from bash and from Python, a
+# \r progress line with warnings on stderr, a traceback after stdout lines, and long lines on
+# both streams. Nothing in it depends on the job id, the user or whether it runs under a pty.
+ORDERED = r"""#!/bin/bash
+for i in 1 2 3 4 5; do echo "out $i"; echo "err $i" >&2; done
+python3 -u -c '
+import sys
+for i in range(40):
+    sys.stdout.write(f"\rtraining {i:2d}/39"); sys.stdout.flush()
+    if i % 8 == 3:
+        print(f"UserWarning: step {i} is slow", file=sys.stderr)
+print()
+for epoch in range(3):
+    print(f"epoch {epoch} done")
+    print({"epoch": epoch}, file=sys.stderr)
+for i in range(200):
+    sys.stdout.write("o" * (i * 37 % 3000) + "\n"); sys.stdout.flush()
+    sys.stderr.write("e" * (i * 53 % 2000) + "\n"); sys.stderr.flush()
+1 / 0
+'
+echo "python said $?"
+exit 0
+"""
+
+
+def test_an_opted_in_jobs_output_files_are_byte_identical_to_an_uncaptured_jobs(
+        lc: Cluster) -> None:
+    lc.optin(U1, "")  # U1 captured, U2 not
+    lc.optin(U2, None)
+    merged = (lc.submit(U1, ORDERED, name="ordered"), lc.submit(U2, ORDERED, name="ordered"))
+    apart = [lc.submit(user, ORDERED, f"--error={lc.home(user)}/apart-%j.err", name="apart")
+             for user in (U1, U2)]
+    states = lc.wait(*merged, *apart)
+    assert set(states.values()) == {("COMPLETED", "0:0")}
+    # Without -e: stdout and stderr share slurm-N.out, which gets the same bytes, in order.
+    want = merged[1].out.read_bytes()
+    assert b"out 1\nerr 1\nout 2\n" in want and b"ZeroDivisionError" in want
+    assert merged[0].out.read_bytes() == want
+    start = next(r for r in lc.records(merged[0]) if r["kind"] == "start")
+    assert start["config"]["streams"] == "merged"
+    assert "err 1" in lines(lc.records(merged[0]))  # one stream, stdout
+    # With -e each file gets the same bytes.
+    captured, plain = apart
+    assert captured.out.read_bytes() == plain.out.read_bytes()
+    errs = [lc.home(j.user) / f"apart-{j.id}.err" for j in apart]
+    assert errs[0].read_bytes() == errs[1].read_bytes()
+    assert b"ZeroDivisionError" in errs[1].read_bytes()
+    records = lc.records(captured)
+    assert next(r for r in records if r["kind"] == "start")["config"]["streams"] == "separate"
+    assert "err 1" in lines(records, "stderr") and "out 1" in lines(records)
+    assert not (lc.spool_root / merged[1].id).exists()
