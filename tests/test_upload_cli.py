@@ -69,6 +69,8 @@ def env(tmp_path: Path, store_dsn: str, monkeypatch: pytest.MonkeyPatch) -> Path
     monkeypatch.setenv("LOGCAPTURE_CONFIG", str(tmp_path / "no-config.yaml"))
     root = tmp_path / "spool"
     root.mkdir()
+    # a command without --spool reads this spool, not the machine user's own
+    monkeypatch.setenv("LOGCAPTURE_SPOOL", str(root))
     return root
 
 
