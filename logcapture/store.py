@@ -335,6 +335,25 @@ _SCHEMA_VERSION_DDL = """CREATE TABLE IF NOT EXISTS schema_version (
     version UInt32, applied DateTime DEFAULT now()
 ) ENGINE = ReplacingMergeTree ORDER BY version"""
 
+# A ClickHouse server takes the ``ingest`` inserts asynchronously (ClickHouse docs,
+# "Asynchronous inserts"): it gathers the inserts of every node's agent in a buffer and writes
+# them as one part per target table and flush, flushing at the latest after
+# ``async_insert_busy_timeout_ms`` (the maximum of the adaptive timeout since 24.3; 1 s, about
+# ClickHouse's one insert a second per table, however many agents), sooner when inserts are
+# rare. ``wait_for_async_insert`` answers only once the rows are written, so a shipper moves
+# its cursor past data the store holds (at least once), and the answer comes before the
+# client's own timeout (``send_receive_timeout``, 60 s). Re-sent rows (a retry, or a batch
+# sent again after a crash between the insert and the cursor) add copies that the tables'
+# keys (ReplacingMergeTree, FINAL reads; idempotent aggregates in ``runs``) collapse, as for
+# synchronous inserts: insert deduplication (``async_insert_deduplicate``) is not relied on.
+# The embedded engine accepts these settings but inserts at once (no server queue).
+ASYNC_INSERT_SETTINGS = {
+    "async_insert": 1,
+    "wait_for_async_insert": 1,
+    "async_insert_busy_timeout_ms": 1000,
+    "wait_for_async_insert_timeout": 50,
+}
+
 # Settings for every ingest: refuse unknown fields (a forged or corrupt line then takes the
 # slow path, where it is reported), read nested objects/arrays as their JSON text.
 INGEST_SETTINGS = {
@@ -725,6 +744,8 @@ class Store:
         self.dsn = dsn
         self._lock_path = lock_path
         self.embedded = lock_path is not None
+        # asynchronous inserts into ``ingest`` (``ASYNC_INSERT_SETTINGS``): on a server
+        self.async_insert = not self.embedded
         self._closed = False
         self._extra_clients: list[Any] = []  # more handles on the embedded engine
 
@@ -997,10 +1018,16 @@ class Store:
                                    "uid": int(identity.uid), "cluster": identity.cluster,
                                    "job_id": identity.job_id}, what="inserting")
 
-    def _raw_insert(self, body: bytes) -> None:
+    def _raw_insert(self, body: bytes, sync: bool = False) -> None:
+        """``body`` (NDJSON, identity spliced in) into ``ingest``: asynchronously when the
+        store says so, unless ``sync`` (the slow path's checked lines: a server checks the
+        constraints on a whole flush, so they must not share one with another node's refused
+        batch)."""
+        settings = (INGEST_SETTINGS if sync or not self.async_insert
+                    else {**INGEST_SETTINGS, **ASYNC_INSERT_SETTINGS})
         try:
             self.client.raw_insert("ingest", None, insert_block=body, fmt="JSONEachRow",
-                                   settings=INGEST_SETTINGS)
+                                   settings=settings)
         except Exception as e:  # noqa: BLE001
             raise classify(e, "inserting") from None
 
@@ -1019,7 +1046,7 @@ class Store:
         if good:
             prefix = identity.splice_prefix()
             body = b"".join(prefix + g[1:] + b"\n" for g in good)
-            self._raw_insert(body)
+            self._raw_insert(body, sync=True)
         result.rows = len(good)
         return result
 

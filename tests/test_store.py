@@ -327,6 +327,31 @@ def test_reinsert_never_duplicates_before_or_after_merges(db: S.Store) -> None:
     assert sorted(db.records("dup"), key=key) == sorted((r.to_dict() for r in recs), key=key)
 
 
+def test_async_inserts_on_the_server_path_keep_every_record_once(db: S.Store) -> None:
+    """A server's write path (every record through ``ingest``) with the asynchronous insert
+    settings: the engine takes them, the rows are there when the insert returns
+    (``wait_for_async_insert``), and a batch sent again collapses. The embedded engine has no
+    server queue (it inserts at once): a server's batching is measured by bench_fleet."""
+    assert not db.async_insert  # the embedded store inserts synchronously by default
+    assert S.ASYNC_INSERT_SETTINGS["async_insert"] == 1
+    assert S.ASYNC_INSERT_SETTINGS["wait_for_async_insert"] == 1
+    recs = sample_records("async1", n=50)
+    db.embedded, db.async_insert = False, True
+    try:
+        for _ in range(2):
+            db.insert_records(recs, ident("async1"))
+            assert len(db.lines("async1")) == 50 + 2 + 2 + 1  # visible on return, once
+        # the slow path (a refused batch, checked line by line) inserts synchronously
+        res = db.insert_ndjson(b'{"kind":"line","run":"async1"}\n' + recs[1].to_json().encode()
+                               + b"\n", ident("async1"))
+        assert res.slow_path and res.rows == 1 and len(res.bad) == 1
+    finally:
+        db.embedded, db.async_insert = True, False
+    assert len(db.records("async1")) == len(recs)
+    assert sorted(db.records("async1"), key=key) == sorted((r.to_dict() for r in recs),
+                                                           key=key)
+
+
 def test_identity_comes_from_the_caller_not_the_records(db: S.Store) -> None:
     forged = [Line(run="victim", stream="stdout", seq=0, ts=T0, text="mine")]
     db.insert_records(forged, ident("own1", user="mallory", uid=2000))
