@@ -331,7 +331,7 @@ def test_async_inserts_on_the_server_path_keep_every_record_once(db: S.Store) ->
     """A server's write path (every record through ``ingest``) with the asynchronous insert
     settings: the engine takes them, the rows are there when the insert returns
     (``wait_for_async_insert``), and a batch sent again collapses. The embedded engine has no
-    server queue (it inserts at once): a server's batching is measured by bench_fleet."""
+    server queue (it inserts at once): a server's batching cannot be shown here."""
     assert not db.async_insert  # the embedded store inserts synchronously by default
     assert S.ASYNC_INSERT_SETTINGS["async_insert"] == 1
     assert S.ASYNC_INSERT_SETTINGS["wait_for_async_insert"] == 1
@@ -481,6 +481,21 @@ def test_export_metadata(db: S.Store, fmt: str, tmp_path: Path) -> None:
         assert rows[0][4] == "a" and rows[3][7] == "[3]" and rows[0][7] is None
     with pytest.raises(NotFound):
         db.export("nope", "metadata", fmt, io.BytesIO())
+
+
+def test_write_rows_without_a_store_uses_the_engine_this_process_has(db: S.Store,
+                                                                     tmp_path: Path) -> None:
+    """chDB runs one engine per process: with a store open here (``db``), rows written
+    without a store go through a new handle on it, not an in-memory engine it would refuse."""
+    rows = [{"ts": T0, "k": 1, "s": "a", "o": {"x": [1]}}, {"ts": T0 + 1, "k": 2, "b": True}]
+    out = io.BytesIO()
+    S.write_rows(rows, "parquet", out)
+    (tmp_path / "w.parquet").write_bytes(out.getvalue())
+    columns, got = read_parquet(db, tmp_path / "w.parquet")
+    assert columns == [("ts", "Nullable(Float64)"), ("k", "Nullable(Int64)"),
+                       ("s", "Nullable(String)"), ("o", "Nullable(String)"),
+                       ("b", "Nullable(Bool)")]
+    assert got == [(T0, 1, "a", '{"x":[1]}', None), (T0 + 1, 2, None, None, True)]
 
 
 def test_export_lines_and_samples(db: S.Store) -> None:
