@@ -206,3 +206,22 @@ def test_a_wrong_token_gets_403(site, browser, shots):
     d.get(s.base + "/job/train")
     assert "403" in d.find_element(By.TAG_NAME, "body").text
     d.save_screenshot(str(shots / "403.png"))
+
+
+def test_dark_mode(site, browser, shots):
+    s, _ = site
+    d = browser
+    d.execute_cdp_cmd("Emulation.setEmulatedMedia", {
+        "features": [{"name": "prefers-color-scheme", "value": "dark"}]})
+    try:
+        d.get(s.url)  # the token's cookie again (a test before may have cleared it)
+        console_errors(d)  # and its console messages (a 403 on purpose) read and dropped
+        d.get(s.base + "/job/4242")
+        wait(d).until(lambda d: d.execute_script("return document.body.dataset.ready") == "1")
+        bg = d.execute_script("return getComputedStyle(document.body).backgroundColor")
+        rgb = [int(x) for x in bg[bg.index("(") + 1:bg.index(")")].split(",")[:3]]
+        assert sum(rgb) < 150, bg  # a dark background, light text
+        d.save_screenshot(str(shots / "job-dark.png"))
+        assert console_errors(d) == []
+    finally:
+        d.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": []})

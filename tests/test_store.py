@@ -152,16 +152,16 @@ def check_migration_2(path: str) -> None:
         assert _index_granularity(st) == ("tokenbf_v1(32768, 3, 0)", 8)
 
 
-def test_migration_3_reads_ts_as_a_decimal_and_rewrites_the_number_views(tmp_path: Path
+def test_migration_4_reads_ts_as_a_decimal_and_rewrites_the_number_views(tmp_path: Path
                                                                           ) -> None:
     """A store at schema version 2 whose views were written by the full engine (keys through
     JSONExtractKeysAndValuesRaw, which the lightest engine build lacks) and whose ``ingest``
-    reads ts straight into DateTime64: after migration 3 the records of every kind go in with
+    reads ts straight into DateTime64: after migration 4 the records of every kind go in with
     fractional timestamps kept to the nanosecond, and the number maps are filled."""
-    in_own_process("check_migration_3", tmp_path / "store")
+    in_own_process("check_migration_4", tmp_path / "store")
 
 
-def check_migration_3(path: str) -> None:
+def check_migration_4(path: str) -> None:
     with S.open_store(f"chdb://{path}", create=False) as st:
         st.client.command(S._SCHEMA_VERSION_DDL)
         for _, statements in S.MIGRATIONS[:2]:
