@@ -115,8 +115,9 @@ AUTH_ERROR_CODES = frozenset({
 })
 SCHEMA_ERROR_CODES = frozenset({60, 81})  # UNKNOWN_TABLE, UNKNOWN_DATABASE
 # Not transient either: a bug or an engine that cannot run the statement.
-FATAL_ERROR_CODES = frozenset({1, 36, 47, 48, 62})  # UNSUPPORTED_METHOD, BAD_ARGUMENTS,
-# UNKNOWN_IDENTIFIER, NOT_IMPLEMENTED, SYNTAX_ERROR
+FATAL_ERROR_CODES = frozenset({1, 36, 46, 47, 48, 62})  # UNSUPPORTED_METHOD, BAD_ARGUMENTS,
+# UNKNOWN_FUNCTION (the lightest chDB build lacks some), UNKNOWN_IDENTIFIER, NOT_IMPLEMENTED,
+# SYNTAX_ERROR
 
 _IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 _HTTP_STATUS_RE = re.compile(r"\b(?:HTTP|status)[^0-9]{0,20}(401|403)\b", re.IGNORECASE)

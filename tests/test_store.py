@@ -529,6 +529,9 @@ def test_classify_error_codes() -> None:
     assert isinstance(S.classify(ConnectionRefusedError("refused")), StoreUnavailable)
     assert isinstance(S.classify(E("x", 60)), StoreError)
     assert not isinstance(S.classify(E("x", 60)), StoreUnavailable)
+    # a function this engine build lacks: no retry helps (the caller may try another query)
+    assert not isinstance(S.classify(E("Code: 46. DB::Exception: Function with name "
+                                       "`multiMatchAny` does not exist")), StoreUnavailable)
 
 
 def test_resolve_dsn(tmp_path: Path) -> None:
