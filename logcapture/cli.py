@@ -526,7 +526,15 @@ def grafana_install(directory: Path, store_url: str | None, host: str | None,
     """Write Grafana provisioning under DIRECTORY: datasources/logcapture.yaml (the
     grafana-clickhouse-datasource plugin), dashboards/logcapture.yaml (a file provider) and
     the dashboards. Prints the files written."""
-    from .grafana import install, make_connection, password_reference
+    try:
+        from .grafana import install, make_connection, password_reference
+    except ModuleNotFoundError as e:
+        if (e.name or "").split(".")[0] != "grafana_foundation_sdk":
+            raise
+        from .errors import UsageError
+
+        raise UsageError("building the dashboards needs Grafana's SDK, which is not installed: "
+                         "pip install 'logcapture[grafana]'") from None
 
     password = password_reference(env=password_env, file=password_file, clear=clear_password,
                                   none=no_password)
@@ -566,12 +574,14 @@ def upload(spool: Path | None, store_dsn: str | None, run_arg: str | None,
     from .errors import UsageError
     from .ship import describe_dsn
     from .ship import upload as do_upload
+    from .store import check_engine
 
     if run_arg and run_opt and run_arg != run_opt:
         raise UsageError("give the run once: RUN or --run ID")
     run = run_opt or run_arg
     if run and all_runs:
         raise UsageError("--run and --all are mutually exclusive")
+    check_engine(store_dsn)
     warn = Warner(limit=20)
     res = do_upload(_root(spool), run=run, all=all_runs, force=force, dsn=store_dsn,
                     deadline=timeout, retention_days=None if keep else retention_days,
@@ -615,7 +625,9 @@ def agent(spool: Path | None, store_dsn: str | None, batch_bytes: int, interval:
     from .insights.notify import Notifier
     from .ship import Agent, describe_dsn
     from .slurm import NOTIFIED_DIR, samples_job_ended
+    from .store import check_engine
 
+    check_engine(store_dsn)  # a store to ship to, before waiting for anything to ship
     root = _root(spool)
     admin = load_admin()
     if spool is None and os.geteuid() == 0 and admin.spool_root:
@@ -695,7 +707,7 @@ def export_cmd(spool: Path | None, store_dsn: str | None, source: str, run_ref: 
     """Write your own data of RUN: its lines, metadata (one column per key) or resource
     samples, as CSV, NDJSON or Parquet, from the store once the run is shipped, else from the
     spool. RUN: a run id, a Slurm job id, or `latest` (your newest run)."""
-    from contextlib import closing
+    from contextlib import closing, nullcontext
 
     from .store import check_export, write_rows
 
@@ -703,15 +715,17 @@ def export_cmd(spool: Path | None, store_dsn: str | None, source: str, run_ref: 
     with closing(_reader(spool, store_dsn, source)) as reader:
         run = reader.resolve(run_ref)
         rows = reader.export_rows(run, what)
-    if output is None:
-        out = sys.stdout.buffer
-        write_rows(rows, fmt, out)
-        out.flush()
-    else:
-        tmp = output.with_name(output.name + ".tmp")
-        with open(tmp, "wb") as f:
-            write_rows(rows, fmt, f)
-        os.replace(tmp, output)
+        # the engine writes the file: the store's when there is one, else an in-memory one
+        with reader.held() if reader.held.available else nullcontext() as store:
+            if output is None:
+                out = sys.stdout.buffer
+                write_rows(rows, fmt, out, store)
+                out.flush()
+            else:
+                tmp = output.with_name(output.name + ".tmp")
+                with open(tmp, "wb") as f:
+                    write_rows(rows, fmt, f, store)
+                os.replace(tmp, output)
     click.echo(f"logcapture: {len(rows)} {what} row(s) of run {run}"
                + (f" written to {output}" if output else ""), err=True)
 

@@ -11,6 +11,7 @@
     │   ├── StoreUnavailable        transient: connection refused, timeout, locked chDB folder
     │   ├── StoreDataError          the store refused the data (ClickHouse codes 117, 53, ...)
     │   └── StoreAuthError          401/403, authentication failed: stop at once
+    │       └── NoEngine            the embedded store's engine is not installed: stop at once
     ├── ServiceError                the read service refused a request or failed
     │   └── ServiceUnavailable      no read service answers on its socket
     ├── NotFound                    no such run / job
@@ -76,6 +77,11 @@ class StoreDataError(StoreError):
 
 class StoreAuthError(StoreError):
     """Authentication or authorisation failed: stop at once."""
+
+
+class NoEngine(StoreAuthError):
+    """The store is the embedded one and its engine (the ``chdb`` module, the ``embedded``
+    extra) is not installed: no retry helps, so it stops at once like an auth failure."""
 
 
 class ServiceError(LogcaptureError):

@@ -45,10 +45,9 @@ parameters (``{name:Type}``) and table names come from the fixed allow-list ``TA
 
 from __future__ import annotations
 
-import csv
 import fcntl
 import gc
-import io
+import importlib.util
 import json
 import logging
 import os
@@ -56,6 +55,7 @@ import re
 import tempfile
 import threading
 from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -64,6 +64,7 @@ from urllib.parse import urlparse, urlunparse
 from . import jobref
 from .errors import (
     LogcaptureError,
+    NoEngine,
     NotFound,
     StoreAuthError,
     StoreDataError,
@@ -73,7 +74,7 @@ from .errors import (
 )
 from .records import KINDS, Record, dumps, from_dict
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 DEFAULT_DATABASE = "logcapture"
 # The tables a user-facing name may refer to (the identifier allow-list).
 TABLES = ("runs", "lines", "notes", "metadata", "samples", "insights")
@@ -115,8 +116,9 @@ AUTH_ERROR_CODES = frozenset({
 })
 SCHEMA_ERROR_CODES = frozenset({60, 81})  # UNKNOWN_TABLE, UNKNOWN_DATABASE
 # Not transient either: a bug or an engine that cannot run the statement.
-FATAL_ERROR_CODES = frozenset({1, 36, 47, 48, 62})  # UNSUPPORTED_METHOD, BAD_ARGUMENTS,
-# UNKNOWN_IDENTIFIER, NOT_IMPLEMENTED, SYNTAX_ERROR
+FATAL_ERROR_CODES = frozenset({1, 36, 46, 47, 48, 62})  # UNSUPPORTED_METHOD, BAD_ARGUMENTS,
+# UNKNOWN_FUNCTION (the lightest chDB build lacks some), UNKNOWN_IDENTIFIER, NOT_IMPLEMENTED,
+# SYNTAX_ERROR
 
 _IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 _HTTP_STATUS_RE = re.compile(r"\b(?:HTTP|status)[^0-9]{0,20}(401|403)\b", re.IGNORECASE)
@@ -143,6 +145,43 @@ _RECORD_TABLE = """ENGINE = ReplacingMergeTree
 PARTITION BY toDate(ts)
 ORDER BY (run, ts, stream, seq, owner)
 SETTINGS index_granularity = 8192"""
+
+
+def json_keys(column: str) -> str:
+    """SQL: the top-level keys of the JSON object in ``column``, in their order. Written with
+    functions every engine build has (the lightest chDB build lacks ``JSONExtractKeys`` and
+    ``JSONExtractKeysAndValuesRaw``)."""
+    return f"mapKeys(JSONExtract({column}, 'Map(String, String)'))"
+
+
+def _numbers(column: str) -> str:
+    """SQL: the JSON numbers among the top-level values of ``column`` as a
+    ``Map(String, Float64)`` (strings, booleans, null, objects and arrays left out)."""
+    return (f"CAST(arrayFilter(kv -> isNotNull(kv.2), arrayMap(k -> (k, "
+            f"if(JSONType({column}, k) IN ('Int64', 'UInt64', 'Double'), "
+            f"JSONExtractFloat({column}, k), NULL)), {json_keys(column)})), "
+            f"'Map(String, Float64)')")
+
+
+# How a record's ``ts`` (seconds since the epoch, a JSON number such as 1700000000.25) is read:
+# as a decimal, converted to DateTime64(9) on the way into a table (exact, at the column
+# scale). Read straight into DateTime64, a JSON number with a fraction is refused by the
+# engine before ClickHouse 26.7 (CANNOT_PARSE_INPUT, ClickHouse issue 59443; fixed by
+# pull request 108091), and a bare integer is taken as nanosecond ticks: every server of an
+# older release and the lightest chDB build (26.5) would refuse every batch.
+_TS_INPUT = "Nullable(Decimal(38, 9))"
+
+# The two views that extract numbers (created by migration 1, rewritten by migration 4).
+_METADATA_VIEW = f"""
+SELECT assumeNotNull(_run) AS run, assumeNotNull(_owner) AS owner, assumeNotNull(_uid) AS uid,
+    assumeNotNull(stream) AS stream, assumeNotNull(seq) AS seq, assumeNotNull(ts) AS ts,
+    fields, {_numbers("fields")} AS numbers
+FROM ingest WHERE kind = 'metadata'"""
+_SAMPLES_VIEW = f"""
+SELECT assumeNotNull(_run) AS run, assumeNotNull(_owner) AS owner, assumeNotNull(_uid) AS uid,
+    assumeNotNull(stream) AS stream, assumeNotNull(seq) AS seq, assumeNotNull(ts) AS ts,
+    node, gpus, job, {_numbers("job")} AS job_metrics
+FROM ingest WHERE kind = 'sample'"""
 
 MIGRATIONS: list[tuple[int, list[str]]] = [
     (1, [
@@ -262,22 +301,10 @@ SELECT assumeNotNull(_run) AS run, assumeNotNull(_owner) AS owner, assumeNotNull
     note, count, text
 FROM ingest WHERE kind = 'note'""",
         # numbers: the numeric values of the flattened fields (booleans and strings left out).
-        """CREATE MATERIALIZED VIEW IF NOT EXISTS ingest_metadata TO metadata AS
-SELECT assumeNotNull(_run) AS run, assumeNotNull(_owner) AS owner, assumeNotNull(_uid) AS uid,
-    assumeNotNull(stream) AS stream, assumeNotNull(seq) AS seq, assumeNotNull(ts) AS ts,
-    fields,
-    CAST(arrayFilter(kv -> isNotNull(kv.2),
-        arrayMap(kv -> (kv.1, toFloat64OrNull(kv.2)), JSONExtractKeysAndValuesRaw(fields))),
-        'Map(String, Float64)') AS numbers
-FROM ingest WHERE kind = 'metadata'""",
-        """CREATE MATERIALIZED VIEW IF NOT EXISTS ingest_samples TO samples AS
-SELECT assumeNotNull(_run) AS run, assumeNotNull(_owner) AS owner, assumeNotNull(_uid) AS uid,
-    assumeNotNull(stream) AS stream, assumeNotNull(seq) AS seq, assumeNotNull(ts) AS ts,
-    node, gpus, job,
-    CAST(arrayFilter(kv -> isNotNull(kv.2),
-        arrayMap(kv -> (kv.1, toFloat64OrNull(kv.2)), JSONExtractKeysAndValuesRaw(job))),
-        'Map(String, Float64)') AS job_metrics
-FROM ingest WHERE kind = 'sample'""",
+        "CREATE MATERIALIZED VIEW IF NOT EXISTS ingest_metadata TO metadata AS "
+        + _METADATA_VIEW,
+        "CREATE MATERIALIZED VIEW IF NOT EXISTS ingest_samples TO samples AS "
+        + _SAMPLES_VIEW,
     ]),
     # 2: the token index covers 8 granules (65,536 rows) per filter, as the OpenTelemetry
     # exporter's current log table and ClickStack: 0.5 bytes a line instead of 4 (a 32 KiB
@@ -316,11 +343,41 @@ FROM ingest WHERE kind = 'sample'""",
 ) ENGINE = ReplacingMergeTree(ts)
 ORDER BY (run, owner, kind)""",
     ]),
+    # 4: ``ts`` read as a decimal (``_TS_INPUT``; the views convert it into their tables'
+    # DateTime64 by themselves), and the views of migration 1 as they are written now, with
+    # functions every engine build has: a store made by the full engine
+    # (JSONExtractKeysAndValuesRaw) then takes inserts from the lightest one. MODIFY QUERY
+    # swaps a query with no moment without a view (``ingest`` keeps nothing: rows inserted
+    # meanwhile would be lost).
+    (4, [
+        f"ALTER TABLE ingest MODIFY COLUMN ts {_TS_INPUT}",
+        "ALTER TABLE ingest_metadata MODIFY QUERY " + _METADATA_VIEW,
+        "ALTER TABLE ingest_samples MODIFY QUERY " + _SAMPLES_VIEW,
+    ]),
 ]
 
 _SCHEMA_VERSION_DDL = """CREATE TABLE IF NOT EXISTS schema_version (
     version UInt32, applied DateTime DEFAULT now()
 ) ENGINE = ReplacingMergeTree ORDER BY version"""
+
+# A ClickHouse server takes the ``ingest`` inserts asynchronously (ClickHouse docs,
+# "Asynchronous inserts"): it gathers the inserts of every node's agent in a buffer and writes
+# them as one part per target table and flush, flushing at the latest after
+# ``async_insert_busy_timeout_ms`` (the maximum of the adaptive timeout since 24.3; 1 s, about
+# ClickHouse's one insert a second per table, however many agents), sooner when inserts are
+# rare. ``wait_for_async_insert`` answers only once the rows are written, so a shipper moves
+# its cursor past data the store holds (at least once), and the answer comes before the
+# client's own timeout (``send_receive_timeout``, 60 s). Re-sent rows (a retry, or a batch
+# sent again after a crash between the insert and the cursor) add copies that the tables'
+# keys (ReplacingMergeTree, FINAL reads; idempotent aggregates in ``runs``) collapse, as for
+# synchronous inserts: insert deduplication (``async_insert_deduplicate``) is not relied on.
+# The embedded engine accepts these settings but inserts at once (no server queue).
+ASYNC_INSERT_SETTINGS = {
+    "async_insert": 1,
+    "wait_for_async_insert": 1,
+    "async_insert_busy_timeout_ms": 1000,
+    "wait_for_async_insert_timeout": 50,
+}
 
 # Settings for every ingest: refuse unknown fields (a forged or corrupt line then takes the
 # slow path, where it is reported), read nested objects/arrays as their JSON text.
@@ -342,8 +399,7 @@ INGEST_SETTINGS = {
 # shipper then parses the batch line by line and reports it (the ``ingest`` table's
 # constraints do the same for the other records).
 _LINES_STRUCTURE = ("run String, stream Nullable(String), seq Nullable(UInt64), "
-                    "ts Nullable(DateTime64(9, 'UTC')), kind Nullable(String), text String, "
-                    "options String")
+                    f"ts {_TS_INPUT}, kind Nullable(String), text String, options String")
 _LINES_FROM_FILE = """INSERT INTO lines (run, owner, uid, stream, seq, ts, kind, text, options)
 SELECT {run:String}, {owner:String}, {uid:UInt32}, assumeNotNull(stream), assumeNotNull(seq),
     assumeNotNull(ts), assumeNotNull(kind), text, options
@@ -481,12 +537,13 @@ def row_policy_statements() -> list[str]:
 
 
 def check_sql_syntax(store: Store, statements: Iterable[str]) -> list[str]:
-    """Parse each statement with the store's own parser (``formatQuery``) without running
-    it; returns the normalised text. Used to test DDL chDB cannot execute (row policies)."""
+    """Parse each statement (constants of this module, never input) with the store's own
+    parser without running it (``EXPLAIN AST``; the lightest chDB build has no
+    ``formatQuery``); returns them. Used to check DDL chDB cannot execute (row policies)."""
     out = []
     for sql in statements:
-        rows = store._query("SELECT formatQuery({q:String})", {"q": sql}, what="checking SQL")
-        out.append(rows[0][0])
+        store._query("EXPLAIN AST " + sql, what="checking SQL")
+        out.append(sql)
     return out
 
 
@@ -754,6 +811,8 @@ class Store:
         self.dsn = dsn
         self._lock_path = lock_path
         self.embedded = lock_path is not None
+        # asynchronous inserts into ``ingest`` (``ASYNC_INSERT_SETTINGS``): on a server
+        self.async_insert = not self.embedded
         self._closed = False
         self._extra_clients: list[Any] = []  # more handles on the embedded engine
 
@@ -1030,10 +1089,16 @@ class Store:
                                    "uid": int(identity.uid), "cluster": identity.cluster,
                                    "job_id": identity.job_id}, what="inserting")
 
-    def _raw_insert(self, body: bytes) -> None:
+    def _raw_insert(self, body: bytes, sync: bool = False) -> None:
+        """``body`` (NDJSON, identity spliced in) into ``ingest``: asynchronously when the
+        store says so, unless ``sync`` (the slow path's checked lines: a server checks the
+        constraints on a whole flush, so they must not share one with another node's refused
+        batch)."""
+        settings = (INGEST_SETTINGS if sync or not self.async_insert
+                    else {**INGEST_SETTINGS, **ASYNC_INSERT_SETTINGS})
         try:
             self.client.raw_insert("ingest", None, insert_block=body, fmt="JSONEachRow",
-                                   settings=INGEST_SETTINGS)
+                                   settings=settings)
         except Exception as e:  # noqa: BLE001
             raise classify(e, "inserting") from None
 
@@ -1052,7 +1117,7 @@ class Store:
         if good:
             prefix = identity.splice_prefix()
             body = b"".join(prefix + g[1:] + b"\n" for g in good)
-            self._raw_insert(body)
+            self._raw_insert(body, sync=True)
         result.rows = len(good)
         return result
 
@@ -1223,7 +1288,7 @@ class Store:
             "SELECT toUnixTimestamp64Nano(ts), text FROM notes FINAL WHERE " + cond
             + " AND note = 'mode' AND stream = 'stdout' ORDER BY ts, seq", p)]
         keys = [r[0] for r in self._query(
-            "SELECT DISTINCT arrayJoin(JSONExtractKeys(fields)) AS k FROM metadata FINAL "
+            f"SELECT DISTINCT arrayJoin({json_keys('fields')}) AS k FROM metadata FINAL "
             "WHERE " + cond + " ORDER BY k", p)]
         return {"lines": lines, "notes": notes, "commands": commands, "modes": modes,
                 "metadata_keys": keys}
@@ -1513,7 +1578,7 @@ class Store:
         else:
             recs = self.metadata(run, owner) if what == "metadata" else self.samples(run, owner)
         rows = export_rows(what, recs)
-        write_rows(rows, fmt, out)
+        write_rows(rows, fmt, out, self)
         return len(rows)
 
 
@@ -1555,45 +1620,143 @@ def _line_text(d: dict[str, Any]) -> str:
     return str(d.get("text", ""))
 
 
-def write_rows(rows: list[dict[str, Any]], fmt: str, out: BinaryIO) -> None:
-    if fmt == "ndjson":
-        for row in rows:
-            out.write(dumps(row).encode("utf-8", "surrogatepass") + b"\n")
-        return
-    columns: list[str] = []
-    seen: set[str] = set()
-    for row in rows:
-        for k in row:
-            if k not in seen:
-                seen.add(k)
-                columns.append(k)
-    if fmt == "csv":
-        text = io.StringIO()
-        w = csv.DictWriter(text, fieldnames=columns, extrasaction="ignore")
-        w.writeheader()
-        for row in rows:
-            w.writerow({k: (dumps(v) if isinstance(v, (dict, list)) else v)
-                        for k, v in row.items()})
-        out.write(text.getvalue().encode("utf-8", "surrogatepass"))
-        return
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+# The engine's output format for each export format.
+ENGINE_FORMATS = {"csv": "CSVWithNames", "ndjson": "JSONEachRow", "parquet": "Parquet"}
+# 64-bit integers as JSON numbers, "/" unescaped, NULL as an empty CSV field, Parquet text as
+# strings (not binary) on servers of any age.
+_EXPORT_SETTINGS = {
+    "output_format_json_quote_64bit_integers": 0,
+    "output_format_json_escape_forward_slashes": 0,
+    "format_csv_null_representation": "",
+    "output_format_parquet_string_as_string": 1,
+}
+_INT64 = range(-(1 << 63), 1 << 63)
 
-    data = {}
+
+def _export_column(values: list[Any]) -> tuple[str, bool]:
+    """The engine type of an export column from its Python values (None: absent), and whether
+    its values go in as text: whole numbers Int64, numbers Float64, booleans Bool, strings
+    String; anything else (objects, lists, mixed) its JSON text."""
+    kinds = {type(v) for v in values if v is not None}
+    if kinds == {int} and all(v in _INT64 for v in values if v is not None):
+        return "Int64", False
+    if kinds and kinds <= {int, float}:
+        return "Float64", False
+    if kinds == {bool}:
+        return "Bool", False
+    return "String", bool(kinds - {str})
+
+
+def _as_text(v: Any) -> str | None:
+    """A value of a text column: objects and lists as their JSON text (``dumps`` takes a list
+    as well), anything else as ``str``."""
+    if v is None or isinstance(v, str):
+        return v
+    if isinstance(v, list):
+        return dumps(v)  # type: ignore[arg-type]
+    return dumps(v) if isinstance(v, dict) else str(v)
+
+
+def write_rows(rows: list[dict[str, Any]], fmt: str, out: BinaryIO,
+               store: Store | None = None) -> None:
+    """Write export rows (``export_rows``) to ``out`` as ``csv``, ``ndjson`` or ``parquet``:
+    the engine writes the file (``ENGINE_FORMATS``), one column per key in the order first
+    seen, typed by ``_export_column``, NULL (an empty CSV field) where a row lacks it. The
+    engine is ``store``'s (an embedded store reads the rows from a private temporary file, a
+    server gets them as external data), else an in-memory embedded one. Values of a text
+    column that are not strings are turned into their JSON text in ``rows`` itself."""
+    columns: dict[str, None] = {}
+    for row in rows:
+        columns.update(dict.fromkeys(row))
+    if not columns:
+        columns = {"ts": None}
+    types: dict[str, str] = {}
     for c in columns:
         values = [row.get(c) for row in rows]
-        kinds = {type(v) for v in values if v is not None}
-        if kinds <= {int, float} and kinds:
-            values = [float(v) if v is not None and float in kinds else v for v in values]
-        elif kinds - {str}:
-            values = [v if v is None or isinstance(v, str) else dumps(v)
-                      if isinstance(v, (dict, list)) else str(v) for v in values]
-        data[c] = values
-    table = pa.table(data) if columns else pa.table({"ts": pa.array([], pa.float64())})
-    pq.write_table(table, out)
+        types[c], text = _export_column(values)
+        if text:
+            for row in rows:
+                if c in row:
+                    row[c] = _as_text(row[c])
+    structure = ", ".join(f"`{_escape_ident(c)}` Nullable({t})" for c, t in types.items())
+    body = "".join(dumps(row) + "\n" for row in rows).encode("utf-8", "surrogatepass")
+    try:
+        if store is None:
+            with _memory_engine() as client:
+                _write_through(client, True, body, structure, fmt, out)
+        else:
+            _write_through(store.client, store.embedded, body, structure, fmt, out)
+    except LogcaptureError:
+        raise
+    except Exception as e:  # noqa: BLE001
+        raise classify(e, "exporting") from None
+
+
+def _escape_ident(name: str) -> str:
+    return name.replace("\\", "\\\\").replace("`", "\\`")
+
+
+def _write_through(client: Any, embedded: bool, body: bytes, structure: str, fmt: str,
+                   out: BinaryIO) -> None:
+    if not embedded:
+        from clickhouse_connect.driver.external import ExternalData
+
+        data = ExternalData(file_name="export_rows", data=body, fmt="JSONEachRow",
+                            structure=structure)
+        chunks = client.raw_stream("SELECT * FROM export_rows", fmt=ENGINE_FORMATS[fmt],
+                                   settings=_EXPORT_SETTINGS, external_data=data)
+        for chunk in chunks:
+            out.write(chunk)
+        return
+    with tempfile.NamedTemporaryFile(prefix="logcapture-export-", suffix=".ndjson") as f:
+        f.write(body)
+        f.flush()
+        chunks = client.raw_stream(
+            "SELECT * FROM file({path:String}, 'JSONEachRow', {structure:String})",
+            parameters={"path": f.name, "structure": structure}, fmt=ENGINE_FORMATS[fmt],
+            settings=_EXPORT_SETTINGS)
+        for chunk in chunks:
+            out.write(chunk)
+
+
+@contextmanager
+def _memory_engine() -> Iterator[Any]:
+    """An embedded engine for writing an export when no store is given: a new handle on the
+    embedded store this process has open (chDB runs one engine per process, on one path),
+    else an in-memory one (``chdb://memory``)."""
+    if importlib.util.find_spec("chdb") is None:
+        raise NoEngine("writing an export needs the ClickHouse engine: a store (LOGCAPTURE_STORE"
+                       "=http(s)://USER:PASS@HOST:8123/DB or --store), or the embedded one: "
+                       "pip install 'logcapture[embedded]'")
+    import clickhouse_connect
+
+    with _StoreLock._mutex:
+        held = next(iter(_StoreLock._held), None)  # ``<store>.lock``
+    client = clickhouse_connect.get_client(
+        dsn=f"chdb://{held.removesuffix('.lock')}" if held else "chdb://memory")
+    try:
+        yield client
+    finally:
+        client.close()
 
 
 # --- opening ---------------------------------------------------------------------------------
+# One line: what a plain install (no ``embedded`` extra) says when a command needs a store and
+# none is named, so the embedded default would be used.
+NO_ENGINE = ("the embedded store ({path}) needs the chDB engine, which is not installed: "
+             "pip install 'logcapture[embedded]', or name a ClickHouse server with "
+             "LOGCAPTURE_STORE=http(s)://USER:PASS@HOST:8123/DB (or --store, or store: in the "
+             "config file)")
+
+
+def check_engine(dsn: str | None, env: Mapping[str, str] = os.environ) -> None:
+    """Raise NoEngine (one line: how to get a store) when ``dsn`` (``resolve_dsn`` when
+    None) is the embedded store and its engine is not installed."""
+    dsn = resolve_dsn(dsn, env)
+    if urlparse(dsn).scheme == "chdb" and importlib.util.find_spec("chdb") is None:
+        raise NoEngine(NO_ENGINE.format(path=_chdb_path(dsn)))
+
+
 def _chdb_path(dsn: str) -> Path:
     p = urlparse(dsn)
     if p.netloc and p.netloc not in ("",):
@@ -1619,6 +1782,7 @@ def open_store(dsn: str | None = None, *, wait: float = 0.0, create: bool = True
         path = _chdb_path(dsn)
         if must_exist and not path.is_dir():
             raise NotFound(f"no store at {path}")
+        check_engine(dsn, env)
         lock = path.with_name(path.name + ".lock")
         _StoreLock.acquire(lock, wait)
         try:

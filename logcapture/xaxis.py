@@ -163,13 +163,14 @@ def values_sql(source: str, fields: str = "fields", carry: tuple[str, ...] = ())
     ``run``, ``seq`` and ``fields`` (the metadata object as JSON text; another column name
     can be given). ``carry`` names more columns of ``source`` passed through (e.g. ``ts``)."""
     extra = "".join(f"{c}, " for c in carry)
+    # The keys through a Map: the lightest chDB build has no JSONExtractKeys.
     return f"""
 SELECT run, seq, {extra}key,
        JSONType({fields}, key) AS json_type,
        multiIf(json_type = 'Int64', 'int', json_type = 'Double', 'float', 'other') AS kind,
        JSONExtractFloat({fields}, key) AS num
 FROM {source}
-ARRAY JOIN JSONExtractKeys({fields}) AS key
+ARRAY JOIN mapKeys(JSONExtract({fields}, 'Map(String, String)')) AS key
 WHERE json_type != 'Null'"""
 
 

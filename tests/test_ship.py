@@ -30,6 +30,14 @@ import sys, time
 from pathlib import Path
 from logcapture import ship, store
 mode, root, dsn = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
+if sys.argv[5:] == ["server-async"]:  # a server's write path on the embedded engine
+    real_open = ship.open_store
+    def server_like(*args, **kw):
+        st = real_open(*args, **kw)
+        st.embedded = False  # every record through ingest, no file reads
+        st.async_insert = True
+        return st
+    ship.open_store = server_like
 if mode == "agent-killed":  # SIGKILLs itself right after its third insert, cursor not saved
     import os, signal
     inserts = [0]
@@ -573,16 +581,22 @@ def test_the_agent_waits_for_a_runs_first_line_before_it_reads_its_identity(
     assert (run["cluster"], run["job_id"]) == ("c9", "909")
 
 
+@pytest.mark.parametrize("path", ["embedded", "server-async"])
 def test_agent_sigkill_mid_batch_then_restart_loses_and_duplicates_nothing(
-        tmp_path: Path, dsn: str) -> None:
+        tmp_path: Path, dsn: str, path: str) -> None:
+    """Also along a server's path (every record through ``ingest``) with asynchronous
+    inserts (``ASYNC_INSERT_SETTINGS``; the embedded engine accepts them and inserts at once,
+    so this checks the settings and the collapse of the re-sent batch, not a server's
+    batching)."""
     root = tmp_path / "spool"
     n = 30_000
-    rd = make_run(root, "killed", n, segment_bytes=256 * 1024)
+    run = f"killed-{path}"
+    rd = make_run(root, run, n, segment_bytes=256 * 1024)
     cursor = rd / ship.CURSOR_NAME
     # The agent is killed (SIGKILL) right after the store took its third batch and before its
     # cursor says so: the worst moment, chosen inside the agent, not by a racing test.
     agent = subprocess.Popen([sys.executable, "-c", HELPER, "agent-killed", str(root), dsn,
-                              "65536"], stdout=subprocess.PIPE, text=True)
+                              "65536", path], stdout=subprocess.PIPE, text=True)
     try:
         agent.communicate(timeout=120)
     finally:
@@ -594,7 +608,7 @@ def test_agent_sigkill_mid_batch_then_restart_loses_and_duplicates_nothing(
     assert 0 < shipped < n + 4, "the kill should land mid-run"
     # restart: a new agent finishes and exits cleanly on TERM
     agent = subprocess.Popen([sys.executable, "-c", HELPER, "agent", str(root), dsn,
-                              str(4 << 20)], stdout=subprocess.PIPE, text=True)
+                              str(4 << 20), path], stdout=subprocess.PIPE, text=True)
     assert agent.stdout is not None and agent.stdout.readline().strip() == "ready"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not json.loads(cursor.read_text())["shipped_at"]:
@@ -602,7 +616,7 @@ def test_agent_sigkill_mid_batch_then_restart_loses_and_duplicates_nothing(
     agent.send_signal(signal.SIGTERM)
     out, _ = agent.communicate(timeout=60)
     assert agent.returncode == 0 and out.startswith("stopped")
-    final, raw, distinct = counts(dsn, "killed")
+    final, raw, distinct = counts(dsn, run)
     assert final == n and distinct == n  # nothing lost, nothing shown twice
     # the batch in flight at the kill was inserted twice; FINAL hides the copy (and a merge
     # in the restarted agent may have dropped it already)

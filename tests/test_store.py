@@ -4,6 +4,7 @@ error classes, TTL, row policies, export, the one-process lock. One store per mo
 
 from __future__ import annotations
 
+import csv
 import io
 import json
 import os
@@ -12,7 +13,6 @@ import sys
 import time
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -100,16 +100,22 @@ def _granules_read(store: S.Store, word: str) -> tuple[int, int]:
     return int(left), int(total)
 
 
+def in_own_process(check: str, store: Path) -> None:
+    """Run ``test_store.<check>(store)`` in a process of its own (chDB opens one store
+    directory per process) and fail with its traceback."""
+    p = subprocess.run(
+        [sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); import test_store; "
+         f"test_store.{check}(sys.argv[2])", str(Path(__file__).parent), str(store)],
+        capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+
+
 def test_migration_2_rebuilds_the_token_index_over_8_granules(tmp_path: Path) -> None:
     """A store made by schema version 1 (a filter per granule) keeps its lines, gets the
     index of version 2 (one filter per 8 granules), and a word found in one block of 8
     granules only leaves the other blocks unread: the index is built for the old parts.
     In a process of its own: chDB opens one store directory per process."""
-    p = subprocess.run(
-        [sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); import test_store; "
-         "test_store.check_migration_2(sys.argv[2])", str(Path(__file__).parent),
-         str(tmp_path / "store")], capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stderr
+    in_own_process("check_migration_2", tmp_path / "store")
 
 
 def check_migration_2(path: str) -> None:
@@ -129,7 +135,7 @@ def check_migration_2(path: str) -> None:
             "concat('step ', toString(number), ' loss ', toString(number % 97))), '' "
             "FROM numbers(262144)")
         st.client.command("OPTIMIZE TABLE lines FINAL")
-        assert st.init_schema() == S.SCHEMA_VERSION == 3
+        assert st.init_schema() == S.SCHEMA_VERSION
         assert _index_granularity(st) == ("tokenbf_v1(32768, 3, 0)", 8)
         deadline = time.monotonic() + 60
         while int(st.client.command("SELECT count() FROM system.mutations WHERE database = "
@@ -144,6 +150,52 @@ def check_migration_2(path: str) -> None:
         assert _granules_read(st, "absentword")[0] == 0
         assert st.init_schema() == S.SCHEMA_VERSION  # idempotent
         assert _index_granularity(st) == ("tokenbf_v1(32768, 3, 0)", 8)
+
+
+def test_migration_4_reads_ts_as_a_decimal_and_rewrites_the_number_views(tmp_path: Path
+                                                                          ) -> None:
+    """A store at schema version 2 whose views were written by the full engine (keys through
+    JSONExtractKeysAndValuesRaw, which the lightest engine build lacks) and whose ``ingest``
+    reads ts straight into DateTime64: after migration 4 the records of every kind go in with
+    fractional timestamps kept to the nanosecond, and the number maps are filled."""
+    in_own_process("check_migration_4", tmp_path / "store")
+
+
+def check_migration_4(path: str) -> None:
+    with S.open_store(f"chdb://{path}", create=False) as st:
+        st.client.command(S._SCHEMA_VERSION_DDL)
+        for _, statements in S.MIGRATIONS[:2]:
+            for sql in statements:
+                st.client.command(sql)
+        st.client.command("INSERT INTO schema_version (version) VALUES (1), (2)")
+        assert "DateTime64(9" in st.client.command(
+            "SELECT type FROM system.columns WHERE database = currentDatabase() AND "
+            "table = 'ingest' AND name = 'ts'")
+    # the view definitions as the full engine wrote them (the store is closed: plain files)
+    views = [f for f in Path(path).rglob("ingest_*.sql") if f.stem in ("ingest_metadata",
+                                                                    "ingest_samples")]
+    assert len(views) == 2
+    for f in views:
+        text = f.read_text()
+        for col in ("fields", "job"):
+            text = text.replace(S.json_keys(col), f"JSONExtractKeys({col})")
+        assert "JSONExtractKeys(" in text
+        f.write_text(text)
+    with S.open_store(f"chdb://{path}") as st:  # migrates to the current version
+        assert st.schema_version() == S.SCHEMA_VERSION
+        assert "Decimal(38, 9)" in st.client.command(
+            "SELECT type FROM system.columns WHERE database = currentDatabase() AND "
+            "table = 'ingest' AND name = 'ts'")
+        st.insert_records(sample_records("m3"), ident("m3"))
+        numbers = st.client.query("SELECT numbers FROM metadata FINAL WHERE run = 'm3'"
+                                  ).result_rows[0][0]
+        assert numbers and all(isinstance(v, float) for v in numbers.values()), numbers
+        assert st.client.query("SELECT job_metrics FROM samples FINAL WHERE run = 'm3'"
+                               ).result_rows[0][0]
+        ns = st.client.command("SELECT toUnixTimestamp64Nano(start_ts) FROM runs FINAL "
+                               "WHERE run = 'm3'")
+        assert int(ns) == 1_790_000_000_123_456_000
+        assert [r["ts"] for r in st.records("m3")] == [r.ts for r in sample_records("m3")]
 
 
 def test_documented_columns_exist(db: S.Store) -> None:
@@ -275,6 +327,31 @@ def test_reinsert_never_duplicates_before_or_after_merges(db: S.Store) -> None:
     assert sorted(db.records("dup"), key=key) == sorted((r.to_dict() for r in recs), key=key)
 
 
+def test_async_inserts_on_the_server_path_keep_every_record_once(db: S.Store) -> None:
+    """A server's write path (every record through ``ingest``) with the asynchronous insert
+    settings: the engine takes them, the rows are there when the insert returns
+    (``wait_for_async_insert``), and a batch sent again collapses. The embedded engine has no
+    server queue (it inserts at once): a server's batching cannot be shown here."""
+    assert not db.async_insert  # the embedded store inserts synchronously by default
+    assert S.ASYNC_INSERT_SETTINGS["async_insert"] == 1
+    assert S.ASYNC_INSERT_SETTINGS["wait_for_async_insert"] == 1
+    recs = sample_records("async1", n=50)
+    db.embedded, db.async_insert = False, True
+    try:
+        for _ in range(2):
+            db.insert_records(recs, ident("async1"))
+            assert len(db.lines("async1")) == 50 + 2 + 2 + 1  # visible on return, once
+        # the slow path (a refused batch, checked line by line) inserts synchronously
+        res = db.insert_ndjson(b'{"kind":"line","run":"async1"}\n' + recs[1].to_json().encode()
+                               + b"\n", ident("async1"))
+        assert res.slow_path and res.rows == 1 and len(res.bad) == 1
+    finally:
+        db.embedded, db.async_insert = True, False
+    assert len(db.records("async1")) == len(recs)
+    assert sorted(db.records("async1"), key=key) == sorted((r.to_dict() for r in recs),
+                                                           key=key)
+
+
 def test_identity_comes_from_the_caller_not_the_records(db: S.Store) -> None:
     forged = [Line(run="victim", stream="stdout", seq=0, ts=T0, text="mine")]
     db.insert_records(forged, ident("own1", user="mallory", uid=2000))
@@ -353,6 +430,8 @@ def test_row_policies_render_parse_and_chdb_refuses(db: S.Store) -> None:
     parsed = S.check_sql_syntax(db, stmts)
     assert len(parsed) == 1 + 2 * len(S.TABLES)
     assert any("USING owner = currentUser()" in p and "ON lines" in p for p in parsed)
+    with pytest.raises(StoreError, match="SYNTAX_ERROR|Syntax error"):  # the parser ran
+        S.check_sql_syntax(db, [stmts[1].replace(" ON ", " ONN ")])
     # chDB has no access control: the engine answers ACCESS_DENIED (code 497) -> auth class
     with pytest.raises(StoreAuthError):
         db._command(stmts[1])
@@ -360,11 +439,21 @@ def test_row_policies_render_parse_and_chdb_refuses(db: S.Store) -> None:
         db.init_schema(row_policies=True)
 
 
+def read_parquet(db: S.Store, path: Path) -> tuple[list[tuple[str, str]], list[tuple]]:
+    """(column, type) pairs and rows of a Parquet file, read by the engine."""
+    p = {"path": str(path)}
+    described = db.client.query("DESCRIBE file({path:String}, 'Parquet')", parameters=p)
+    rows = db.client.query("SELECT * FROM file({path:String}, 'Parquet')", parameters=p)
+    return [(r[0], r[1]) for r in described.result_rows], list(rows.result_rows)
+
+
 @pytest.mark.parametrize("fmt", ["csv", "ndjson", "parquet"])
-def test_export_metadata(db: S.Store, fmt: str) -> None:
+def test_export_metadata(db: S.Store, fmt: str, tmp_path: Path) -> None:
     run = f"exp-{fmt}"
     recs = [Metadata(run=run, stream="stdout", seq=i, ts=T0 + i,
-                     fields={"epoch": i, "loss": 1 / (i + 1), "tag": "a"}) for i in range(4)]
+                     fields={"epoch": i, "loss": 1 / (i + 1), "tag": "a", "on": i % 2 == 0,
+                             "path": "/x/y"} | ({"late": [i]} if i == 3 else {}))
+            for i in range(4)]
     db.insert_records(recs, ident(run))
     out = io.BytesIO()
     assert db.export(run, "metadata", fmt, out) == 4
@@ -372,14 +461,41 @@ def test_export_metadata(db: S.Store, fmt: str) -> None:
     if fmt == "ndjson":
         rows = [json.loads(x) for x in data.splitlines()]
         assert [r["epoch"] for r in rows] == [0, 1, 2, 3] and rows[0]["tag"] == "a"
+        assert [r["ts"] for r in rows] == [T0 + i for i in range(4)]
+        assert rows[0]["on"] is True and rows[0]["path"] == "/x/y"
+        assert rows[0]["late"] is None and rows[3]["late"] == "[3]"
     elif fmt == "csv":
-        lines = data.decode().splitlines()
-        assert lines[0] == "ts,seq,epoch,loss,tag" and len(lines) == 5
+        rows = list(csv.reader(io.StringIO(data.decode())))
+        assert rows[0] == ["ts", "seq", "epoch", "loss", "tag", "on", "path", "late"]
+        assert len(rows) == 5 and rows[2][2:5] == ["1", "0.5", "a"] and rows[1][7] == ""
     else:
-        table = pq.read_table(io.BytesIO(data))
-        assert table.column("epoch").to_pylist() == [0, 1, 2, 3]
+        (tmp_path / "m.parquet").write_bytes(data)
+        columns, rows = read_parquet(db, tmp_path / "m.parquet")
+        assert [c for c, _ in columns] == ["ts", "seq", "epoch", "loss", "tag", "on", "path",
+                                           "late"]
+        types = dict(columns)
+        assert "Int64" in types["epoch"] and "Float64" in types["loss"]
+        assert "Float64" in types["ts"] and "String" in types["tag"]
+        assert [r[2] for r in rows] == [0, 1, 2, 3] and [r[3] for r in rows][:2] == [1, 0.5]
+        assert [r[0] for r in rows] == [T0 + i for i in range(4)]
+        assert rows[0][4] == "a" and rows[3][7] == "[3]" and rows[0][7] is None
     with pytest.raises(NotFound):
         db.export("nope", "metadata", fmt, io.BytesIO())
+
+
+def test_write_rows_without_a_store_uses_the_engine_this_process_has(db: S.Store,
+                                                                     tmp_path: Path) -> None:
+    """chDB runs one engine per process: with a store open here (``db``), rows written
+    without a store go through a new handle on it, not an in-memory engine it would refuse."""
+    rows = [{"ts": T0, "k": 1, "s": "a", "o": {"x": [1]}}, {"ts": T0 + 1, "k": 2, "b": True}]
+    out = io.BytesIO()
+    S.write_rows(rows, "parquet", out)
+    (tmp_path / "w.parquet").write_bytes(out.getvalue())
+    columns, got = read_parquet(db, tmp_path / "w.parquet")
+    assert columns == [("ts", "Nullable(Float64)"), ("k", "Nullable(Int64)"),
+                       ("s", "Nullable(String)"), ("o", "Nullable(String)"),
+                       ("b", "Nullable(Bool)")]
+    assert got == [(T0, 1, "a", '{"x":[1]}', None), (T0 + 1, 2, None, None, True)]
 
 
 def test_export_lines_and_samples(db: S.Store) -> None:
@@ -389,8 +505,11 @@ def test_export_lines_and_samples(db: S.Store) -> None:
     assert json.loads(out.getvalue().splitlines()[0])["text"].startswith("step 0")
     out = io.BytesIO()
     assert db.export("exl", "samples", "csv", out) == 1
-    header = out.getvalue().decode().splitlines()[0]
-    assert "job.cpu_percent" in header and "gpu0.utilization_gpu_percent" in header
+    header, row = list(csv.reader(io.StringIO(out.getvalue().decode())))
+    assert header[:2] == ["ts", "node"] and row[1] == "n1"
+    got = dict(zip(header, row, strict=True))
+    assert got["job.cpu_percent"] == "12.5" and got["gpu0.utilization_gpu_percent"] == "50"
+    assert got["gpu0.uuid"] == "GPU-1" and got["job.memory_rss_bytes"] == str(1 << 30)
     with pytest.raises(UsageError):
         db.export("exl", "everything", "csv", io.BytesIO())
 
@@ -410,6 +529,9 @@ def test_classify_error_codes() -> None:
     assert isinstance(S.classify(ConnectionRefusedError("refused")), StoreUnavailable)
     assert isinstance(S.classify(E("x", 60)), StoreError)
     assert not isinstance(S.classify(E("x", 60)), StoreUnavailable)
+    # a function this engine build lacks: no retry helps (the caller may try another query)
+    assert not isinstance(S.classify(E("Code: 46. DB::Exception: Function with name "
+                                       "`multiMatchAny` does not exist")), StoreUnavailable)
 
 
 def test_resolve_dsn(tmp_path: Path) -> None:

@@ -14,7 +14,6 @@ import sys
 import time
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
 
 from logcapture import store as S
@@ -149,11 +148,13 @@ def test_export_formats(capsys: pytest.CaptureFixture[str], env: Path, tmp_path:
     assert lc(capsys, "upload", "exp1", "--spool", str(env), "--keep")[0] == 0
     code, out, err = lc(capsys, "export", "exp1", "--what", "metadata", "--format", "csv")
     assert code == 0, err
-    assert out.splitlines()[0] == "ts,seq,epoch,loss" and len(out.splitlines()) == 3
+    assert out.splitlines()[0] == '"ts","seq","epoch","loss"' and len(out.splitlines()) == 3
     dest = tmp_path / "m.parquet"
     code, _, err = lc(capsys, "export", "exp1", "--format", "parquet", "-o", str(dest))
     assert code == 0 and "2 metadata row(s)" in err
-    assert pq.read_table(dest).column("loss").to_pylist() == [0.5, 0.25]
+    with S.open_store() as st:  # the engine reads the file back
+        assert st.client.query("SELECT loss FROM file({p:String}, 'Parquet')",
+                               parameters={"p": str(dest)}).result_columns == [[0.5, 0.25]]
     dest = tmp_path / "l.ndjson"
     assert lc(capsys, "export", "exp1", "--what", "lines", "--format", "ndjson", "-o",
               str(dest))[0] == 0
@@ -161,6 +162,32 @@ def test_export_formats(capsys: pytest.CaptureFixture[str], env: Path, tmp_path:
     assert [r["text"] for r in rows[:2]] == ["step 0", "step 1"]
     code, _, err = lc(capsys, "export", "nope", "--what", "lines")
     assert code == 1 and "not in the store" in err
+
+
+def test_export_of_an_unshipped_run_without_a_store(capsys: pytest.CaptureFixture[str],
+                                                    env: Path, tmp_path: Path) -> None:
+    """No store at all: the run is read from the spool and an in-memory engine writes the
+    file, with the same columns and types as from the store."""
+    make_run(env, "exp-spool")
+    nowhere = f"chdb://{tmp_path / 'never-made'}"
+    dest = tmp_path / "s.parquet"
+    code, _, err = lc(capsys, "export", "exp-spool", "--spool", str(env), "--store", nowhere,
+                      "--format", "parquet", "-o", str(dest))
+    assert code == 0 and "2 metadata row(s)" in err, err
+    assert not (tmp_path / "never-made").exists()
+    with S.open_store() as st:
+        described = st.client.query("DESCRIBE file({p:String}, 'Parquet')",
+                                    parameters={"p": str(dest)}).result_rows
+        assert [(r[0], r[1]) for r in described] == [
+            ("ts", "Nullable(Float64)"), ("seq", "Nullable(Int64)"),
+            ("epoch", "Nullable(Int64)"), ("loss", "Nullable(Float64)")]
+        assert st.client.query("SELECT epoch, loss FROM file({p:String}, 'Parquet')",
+                               parameters={"p": str(dest)}).result_rows == [(1, 0.5), (2, 0.25)]
+    code, out, err = lc(capsys, "export", "exp-spool", "--spool", str(env), "--store", nowhere,
+                        "--what", "lines", "--format", "ndjson")
+    assert code == 0, err
+    rows = [json.loads(x) for x in out.splitlines()]
+    assert rows[0] == {"ts": T0, "stream": "stdout", "seq": 0, "kind": "line", "text": "step 0"}
 
 
 def test_export_latest_and_slurm_job_id(capsys: pytest.CaptureFixture[str], env: Path,
