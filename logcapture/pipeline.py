@@ -468,7 +468,8 @@ def _capture_worker(fd: int, s: _WorkerSettings) -> int:
                             "reader_cpu_ms": reader.get("cpu_ms", 0),
                             "reader_reads": reader.get("reads", 0),
                             "reader_lingers": reader.get("lingers", 0),
-                            "worker_cpu_ms": mine["cpu_ms"]}})
+                            "worker_cpu_ms": mine["cpu_ms"]},
+                            **({"sampling": sampler.counts()} if sampler is not None else {})})
     except Exception as e:  # noqa: BLE001
         warn(f"could not finish the spool ({type(e).__name__})")
     return 0

@@ -263,7 +263,10 @@ class End(_record_tuple("End", "exit_status", "signal", "state", "duration", "co
 
     ``exit_status`` is 0-255 when the command exited, ``signal`` N when it was killed by signal
     N; ``state`` COMPLETED, FAILED, CANCELLED, SIGNALED, ...; ``counts``, per output stream:
-    bytes read from the pty, rendered lines, dropped repeats, ..."""
+    bytes read from the pty, rendered lines, dropped repeats, ...; ``spool``: records lost,
+    write errors; ``capture``: logcapture's own CPU and memory; ``sampling``: samples taken and
+    normal events that are not warnings, such as processes that ended mid-sample
+    (docs/sampling.md)."""
 
     __slots__ = ()
     kind = "end"

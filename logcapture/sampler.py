@@ -10,9 +10,11 @@ thread, handing ``Sample`` records to a callback (SPEC.md §5, docs/sampling.md)
     summarize(samples) -> dict            (for ``logcapture show``; sampling/summary.py)
 
 Nothing here raises into the job wrapper: a missing NVML library, a GPU that fell off the
-bus, an unsupported field, a job that ended mid-sample each become one warning string and the
-sampler carries on with what it has. The only exception is ``sample_interval``, which checks
-configuration before anything starts (ConfigError naming the key, STYLE.md practice 4).
+bus, an unsupported field each become one warning string and the sampler carries on with what
+it has. A process of the job that ends between two samples is no problem at all (a make, a
+shell pipeline): it is counted (``Sampler.counts()``, for the end record), never warned about.
+The only exception is ``sample_interval``, which checks configuration before anything starts
+(ConfigError naming the key, STYLE.md practice 4).
 """
 
 from __future__ import annotations
@@ -180,7 +182,7 @@ class Sampler:
         self.warn = warn
         self.clock = clock
         self.monotonic = monotonic
-        self._seq = seq_start
+        self._seq = self._seq_start = seq_start
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -190,6 +192,17 @@ class Sampler:
     @property
     def next_seq(self) -> int:
         return self._seq
+
+    def counts(self) -> dict[str, int]:
+        """For the end record: samples taken, warnings given, and the job collector's counts
+        of normal events (``JobCollector.counts()``). Never raises."""
+        out = {"samples": self._seq - self._seq_start, "warnings": len(self._warned)}
+        try:
+            if self.job is not None and hasattr(self.job, "counts"):
+                out.update(self.job.counts())
+        except Exception:  # a broken collector must not cost the end record
+            pass
+        return out
 
     def _warn(self, message: str) -> None:
         if message in self._warned or self.warn is None:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 from pathlib import Path
 
 import pynvml
@@ -32,6 +33,9 @@ from logcapture.sampler import (
     summarize,
 )
 from logcapture.sampling import gpu as gpu_module
+from logcapture.spool import iter_run
+
+from .conftest import run_lc
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fakenvml import FakeGPU, FakeMig, FakeNVML, GiB, gpus  # noqa: E402
@@ -267,15 +271,58 @@ def test_busy_child_tree_cpu_is_the_jobs_and_stays_after_it_ends(busy):
     assert col.pop_warnings() == []
 
 
-def test_no_such_process_mid_sample_is_one_warning(tmp_path, busy):
+def test_a_process_ending_mid_sample_is_counted_not_warned_about(tmp_path, busy):
     p = busy()
     (tmp_path / "cgroup.procs").write_text(f"{p.pid}\n999999999\n")  # one pid that is gone
     col = JobCollector(cgroup_path=tmp_path)
+    assert col.counts() == {"processes_ended_mid_sample": 0, "processes_unreadable": 0}
     job = col.collect()
-    col.collect()
     assert job["processes"] == 1
-    (w,) = col.pop_warnings()
-    assert "999999999" in w and "ended" in w
+    assert col.counts()["processes_ended_mid_sample"] == 1
+    (tmp_path / "cgroup.procs").write_text(f"{p.pid}\n999999998\n999999997\n")
+    col.collect()
+    assert col.counts()["processes_ended_mid_sample"] == 3
+    assert col.pop_warnings() == []
+    warned = []
+    s = Sampler("r", "n", job=col, interval=1, emit=lambda s: None, warn=warned.append)
+    s.sample_once()
+    assert warned == []
+    # The same two pids, still listed: counted once.
+    assert s.counts() == {"samples": 1, "warnings": 0, "processes_ended_mid_sample": 3,
+                          "processes_unreadable": 0}
+
+
+def test_a_collector_that_truly_fails_is_still_warned_about_once(tmp_path, busy):
+    (tmp_path / "cgroup.procs").write_text(f"{busy().pid}\n")
+    broken = types.SimpleNamespace()  # a psutil that cannot read processes at all
+    warned = []
+    s = Sampler("r", "n", job=JobCollector(cgroup_path=tmp_path, psutil=broken), interval=1,
+                emit=lambda s: None, warn=warned.append)
+    for _ in range(3):
+        s.sample_once()
+    assert len(warned) == 1 and "job sampling failed" in warned[0], warned
+    assert s.counts()["warnings"] == 1
+
+
+def test_a_job_of_300_short_processes_leaves_no_warning_in_its_log(lc_env):
+    # Processes start and end all the time between samples taken every 0.1 s, as in a make.
+    script = ("i=0; while [ $i -lt 300 ]; do (sleep 0.01) & i=$((i + 1)); "
+              "[ $((i % 10)) -eq 0 ] && sleep 0.1; done; wait; echo built")
+    env = dict(lc_env, LOGCAPTURE_SAMPLE_INTERVAL="0.1")
+    res = run_lc(["run", "--run-id", "make-1", "--", "sh", "-c", script], env)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == b"built\n" and res.stderr == b""
+    logs = run_lc(["logs", "make-1"], env).stdout.decode()
+    assert "built" in logs and "[logcapture" not in logs, logs
+    (run_dir,) = Path(env["LOGCAPTURE_SPOOL"]).iterdir()
+    records = list(iter_run(run_dir))
+    samples = [r for r in records if r.kind == "sample"]
+    assert max(r.job["processes"] for r in samples) > 1  # the short processes were seen
+    assert not any(r.kind == "note" for r in records), [r for r in records if r.kind == "note"]
+    counts = records[-1].counts["sampling"]
+    assert counts["samples"] == len(samples) >= 20 and counts["warnings"] == 0
+    assert isinstance(counts["processes_ended_mid_sample"], int)
+    assert counts["processes_ended_mid_sample"] >= 0
 
 
 def test_cgroup_dir_lists_the_jobs_pids_recursively(tmp_path, busy):

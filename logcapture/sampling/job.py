@@ -141,6 +141,15 @@ class JobCollector:
         self._pids: list[int] = []
         self._warned: set[str] = set()
         self._warnings: list[str] = []
+        # Normal events, counted rather than warned about (``counts()``): a process of the job
+        # that ended between being listed and being read (a make, a shell pipeline, a data
+        # loader's workers end all the time), and one the user may not read (a setuid
+        # program). ``_vanished``, ``_denied``: the pids of the last sample's events, so that a
+        # pid still listed at the next sample is counted once.
+        self._ended = 0
+        self._unreadable = 0
+        self._vanished: set[int] = set()
+        self._denied: set[int] = set()
 
     def _warn(self, key: str, message: str) -> None:
         if key not in self._warned:
@@ -150,6 +159,13 @@ class JobCollector:
     def pop_warnings(self) -> list[str]:
         out, self._warnings = self._warnings, []
         return out
+
+    def counts(self) -> dict[str, int]:
+        """Processes of the job that ended while a sample read them (their figures as of the
+        sample before are kept), and processes that could not be read (skipped); each
+        process counted once. Normal events, for the end record, not warnings."""
+        return {"processes_ended_mid_sample": self._ended,
+                "processes_unreadable": self._unreadable}
 
     def pids(self) -> list[int]:
         """The job's pids as of the last ``collect()`` (found afresh before the first)."""
@@ -227,6 +243,8 @@ class JobCollector:
         current: dict[int, tuple[int, float, int, int]] = {}
         rss = pss = threads = 0
         have_pss = False
+        vanished: set[int] = set()
+        denied: set[int] = set()
         for pid in self._find_pids():
             try:
                 proc = self._process(pid)
@@ -252,13 +270,12 @@ class JobCollector:
                         read, write = io.read_bytes, io.write_bytes
                     except (ps.AccessDenied, AttributeError):
                         read = write = 0
-            except ps.NoSuchProcess:  # ended mid-sample (or a zombie)
+            except ps.NoSuchProcess:  # ended since it was listed: normal, counted
                 self._procs.pop(pid, None)
-                self._warn("ended", f"process {pid} of the job ended during a sample; "
-                                    "its last figures are kept")
+                vanished.add(pid)
                 continue
-            except ps.AccessDenied:
-                self._warn("denied", f"no permission to read process {pid}; it is skipped")
+            except ps.AccessDenied:  # not the user's to read (setuid): skipped, counted once
+                denied.add(pid)
                 continue
             current[pid] = (ppid, cpu, read, write)
         # The wrapper as root (root_pid in exclude_pids): its own figures are not the job's,
@@ -281,6 +298,9 @@ class JobCollector:
                         self._gone[0] += cpu
                     self._gone[1] += read
                     self._gone[2] += write
+        self._ended += len(vanished - self._vanished)
+        self._unreadable += len(denied - self._denied)
+        self._vanished, self._denied = vanished, denied
         self._last = current
         self._pids = sorted(current)
         cpu_total = self._gone[0] + reaped_cpu + sum(v[1] for v in current.values())
