@@ -21,11 +21,7 @@ from .entry import failure
 from .errors import LogcaptureError, Warner
 from .records import (
     MODES,
-    NOTE_BLANK,
-    NOTE_CUT,
     NOTE_MODE,
-    NOTE_REPEAT,
-    NOTE_WARNING,
     OUTPUT_STREAMS,
     STDERR,
     STREAMS_MERGED,
@@ -133,19 +129,9 @@ def _format_record(rec: Record, show_stream: bool) -> str | None:
 
 
 def format_note(note: Note) -> str:
-    if note.note == NOTE_REPEAT:
-        s = "" if note.count == 1 else "s"
-        return f"[logcapture: previous line repeated {note.count} more time{s}, dropped]"
-    if note.note == NOTE_BLANK:
-        s = "" if note.count == 1 else "s"
-        return f"[logcapture: {note.count} more blank line{s} dropped]"
-    if note.note == NOTE_CUT:
-        return f"[logcapture: line cut, {note.count} characters dropped]"
-    if note.note == NOTE_MODE:
-        return f"[logcapture: {note.text}]"
-    if note.note == NOTE_WARNING:
-        return f"[logcapture: warning: {note.text}]"
-    return f"[logcapture: {note.note}: {note.text}]"
+    from .logview import note_text
+
+    return note_text(note.note, note.count, note.text)
 
 
 def _reader(spool: Path | None, store_dsn: str | None, source: str = "auto") -> Any:
@@ -363,6 +349,29 @@ def _print_search(found: dict[str, Any], limit: int) -> None:
     if found["truncated"]:
         click.echo(f"logcapture: showing the newest {limit} matching lines; there are more "
                    "(--limit N for more, --since/--job/--state to narrow)", err=True)
+# ------------------------------------------------------------------------------ serve
+
+
+@cli.command()
+@_spool_option
+@_store_option
+@click.option("--port", type=click.IntRange(0, 65535), default=8750, show_default=True,
+              help="Port to listen on (0: any free port; 8750 taken: the next free one).")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on. Keep the default and reach it from your laptop "
+                   "through `ssh -L` (docs/user.md).")
+@click.option("--no-browser", is_flag=True, help="Do not open a web browser.")
+def serve(spool: Path | None, store_dsn: str | None, port: int, host: str,
+          no_browser: bool) -> None:
+    """Show your runs as web pages: the runs, each job's live log, metadata table and
+    graphs, resource graphs, runs compared, downloads.
+
+    The first line printed is the page's URL with an access token (anyone without it gets
+    403). Read-only; stop it with Ctrl+C.
+    """
+    from .web import serve as serve_pages
+
+    serve_pages(_reader(spool, store_dsn), host=host, port=port, open_browser=not no_browser)
 
 
 # ------------------------------------------------------------------------------ check

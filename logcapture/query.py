@@ -31,22 +31,26 @@ reader learns nothing of other people's job ids.
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
+import threading
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
 from .errors import LogcaptureError, NotFound, SpoolError
+from .logview import Entry, LogView, cursor_of, parse_cursor, sort_key
 from .records import (
     NOTE_BLANK,
     NOTE_MODE,
     NOTE_REPEAT,
     NOTE_WARNING,
     OUTPUT_STREAMS,
+    STDERR,
     Command,
     End,
     Line,
@@ -59,13 +63,24 @@ from .records import (
 )
 from .runs import RunSummary, find_run, follow_records, summarize
 from .search import Found, Hit, Pattern, Request, answer, context_of, line_of, merge
-from .spool import ReadStats, find_run_dirs, iter_run
+from .ship import is_shipped
+from .spool import (
+    ReadStats,
+    Segment,
+    find_run_dirs,
+    iter_run,
+    parse_lines,
+    read_lines,
+    segments,
+)
 from .store import EXPORTS, Store, export_rows, redact
 
 # The keys of a run summary (``Reader.runs``), the same from the spool and from the store.
 SUMMARY_KEYS = ("run", "owner", "uid", "job_id", "cluster", "host", "state", "exit_status",
                 "signal", "start", "end", "duration", "lines", "command", "slurm", "source")
 FOLLOW_POLL = 0.5  # seconds between a follower's reads of the store
+LOG_PAGE = 1000  # entries in a page of a log (``Reader.log``) unless asked otherwise
+LOG_PAGE_MAX = 5000
 # After the end record is in the store, the batch that carried it may still be inserting its
 # lines (the shipper inserts the other records first, store.Store.insert_many): a follower
 # reads on until a read finds nothing this long after it saw the end.
@@ -97,6 +112,14 @@ class Reader(Protocol):
     def follow(self, run: str) -> Iterator[dict[str, Any]]:
         """Every record of the run, then new ones as they come, until its end record (the last
         one yielded)."""
+        ...
+
+    def log(self, run: str, stderr: bool = False, before: str | None = None,
+            after: str | None = None, limit: int = LOG_PAGE) -> dict[str, Any]:
+        """One page of the run's log as ``logview`` shows it (the job page's question):
+        ``entries`` ``[cursor, stream, kind, text, ts]`` in order, the newest ``limit`` before
+        the cursor ``before`` (default: the newest) or the oldest after ``after``; ``more``:
+        entries lie beyond the page; ``ended``: the run's end record is in."""
         ...
 
     def describe(self, run: str) -> dict[str, Any]:
@@ -337,6 +360,15 @@ class StoreReader:
                 return
             sleep(poll)
 
+    def log(self, run: str, stderr: bool = False, before: str | None = None,
+            after: str | None = None, limit: int = LOG_PAGE) -> dict[str, Any]:
+        limit = _page_limit(limit)
+        with self.session() as st:
+            rows, more, ended = st.log_page(run, self.owner, stderr,
+                                            parse_cursor(before) if before else None,
+                                            parse_cursor(after) if after else None, limit)
+        return {"entries": [_entry_json(*r) for r in rows], "more": more, "ended": ended}
+
     def describe(self, run: str) -> dict[str, Any]:
         with self.session() as st:
             return describe(store_facts(st, run, self.owner))
@@ -440,13 +472,201 @@ def current_user() -> tuple[str, int]:
         return str(uid), uid
 
 
-def _shipped(run_dir: Path) -> bool:
-    from .ship import CURSOR_NAME, Cursor
+# --- a spool run's log, paged ----------------------------------------------------------------
+def _page_limit(limit: int) -> int:
+    return max(1, min(int(limit), LOG_PAGE_MAX))
 
+
+def _entry_json(ts: float, stream: str, seq: int, kind: str, text: str) -> list[Any]:
+    return [cursor_of(ts, stream, seq), stream, kind, text, ts]
+
+
+def _ts_of(raw: bytes) -> int | None:
+    """A spool line's time stamp in ns (``logview.cursor_of``'s unit), or None."""
     try:
-        return bool(Cursor.from_json((run_dir / CURSOR_NAME).read_text()).shipped_at)
-    except (OSError, ValueError):
-        return False
+        return round(json.loads(raw)["ts"] * 1e9)
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _position(lines: list[bytes], ts: int, right: bool = False) -> int:
+    """The index of the first line stamped at or after ``ts`` (after it, with ``right``), by
+    bisection: a spool is written in time order. Entries of one time stamp (a batch of
+    several streams) are ordered by stream and seq, not by place, so callers read whole
+    runs of one stamp and filter by cursor."""
+    lo, hi = 0, len(lines)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        t = _ts_of(lines[mid])
+        if t is None:  # a bad line: decide by a neighbour
+            t = next((x for x in map(_ts_of, lines[mid + 1:mid + 8]) if x is not None), ts)
+        if t < ts or (right and t == ts):
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+def _edge_ts(lines: list[bytes], last: bool = False) -> int | None:
+    """The earliest time stamp among a segment's first lines (the latest among its last):
+    the start record, the sampler's records and a batch's notes are stamped a little out of
+    the lines' order."""
+    stamps = [t for t in map(_ts_of, lines[-8:] if last else lines[:8]) if t is not None]
+    return (max(stamps) if last else min(stamps)) if stamps else None
+
+
+class SpoolRun:
+    """The job page's questions of a spool run, without reading the run whole: a page of
+    the log is found by bisection in the segment that holds it and read from a window of
+    lines there (a 2M-line run's newest page costs a few thousand lines, not two million);
+    metadata and samples are found by their kind at the end of each line and parsed alone.
+    Closed segments never change: their lines (a few, most recently used) and their metadata
+    and samples are kept."""
+
+    KEEP = 3  # decompressed closed segments kept
+    PRIME = 8  # lines before a window fed first, so a metadata line's printed twin is known
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self._lines: OrderedDict[int, list[bytes]] = OrderedDict()
+        self._scanned: dict[int, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {}
+        self._ended = False
+        self._lock = threading.Lock()
+
+    def _read(self, seg: Segment) -> list[bytes]:
+        got = self._lines.get(seg.index) if seg.closed else None
+        if got is not None:
+            self._lines.move_to_end(seg.index)
+            return got
+        try:
+            lines, _torn = read_lines(seg)  # complete lines only
+        except SpoolError:
+            return []
+        if seg.closed:
+            self._lines[seg.index] = lines
+            while len(self._lines) > self.KEEP:
+                self._lines.popitem(last=False)
+        return lines
+
+    def _entries(self, segs: list[Segment], i: int, a: int, b: int) -> list[Entry]:
+        """Log entries of lines [a, b) of segment ``segs[i]``, primed by the lines before."""
+        lines = self._read(segs[i])
+        prime = lines[max(0, a - self.PRIME):a]
+        if a < self.PRIME and i > 0:
+            prime = self._read(segs[i - 1])[-self.PRIME:] + prime
+        view = LogView(stderr=True)
+        view.feed(parse_lines("", prime, 0, ReadStats()))
+        return view.feed(parse_lines(segs[i].path.name, lines[a:b], a, ReadStats()))
+
+    def _is_ended(self, segs: list[Segment]) -> bool:
+        if not self._ended and segs:
+            self._ended = any(line.endswith(b'"kind":"end"}')
+                              for line in self._read(segs[-1])[-64:])
+        return self._ended
+
+    def page(self, stderr: bool, before: str | None, after: str | None,
+             limit: int) -> dict[str, Any]:
+        with self._lock:
+            segs = segments(self.run_dir)
+            if after is not None:
+                picked, more = self._after(segs, parse_cursor(after), stderr, limit)
+            else:
+                picked, more = self._before(segs, parse_cursor(before) if before else None,
+                                            stderr, limit)
+            return {"entries": [_entry_json(*e) for e in picked], "more": more,
+                    "ended": self._is_ended(segs)}
+
+    def _keep(self, e: Entry, stderr: bool) -> bool:
+        return stderr or e.stream != STDERR
+
+    def _before(self, segs: list[Segment], key: tuple[int, str, int] | None, stderr: bool,
+                limit: int) -> tuple[list[Entry], bool]:
+        """The newest ``limit`` entries before ``key``: windows read backwards from the last
+        line stamped at the cursor's time, until more than ``limit`` are found and the
+        earliest line read is older than the page's first entry (so nothing unread can
+        belong to the page)."""
+        found: list[Entry] = []
+        window = 2 * limit
+        for i in range(len(segs) - 1, -1, -1):
+            lines = self._read(segs[i])
+            if key is None:
+                end = len(lines)
+            else:
+                first = _edge_ts(lines)
+                if first is not None and first > key[0]:
+                    continue
+                end = _position(lines, key[0], right=True)
+            while end > 0:
+                start = max(0, end - window)
+                found += [e for e in self._entries(segs, i, start, end)
+                          if self._keep(e, stderr) and (key is None or _cursor_key(e) < key)]
+                end = start
+                if len(found) > limit:
+                    found.sort(key=sort_key)
+                    del found[:-limit - 1]  # the page, and one before it
+                    earliest = _ts_of(lines[start]) if start < len(lines) else None
+                    if earliest is not None and earliest < _cursor_key(found[1])[0]:
+                        return found[1:], True
+        found.sort(key=sort_key)
+        return found[-limit:], len(found) > limit
+
+    def _after(self, segs: list[Segment], key: tuple[int, str, int], stderr: bool,
+               limit: int) -> tuple[list[Entry], bool]:
+        """The oldest ``limit`` entries after ``key``, read forwards likewise."""
+        found: list[Entry] = []
+        window = 2 * limit
+        for i, seg in enumerate(segs):
+            lines = self._read(seg)
+            last = _edge_ts(lines, last=True)
+            if last is not None and last < key[0]:
+                continue
+            start = _position(lines, key[0])
+            while start < len(lines):
+                end = min(len(lines), start + window)
+                found += [e for e in self._entries(segs, i, start, end)
+                          if self._keep(e, stderr) and _cursor_key(e) > key]
+                start = end
+                if len(found) > limit:
+                    found.sort(key=sort_key)
+                    del found[limit + 1:]
+                    latest = _ts_of(lines[end - 1])
+                    if latest is not None and latest > _cursor_key(found[limit - 1])[0]:
+                        return found[:limit], True
+        found.sort(key=sort_key)
+        return found[:limit], len(found) > limit
+
+    def _scan(self, seg: Segment) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """The metadata and sample records of one segment (kept once it is closed)."""
+        got = self._scanned.get(seg.index) if seg.closed else None
+        if got is not None:
+            return got
+        lines = self._read(seg) if seg.closed and seg.index in self._lines else None
+        if lines is None:
+            try:
+                lines, _torn = read_lines(seg)
+            except SpoolError:
+                return [], []
+        meta = [r.to_dict() for r in parse_lines(seg.path.name, (
+            x for x in lines if x.endswith(b'"kind":"metadata"}')), 0, ReadStats())]
+        samples = [r.to_dict() for r in parse_lines(seg.path.name, (
+            x for x in lines if x.endswith(b'"kind":"sample"}')), 0, ReadStats())]
+        if seg.closed:
+            self._scanned[seg.index] = (meta, samples)
+        return meta, samples
+
+    def metadata(self) -> list[dict[str, Any]]:
+        """Metadata records, newest first (as ``Reader.metadata``)."""
+        with self._lock:
+            out = [d for seg in segments(self.run_dir) for d in self._scan(seg)[0]]
+        return out[::-1]
+
+    def samples(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [d for seg in segments(self.run_dir) for d in self._scan(seg)[1]]
+
+
+def _cursor_key(e: Entry) -> tuple[int, str, int]:
+    return round(e.ts * 1e9), e.stream, e.seq
 
 
 class LocalReader:
@@ -464,6 +684,7 @@ class LocalReader:
         self.held = HeldStore(dsn, wait=store_wait, warn=warn)
         self.store = StoreReader(self.held, self.owner)
         self._where: dict[str, Path | None] = {}  # run id -> its spool dir, None: the store
+        self._cache: dict[Path, SpoolRun] = {}  # spool runs asked of, read on as they grow
 
     # where a run lives
     def _mine(self, run_dir: Path) -> tuple[str, int] | None:
@@ -493,7 +714,7 @@ class LocalReader:
 
     def resolve(self, ref: str | None) -> str:
         run_dir = self._spool_run(ref)
-        if run_dir is not None and (self.source == "spool" or not _shipped(run_dir)):
+        if run_dir is not None and (self.source == "spool" or not is_shipped(run_dir)):
             self._where[run_dir.name] = run_dir
             return run_dir.name
         if self._in_store():
@@ -561,6 +782,19 @@ class LocalReader:
         session = _Reopened(self.held)
         yield from StoreReader(session, self.owner).follow(run)
 
+    def log(self, run: str, stderr: bool = False, before: str | None = None,
+            after: str | None = None, limit: int = LOG_PAGE) -> dict[str, Any]:
+        run_dir = self._dir(run)
+        if run_dir is None:
+            return self.store.log(run, stderr, before, after, limit)
+        return self._cached(run_dir).page(stderr, before, after, _page_limit(limit))
+
+    def _cached(self, run_dir: Path) -> SpoolRun:
+        cached = self._cache.get(run_dir)
+        if cached is None:
+            cached = self._cache[run_dir] = SpoolRun(run_dir)
+        return cached
+
     def describe(self, run: str) -> dict[str, Any]:
         run_dir = self._dir(run)
         if run_dir is None:
@@ -572,14 +806,13 @@ class LocalReader:
         run_dir = self._dir(run)
         if run_dir is None:
             return self.store.metadata(run)
-        recs = [r.to_dict() for r in iter_run(run_dir) if isinstance(r, Metadata)]
-        return recs[::-1]
+        return self._cached(run_dir).metadata()
 
     def samples(self, run: str) -> list[dict[str, Any]]:
         run_dir = self._dir(run)
         if run_dir is None:
             return self.store.samples(run)
-        return [r.to_dict() for r in iter_run(run_dir) if isinstance(r, Sample)]
+        return self._cached(run_dir).samples()
 
     def export_rows(self, run: str, what: str) -> list[dict[str, Any]]:
         if what not in EXPORTS:
@@ -613,7 +846,7 @@ class LocalReader:
         runs: dict[tuple[str, str], dict[str, Any]] = {}
         for run_dir in find_run_dirs(self.root):
             who = self._mine(run_dir)
-            if who is None or skip_shipped and _shipped(run_dir):
+            if who is None or skip_shipped and is_shipped(run_dir):
                 continue
             try:
                 s = summarize(run_dir)

@@ -261,6 +261,15 @@ class Cursor:
                    shipped_at=str(d.get("shipped_at", "")), records=int(d.get("records", 0)))
 
 
+def is_shipped(run_dir: Path) -> bool:
+    """Whether the whole run (through its end record) is in the store, by its cursor; an
+    unreadable or corrupt cursor says no (the spool is then the place to read it)."""
+    try:
+        return bool(Cursor.from_json((run_dir / CURSOR_NAME).read_text()).shipped_at)
+    except (OSError, ValueError, TypeError, AttributeError):
+        return False
+
+
 class RunCursor:
     """The locked cursor of one run directory (use ``lock_cursor``)."""
 

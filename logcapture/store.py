@@ -1256,6 +1256,42 @@ class Store:
         out.sort(key=lambda d: (d["ts"], d["stream"], d["seq"]))
         return out[-limit:] if limit else out
 
+    def log_page(self, run: str, owner: str | None = None, stderr: bool = False,
+                 before: tuple[int, str, int] | None = None,
+                 after: tuple[int, str, int] | None = None, limit: int = 1000
+                 ) -> tuple[list[tuple[float, str, int, str, str]], bool, bool]:
+        """One page of the run's log as ``logview`` shows it: entries ``(ts, stream, seq,
+        kind, text)`` in order, the newest ``limit`` before the cursor ``before`` (default:
+        the newest), or the oldest ``limit`` after ``after``; whether more lie beyond; and
+        whether the run has ended. A cursor is ``(ts in ns, stream, seq)``. The key begins
+        with the run and the time, so a page costs one range of the run's rows, however long
+        the log. NotFound when the run is not the owner's."""
+        from .logview import METADATA, log_sql, metadata_text
+
+        cond, params = self._run_cond(run, owner)
+        state = self._query("SELECT max(end_ts IS NOT NULL) FROM runs FINAL WHERE " + cond
+                            + " GROUP BY run", params)
+        if not state:
+            raise NotFound(f"run {run!r} is not in the store")
+        params.update(stderr=int(stderr), limit=int(limit) + 1)
+        where, order = "1", "DESC"
+        cursor = after or before
+        if cursor is not None:
+            params.update(c_ns=cursor[0], c_stream=cursor[1], c_seq=cursor[2])
+            where = (f"(ts, stream, seq) {'>' if after else '<'} "
+                     "(fromUnixTimestamp64Nano({c_ns:Int64}, 9), {c_stream:String}, "
+                     "{c_seq:UInt64})")
+            order = "ASC" if after else "DESC"
+        sql = log_sql("", cond, "{stderr:UInt8}", where, order, "{limit:UInt32}",
+                      ts="toUnixTimestamp64Nano(ts)")
+        rows = self._query(sql, params)
+        more = len(rows) > limit
+        out = [(r[0] / 1_000_000_000, r[1], int(r[2]), r[3],
+                metadata_text(r[4]) if r[3] == METADATA else r[4]) for r in rows[:limit]]
+        if after is None:
+            out.reverse()
+        return out, more, bool(state[0][0])
+
     def metadata(self, run: str, owner: str | None = None) -> list[dict[str, Any]]:
         """Metadata records of the run, newest first (dashboards show them that way)."""
         cond, p = self._run_cond(run, owner)

@@ -65,3 +65,27 @@ def test_the_sampler_knows_nothing_of_spool_or_store(source: str) -> None:
 def test_the_checker_sees_imports() -> None:
     # The rule must be able to fail: pipeline wires everything, so it imports later stages.
     assert {"render", "filter", "classify", "spool"} <= _imported_stages(PACKAGE / "pipeline.py")
+
+
+# The reading side: what shows runs (the read layer, the web pages, the dashboards) reads
+# records, spool and store, and never reaches into the capture path; nothing on the capture
+# path imports it. (logview, like xaxis, is a rule every reader applies, the store included.)
+READERS = ["query", "web", "grafana"]
+# sampler.summarize (a run's resource figures) is read by describe; the collectors are not.
+CAPTURE = ["runner", "render", "filter", "classify", "pipeline", "sampling"]
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_readers_never_import_the_capture_path(reader: str) -> None:
+    files = _module_files(reader)
+    assert files, f"{reader} not found"
+    for path in files:
+        bad = _imported_stages(path) & set(CAPTURE)
+        assert not bad, f"{path} imports {sorted(bad)}"
+
+
+@pytest.mark.parametrize("stage", CAPTURE + ["spool", "store", "ship"])
+def test_the_capture_path_never_imports_a_reader(stage: str) -> None:
+    for path in _module_files(stage):
+        bad = _imported_stages(path) & set(READERS)
+        assert not bad, f"{path.name} imports {sorted(bad)}"

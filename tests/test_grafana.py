@@ -192,14 +192,33 @@ def test_logs_stdout_notes_and_the_stderr_switch(store):
     rows = run_sql(store, JOB_UID, sql)
     bodies = [r["body"] for r in rows]
     assert bodies[0] == "done" and bodies[-1] == "starting"  # newest first
-    assert "[logcapture] 3 repeated line(s) dropped" in bodies
-    assert "[logcapture] bad /LOGCOMMAND" in bodies
+    assert "[logcapture: previous line repeated 3 more times, dropped]" in bodies
+    assert "[logcapture: warning: bad /LOGCOMMAND]" in bodies
     assert any(json.loads(b) == TRAIN_META[0] for b in bodies if b.startswith("{"))
     assert "warning: slow disk" not in bodies
     assert {r["level"] for r in rows} <= {"info", "debug", "warning"}
     rows = run_sql(store, JOB_UID, sql, stderr="1")
     errs = [r for r in rows if r["source"] == "stderr"]
     assert [r["body"] for r in errs] == ["warning: slow disk"] and errs[0]["level"] == "error"
+
+
+def test_logs_show_each_metadata_line_and_mode_change_once(store):
+    # Mode enabled keeps a metadata line as printed (Line seq N) and as a record (Metadata
+    # seq N+1); a mode change is noted in both streams. Each shows once, with or without stderr.
+    r, t0 = "3001", T0 - 10**6  # long before the dashboards' time range
+    records = [
+        Start(run=r, stream="run", seq=0, ts=t0, command=["train"], user="bob", uid=1001),
+        Line(run=r, stream="stdout", seq=0, ts=t0 + 1, text='{"epoch": 1}'),
+        Metadata(run=r, stream="stdout", seq=1, ts=t0 + 1, fields={"epoch": 1}),
+        Note(run=r, stream="stdout", seq=2, ts=t0 + 2, note="mode", text="mode changed"),
+        Note(run=r, stream="stderr", seq=0, ts=t0 + 2, note="mode", text="mode changed"),
+        Metadata(run=r, stream="stdout", seq=3, ts=t0 + 3, fields={"epoch": 2}),
+    ]
+    assert not store.insert_records(records, Identity(run=r, user="bob", uid=1001)).bad
+    for stderr in ("0", "1"):
+        rows = run_sql(store, JOB_UID, query_of(JOB_UID, "Output"), run=r, stderr=stderr)
+        assert [x["body"] for x in rows] == [
+            '{"epoch":2}', "[logcapture: mode changed]", '{"epoch": 1}'], stderr
 
 
 def test_metadata_table_newest_first(store):
@@ -350,6 +369,11 @@ def test_variables_are_always_quoted():
                 assert sql[m.end():m.end() + 2] == "')", sql
                 continue
             assert fmt in ("sqlstring", "singlequote") or name == "stderr", (name, sql)
+
+
+def test_dashboards_refresh_while_jobs_run():
+    assert DASHBOARDS["job-details"]["refresh"] == "10s"
+    assert DASHBOARDS["jobs"]["refresh"] == DASHBOARDS["compare-jobs"]["refresh"] == "1m"
 
 
 def test_panel_types():

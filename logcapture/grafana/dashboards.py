@@ -37,6 +37,7 @@ from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import dashboard as dm
 from grafana_foundation_sdk.models import xychart as xym
 
+from ..logview import log_sql
 from ..xaxis import LEVEL_NAMES, values_sql, x_axis_sql
 from .query import FORMAT_LOGS, FORMAT_TABLE, FORMAT_TIME_SERIES, ClickHouseQuery, datasource_ref
 
@@ -50,6 +51,10 @@ DEFAULT_DATABASE = "logcapture"
 RUN = "${run:sqlstring}"
 PATTERN = "decodeURLComponent('${pattern:percentencode}')"  # the search box's text
 SEARCH_TOKENS = 8  # tokens of the search box each line must hold (the first 8)
+# Auto-refresh, so a running job's dashboard moves: Grafana's interval strings. Grafana's
+# min_refresh_interval (default 5s) bounds them from below.
+JOB_REFRESH = "10s"
+LIST_REFRESH = "1m"
 
 
 # --- SQL, one function per panel ----------------------------------------------------------
@@ -101,34 +106,16 @@ LEFT JOIN (
 
 
 def sql_logs(db: str) -> str:
-    # Lines and commands, notes (dropped repetitions, blank runs, cut lines, warnings, mode
-    # changes) and metadata lines, newest 10000; stderr only when the switch is on.
-    streams = "(stream = 'stdout' OR (${stderr} = 1 AND stream = 'stderr'))"
+    # The job's log as the page and `logcapture logs` show it (logview.log_sql: each metadata
+    # line and each mode change once), newest 10000; stderr only when the switch is on.
     return f"""
-SELECT timestamp, body, level, source FROM (
-    SELECT ts AS timestamp, seq, text AS body,
-           if(kind = 'command', 'debug', if(stream = 'stderr', 'error', 'info')) AS level,
-           stream AS source
-    FROM {db}.lines FINAL
-    WHERE run = {RUN} AND {streams}
-    UNION ALL
-    SELECT ts, seq,
-           concat('[logcapture] ', if(text != '', text, multiIf(
-               note = 'repeat', concat(toString(count), ' repeated line(s) dropped'),
-               note = 'blank', concat(toString(count), ' blank line(s) dropped'),
-               note = 'cut', concat('line cut, ', toString(count), ' character(s) dropped'),
-               note))),
-           if(note = 'warning', 'warning', 'debug'),
-           'logcapture'
-    FROM {db}.notes FINAL
-    WHERE run = {RUN} AND (stream = 'run' OR {streams})
-    UNION ALL
-    SELECT ts, seq, fields, 'info', stream
-    FROM {db}.metadata FINAL
-    WHERE run = {RUN} AND {streams}
-)
-ORDER BY timestamp DESC, seq DESC
-LIMIT 10000
+SELECT ts AS timestamp, text AS body,
+       multiIf(kind = 'note' AND startsWith(text, '[logcapture: warning'), 'warning',
+               kind IN ('note', 'command'), 'debug',
+               stream = 'stderr', 'error', 'info') AS level,
+       if(kind = 'note', 'logcapture', stream) AS source
+FROM ({log_sql(db, f"run = {RUN}", "${stderr}")})
+ORDER BY timestamp DESC, stream DESC, seq DESC
 """
 
 
@@ -148,7 +135,7 @@ def sql_metadata_by_time(db: str) -> str:
 SELECT ts AS time, key, num AS value
 FROM ({values})
 WHERE kind != 'other' AND $__timeFilter(ts)
-ORDER BY time, key
+ORDER BY time, seq, key
 """
 
 
@@ -510,7 +497,7 @@ def job_details(db: str = DEFAULT_DATABASE) -> gdash.Dashboard:
               .with_target(_q(sql_x_axis(db))).height(3).span(24))
     return (
         gdash.Dashboard("logcapture: job details").uid(JOB_UID).tags(TAGS)
-        .time("now-7d", "now").refresh(False).readonly()
+        .time("now-7d", "now").refresh(JOB_REFRESH).readonly()
         .with_variable(_query_variable("run", "run", sql_run_variable(db)))
         .with_variable(stderr)
         .with_variable(_query_variable("x_axis", "X axis", sql_x_key_variable(db), hide=True))
@@ -565,7 +552,7 @@ def jobs_overview(db: str = DEFAULT_DATABASE) -> gdash.Dashboard:
            .height(5).span(16))
     return (
         gdash.Dashboard("logcapture: jobs").uid(JOBS_UID).tags(TAGS)
-        .time("now-7d", "now").refresh(False).readonly()
+        .time("now-7d", "now").refresh(LIST_REFRESH).readonly()
         .with_variable(_query_variable("user", "user", sql_user_variable(db), multi=True,
                                        include_all=True))
         .with_panel(states)
@@ -585,7 +572,7 @@ def compare_jobs(db: str = DEFAULT_DATABASE) -> gdash.Dashboard:
             .with_target(_q(sql_compare_x_axes(db))).height(5).span(24))
     return (
         gdash.Dashboard("logcapture: compare jobs").uid(COMPARE_UID).tags(TAGS)
-        .time("now-30d", "now").refresh(False).readonly()
+        .time("now-30d", "now").refresh(LIST_REFRESH).readonly()
         .with_variable(_query_variable("runs", "runs", sql_runs_variable(db), multi=True))
         .with_variable(_query_variable("key", "metadata key", sql_key_variable(db)))
         .with_panel(by_x)

@@ -1,0 +1,67 @@
+"""``logcapture serve``: the user's runs as web pages (runs, job, compare), read-only."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import sys
+from typing import Any, TextIO
+
+from ..errors import UsageError
+
+DEFAULT_PORT = 8750
+PORT_TRIES = 20  # like Jupyter: the default port taken, try the next ones
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port; with the default port, the next free one."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    tries = PORT_TRIES if port == DEFAULT_PORT else 1
+    last: OSError | None = None
+    for p in range(port, port + tries):
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, p))
+        except OSError as e:
+            sock.close()
+            last = e
+            continue
+        sock.listen(128)
+        sock.set_inheritable(True)
+        return sock
+    raise UsageError(f"cannot listen on {host}:{port}: {last.strerror if last else ''}")
+
+
+def url_of(sock: socket.socket, token: str) -> str:
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}/?token={token}"
+
+
+def serve(reader: Any, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
+          open_browser: bool = True, out: TextIO = sys.stdout,
+          token: str | None = None) -> None:
+    """Serve ``reader`` (a ``query.Reader``: what the pages may show) until interrupted; the
+    first line on ``out`` is the URL with the token."""
+    import uvicorn
+
+    from .app import create_app
+    from .reads import Pages
+
+    token = token or secrets.token_urlsafe(24)
+    sock = bind(host, port)
+    url = url_of(sock, token)
+    print(url, file=out, flush=True)
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"logcapture serve: listening on {host}: anyone who can reach it and has the "
+              "token reads your runs", file=sys.stderr, flush=True)
+    if open_browser and (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")
+                         or sys.platform == "darwin"):
+        import webbrowser
+
+        webbrowser.open(url)
+    config = uvicorn.Config(create_app(Pages(reader), token), log_level="warning", access_log=False,
+                            lifespan="on", timeout_graceful_shutdown=1)
+    uvicorn.Server(config).run(sockets=[sock])

@@ -1,0 +1,234 @@
+"""The web application of ``logcapture serve``: a Starlette app, read-only, behind a token.
+
+Pages are static HTML and JavaScript shipped in ``static/`` (uPlot, vendored, draws the
+graphs); they ask the JSON endpoints below, which answer from :mod:`.reads`. A running job's
+new log entries come as server-sent events (``/api/runs/RUN/follow``).
+
+Access: the token is in the URL ``serve`` prints (Jupyter's convention). A request carrying it
+(``?token=``) gets it set as a cookie for this host and port, so later requests and links
+need not repeat it; a request with neither gets 403. Only GET and HEAD exist: nothing here
+changes data.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import math
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio.to_thread
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import (
+    FileResponse,
+    JSONResponse,
+    PlainTextResponse,
+    Response,
+    StreamingResponse,
+)
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from ..errors import LogcaptureError, NotFound, UsageError
+from ..logview import parse_cursor
+from ..query import LOG_PAGE, LOG_PAGE_MAX
+from .reads import Pages
+
+STATIC = Path(__file__).with_name("static")
+COOKIE = "logcapture_token"
+FOLLOW_POLL = 0.5  # seconds between reads of a running job's new entries
+HEARTBEAT = 15.0  # seconds: an SSE comment keeps proxies and ssh tunnels from closing
+SECURITY_HEADERS = [
+    (b"content-security-policy", b"default-src 'self'; img-src 'self' data:; "
+                                 b"style-src 'self'; script-src 'self'; frame-ancestors 'none'"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"cache-control", b"no-store"),
+]
+
+
+class TokenGate:
+    """403 for any request without the token (query ``token`` or the cookie); 405 for any
+    method but GET and HEAD. A request with ``?token=`` gets the cookie."""
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        self.app = app
+        self.token = token
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope)
+        given = request.query_params.get("token")
+        if given is None:  # no token in the URL: the cookie an earlier one set
+            given = request.cookies.get(COOKIE)
+            set_cookie = False
+        else:  # a token in the URL decides, even beside a valid cookie
+            set_cookie = True
+        ok = given is not None and hmac.compare_digest(given.encode(), self.token.encode())
+        if not ok:
+            response: Response = PlainTextResponse(
+                "403: this page needs the token printed by `logcapture serve` "
+                "(open the URL it printed)\n", status_code=403)
+            await response(scope, receive, send)
+            return
+        if scope["method"] not in ("GET", "HEAD"):
+            await PlainTextResponse("405: read-only\n", status_code=405)(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", [])) + SECURITY_HEADERS
+                if set_cookie:
+                    headers.append((b"set-cookie", f"{COOKIE}={self.token}; Path=/; HttpOnly; "
+                                    "SameSite=Strict".encode()))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
+def _json(data: Any) -> Response:
+    return Response(json.dumps(data, allow_nan=False, default=_finite, separators=(",", ":")),
+                    media_type="application/json")
+
+
+def _finite(o: Any) -> Any:
+    return str(o)
+
+
+def _clean(value: Any) -> Any:
+    """JSON has no NaN: a non-finite float becomes its name, as the spool writes it."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value).replace("inf", "Infinity").replace("nan", "NaN")
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    return value
+
+
+def _flag(request: Request, name: str) -> bool:
+    return request.query_params.get(name, "0") in ("1", "true", "on")
+
+
+def _limit(request: Request, default: int = LOG_PAGE) -> int:
+    try:
+        n = int(request.query_params.get("limit", default))
+    except ValueError:
+        raise UsageError("limit must be a whole number") from None
+    return max(1, min(n, LOG_PAGE_MAX))
+
+
+def create_app(pages: Pages, token: str) -> Starlette:
+    async def call(fn: Callable[..., Any], *args: Any) -> Any:
+        return await anyio.to_thread.run_sync(fn, *args)
+
+    def page(name: str) -> Callable[[Request], Any]:
+        async def endpoint(request: Request) -> Response:
+            return FileResponse(STATIC / name, media_type="text/html")
+        return endpoint
+
+    async def api_runs(request: Request) -> Response:
+        return _json(await call(pages.runs))
+
+    async def api_run(request: Request) -> Response:
+        return _json(_clean(await call(pages.header, request.path_params["ref"])))
+
+    async def api_log(request: Request) -> Response:
+        q = request.query_params
+        return _json(await call(pages.log, request.path_params["ref"], _flag(request, "stderr"),
+                                q.get("before"), q.get("after"), _limit(request)))
+
+    async def api_follow(request: Request) -> Response:
+        ref = request.path_params["ref"]
+        stderr = _flag(request, "stderr")
+        after = request.query_params.get("after")
+        if after is not None:
+            parse_cursor(after)  # 400 now rather than inside the stream
+        first = await call(pages.log, ref, stderr, None, after, LOG_PAGE_MAX)
+        if after is None:
+            first["more"] = False  # the newest page: what lies beyond it is older
+
+        async def events() -> AsyncIterator[str]:
+            page, cursor, quiet = first, after, 0.0
+            while True:
+                if page["entries"]:
+                    cursor, quiet = page["entries"][-1][0], 0.0
+                    yield ("event: entries\ndata: "
+                           + json.dumps({"entries": page["entries"]}) + "\n\n")
+                if page["ended"] and not page["more"]:
+                    yield "event: end\ndata: {}\n\n"
+                    return
+                if not page["more"]:
+                    await asyncio.sleep(FOLLOW_POLL)
+                    quiet += FOLLOW_POLL
+                    if quiet >= HEARTBEAT:
+                        quiet = 0.0
+                        yield ": still here\n\n"
+                page = await call(pages.log, ref, stderr, None, cursor, LOG_PAGE_MAX)
+
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={"X-Accel-Buffering": "no"})
+
+    async def api_metadata(request: Request) -> Response:
+        return _json(_clean(await call(pages.metadata, request.path_params["ref"])))
+
+    async def api_resources(request: Request) -> Response:
+        return _json(_clean(await call(pages.resources, request.path_params["ref"])))
+
+    async def api_export(request: Request) -> Response:
+        q = request.query_params
+        body, name, media = await call(pages.export, request.path_params["ref"],
+                                       q.get("what", "lines"), q.get("format", "csv"))
+        return Response(body, media_type=media,
+                        headers={"Content-Disposition": f'attachment; filename="{name}"'})
+
+    async def api_compare(request: Request) -> Response:
+        refs = [r for r in request.query_params.get("runs", "").split(",") if r][:20]
+        key = request.query_params.get("key", "")
+        return _json(_clean(await call(pages.compare, refs, key)))
+
+    async def on_error(request: Request, exc: Exception) -> Response:
+        status = 404 if isinstance(exc, NotFound) else 400
+        message = exc.message if isinstance(exc, LogcaptureError) else str(exc)
+        return JSONResponse({"error": message}, status_code=status)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async def releaser() -> None:
+            while True:
+                await asyncio.sleep(1.0)
+                await call(pages.release_idle)
+
+        task = asyncio.create_task(releaser())
+        try:
+            yield
+        finally:
+            task.cancel()
+            await call(pages.close)
+
+    routes = [
+        Route("/", page("runs.html")),
+        Route("/job/{ref}", page("job.html")),
+        Route("/compare", page("compare.html")),
+        Route("/api/runs", api_runs),
+        Route("/api/runs/{ref}", api_run),
+        Route("/api/runs/{ref}/log", api_log),
+        Route("/api/runs/{ref}/follow", api_follow),
+        Route("/api/runs/{ref}/metadata", api_metadata),
+        Route("/api/runs/{ref}/resources", api_resources),
+        Route("/api/runs/{ref}/export", api_export),
+        Route("/api/compare", api_compare),
+        Mount("/static", StaticFiles(directory=STATIC)),
+    ]
+    return Starlette(routes=routes, middleware=[Middleware(TokenGate, token=token)],
+                     exception_handlers={LogcaptureError: on_error}, lifespan=lifespan)

@@ -1,0 +1,225 @@
+"""What the pages show, asked of a ``query.Reader`` (the read layer of ``ls``, ``logs``,
+``show`` and ``export``), so the page shows exactly what that user may read, from wherever
+the CLI reads it. This module only shapes the Reader's answers for drawing (tables, graph
+columns); it reads nothing itself.
+
+The Reader is one object used by one request at a time (``Pages`` holds a lock): an embedded
+store is one process's, and the Reader keeps it open between questions; ``release_idle``
+lets it go after a quiet spell, so ``upload`` or ``export`` in another shell can open it.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from ..errors import UsageError
+from ..store import EXPORTS, write_rows
+from ..xaxis import LEVEL_NAMES, choose_x_axis, is_number, key_levels
+
+RUN_REF = re.compile(r"[A-Za-z0-9._-]{1,128}")
+FORMATS = {"csv": "text/csv", "ndjson": "application/x-ndjson",
+           "parquet": "application/vnd.apache.parquet"}
+METADATA_TABLE_ROWS = 5000
+IDLE_RELEASE = 2.0  # seconds without a question before the Reader lets its store go
+
+GPU_METRICS = ("utilization_gpu_percent", "memory_used_bytes", "power_watts",
+               "temperature_celsius")
+JOB_METRICS = ("cpu_percent", "memory_rss_bytes")
+
+
+def check_ref(ref: str) -> str:
+    """A run reference as users type them (run id, job id, ``J_T``); anything else is refused
+    before it reaches a reader."""
+    if not RUN_REF.fullmatch(ref):
+        raise UsageError(f"not a run id or job id: {ref[:80]!r}")
+    return ref
+
+
+class Pages:
+    """The pages' questions, each answered under one lock from one Reader."""
+
+    def __init__(self, reader: Any, clock: Callable[[], float] = time.monotonic) -> None:
+        self.reader = reader
+        self._lock = threading.Lock()
+        self._clock = clock
+        self._last = clock()
+
+    def _ask(self, fn: Callable[..., Any], *args: Any) -> Any:
+        with self._lock:
+            try:
+                return fn(*args)
+            finally:
+                self._last = self._clock()
+
+    def release_idle(self) -> None:
+        with self._lock:
+            if self._clock() - self._last > IDLE_RELEASE:
+                self.reader.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self.reader.close()
+
+    def resolve(self, ref: str) -> str:
+        return self._ask(self.reader.resolve, check_ref(ref))
+
+    def runs(self) -> list[dict[str, Any]]:
+        return [run_row(s) for s in self._ask(self.reader.runs)]
+
+    def header(self, ref: str) -> dict[str, Any]:
+        run = self.resolve(ref)
+        # A run found but not listed yet has written nothing but its directory: starting.
+        summary = next((s for s in self._ask(self.reader.runs) if s["run"] == run),
+                       {"run": run, "state": "RUNNING"})
+        return header(summary, self._ask(self.reader.samples, run))
+
+    def log(self, ref: str, stderr: bool, before: str | None, after: str | None,
+            limit: int) -> dict[str, Any]:
+        run = self.resolve(ref)
+        page = self._ask(self.reader.log, run, stderr, before, after, limit)
+        return {"run": run, **page}
+
+    def metadata(self, ref: str) -> dict[str, Any]:
+        run = self.resolve(ref)
+        return metadata(self._ask(self.reader.metadata, run)[::-1])
+
+    def resources(self, ref: str) -> dict[str, Any]:
+        return resources(self._ask(self.reader.samples, self.resolve(ref)))
+
+    def export(self, ref: str, what: str, fmt: str) -> tuple[bytes, str, str]:
+        """The bytes of ``logcapture export RUN --what WHAT --format FMT``, a file name and its
+        media type."""
+        if what not in EXPORTS:
+            raise UsageError(f"what must be lines, metadata or samples, not {what[:40]!r}")
+        if fmt not in FORMATS:
+            raise UsageError(f"format must be csv, ndjson or parquet, not {fmt[:40]!r}")
+        run = self.resolve(ref)
+        out = io.BytesIO()
+        write_rows(self._ask(self.reader.export_rows, run, what), fmt, out)
+        return out.getvalue(), f"{run}-{what}.{fmt}", FORMATS[fmt]
+
+    def compare(self, refs: Iterable[str], key: str) -> dict[str, Any]:
+        runs = []
+        summaries = {s["run"]: s for s in self._ask(self.reader.runs)}
+        for ref in refs:
+            run = self.resolve(ref)
+            rows = self._ask(self.reader.metadata, run)[::-1]
+            runs.append(compare_one(summaries.get(run, {"run": run}), rows, key))
+        return {"key": key, "runs": runs}
+
+
+# --------------------------------------------------------------------------- answers
+
+
+def exit_text(exit_status: Any, signal: Any) -> str:
+    if signal is not None:
+        return f"signal {signal}"
+    return "" if exit_status is None else str(exit_status)
+
+
+def run_row(s: Mapping[str, Any]) -> dict[str, Any]:
+    """A run summary (``query.SUMMARY_KEYS``) as the runs page lists it."""
+    slurm = s.get("slurm") or {}
+    command = " ".join(s.get("command") or ())
+    duration = s.get("duration")
+    if duration is None and s["state"] == "RUNNING" and s.get("start") is not None:
+        duration = max(0.0, time.time() - s["start"])
+    return {"run": s["run"], "job_id": s.get("job_id") or "",
+            "name": slurm.get("job_name") or command, "job_name": slurm.get("job_name") or "",
+            "command": command, "user": s.get("owner") or "", "state": s["state"],
+            "exit": exit_text(s.get("exit_status"), s.get("signal")),
+            "start": s.get("start"), "duration": duration, "nodes": s.get("host") or "",
+            "source": s.get("source", "")}
+
+
+def header(summary: Mapping[str, Any], samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """The job page's header: the Grafana job header's fields (nodes: those that sent
+    samples, else the start host; GPUs: distinct GPU UUIDs sampled) and a few more."""
+    row = run_row(summary)
+    nodes = sorted({s["node"] for s in samples if s.get("node")})
+    uuids = {g.get("uuid") for s in samples for g in s.get("gpus") or ()
+             if isinstance(g, dict) and g.get("uuid")}
+    row["nodes"] = ", ".join(nodes) if nodes else row["nodes"]
+    row["gpus"] = len(uuids)
+    row["running"] = summary["state"] == "RUNNING"
+    return row
+
+
+def _column(fields: list[dict[str, Any]], key: str) -> list[Any]:
+    return [v if is_number(v := f.get(key)) else None for f in fields]
+
+
+def metadata(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """From metadata records in time order: the table (newest first) and the graphs: every
+    numeric key by time, and by the X key the rule picks, with why."""
+    fields = [dict(r["fields"]) for r in rows]
+    levels = key_levels(fields)
+    keys = sorted(levels)
+    x_key = choose_x_axis(fields)
+    columns: dict[str, None] = {}
+    for f in fields:
+        columns.update(dict.fromkeys(f))
+    by_x = None
+    if x_key is not None:
+        pairs = sorted(((f[x_key], i) for i, f in enumerate(fields) if is_number(f.get(x_key))))
+        ordered = [fields[i] for _, i in pairs]
+        by_x = {"key": x_key, "because": LEVEL_NAMES[levels[x_key]],
+                "x": [x for x, _ in pairs],
+                "series": {k: _column(ordered, k) for k in keys if k != x_key}}
+    newest = rows[::-1][:METADATA_TABLE_ROWS]
+    return {"columns": list(columns), "total": len(rows),
+            "rows": [{"ts": r["ts"], "seq": r["seq"], "fields": r["fields"]} for r in newest],
+            "keys": keys, "by_x": by_x,
+            "by_time": {"x": [r["ts"] for r in rows],
+                        "series": {k: _column(fields, k) for k in keys}}}
+
+
+def resources(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per node: sample times, each GPU's utilisation, memory, power and temperature, and the
+    job's CPU and memory, as columns aligned on the times (None where a value is missing)."""
+    nodes: dict[str, dict[str, Any]] = {}
+    for s in samples:
+        n = nodes.setdefault(s["node"], {"t": [], "gpus": {},
+                                         "job": {m: [] for m in JOB_METRICS}})
+        i = len(n["t"])
+        n["t"].append(s["ts"])
+        job = s.get("job") or {}
+        for m in JOB_METRICS:
+            n["job"][m].append(job.get(m) if is_number(job.get(m)) else None)
+        for g in s.get("gpus") or ():
+            if not isinstance(g, dict):
+                continue
+            label = f"GPU {g.get('index', '?')} {g.get('name', '')}".strip()
+            series = n["gpus"].setdefault(label, {m: [] for m in GPU_METRICS})
+            for m in GPU_METRICS:
+                col = series[m]
+                col.extend([None] * (i - len(col)))
+                col.append(g.get(m) if is_number(g.get(m)) else None)
+    for n in nodes.values():
+        for series in n["gpus"].values():
+            for col in series.values():
+                col.extend([None] * (len(n["t"]) - len(col)))
+    return {"nodes": nodes}
+
+
+def compare_one(summary: Mapping[str, Any], rows: list[dict[str, Any]], key: str
+                ) -> dict[str, Any]:
+    """One run's side of the compare graphs: ``key`` by the run's own X axis and by seconds
+    since the run started."""
+    fields = [dict(r["fields"]) for r in rows]
+    levels = key_levels(fields)
+    x_key = choose_x_axis(fields)
+    start = summary.get("start")
+    t0 = start if start is not None else (rows[0]["ts"] if rows else 0.0)
+    return {"run": summary["run"], "job_name": (summary.get("slurm") or {}).get("job_name", ""),
+            "x_key": x_key, "because": LEVEL_NAMES[levels[x_key]] if x_key else None,
+            "keys": sorted(levels),
+            "by_time": [(r["ts"] - t0, f[key]) for r, f in zip(rows, fields, strict=True)
+                        if is_number(f.get(key))],
+            "by_x": sorted((f[x_key], f[key]) for f in fields
+                           if x_key and is_number(f.get(x_key)) and is_number(f.get(key)))}

@@ -1,0 +1,158 @@
+/* logcapture serve: helpers shared by the pages, and the chart with the guide's legend
+   (a click shows only that series, Ctrl+click turns one series on or off). */
+"use strict";
+
+const LC = (() => {
+  const PALETTE = ["#4e79a7", "#f28e2b", "#e15759", "#59a14f", "#b07aa1", "#76b7b2",
+                   "#edc948", "#ff9da7", "#9c755f", "#8cd17d", "#bab0ac", "#499894"];
+
+  function el(tag, attrs, ...children) {
+    const e = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (v === null || v === undefined || v === false) continue;
+      if (k === "class") e.className = v;
+      else if (k === "text") e.textContent = v;
+      else if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
+      else e.setAttribute(k, v === true ? "" : v);
+    }
+    for (const c of children) {
+      if (c === null || c === undefined) continue;
+      e.append(c instanceof Node ? c : document.createTextNode(String(c)));
+    }
+    return e;
+  }
+
+  async function api(path) {
+    const r = await fetch(path, {credentials: "same-origin"});
+    if (!r.ok) {
+      let msg = r.status + " " + r.statusText;
+      try { msg = (await r.json()).error || msg; } catch (_) { /* not JSON */ }
+      throw new Error(msg);
+    }
+    return r.json();
+  }
+
+  const pad = n => String(n).padStart(2, "0");
+  function time(ts) {
+    if (ts === null || ts === undefined) return "-";
+    const d = new Date(ts * 1000);
+    return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ` +
+           `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
+  }
+  function duration(s) {
+    if (s === null || s === undefined) return "-";
+    if (s < 60) return s.toFixed(1) + " s";
+    const h = Math.floor(s / 3600), m = Math.floor((s % 3600) / 60), sec = Math.floor(s % 60);
+    if (h) return `${h} h ${pad(m)} min`;
+    return `${m} min ${pad(sec)} s`;
+  }
+  function bytes(b) {
+    if (b === null || b === undefined) return "-";
+    const u = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let i = 0;
+    while (Math.abs(b) >= 1024 && i < u.length - 1) { b /= 1024; i++; }
+    return (i ? String(+b.toPrecision(4)) : String(Math.round(b))) + " " + u[i];
+  }
+  function value(v) {
+    if (v === null || v === undefined) return "";
+    if (typeof v === "number") {
+      if (Number.isInteger(v)) return String(v);
+      const a = Math.abs(v);
+      return (a !== 0 && (a < 1e-3 || a >= 1e6)) ? v.toExponential(4) : String(+v.toPrecision(6));
+    }
+    if (typeof v === "object") return JSON.stringify(v);
+    return String(v);
+  }
+  function stateBadge(state) {
+    return el("span", {class: "state " + state, text: state});
+  }
+  function cssVar(name) {
+    return getComputedStyle(document.documentElement).getPropertyValue(name).trim();
+  }
+  function showError(where, err) {
+    where.replaceChildren(el("div", {class: "error", text: String(err.message || err)}));
+  }
+
+  /* One uPlot chart with its own legend.
+     spec: {title, note, xLabel, yLabel, time (x is epoch seconds), x: [...],
+            series: [{label, values}], yFormat, height} */
+  function chart(container, spec) {
+    const box = el("div", {class: "chart", "data-title": spec.title});
+    box.append(el("div", {class: "chart-title", text: spec.title}));
+    if (spec.note) box.append(el("div", {class: "axis-note", text: spec.note}));
+    const plot = el("div", {class: "plot"});
+    const legend = el("div", {class: "legend"});
+    box.append(plot, legend);
+    container.append(box);
+    const muted = cssVar("--muted"), grid = cssVar("--line");
+    const axis = (label, fmt) => {
+      const a = {stroke: muted, grid: {stroke: grid, width: 1}, ticks: {stroke: grid},
+                 label: label || undefined, labelSize: label ? 20 : 0};
+      if (fmt) a.values = (u, vals) => vals.map(fmt);
+      return a;
+    };
+    const yAxis = axis(spec.yLabel, spec.yFormat);
+    yAxis.size = 84;
+    const xAxis = axis(spec.time ? "" : spec.xLabel);
+    if (spec.time) {
+      // One line per tick (uPlot's default adds a second, date line that can overlap).
+      xAxis.values = (u, vals) => {
+        const span = (u.scales.x.max - u.scales.x.min) || 0;
+        const seconds = vals.some(v => Math.round(v) % 60 !== 0);
+        return vals.map(v => {
+          const t = time(v);
+          if (span > 2 * 86400) return t.slice(5, 16);
+          return seconds ? t.slice(11) : t.slice(11, 16);
+        });
+      };
+    }
+    const yScale = spec.yRange ? {range: spec.yRange} : {};
+    const opts = {
+      width: Math.max(300, plot.clientWidth || container.clientWidth || 600),
+      height: spec.height || 240,
+      scales: {x: {time: !!spec.time}, y: yScale},
+      legend: {show: false},
+      cursor: {drag: {x: true, y: false}},
+      series: [{label: spec.xLabel || "x"}].concat(spec.series.map((s, i) => ({
+        label: s.label, stroke: PALETTE[i % PALETTE.length], width: 1.5, spanGaps: true,
+      }))),
+      axes: [xAxis, yAxis],
+    };
+    const data = [spec.x].concat(spec.series.map(s => s.values));
+    const u = new uPlot(opts, data, plot);
+    const items = spec.series.map((s, i) => {
+      const item = el("span", {class: "item", "data-series": s.label, role: "button",
+                               title: "click: only this series; Ctrl+click: on or off"},
+        el("span", {class: "swatch"}), s.label);
+      item.firstChild.style.background = PALETTE[i % PALETTE.length];
+      item.addEventListener("click", ev => legendClick(u, i + 1, ev));
+      legend.append(item);
+      return item;
+    });
+    function sync() {
+      items.forEach((item, i) => item.classList.toggle("off", !u.series[i + 1].show));
+    }
+    function legendClick(u, i, ev) {
+      ev.preventDefault();
+      if (ev.ctrlKey || ev.metaKey) {
+        u.setSeries(i, {show: !u.series[i].show});
+      } else {
+        // A click shows only this series; on the one series already alone, all again.
+        const alone = u.series.every((s, j) => j === 0 || (j === i) === s.show);
+        u.batch(() => {
+          for (let j = 1; j < u.series.length; j++) u.setSeries(j, {show: alone || j === i});
+        });
+      }
+      sync();
+    }
+    new ResizeObserver(() => {
+      const w = plot.clientWidth;
+      if (w && Math.abs(w - u.width) > 2) u.setSize({width: w, height: u.height});
+    }).observe(plot);
+    return u;
+  }
+
+  function params() { return new URLSearchParams(location.search); }
+
+  return {el, api, time, duration, bytes, value, stateBadge, chart, showError, params, PALETTE};
+})();

@@ -1,0 +1,280 @@
+/* The job page: header, live log (paged, drawn row by row as it scrolls), metadata graphs and
+   table, resource graphs per node, downloads. */
+"use strict";
+
+(() => {
+  const {el, api, time, duration, bytes, value, stateBadge} = LC;
+  const ref = decodeURIComponent(location.pathname.split("/").pop());
+  const base = "/api/runs/" + encodeURIComponent(ref);
+  const done = {log: false, graphs: false};
+  let running = false, headerHasStart = false;
+
+  function ready(part) {
+    done[part] = true;
+    performance.mark("lc-" + part);
+    if (done.log && done.graphs) document.body.dataset.ready = "1";
+  }
+
+  // ------------------------------------------------------------------ header
+  function fact(k, v, cls) {
+    return el("div", {class: "fact"}, el("div", {class: "k", text: k}),
+              el("div", {class: "v " + (cls || "")}, v));
+  }
+  async function loadHeader() {
+    const h = await api(base);
+    running = h.running;
+    headerHasStart = h.start !== null && h.start !== undefined;
+    document.title = (h.name || h.run) + " · logcapture";
+    document.getElementById("job-name").textContent = h.name || h.run;
+    document.getElementById("job-name").title = h.name || "";
+    document.getElementById("job-ids").textContent =
+      (h.job_id ? "job " + h.job_id + " · " : "") + "run " + h.run;
+    document.getElementById("job-command").textContent =
+      h.command && h.command !== h.name ? h.command : "";
+    document.getElementById("facts").replaceChildren(
+      fact("State", stateBadge(h.state)),
+      fact("Exit", h.exit || "-"),
+      fact("Started", time(h.start)),
+      fact("Duration", duration(h.duration)),
+      fact("Nodes", h.nodes || "-"),
+      fact("GPUs", String(h.gpus)),
+      fact("User", h.user || "-"));
+    return h;
+  }
+
+  // ------------------------------------------------------------------ the log
+  const ROW = 20, PAGE = 1000, OVERSCAN = 30;
+  const logBox = document.getElementById("log");
+  const rowsBox = document.getElementById("log-rows");
+  const stderrSwitch = document.getElementById("stderr-switch");
+  const live = document.getElementById("live");
+  let entries = [];  // [cursor, stream, kind, text, ts], oldest first
+  let older = false, loadingOlder = false, generation = 0, source = null;
+
+  function drawRows() {
+    const n = entries.length;
+    const top = older ? ROW : 0;
+    rowsBox.style.height = (n * ROW + top) + "px";
+    const first = Math.max(0, Math.floor((logBox.scrollTop - top) / ROW) - OVERSCAN);
+    const last = Math.min(n, Math.ceil((logBox.scrollTop - top + logBox.clientHeight) / ROW) + OVERSCAN);
+    const out = [];
+    if (older) out.push(el("div", {class: "more", text: loadingOlder ? "loading older lines…" : "scroll up for older lines"}));
+    for (let i = first; i < last; i++) {
+      const [cursor, stream, kind, text, ts] = entries[i];
+      const cls = "row " + (kind === "line" ? stream : kind) + (stream === "stderr" ? " stderr" : "");
+      const row = el("div", {class: cls, "data-cursor": cursor},
+        el("span", {class: "n", text: time(ts).slice(11)}), el("span", {class: "t", text: text}));
+      row.style.top = (top + i * ROW) + "px";
+      out.push(row);
+    }
+    rowsBox.replaceChildren(...out);
+    document.getElementById("log-count").textContent =
+      n ? `${n.toLocaleString()} lines loaded${older ? " (older on scroll)" : ""}` : "";
+  }
+  const atBottom = () => logBox.scrollTop + logBox.clientHeight >= logBox.scrollHeight - 2 * ROW;
+  function toBottom() { logBox.scrollTop = logBox.scrollHeight; }
+
+  async function loadOlder() {
+    if (!older || loadingOlder || !entries.length) return;
+    loadingOlder = true;
+    const gen = generation;
+    try {
+      const page = await api(`${base}/log?stderr=${stderrSwitch.checked ? 1 : 0}` +
+                             `&before=${encodeURIComponent(entries[0][0])}&limit=${PAGE}`);
+      if (gen !== generation) return;
+      const added = page.entries.length;
+      entries = page.entries.concat(entries);
+      older = page.more;
+      logBox.scrollTop += added * ROW - (older ? 0 : ROW);
+    } finally {
+      loadingOlder = false;
+      drawRows();
+    }
+  }
+
+  async function loadLog() {
+    const gen = ++generation;
+    if (source) { source.close(); source = null; }
+    const stderr = stderrSwitch.checked ? 1 : 0;
+    const page = await api(`${base}/log?stderr=${stderr}&limit=${PAGE}`);
+    if (gen !== generation) return;
+    entries = page.entries;
+    older = page.more;
+    drawRows();
+    toBottom();
+    drawRows();
+    if (!page.ended) follow(gen, stderr);
+    else setLive(false, "");
+  }
+
+  function setLive(on, text) {
+    live.classList.toggle("on", on);
+    document.getElementById("live-text").textContent = text;
+  }
+
+  function follow(gen, stderr) {
+    const after = entries.length ? "&after=" + encodeURIComponent(entries[entries.length - 1][0]) : "";
+    const es = new EventSource(`${base}/follow?stderr=${stderr}${after}`);
+    source = es;
+    setLive(true, "live");
+    es.addEventListener("entries", ev => {
+      if (gen !== generation) return;
+      const stick = atBottom();
+      entries.push(...JSON.parse(ev.data).entries);
+      if (!headerHasStart) loadHeader().catch(() => {});
+      drawRows();
+      if (stick) { toBottom(); drawRows(); }
+    });
+    es.addEventListener("end", () => {
+      es.close();
+      if (gen !== generation) return;
+      source = null;
+      setLive(false, "ended");
+      refreshAll();
+    });
+    es.onerror = () => {
+      // The server went away or restarted: try again from the newest line we have.
+      es.close();
+      if (gen !== generation) return;
+      setLive(false, "reconnecting…");
+      setTimeout(() => { if (gen === generation) follow(gen, stderr); }, 2000);
+    };
+  }
+
+  logBox.addEventListener("scroll", () => {
+    drawRows();
+    if (older && logBox.scrollTop < 40 * ROW) loadOlder();
+  });
+  stderrSwitch.addEventListener("change", () => loadLog().catch(err => LC.showError(rowsBox, err)));
+  document.getElementById("to-end").addEventListener("click", () => { toBottom(); drawRows(); });
+
+  // ------------------------------------------------------------------ metadata
+  const charts = {};  // title -> {u, signature}
+  function drawChart(container, spec) {
+    const signature = JSON.stringify([spec.note, spec.series.map(s => s.label)]);
+    const old = charts[spec.title];
+    if (old && old.signature === signature && old.container === container) {
+      old.u.setData([spec.x].concat(spec.series.map(s => s.values)));
+      return;
+    }
+    if (old) old.box.remove();
+    const u = LC.chart(container, spec);
+    charts[spec.title] = {u, signature, container, box: container.lastElementChild};
+  }
+
+  let tableRows = 200;
+  async function loadMetadata() {
+    const m = await api(base + "/metadata");
+    const graphs = document.getElementById("graphs");
+    if (!m.keys.length) {
+      graphs.replaceChildren(el("div", {class: "empty",
+        text: "No numeric metadata. Print one JSON object per line, e.g. " +
+              '{"epoch": 1, "loss": 0.25}, and it is graphed here.'}));
+    } else {
+      graphs.querySelector(".empty")?.remove();
+      if (m.by_x) {
+        drawChart(graphs, {
+          title: "Metadata by " + m.by_x.key, xLabel: m.by_x.key,
+          note: `X axis: ${m.by_x.key}, chosen because it is ${m.by_x.because === m.by_x.key ?
+                 "the value " + m.by_x.key : m.by_x.because} (the first of: progress, epoch, ` +
+                "increasing integers, increasing numbers, integers, numbers, any numbers)",
+          x: m.by_x.x, series: Object.entries(m.by_x.series).map(([k, v]) => ({label: k, values: v}))});
+      }
+      drawChart(graphs, {
+        title: "Metadata by time", time: true,
+        note: m.by_x ? "" : "No key qualifies as X axis: graphs by time only.",
+        x: m.by_time.x, series: Object.entries(m.by_time.series).map(([k, v]) => ({label: k, values: v}))});
+    }
+    drawTable(m);
+  }
+
+  function drawTable(m) {
+    const box = document.getElementById("metadata");
+    document.getElementById("metadata-count").textContent =
+      m.total ? `${m.total.toLocaleString()} rows` + (m.total > m.rows.length ? `, newest ${m.rows.length} here (all in the download)` : "") : "";
+    if (!m.rows.length) {
+      box.replaceChildren(el("div", {class: "empty", text: "No metadata lines in this run."}));
+      return;
+    }
+    const numeric = new Set(m.columns.filter(c => m.rows.slice(0, 50).some(r => typeof r.fields[c] === "number")));
+    const head = el("tr", {}, el("th", {text: "time"}),
+                    ...m.columns.map(c => el("th", {text: c, class: numeric.has(c) ? "num" : ""})));
+    const body = el("tbody");
+    for (const r of m.rows.slice(0, tableRows)) {
+      body.append(el("tr", {}, el("td", {class: "mono", text: time(r.ts)}),
+        ...m.columns.map(c => el("td", {class: typeof r.fields[c] === "number" ? "num" : "",
+                                        text: value(r.fields[c])}))));
+    }
+    const parts = [el("table", {class: "grid", id: "metadata-table"}, el("thead", {}, head), body)];
+    if (m.rows.length > tableRows) {
+      parts.push(el("button", {text: `Show ${Math.min(200, m.rows.length - tableRows)} more`,
+        onclick: () => { tableRows += 200; drawTable(m); }}));
+    }
+    box.replaceChildren(...parts);
+  }
+
+  // ------------------------------------------------------------------ resources
+  const GPU = [["utilization_gpu_percent", "GPU utilisation", [0, 100], v => v + " %"],
+               ["memory_used_bytes", "GPU memory used", null, bytes],
+               ["power_watts", "GPU power", null, v => v + " W"],
+               ["temperature_celsius", "GPU temperature", null, v => v + " °C"]];
+  const JOB = [["cpu_percent", "CPU (100 % = one core)", v => v + " %"],
+               ["memory_rss_bytes", "Memory (RSS)", bytes]];
+  async function loadResources() {
+    const r = await api(base + "/resources");
+    const box = document.getElementById("resources");
+    const nodes = Object.keys(r.nodes).sort();
+    if (!nodes.length) {
+      box.replaceChildren(el("div", {class: "empty", text: "No resource samples in this run."}));
+      return;
+    }
+    box.querySelector(".empty")?.remove();
+    for (const node of nodes) {
+      const n = r.nodes[node];
+      let grid = box.querySelector(`.charts[data-node="${CSS.escape(node)}"]`);
+      if (!grid) {
+        box.append(el("div", {class: "node-title", text: "Node " + node}));
+        grid = el("div", {class: "charts", "data-node": node});
+        box.append(grid);
+      }
+      const gpus = Object.keys(n.gpus).sort();
+      for (const [metric, title, yRange, fmt] of GPU) {
+        if (!gpus.length) break;
+        drawChart(grid, {title: `${title} · ${node}`, time: true, yFormat: fmt, yRange,
+          height: 200, x: n.t, series: gpus.map(g => ({label: g, values: n.gpus[g][metric]}))});
+      }
+      for (const [metric, title, fmt] of JOB) {
+        drawChart(grid, {title: `${title} · ${node}`, time: true, yFormat: fmt,
+          height: 200, x: n.t, series: [{label: metric, values: n.job[metric]}]});
+      }
+    }
+  }
+
+  // ------------------------------------------------------------------ downloads
+  function drawDownloads() {
+    const box = document.getElementById("downloads");
+    for (const what of ["lines", "metadata", "samples"]) {
+      const group = el("span", {class: "group"}, el("span", {class: "muted", text: what}));
+      for (const fmt of ["csv", "ndjson", "parquet"]) {
+        group.append(el("a", {class: "button", download: "", text: fmt.toUpperCase(),
+          href: `${base}/export?what=${what}&format=${fmt}`}));
+      }
+      box.append(group);
+    }
+  }
+
+  // ------------------------------------------------------------------ wiring
+  function refreshAll() {
+    return Promise.all([loadHeader(), loadMetadata(), loadResources()]);
+  }
+  drawDownloads();
+  loadHeader().catch(err => LC.showError(document.getElementById("facts"), err));
+  loadLog().then(() => ready("log")).catch(err => LC.showError(rowsBox, err));
+  Promise.all([loadMetadata(), loadResources()]).then(() => ready("graphs"))
+    .catch(err => LC.showError(document.getElementById("graphs"), err));
+  setInterval(() => {
+    if (running && !document.hidden) {
+      Promise.all([loadHeader(), loadMetadata(), loadResources()]).catch(() => {});
+    }
+  }, 5000);
+})();

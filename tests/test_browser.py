@@ -1,0 +1,208 @@
+"""The pages of `logcapture serve` in a real browser (Debian's headless Chromium, driven by
+selenium), used as a person would: open the URL serve printed, click a run, read the log,
+switch stderr on, read the metadata table, use the graphs' legend, watch a running job's
+new lines arrive, and get 403 with a wrong token. No JavaScript error may reach the console.
+
+Screenshots of each page go to $LOGCAPTURE_SCREENSHOTS (default: this test's tmp folder)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from pages import LOGCAPTURE, Serve, capture, chromium, env_for, have_chromium, write_gpu_run
+
+pytestmark = pytest.mark.skipif(not have_chromium(), reason="needs Debian's chromium and "
+                                "chromium-driver (.ci/run installs them)")
+
+from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.common.keys import Keys  # noqa: E402
+from selenium.webdriver.support import expected_conditions as ec  # noqa: E402
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+
+TICKER = ("import time\nprint('ticker started', flush=True)\n"
+          "for i in range(60):\n    print(f'tick {i}', flush=True)\n    time.sleep(1)\n")
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory) -> Path:
+    d = Path(os.environ.get("LOGCAPTURE_SCREENSHOTS") or tmp_path_factory.mktemp("screens"))
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("browser")
+    env = env_for(tmp)
+    capture(env, "train")
+    write_gpu_run(tmp / "spool")
+    with Serve(env) as s:
+        yield s, env
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    d = chromium(tmp_path_factory.mktemp("chromium-profile"))
+    yield d
+    d.quit()
+
+
+def console_errors(d) -> list[str]:
+    return [e["message"] for e in d.get_log("browser") if e["level"] == "SEVERE"]
+
+
+def wait(d, timeout: float = 20):
+    return WebDriverWait(d, timeout, poll_frequency=0.1)
+
+
+def legend(d, chart: str) -> dict[str, bool]:
+    """Series label -> shown, from the legend of the chart titled ``chart``."""
+    box = d.find_element(By.CSS_SELECTOR, f'.chart[data-title="{chart}"]')
+    return {i.get_attribute("data-series"): "off" not in i.get_attribute("class").split()
+            for i in box.find_elements(By.CSS_SELECTOR, ".legend .item")}
+
+
+def legend_item(d, chart: str, series: str):
+    return d.find_element(By.CSS_SELECTOR,
+                          f'.chart[data-title="{chart}"] .legend .item[data-series="{series}"]')
+
+
+def log_texts(d, rows: str = "#log .row") -> list[str]:
+    """The log lines on screen (read in one go: the page redraws rows as lines arrive)."""
+    return d.execute_script(
+        f"return [...document.querySelectorAll('{rows} .t')].map(e => e.textContent)")
+
+
+def test_a_person_reads_a_run(site, browser, shots):
+    s, _ = site
+    d = browser
+    d.get(s.url)
+    wait(d).until(ec.presence_of_element_located((By.CSS_SELECTOR, "#runs-table tr[data-run]")))
+    rows = d.find_elements(By.CSS_SELECTOR, "#runs-table tbody tr")
+    assert [r.get_attribute("data-run") for r in rows] == ["train", "gpu"]  # newest first
+    d.save_screenshot(str(shots / "runs.png"))
+
+    # Filter by name, then by state.
+    d.find_element(By.ID, "name-filter").send_keys("gpt")
+    assert [r.get_attribute("data-run") for r in
+            d.find_elements(By.CSS_SELECTOR, "#runs-table tbody tr")] == ["gpu"]
+    d.find_element(By.ID, "name-filter").clear()
+    d.find_element(By.ID, "name-filter").send_keys(" ")
+    d.find_element(By.ID, "name-filter").send_keys(Keys.BACKSPACE)
+
+    d.find_element(By.CSS_SELECTOR, 'tr[data-run="train"] a.run-link').click()
+    wait(d).until(lambda d: d.execute_script("return document.body.dataset.ready") == "1")
+    assert "/job/train" in d.current_url
+
+    texts = log_texts(d)
+    assert "done" in texts and "epoch 12: training" in texts
+    assert not any("checkpoint" in t for t in texts)
+    assert log_texts(d, "#log .row.note") == [
+        "[logcapture: previous line repeated 2 more times, dropped]"]
+
+    d.find_element(By.ID, "stderr-switch").click()
+    wait(d).until(lambda d: any("checkpoint 12" in t for t in log_texts(d)))
+    assert "warning: checkpoint 12 slow" in log_texts(d, "#log .row.stderr")
+
+    first = d.find_elements(By.CSS_SELECTOR, "#metadata-table tbody tr")[0]
+    cells = [c.text for c in first.find_elements(By.TAG_NAME, "td")]
+    head = [c.text.lower() for c in d.find_elements(By.CSS_SELECTOR, "#metadata-table th")]
+    row = dict(zip(head, cells, strict=True))
+    assert row["epoch"] == "12" and row["loss"] == "0.174468"  # the newest row first
+
+    chart = "Metadata by epoch"
+    note = d.find_element(By.CSS_SELECTOR, f'.chart[data-title="{chart}"] .axis-note').text
+    assert "epoch" in note and "chosen because" in note
+    assert legend(d, chart) == {"acc": True, "loss": True, "lr": True}
+    legend_item(d, chart, "loss").click()
+    assert legend(d, chart) == {"acc": False, "loss": True, "lr": False}
+    ActionChains(d).key_down(Keys.CONTROL).click(legend_item(d, chart, "acc")) \
+        .key_up(Keys.CONTROL).perform()
+    assert legend(d, chart) == {"acc": True, "loss": True, "lr": False}
+    ActionChains(d).key_down(Keys.CONTROL).click(legend_item(d, chart, "loss")) \
+        .key_up(Keys.CONTROL).perform()
+    assert legend(d, chart) == {"acc": True, "loss": False, "lr": False}
+    d.save_screenshot(str(shots / "job.png"))
+    d.set_window_size(1400, 2600)
+    d.save_screenshot(str(shots / "job-full.png"))
+    d.set_window_size(1400, 1000)
+    assert console_errors(d) == []
+
+
+def test_resources_per_node_and_downloads(site, browser, shots):
+    s, _ = site
+    d = browser
+    d.get(s.base + "/job/4242")
+    wait(d).until(lambda d: d.execute_script("return document.body.dataset.ready") == "1")
+    titles = [c.get_attribute("data-title") for c in
+              d.find_elements(By.CSS_SELECTOR, "#resources .chart")]
+    for node in ("node1", "node2"):
+        for t in ("GPU utilisation", "GPU memory used", "GPU power", "GPU temperature",
+                  "CPU (100 % = one core)", "Memory (RSS)"):
+            assert f"{t} · {node}" in titles
+    assert legend(d, "GPU power · node2") == {"GPU 0 H100": True, "GPU 1 H100": True}
+    links = [a.get_attribute("href") for a in
+             d.find_elements(By.CSS_SELECTOR, "#downloads a")]
+    assert len(links) == 9 and any("what=metadata&format=parquet" in h for h in links)
+    d.execute_script("document.getElementById('resources-panel').scrollIntoView()")
+    d.save_screenshot(str(shots / "resources.png"))
+    assert console_errors(d) == []
+
+
+def test_compare_page(site, browser, shots):
+    s, _ = site
+    d = browser
+    d.get(s.base + "/compare?runs=train,gpu&key=loss")
+    wait(d).until(lambda d: d.execute_script("return document.body.dataset.ready") == "1")
+    charts = [c.get_attribute("data-title") for c in d.find_elements(By.CSS_SELECTOR,
+                                                                      ".chart")]
+    assert charts == ["loss by each run's X axis", "loss by time since start"]
+    assert set(legend(d, "loss by time since start")) == {"train", "gpu · train_gpt"}
+    note = d.find_element(By.CSS_SELECTOR, ".axis-note").text
+    assert "train: epoch" in note and "gpu: step" in note
+    d.save_screenshot(str(shots / "compare.png"))
+    assert console_errors(d) == []
+
+
+def test_new_lines_arrive_without_reloading(site, browser, shots):
+    s, env = site
+    d = browser
+    job = subprocess.Popen([*LOGCAPTURE, "run", "--run-id", "ticker", "--", sys.executable,
+                            "-c", TICKER], env=env, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not (Path(env["LOGCAPTURE_SPOOL"]) / "ticker").exists():
+            assert time.monotonic() < deadline, "the ticker run never started"
+            time.sleep(0.1)
+        d.get(s.base + "/job/ticker")
+        wait(d).until(lambda d: d.execute_script("return document.body.dataset.ready") == "1")
+        d.execute_script("window.notReloaded = true")
+        wait(d).until(lambda d: "live" in d.find_element(By.ID, "live").text)
+        first = max(int(t.split()[1]) for t in log_texts(d) if t.startswith("tick ")) \
+            if any(t.startswith("tick ") for t in log_texts(d)) else -1
+        wait(d, 30).until(lambda d: f"tick {first + 3}" in log_texts(d))
+        assert d.execute_script("return window.notReloaded") is True
+        d.save_screenshot(str(shots / "live.png"))
+    finally:
+        job.terminate()
+        job.wait(30)
+    wait(d, 30).until(lambda d: "ended" in d.find_element(By.ID, "live").text)
+    assert console_errors(d) == []
+
+
+def test_a_wrong_token_gets_403(site, browser, shots):
+    s, _ = site
+    d = browser
+    d.get(s.base + "/?token=not-the-token")
+    assert "403" in d.find_element(By.TAG_NAME, "body").text
+    d.delete_all_cookies()
+    d.get(s.base + "/job/train")
+    assert "403" in d.find_element(By.TAG_NAME, "body").text
+    d.save_screenshot(str(shots / "403.png"))

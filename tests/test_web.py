@@ -1,0 +1,321 @@
+"""`logcapture serve` over HTTP: the token, read-only, the JSON the pages draw, paging a log,
+downloads, and the same answers from the spool and from the store (runs captured with the
+real `logcapture run` and shipped with the real `logcapture upload`)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from pages import Serve, capture, env_for, lc, write_gpu_run
+
+from logcapture.xaxis import choose_x_axis
+
+BIG = ("import json, sys\nfor i in range(3000):\n    print(f'line {i}')\n"
+       "    if i % 100 == 0: print(f'err {i}', file=sys.stderr)\n"
+       "    if i % 250 == 0: print(json.dumps({'step': i}))\n")
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("web")
+    env = env_for(tmp)
+    capture(env, "train")
+    # Small spool segments: pages are found across many of them (closed, gzip, and open).
+    capture({**env, "LOGCAPTURE_SEGMENT_BYTES": "16384"}, "big", BIG)
+    capture(env, "shipped")
+    lc(["upload", "shipped"], env)
+    write_gpu_run(tmp / "spool")
+    with Serve(env) as s:
+        yield s, env, tmp
+
+
+def get(site, path: str, **kw: Any) -> httpx.Response:
+    s = site[0]
+    return httpx.get(s.base + path, params={"token": s.token, **kw}, timeout=30)
+
+
+def test_first_line_is_the_url_with_a_token_on_loopback(site):
+    s = site[0]
+    assert s.url.startswith("http://127.0.0.1:") and "/?token=" in s.url
+    assert len(s.token) >= 24
+
+
+@pytest.mark.parametrize("path", ["/", "/job/train", "/api/runs", "/api/runs/train/log",
+                                  "/static/app.css"])
+def test_no_token_no_page(site, path):
+    s = site[0]
+    assert httpx.get(s.base + path).status_code == 403
+    assert httpx.get(s.base + path, params={"token": "wrong"}).status_code == 403
+    assert httpx.get(s.base + path, params={"token": s.token[:-1]}).status_code == 403
+
+
+def test_the_token_sets_a_cookie_and_a_wrong_token_beats_it(site):
+    s = site[0]
+    with httpx.Client() as c:
+        r = c.get(s.url)
+        assert r.status_code == 200 and "HttpOnly" in r.headers["set-cookie"]
+        assert c.get(s.base + "/api/runs").status_code == 200
+        assert c.get(s.base + "/api/runs", params={"token": "wrong"}).status_code == 403
+
+
+@pytest.mark.parametrize("method", ["POST", "PUT", "DELETE", "PATCH"])
+def test_nothing_changes_data(site, method):
+    s = site[0]
+    r = httpx.request(method, s.base + "/api/runs/train", params={"token": s.token})
+    assert r.status_code == 405
+
+
+def test_runs_newest_first(site):
+    runs = get(site, "/api/runs").json()
+    by_id = {r["run"]: r for r in runs}
+    assert set(by_id) == {"train", "big", "shipped", "gpu"}
+    starts = [r["start"] for r in runs]
+    assert starts == sorted(starts, reverse=True)
+    assert by_id["gpu"]["job_id"] == "4242" and by_id["gpu"]["name"] == "train_gpt"
+    assert by_id["train"]["state"] == "COMPLETED" and by_id["train"]["exit"] == "0"
+    assert by_id["train"]["source"] == "spool"
+
+
+def test_header(site):
+    h = get(site, "/api/runs/4242").json()  # by Slurm job id
+    assert h["run"] == "gpu" and h["nodes"] == "node1, node2" and h["gpus"] == 4
+    assert h["state"] == "COMPLETED" and h["duration"] == 300.0 and not h["running"]
+
+
+def entries_of(site, run: str, **kw: Any) -> list[list[Any]]:
+    return get(site, f"/api/runs/{run}/log", **kw).json()["entries"]
+
+
+@pytest.mark.parametrize("run", ["train", "shipped"])  # the spool's and the store's
+def test_log_shows_lines_notes_and_stderr_on_the_switch(site, run):
+    texts = [e[3] for e in entries_of(site, run)]
+    assert texts[0] == "loading data" and texts[-1] == "done"
+    assert "[logcapture: previous line repeated 2 more times, dropped]" in texts
+    assert texts.count('{"epoch": 1, "loss": 1.997002, "acc": 0.283469, "lr": 0.1}') == 1
+    assert not any("checkpoint" in t for t in texts)
+    with_err = entries_of(site, run, stderr=1)
+    errs = [e for e in with_err if e[1] == "stderr"]
+    assert [e[3] for e in errs] == [f"warning: checkpoint {e} slow" for e in (4, 8, 12)]
+    kinds = {e[3]: e[2] for e in with_err}
+    assert kinds["[logcapture: previous line repeated 2 more times, dropped]"] == "note"
+
+
+def test_the_spool_and_the_store_show_the_same_log(site):
+    def strip(es: list[list[Any]]) -> list[tuple[str, str, str]]:
+        return [(e[1], e[2], e[3]) for e in es]
+    assert strip(entries_of(site, "train", stderr=1)) == strip(entries_of(site, "shipped",
+                                                                          stderr=1))
+
+
+def test_a_long_log_opens_at_its_newest_lines_and_pages_back(site):
+    page = get(site, "/api/runs/big/log", limit=500).json()
+    assert page["more"] and len(page["entries"]) == 500
+    assert page["entries"][-1][3] == "line 2999"
+    seen = [e[3] for e in page["entries"]]
+    before = page["entries"][0][0]
+    while True:
+        page = get(site, "/api/runs/big/log", limit=700, before=before).json()
+        seen = [e[3] for e in page["entries"]] + seen
+        if not page["more"]:
+            break
+        before = page["entries"][0][0]
+    assert [t for t in seen if not t.startswith("{")] == [f"line {i}" for i in range(3000)]
+    assert [t for t in seen if t.startswith("{")] == [
+        json.dumps({"step": i}) for i in range(0, 3000, 250)]  # once each
+    after = get(site, "/api/runs/big/log", limit=5, stderr=1).json()["entries"]
+    newer = get(site, "/api/runs/big/log", limit=5, stderr=1, after=after[1][0]).json()
+    assert [e[3] for e in newer["entries"]] == [e[3] for e in after[2:]]
+
+
+def test_pages_of_a_spool_run_are_its_whole_log_in_order(site):
+    # Forward from the start and backward from the end, in pages smaller and larger than a
+    # segment: the same entries as the log view of every record, in the store's order.
+    from logcapture.logview import entries, sort_key
+    from logcapture.spool import iter_run, segments
+
+    run_dir = site[2] / "spool" / "big"
+    assert len(segments(run_dir)) > 5
+    want = [e.text for e in sorted(entries(iter_run(run_dir), stderr=True), key=sort_key)]
+    for limit in (7, 400):
+        back, before = [], None
+        while True:
+            page = get(site, "/api/runs/big/log", limit=limit, stderr=1,
+                       **({"before": before} if before else {})).json()
+            back = [e[3] for e in page["entries"]] + back
+            before = page["entries"][0][0]
+            if not page["more"]:
+                break
+        assert back == want
+        first = get(site, "/api/runs/big/log", limit=1, stderr=1, before=before).json()
+        assert first["entries"] == [] and not first["more"]
+        fwd, after = back[:0], "0:stdout:0"
+        while True:
+            page = get(site, "/api/runs/big/log", limit=limit, stderr=1, after=after).json()
+            fwd += [e[3] for e in page["entries"]]
+            if not page["more"]:
+                break
+            after = page["entries"][-1][0]
+        assert fwd == want
+
+
+def test_metadata_newest_first_and_graphs_by_the_rule(site):
+    m = get(site, "/api/runs/train/metadata").json()
+    assert [r["fields"]["epoch"] for r in m["rows"]] == list(range(12, 0, -1))
+    assert m["keys"] == ["acc", "epoch", "loss", "lr"]
+    assert m["by_x"]["key"] == "epoch" == choose_x_axis([r["fields"] for r in m["rows"][::-1]])
+    assert m["by_x"]["because"] == "epoch"
+    assert m["by_x"]["x"] == list(range(1, 13)) and set(m["by_x"]["series"]) == {"acc", "loss",
+                                                                                "lr"}
+    assert len(m["by_time"]["x"]) == 12
+    g = get(site, "/api/runs/gpu/metadata").json()
+    assert g["by_x"]["key"] == "step" and g["by_x"]["because"] == (
+        "monotonically increasing integers")
+
+
+def test_resources_per_node(site):
+    r = get(site, "/api/runs/gpu/resources").json()["nodes"]
+    assert sorted(r) == ["node1", "node2"]
+    n = r["node2"]
+    assert sorted(n["gpus"]) == ["GPU 0 H100", "GPU 1 H100"]
+    assert len(n["gpus"]["GPU 1 H100"]["power_watts"]) == len(n["t"]) == 30
+    assert n["gpus"]["GPU 1 H100"]["power_watts"][:2] == [350, 351]
+    assert n["job"]["cpu_percent"][0] == 95.0
+
+
+def test_downloads_are_what_export_writes(site):
+    env = site[1]
+    for what in ("lines", "metadata", "samples"):
+        for fmt in ("csv", "ndjson"):
+            r = get(site, "/api/runs/shipped/export", what=what, format=fmt)
+            assert r.status_code == 200, r.text
+            assert f'filename="shipped-{what}.{fmt}"' in r.headers["content-disposition"]
+            cli = lc(["export", "shipped", "--what", what, "--format", fmt], env).stdout
+            assert r.content == cli, (what, fmt)
+    r = get(site, "/api/runs/train/export", what="metadata", format="csv")
+    rows = list(csv.DictReader(io.StringIO(r.text)))
+    assert [int(x["epoch"]) for x in rows] == list(range(1, 13))
+    r = get(site, "/api/runs/train/export", what="metadata", format="parquet")
+    assert r.content[:4] == b"PAR1"
+
+
+@pytest.mark.parametrize("path,status", [
+    ("/api/runs/nope", 404), ("/api/runs/..%2F..%2Fetc/log", 404),
+    ("/api/runs/a%20b", 400), ("/api/runs/train/log?before=x", 400),
+    ("/api/runs/train/log?limit=many", 400), ("/api/runs/train/export?what=secrets", 400),
+])
+def test_bad_requests_get_clear_errors(site, path, status):
+    s = site[0]
+    sep = "&" if "?" in path else "?"
+    r = httpx.get(f"{s.base}{path}{sep}token={s.token}")
+    assert r.status_code == status
+    if path.startswith("/api/runs/") and status == 400:
+        assert r.json()["error"]
+    assert get(site, "/api/runs").status_code == 200  # still serving
+
+
+def test_compare(site):
+    c = get(site, "/api/compare", runs="train,gpu", key="loss").json()
+    by = {r["run"]: r for r in c["runs"]}
+    assert by["train"]["x_key"] == "epoch" and by["gpu"]["x_key"] == "step"
+    assert [p[0] for p in by["gpu"]["by_x"]][:3] == [0, 100, 200]
+    assert by["gpu"]["by_time"][1][0] == pytest.approx(10.0)
+
+
+GRAFANA = textwrap.dedent("""
+    import json, sys
+    from datetime import datetime, timezone
+    from logcapture.grafana.dashboards import all_dashboards
+    from logcapture.grafana.macros import interpolate
+    from logcapture.store import open_store
+    dash = all_dashboards()["job-details"]
+    panels = [p for q in dash["panels"] for p in [q, *q.get("panels", [])]]
+    out = {}
+    with open_store(None, wait=30, must_exist=True) as st:
+        for p in panels:
+            for t in p.get("targets", []):
+                for stderr in ("0", "1"):
+                    sql = interpolate(t["rawSql"], {"run": sys.argv[1], "stderr": stderr,
+                                                    "node": sys.argv[2], "x_axis": ""},
+                                      datetime(2000, 1, 1, tzinfo=timezone.utc),
+                                      datetime(2100, 1, 1, tzinfo=timezone.utc))
+                    res = st.client.query(sql)
+                    out[p["title"] + "/" + stderr] = [
+                        dict(zip(res.column_names, r)) for r in res.result_rows]
+    print(json.dumps(out, default=str))
+""")
+
+
+def test_grafana_panels_show_what_the_page_shows(site):
+    s, env, tmp = site
+    lc(["upload", "gpu"], env)  # the GPU run in the store too, for the resource panels
+    page = {run: {"log": {st: entries_of(site, run, stderr=st, limit=5000) for st in (0, 1)},
+                  "header": get(site, f"/api/runs/{run}").json(),
+                  "meta": get(site, f"/api/runs/{run}/metadata").json(),
+                  "res": get(site, f"/api/runs/{run}/resources").json()}
+            for run in ("shipped", "gpu")}
+    for run, node in (("shipped", "vm"), ("gpu", "node2")):
+        want = page[run]
+        if run == "shipped":
+            node = want["header"]["nodes"]
+        panel = json.loads(grafana_rows(env, run, node))
+        for st in ("0", "1"):
+            grafana_log = [r["body"] for r in panel["Output/" + st]][::-1]
+            assert grafana_log == [e[3] for e in want["log"][int(st)]], (run, st)
+        [hdr] = panel["Job/0"]
+        assert (hdr["user"], hdr["state"], hdr["exit_status"], hdr["nodes"], hdr["gpus"]) == (
+            want["header"]["user"], want["header"]["state"], want["header"]["exit"],
+            want["header"]["nodes"], want["header"]["gpus"])
+        table = [json.loads(r["fields"]) for r in panel["Metadata (newest first)/0"]]
+        assert table == [r["fields"] for r in want["meta"]["rows"]]
+        by_time = {}
+        for r in panel["Metadata by time/0"]:
+            by_time.setdefault(r["key"], []).append(r["value"])
+        assert by_time == {k: [v for v in vals if v is not None]
+                           for k, vals in want["meta"]["by_time"]["series"].items()}
+        x_panels = [k for k in panel if k.startswith("Metadata by $x_axis/0")]
+        by_x: dict[str, list[tuple[float, float]]] = {}
+        for r in panel[x_panels[0]]:
+            by_x.setdefault(r["key"], []).append((r["x"], r["value"]))
+        bx = want["meta"]["by_x"]
+        assert by_x == {k: sorted((x, v) for x, v in zip(bx["x"], vals, strict=True)
+                                  if v is not None) for k, vals in bx["series"].items()}
+        [axis] = panel["X axis/0"]
+        assert (axis["x_axis"], axis["chosen_because"]) == (bx["key"], bx["because"])
+        res = want["res"]["nodes"][node]
+        util = [(r["gpu"], r["value"]) for r in panel["GPU utilisation/0"]]
+        assert util == sorted((g, v) for g, s in res["gpus"].items()
+                              for v in s["utilization_gpu_percent"] if v is not None) or (
+            util == [(g, v) for i in range(len(res["t"])) for g in sorted(res["gpus"])
+                     for v in [res["gpus"][g]["utilization_gpu_percent"][i]]])
+        cpu = [r["value"] for r in panel["CPU (100% = one core)/0"]]
+        assert cpu == [v for v in res["job"]["cpu_percent"] if v is not None]
+
+
+def grafana_rows(env: dict[str, str], run: str, node: str) -> str:
+    """Every Job details panel's rows for RUN as Grafana would fetch them, from the store,
+    in another process (an embedded store is one process's at a time)."""
+    r = subprocess.run([sys.executable, "-c", GRAFANA, run, node], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r.stdout
+
+
+def test_serve_refuses_a_busy_port(tmp_path: Path):
+    import socket
+
+    env = env_for(tmp_path)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r = lc(["serve", "--no-browser", "--port", str(port)], env, check=False, timeout=30)
+    assert r.returncode != 0 and f"127.0.0.1:{port}" in r.stderr.decode()
