@@ -1279,7 +1279,7 @@ class Store:
         if cursor is not None:
             params.update(c_ns=cursor[0], c_stream=cursor[1], c_seq=cursor[2])
             where = (f"(ts, stream, seq) {'>' if after else '<'} "
-                     "(fromUnixTimestamp64Nano({c_ns:Int64}, 9), {c_stream:String}, "
+                     "(fromUnixTimestamp64Nano({c_ns:Int64}, 'UTC'), {c_stream:String}, "
                      "{c_seq:UInt64})")
             order = "ASC" if after else "DESC"
         sql = log_sql("", cond, "{stderr:UInt8}", where, order, "{limit:UInt32}",
