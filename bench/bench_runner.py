@@ -23,6 +23,9 @@ ratios. Workloads (issue 2 §7):
       --before-python /tmp/lc-old/bin/python
 
 --scale shrinks the throughput workloads for a quick look (0.1 = 100k lines, 20 MB).
+Every variant writes stdout and stderr to one file (2>&1: logcapture runs the job under one
+pty for both, as the bare tee and script do); --stderr-apart gives stderr a file of its own
+(two ptys under logcapture).
 Targets: logcapture <= 1.05 x the bare tee and no slower than script on throughput;
 capture CPU <= 2% of a core on the training-like job.
 
@@ -117,12 +120,17 @@ def variants(cmd: list[str], spool: str, before: str | None = None,
     return out
 
 
+STDERR_APART = False  # --stderr-apart: stderr to its own file (two ptys under logcapture)
+
+
 def timed(argv: list[str], env: dict[str, str], out_path: str,
           cwd: str | None = None) -> tuple[float, float]:
-    """Wall seconds and CPU seconds (the process and its children)."""
-    with open(out_path, "wb") as out:
+    """Wall seconds and CPU seconds (the process and its children). stdout and stderr go to
+    one file (``2>&1``: one pty for both under logcapture), or with STDERR_APART to two."""
+    with open(out_path, "wb") as out, open(out_path + ".err", "wb") as err:
         t0 = time.perf_counter()
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env,
+        proc = subprocess.Popen(argv, stdout=out,
+                                stderr=err if STDERR_APART else subprocess.STDOUT, env=env,
                                 stdin=subprocess.DEVNULL, cwd=cwd)
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - t0
@@ -246,7 +254,12 @@ def main() -> None:
                     help="rounds of the training workloads (10 s each per variant)")
     ap.add_argument("--pipeline", action="store_true",
                     help="measure the capture worker's work alone, in this process")
+    ap.add_argument("--stderr-apart", action="store_true",
+                    help="send stderr to a file of its own (logcapture then runs the job under "
+                         "two ptys); default: one file for both (2>&1: one pty)")
     args = ap.parse_args()
+    global STDERR_APART
+    STDERR_APART = args.stderr_apart
     if args.pipeline:
         bench_pipeline(args.rounds, args.scale)
         return
@@ -292,8 +305,9 @@ def main() -> None:
                     cpus.setdefault("before_capture_only", []).append(
                         capture_cpu(tmp / "spool").get("cpu", 0.0))
         med = {k: statistics.median(v) for k, v in walls.items()}
-        print(f"\n== {name} ({rounds} round(s), median wall seconds; "
-              f"load average {load_before} before, {load()} after)")
+        print(f"\n== {name} ({rounds} round(s), "
+              f"{'stderr apart' if STDERR_APART else 'stdout and stderr to one file'}, "
+              f"median wall seconds; load average {load_before} before, {load()} after)")
         for k, v in med.items():
             print(f"  {k:<11} {v:8.3f} s   cpu {statistics.median(cpus[k]):7.3f} s")
         r_tee = med["logcapture"] / med["tee"]

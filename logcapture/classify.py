@@ -63,10 +63,13 @@ COMMAND_PREFIX = "/LOGCOMMAND"
 COMMAND_OPTIONS = ("mode",)
 
 # The two streams are two ptys: which of two lines on different streams came first is known
-# only to within a round of the reader (its 10 ms linger, its 5 ms frames). When a command
-# relaxes the mode (disabled -> metadata -> enabled), lines of the other stream read up to
-# HOLD seconds after it may have been printed before it, so they are taken in the old, stricter
-# mode: text a mode drops must never be kept because of how the reads fell.
+# only to within a round of the reader (its 10 ms linger). The pipeline hands both streams'
+# lines over in the order of their read times, a command first among the lines of its round,
+# so a command that makes the mode stricter applies to the other stream's lines read in its
+# round and after. When a command relaxes the mode (disabled -> metadata -> enabled), lines of
+# the other stream read up to HOLD seconds after it may have been printed before it, so they
+# are taken in the old, stricter mode: text a mode drops must never be kept because of how the
+# reads fell.
 HOLD = 0.05
 _STRICTNESS = {DISABLED: 0, METADATA: 1, ENABLED: 2}  # lower keeps less
 
@@ -216,6 +219,22 @@ def parse_command(text: str) -> dict[str, Any]:
     return options
 
 
+def strictness(texts: list[str]) -> int:
+    """How strict the mode set by the first valid mode command among ``texts`` is: 0 for
+    disabled, 1 metadata, 2 enabled, 3 when none sets a mode. The pipeline orders the two
+    streams' lines of one round of the reader by it (``Pipeline._release``): the other
+    stream's lines of the round then follow the stricter of the two commands."""
+    for text in texts:
+        if text.startswith(COMMAND_PREFIX):
+            try:
+                mode = parse_command(text).get("mode")
+            except _Malformed:
+                continue
+            if mode is not None:
+                return _STRICTNESS[mode]
+    return 3
+
+
 class Classifier:
     """Commands, modes and metadata for the two output streams of one run.
 
@@ -244,9 +263,6 @@ class Classifier:
         self._hold: dict[str, tuple[str, float]] = {}
         self._commands = 0
         self._outer: str | None = None  # the mode a held batch stands in for
-        # Called with (stream, ts) before a command attempt of ``stream`` is taken, while the
-        # mode is still the one before it.
-        self.before_command: Callable[[str, float], None] | None = None
         self._lock = threading.RLock()
 
     # ------------------------------------------------------------------------------ numbering
@@ -473,10 +489,6 @@ class Classifier:
         return out
 
     def _command(self, stream: str, item: Rendered, ts: float) -> list[Record]:
-        if self.before_command is not None:
-            # The pipeline commits what the other stream printed earlier, in the mode so far
-            # (it may call back into this classifier: the lock is re-entrant).
-            self.before_command(stream, ts)
         counts = self.counts[stream]
         where = f"{stream} line {self._line_no[stream]}"
         out: list[Record] = []

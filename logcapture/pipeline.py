@@ -22,9 +22,11 @@ import re
 import select
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
+from .classify import COMMAND_PREFIX, strictness
 from .config import AdminConfig
 from .errors import ConfigError, LogcaptureError
 from .records import (
@@ -32,6 +34,8 @@ from .records import (
     NOTE_WARNING,
     OUTPUT_STREAMS,
     RUN,
+    STDERR,
+    STDOUT,
     End,
     Note,
     Rendered,
@@ -89,6 +93,18 @@ class _PlainLines:
         return [self._line(rest)] if rest else []
 
 
+_NEVER = float("inf")
+
+
+def _has_command(lines: list[Rendered]) -> bool:
+    """Might one of ``lines`` be a /LOGCOMMAND? (A false alarm only orders a tie.)"""
+    return any(COMMAND_PREFIX in line.text for line in lines)
+
+
+def _strictness(lines: list[Rendered]) -> int:
+    return strictness([line.text for line in lines])
+
+
 class Pipeline:
     """Sink for ``runner.run``: ``feed(stream, data, now)``, ``tick(now)``; then ``finish``."""
 
@@ -105,9 +121,23 @@ class Pipeline:
             s: Renderer(columns=columns, rows=rows) for s in OUTPUT_STREAMS}
         self.filters: dict[str, LineFilter] = {s: LineFilter() for s in OUTPUT_STREAMS}
         self.classifier: Classifier = Classifier(run_id, mode)
-        self.classifier.before_command = self._others_first
-        self._busy: set[str] = set()  # streams whose lines are on their way to the classifier
         self._new_filter = LineFilter
+        # Read times (docs/architecture.md, "Read times and order"). Per stream: the newlines
+        # fed, as (count so far, read time) of each read that had any; how many lines have
+        # been given a time; the read time of the last data fed; whether its committed lines
+        # are its newlines in order (the renderer has stayed in line mode since the last
+        # resync), so that the k-th line was read with the k-th newline.
+        self._clock: dict[str, deque[tuple[int, float]]] = {s: deque() for s in OUTPUT_STREAMS}
+        self._newlines = dict.fromkeys(OUTPUT_STREAMS, 0)
+        self._timed = dict.fromkeys(OUTPUT_STREAMS, 0)
+        self._fed = dict.fromkeys(OUTPUT_STREAMS, 0.0)
+        self._exact = dict.fromkeys(OUTPUT_STREAMS, True)
+        # Committed lines waiting for the classifier, per stream: (read time, lines) runs. They
+        # go in read-time order across the streams (``_release``).
+        self._waiting: dict[str, deque[tuple[float, list[Rendered]]]] = {
+            s: deque() for s in OUTPUT_STREAMS}
+        self._known = 0.0  # every read up to this time has been fed (the reader's round ends)
+        self._released = 0.0  # the latest read time handed to the classifier
         self._run_seq = 0
         self._run_lock = threading.Lock()
         self._last_data = {s: 0.0 for s in OUTPUT_STREAMS}
@@ -136,13 +166,31 @@ class Pipeline:
             self._warn_out(text)
 
     # --- the sink ------------------------------------------------------------------------
-    def feed(self, stream: str, data: bytes, now: float, mono: float | None = None) -> None:
-        """``data`` read from ``stream`` at ``now`` (epoch seconds; the records' ts) and
-        ``mono`` (time.monotonic(), default: now). The capture worker passes the reader's
-        times, so a backlog is rendered as if it had been rendered when it was read."""
+    def feed(self, stream: str, data: bytes, now: float, mono: float | None = None,
+             marks: list[tuple[int, float, bool]] | None = None) -> None:
+        """``data`` read from ``stream`` at ``now`` (epoch seconds) and ``mono``
+        (time.monotonic(), default: now). The capture worker passes the reader's times, so a
+        backlog is rendered as if it had been rendered when it was read. ``marks``: the reads
+        ``data`` joins, as (end offset in ``data``, read time, whether the reader's round
+        ended with it); default: one read at ``now`` that ended its round."""
         self._last_data[stream] = time.monotonic() if mono is None else mono
         self._idled[stream] = False
-        self._through(stream, now, lambda r: r.feed(data))
+        clock = self._clock[stream]
+        n = self._newlines[stream]
+        if marks is None:
+            marks = [(len(data), now, True)]
+        begin = 0
+        for end, wall, round_end in marks:
+            k = data.count(b"\n", begin, end)
+            if k:
+                n += k
+                clock.append((n, wall))
+            if round_end and wall > self._known:
+                self._known = wall
+            begin = end
+        self._newlines[stream] = n
+        self._fed[stream] = now
+        self._through(stream, lambda r: r.feed(data))
 
     def tick(self, now: float, mono: float | None = None) -> None:
         """Commit finished lines of a stream that has been quiet for IDLE_COMMIT seconds, and
@@ -157,7 +205,8 @@ class Pipeline:
             if quiet or mono - self._last_idle[stream] >= IDLE_EVERY:
                 self._idled[stream] = quiet
                 self._last_idle[stream] = mono
-                self._through(stream, now, lambda r: r.idle())
+                self._through(stream, lambda r: r.idle(), idle=True)
+        self._release()
 
     def tick_due(self) -> float | None:
         """The monotonic time from which a stream is quiet for IDLE_COMMIT, when ``tick``
@@ -173,32 +222,92 @@ class Pipeline:
                     due = t
         return due
 
-    def _others_first(self, stream: str, now: float) -> None:
-        """A command of ``stream`` is about to be taken, and it may change the mode of both
-        streams: what the other stream printed before it and its renderer still holds (rows
-        above its cursor, committed when the stream is quiet) is committed first, in the mode
-        it was printed in; what it prints after follows the command (and classify.HOLD covers
-        the reads in between)."""
-        self._busy.add(stream)
+    def _through(self, stream: str, step: Callable[[Renderer | _PlainLines], list[Rendered]],
+                 idle: bool = False, final: bool = False) -> None:
+        """One renderer step of ``stream``; its committed lines wait, with their read times,
+        for ``_release``."""
+        r = self.renderers[stream]
+        exact = self._exact[stream] and getattr(r, "line_mode", True)
         try:
-            for other in OUTPUT_STREAMS:
-                if other not in self._busy:
-                    self._busy.add(other)
-                    try:
-                        self._through(other, now, lambda r: r.idle())
-                    finally:
-                        self._busy.discard(other)
-        finally:
-            self._busy.discard(stream)
-
-    def _through(self, stream: str, now: float,
-                 step: Callable[[Renderer | _PlainLines], list[Rendered]]) -> None:
-        try:
-            lines = step(self.renderers[stream])
+            lines = step(r)
         except Exception as e:  # noqa: BLE001 - the job's output never breaks capture
             self._fault(stream, "rendering", e)
             return
-        self._emit(stream, now, lines)
+        exact = exact and getattr(self.renderers[stream], "line_mode", True)
+        self._exact[stream] = exact
+        if lines:
+            self._time(stream, lines)
+        if (idle or final) and getattr(self.renderers[stream], "line_mode", True):
+            # Every row above the cursor is committed: the newlines fed so far are used up
+            # (a redraw that moved the cursor up may have overwritten some of them).
+            self._clock[stream].clear()
+            self._timed[stream] = self._newlines[stream]
+            self._exact[stream] = True
+        if not idle and not final:
+            self._release()
+
+    def _time(self, stream: str, lines: list[Rendered]) -> None:
+        """Give committed lines their read times: the k-th line of a stream whose lines are
+        its newlines in order was read with its k-th newline; any other line (its renderer
+        moved the cursor, or the line has no newline yet: the end of the stream) with the last
+        data fed to that stream, the latest it can have been read."""
+        waiting = self._waiting[stream]
+        n = len(lines)
+        i = 0
+        if self._exact[stream]:
+            clock = self._clock[stream]
+            timed = self._timed[stream]
+            while i < n and clock:
+                upto, wall = clock[0]
+                k = min(n - i, upto - timed)
+                if k > 0:
+                    waiting.append((wall, lines[i:i + k] if k < n else lines))
+                    i += k
+                    timed += k
+                if timed >= upto:
+                    clock.popleft()
+            self._timed[stream] = timed + (n - i)
+        if i < n:
+            waiting.append((self._fed[stream], lines[i:] if i else lines))
+
+    def _horizon(self, stream: str) -> float:
+        """The earliest read time a line of ``stream`` not committed yet can be given."""
+        if self._exact[stream]:
+            clock = self._clock[stream]
+            return clock[0][1] if clock else _NEVER
+        return _NEVER if self._idled[stream] else self._fed[stream]
+
+    def _release(self, final: bool = False) -> None:
+        """Hand the waiting lines of both streams to the classifier in read-time order, each
+        only once no line of the other stream read at or before it can still come (unless
+        ``final``): a /LOGCOMMAND read at some time then applies to the other stream's lines
+        read at or after it, and its lines read in the same round of the reader follow the
+        command (the round has one read time). Lines of one stream keep their order."""
+        waiting = self._waiting
+        out, err = waiting[STDOUT], waiting[STDERR]
+        while out or err:
+            if out and err:
+                first, other = (STDOUT, STDERR) if out[0][0] <= err[0][0] else (STDERR, STDOUT)
+                if out[0][0] == err[0][0] and _has_command(waiting[other][0][1]) and (
+                        _strictness(waiting[other][0][1]) < _strictness(waiting[first][0][1])):
+                    # One round's lines of both streams: the stricter command goes first, so
+                    # that it applies to the other stream's lines of the round.
+                    first, other = other, first
+            else:
+                first, other = (STDOUT, STDERR) if out else (STDERR, STDOUT)
+            ts, lines = waiting[first][0]
+            if not final:
+                if ts > self._known:
+                    return  # the reader's round of this read has not all arrived yet
+                h = self._horizon(other)
+                if ts > h or (ts == h and not _has_command(lines)):
+                    return  # the other stream may still have lines read before this one
+            waiting[first].popleft()
+            if ts < self._released:
+                ts = self._released  # committed late (the other stream was quiet, or ended)
+            else:
+                self._released = ts
+            self._emit(first, ts, lines)
 
     def _emit(self, stream: str, now: float, lines: Iterable[Rendered],
               final: bool = False) -> None:
@@ -226,12 +335,12 @@ class Pipeline:
     # --- the end -------------------------------------------------------------------------
     def _final_lines(self, now: float) -> None:
         for stream in OUTPUT_STREAMS:
-            try:
-                lines = self.renderers[stream].finish()
-            except Exception as e:  # noqa: BLE001
-                self._fault(stream, "rendering", e)
-                lines = self.renderers[stream].finish()
-            self._emit(stream, now, lines, final=True)
+            self._through(stream, lambda r: r.finish(), final=True)
+            if stream in self._faulted:  # the fallback splitter's rest
+                self._through(stream, lambda r: r.finish(), final=True)
+        self._release(final=True)
+        for stream in OUTPUT_STREAMS:
+            self._emit(stream, max(now, self._released), [], final=True)
 
     def close_unfinished(self) -> None:
         """The wrapper went away without an outcome (killed): keep every line rendered so far
@@ -492,10 +601,10 @@ def serve(fd: int, pipeline: Pipeline) -> dict[str, Any] | None:
     is a backlog (so a backlog renders as it would have when it was read); when the pipe is
     empty, when the pipeline says a stream has been quiet long enough (``tick_due``), by this
     process's clock, and not at all while it is settled. Consecutive frames of one stream read
-    within COALESCE seconds of each other are rendered as one chunk stamped with the last one's
-    times: a worker that fell behind catches up in large chunks instead of paying the
+    within COALESCE seconds of each other are rendered as one chunk, each frame's lines keeping
+    its read time: a worker that fell behind catches up in large chunks instead of paying the
     per-chunk cost for every short read (docs/performance.md)."""
-    from .runner import COALESCE, FRAME, FRAME_END, FRAME_STREAMS, TICK
+    from .runner import COALESCE, FRAME, FRAME_END, FRAME_STREAMS, ROUND_END, TICK
 
     unpack = FRAME.unpack_from
     header = FRAME.size
@@ -546,15 +655,23 @@ def serve(fd: int, pipeline: Pipeline) -> dict[str, Any] | None:
                     last_tick = last_tick + TICK if steps < 4 else mono
                     steps += 1
                     pipeline.tick(wall - (mono - last_tick), last_tick)
+            stream = kind & ~ROUND_END
             j = i + 1
-            while j < n and frames[j][0] == kind and frames[j][1] - wall <= COALESCE:
+            while j < n and frames[j][0] & ~ROUND_END == stream and frames[j][1] - wall <= COALESCE:
                 j += 1
             if j == i + 1:
-                chunk = bytes(buf[start:end])
+                pipeline.feed(FRAME_STREAMS[stream], bytes(buf[start:end]), wall, mono,
+                              [(end - start, wall, kind != stream)])
             else:
-                chunk = b"".join([buf[f[3]:f[4]] for f in frames[i:j]])
-                _, wall, mono, _, _ = frames[j - 1]
-            pipeline.feed(FRAME_STREAMS[kind], chunk, wall, mono)
+                group = frames[i:j]
+                chunk = b"".join([buf[f[3]:f[4]] for f in group])
+                marks = []
+                at = 0
+                for f in group:
+                    at += f[4] - f[3]
+                    marks.append((at, f[1], f[0] != stream))
+                _, wall, mono, _, _ = group[-1]
+                pipeline.feed(FRAME_STREAMS[stream], chunk, wall, mono, marks)
             i = j
         del buf[:pos]
 

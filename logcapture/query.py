@@ -770,6 +770,8 @@ class LocalReader:
                     stream is None and rec.stream in (*OUTPUT_STREAMS, "run")
                     or rec.stream == stream):
                 out.append(rec.to_dict())
+        if stream is None:  # both streams and the run's notes, by read time (as the store)
+            out.sort(key=lambda d: d["ts"])
         return out[-tail:] if tail else out
 
     def follow(self, run: str) -> Iterator[dict[str, Any]]:

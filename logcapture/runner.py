@@ -78,9 +78,13 @@ TICK_MS = int(TICK * 1000)
 QUIET_MS = 5000  # the reader's poll timeout while nothing is due (a worker takes the ticks)
 
 # Frames to a capture worker: kind, payload length, time.time(), time.monotonic() of the read.
+# A frame holds what one round of the reader read from one stream (its reads share the round's
+# times); the last frame of a round has ROUND_END in its kind: the worker then knows every read
+# up to that time (pipeline.Pipeline orders the two streams' lines by their read times).
 FRAME = struct.Struct("=BIdd")
 FRAME_STREAMS = (STDOUT, STDERR)  # kind 0 and 1: data of that stream
 FRAME_END = 2  # payload: the Outcome as JSON; no frame follows
+ROUND_END = 0x80
 WORKER_PIPE_BYTES = 1 << 20  # asked of F_SETPIPE_SZ; the kernel may grant less
 WORKER_BUFFER = 16 << 20  # bytes the reader holds for a worker before it stops reading
 WORKER_TIMEOUT = 20.0  # seconds a worker may accept nothing before it is given up
@@ -99,9 +103,10 @@ PUMP_MAX = 0.5
 # regular bursts (a training loop, ten a second) then never wakes the reader just to pump at
 # PUMP_MAX (five system calls a pump here).
 PUMP_ROUND = 0.35
-# Reads of one stream within COALESCE seconds of the first become one frame, stamped with the
-# last read's times: a flood read ~400 bytes at a time would otherwise cost the worker a
-# frame header to parse per read (40 % of its CPU for 1M print() lines).
+# The worker renders consecutive frames of one stream read within COALESCE seconds of the
+# first as one chunk (keeping each frame's read time for its lines): a flood read ~400 bytes at
+# a time would otherwise cost it a renderer call per read (40 % of its CPU for 1M print()
+# lines).
 COALESCE = 0.005
 # When output comes after the reader emptied the ptys (the start of a burst, most likely), it
 # waits LINGER before reading, so a job printing line by line is read a burst at a time instead
@@ -123,6 +128,7 @@ LINGER = 0.01
 LINGER_FULL = 12 * 1024
 LINGER_BACKOFF = 5.0
 _KIND = {STDOUT: 0, STDERR: 1}
+PASSES = 4  # read passes over the ptys in one round, at most (two streams flooding at once)
 _IOV_MAX = 512  # pieces per writev (Linux allows 1024)
 
 
@@ -209,33 +215,33 @@ class Worker:
         self.blocked = False  # the pipe was full at the last write
         self.since = 0.0  # monotonic time the oldest unsent frame was read
         self.last_progress = time.monotonic()
-        # The frame still growing (COALESCE): its kind, reads, bytes, first read's monotonic
-        # time, last read's times (the newest read's, once it is closed). Its header goes into
-        # ``pieces`` when it is closed.
+        # The frame still open: its kind, reads, bytes and times. Its header goes into
+        # ``pieces`` when it is closed (at the next frame, the round's end or a pump).
         self._kind = -1
         self._parts: list[bytes] = []
         self._len = 0
-        self._first = self._wall = self._mono = 0.0
+        self._wall = self._mono = 0.0
 
     def send(self, kind: int, parts: list[bytes], wall: float, mono: float) -> None:
-        """``parts`` (consecutive reads of one stream) read at ``wall``/``mono``: added to the
-        open frame when it is of the same stream and began less than COALESCE ago."""
+        """``parts`` (consecutive reads of one stream) read in one round at ``wall``/``mono``:
+        one frame."""
         if not self.size:
             self.since = mono
-        if self._parts and (kind != self._kind or mono - self._first > COALESCE):
-            self._close_frame()
-        if not self._parts:
-            self._kind, self._first = kind, mono
-            self.size += FRAME.size
+        self._close_frame()
+        self._kind = kind
         n = sum(map(len, parts))
-        self._parts += parts
-        self._len += n
+        self._parts = parts
+        self._len = n
         self._wall, self._mono = wall, mono
-        self.size += n
+        self.size += FRAME.size + n
 
-    def _close_frame(self) -> None:
+    def end_round(self) -> None:
+        """The round that sent the open frame has ended: mark it so."""
+        self._close_frame(ROUND_END)
+
+    def _close_frame(self, flag: int = 0) -> None:
         if self._parts:
-            self.pieces.append(FRAME.pack(self._kind, self._len, self._wall, self._mono))
+            self.pieces.append(FRAME.pack(self._kind | flag, self._len, self._wall, self._mono))
             self.pieces.extend(self._parts)
             self._parts = []
             self._len = 0
@@ -696,6 +702,7 @@ def run(argv: Sequence[str], sink: Sink | Worker | None,
         last_tick = last_data
         no_linger_until = 0.0
         drained = True  # the last round read every pty it was woken for empty
+        lead = list(masters)  # the order of the next round's first pass
         reads = lingers = 0
         read = os.read
         while open_fds:
@@ -774,6 +781,7 @@ def run(argv: Sequence[str], sink: Sink | Worker | None,
             now = time.time()
             emptied = None  # whether this round's pty reads all ended short (None: no pty read)
             sent = False  # this round gave the worker output
+            woken = False  # a pty has output
             for fd, _ in events:
                 if fd == wake_r:
                     try:
@@ -785,66 +793,92 @@ def run(argv: Sequence[str], sink: Sink | Worker | None,
                                 check_child = True
                     except BlockingIOError:
                         pass
-                    continue
-                if worker is not None and fd == worker.fd:
-                    continue  # pumped below
-                if fd not in open_fds:
-                    continue
-                stream = masters[fd]
-                burst: list[bytes] = []  # what this stream gave in this round: one frame
-                taken = 0
-                empty = False  # a short read: the pty had no more
-                # A full read (the pty hands out at most 4095 bytes) means more is waiting:
-                # read again at once instead of asking poll(), up to 64 KiB in a row.
-                for _ in range(16):
-                    try:
-                        data = read(fd, READ_SIZE)
-                    except BlockingIOError:
+                elif fd in open_fds:
+                    woken = True
+            if woken:
+                # Every pty is read, in passes, until a pass finds output only on the pty it
+                # read first (at most PASSES): a write the command made before another is then
+                # read in the same round as that one or an earlier round, whichever streams
+                # they went to (the pass that ends the round read each pty after the last
+                # read that found output). The worker orders the two streams' lines by
+                # their rounds (pipeline.Pipeline._release): a /LOGCOMMAND is never read in
+                # a later round than the other stream's text written after it. Each pass
+                # starts with the pty that last had output.
+                order = [fd for fd in lead if fd in open_fds]
+                bursts: dict[int, list[bytes]] = {}
+                for _ in range(PASSES):
+                    later = -1  # a pty after the pass's first that had output
+                    for i, fd in enumerate(order):
+                        stream = masters[fd]
+                        burst = bursts.setdefault(fd, [])
+                        had = len(burst)
+                        empty = False  # a short read: the pty had no more
+                        # A full read (the pty hands out at most 4095 bytes) means more is
+                        # waiting: read again at once instead of asking poll(), up to 64 KiB
+                        # in a row.
+                        for _ in range(16):
+                            try:
+                                data = read(fd, READ_SIZE)
+                            except BlockingIOError:
+                                empty = True
+                                break
+                            except OSError as e:
+                                if e.errno != errno.EIO:
+                                    warn(f"reading the command's {stream} failed: {e.strerror}")
+                                data = b""
+                            if not data:  # EIO: every writer has closed the pty
+                                open_fds.discard(fd)
+                                if reading:
+                                    poller.unregister(fd)
+                                empty = True
+                                break
+                            reads += 1
+                            burst.append(data)
+                            if not lingered:  # a flood: each read out at once, as written
+                                copy(stream, data)
+                            if worker is not None and \
+                                    worker.size + len(burst) * READ_SIZE >= opts.worker_buffer:
+                                break  # flow control: the loop above stops reading
+                            if len(data) < FULL_READ:
+                                empty = True
+                                break
+                        emptied = empty and emptied is not False
+                        if i and len(burst) > had:
+                            later = fd
+                    if later < 0 or len(order) < 2:
                         break
-                    except OSError as e:
-                        if e.errno != errno.EIO:
-                            warn(f"reading the command's {stream} failed: {e.strerror}")
-                        data = b""
-                    if not data:  # EIO: every writer has closed the pty
-                        open_fds.discard(fd)
-                        if reading:
-                            poller.unregister(fd)
-                        empty = True
-                        break
-                    taken += len(data)
-                    reads += 1
-                    burst.append(data)
-                    if not lingered:  # a flood: each read out at once, as the job wrote it
+                    order.remove(later)
+                    order.insert(0, later)
+                    order = [fd for fd in order if fd in open_fds]
+                lead = order or lead
+                for fd, burst in bursts.items():
+                    if not burst:
+                        continue
+                    stream = masters[fd]
+                    taken = sum(map(len, burst))
+                    counts[stream] += taken
+                    if lingered or worker is None:
+                        data = burst[0] if len(burst) == 1 else b"".join(burst)
+                    if lingered:
+                        # A burst read after the wait: one copy for the round's reads. (A
+                        # flood's reads are copied one by one above: the writes between them
+                        # pace the reads, which then find more in the pty; reading 16 times
+                        # before one copy took ~10 % more, smaller, reads on 200 MB of bulk
+                        # output.)
                         copy(stream, data)
-                    if worker is not None and \
-                            worker.size + len(burst) * READ_SIZE >= opts.worker_buffer:
-                        break  # flow control: the loop above stops reading
-                    if len(data) < FULL_READ:
-                        empty = True
-                        break
-                emptied = empty and emptied is not False
-                if not burst:
-                    continue
-                counts[stream] += taken
-                if lingered or worker is None:
-                    data = burst[0] if len(burst) == 1 else b"".join(burst)
-                if lingered:
-                    # A burst read after the wait: one copy for the round's reads. (A flood's
-                    # reads are copied one by one above: the writes between them pace the
-                    # reads, which then find more in the pty; reading 16 times before one
-                    # copy took ~10 % more, smaller, reads on 200 MB of bulk output.)
-                    copy(stream, data)
-                last_data = now_m
-                if lingered and taken >= LINGER_FULL:  # the pty (nearly) filled up while we
-                    no_linger_until = now_m + LINGER_BACKOFF  # waited: stop waiting for a while
-                if worker is not None:
-                    worker.send(_KIND[stream], burst, now, now_m)
-                    sent = True
-                elif sink is not None:
-                    deliver(stream, data, now)
+                    last_data = now_m
+                    if lingered and taken >= LINGER_FULL:  # the pty (nearly) filled up while
+                        no_linger_until = now_m + LINGER_BACKOFF  # we waited: stop a while
+                    if worker is not None:
+                        worker.send(_KIND[stream], burst, now, now_m)
+                        sent = True
+                    elif sink is not None:
+                        deliver(stream, data, now)
             if emptied is not None:  # (a round that read no pty leaves it as it was)
                 drained = emptied
             if worker is not None:
+                if sent:
+                    worker.end_round()
                 if worker.due(now_m, read=sent):
                     try:
                         worker.pump()

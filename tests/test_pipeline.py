@@ -231,7 +231,7 @@ def test_a_slow_worker_slows_the_command_and_loses_nothing(tmp_path: Path) -> No
                 if kind == runner.FRAME_END:
                     end = json.loads(payload)
                     break
-                seen[kind] += payload
+                seen[kind & ~runner.ROUND_END] += payload
         got.write_bytes(bytes(seen[0]))
         (tmp_path / "end").write_text(json.dumps(end))
         return 0
@@ -296,7 +296,8 @@ class _Calls:
     def tick_due(self) -> float:  # always wants its ticks
         return time.monotonic() + runner.TICK
 
-    def feed(self, stream: str, data: bytes, now: float, mono: float) -> None:
+    def feed(self, stream: str, data: bytes, now: float, mono: float,
+             marks: object = None) -> None:
         self.calls.append((f"feed {stream} {data!r}", now, mono))
 
     def tick(self, now: float, mono: float) -> None:
@@ -386,13 +387,71 @@ def test_at_the_end_too_the_other_streams_earlier_lines_keep_their_mode(tmp_path
         p = Pipeline("r", SpoolWriter(run_dir, fsync=False), mode="enabled", columns=80,
                      rows=24)
         t = 1000.0
-        feeds = [("stderr", b"\r 98%|#########9| 49/50\r100%|##########| 50/50\n"),
-                 ("stdout", b'/LOGCOMMAND {"mode": "metadata"}\n')]
-        for stream, data in (feeds if order == "stderr first" else feeds[::-1]):
-            p.feed(stream, data, t, t)
+        feeds = [("stderr", b"\r 98%|#########9| 49/50\r100%|##########| 50/50\n", t),
+                 ("stdout", b'/LOGCOMMAND {"mode": "metadata"}\n', t + 0.01)]
+        for stream, data, when in (feeds if order == "stderr first" else feeds[::-1]):
+            p.feed(stream, data, when, when)
         p.finish(exit_status=0, signal=None, state="COMPLETED", duration=1.0, bytes_read={})
         kept = [(x.stream, x.kind) for x in iter_run(run_dir) if x.stream != "run"]
         assert ("stderr", "line") in kept and ("stdout", "command") in kept, (order, kept)
+
+
+def test_a_stricter_command_applies_to_the_other_streams_lines_of_its_round(
+        tmp_path: Path) -> None:
+    # A command read in the same round of the reader as the other stream's line (one read
+    # time): which was written first is unknown, so the line follows the stricter mode, in
+    # whichever order the two are fed and committed.
+    for order in ("stdout first", "stderr first"):
+        run_dir = create_run_dir(tmp_path, order.replace(" ", "-"))
+        p = Pipeline("r", SpoolWriter(run_dir, fsync=False), mode="enabled", columns=80,
+                     rows=24)
+        t = 1000.0
+        p.feed("stderr", b"before\n", t - 1, t - 1)
+        feeds = [("stderr", b"token-1234\n"), ("stdout", b'/LOGCOMMAND {"mode": "disabled"}\n')]
+        if order == "stdout first":
+            feeds.reverse()
+        for stream, data in feeds:
+            p.feed(stream, data, t, t, [(len(data), t, stream == feeds[-1][0])])
+        p.feed("stderr", b"after\n", t + 1, t + 1)
+        p.finish(exit_status=0, signal=None, state="COMPLETED", duration=1.0, bytes_read={})
+        texts = [getattr(x, "text", "") for x in iter_run(run_dir)]
+        assert "before" in texts and not any("token" in x or "after" in x for x in texts), texts
+
+
+def test_in_one_round_the_stricter_command_goes_first(tmp_path: Path) -> None:
+    # Both streams send a command in one round: stderr disables, stdout prints a token and then
+    # enables. Whatever the order of the feeds, the token follows the disabling command, and
+    # stdout's own enabling command, after its token, holds for what comes next.
+    for order in ("stdout first", "stderr first"):
+        run_dir = create_run_dir(tmp_path, order.replace(" ", "-"))
+        p = Pipeline("r", SpoolWriter(run_dir, fsync=False), mode="enabled", columns=80,
+                     rows=24)
+        t = 1000.0
+        feeds = [("stdout", b'token-5678\n/LOGCOMMAND {"mode": "enabled"}\n'),
+                 ("stderr", b'/LOGCOMMAND {"mode": "disabled"}\n')]
+        if order == "stderr first":
+            feeds.reverse()
+        for stream, data in feeds:
+            p.feed(stream, data, t, t, [(len(data), t, stream == feeds[-1][0])])
+        p.feed("stdout", b"later\n", t + 1, t + 1)
+        p.finish(exit_status=0, signal=None, state="COMPLETED", duration=1.0, bytes_read={})
+        texts = [getattr(x, "text", "") for x in iter_run(run_dir)]
+        assert not any("token" in x for x in texts) and "later" in texts, (order, texts)
+
+
+def test_lines_carry_their_own_read_times_and_both_streams_go_out_in_that_order(
+        tmp_path: Path) -> None:
+    # One chunk joining three reads (as serve() joins frames), committed together at the end:
+    # each line keeps the time its read had; the two streams' lines reach the spool in read
+    # order, whichever stream was fed or committed first.
+    p = Pipeline("r", SpoolWriter(create_run_dir(tmp_path, "r"), fsync=False), mode="enabled",
+                 columns=80, rows=24)
+    p.feed("stderr", b"e1\ne2\n", 11.0, 11.0, [(3, 10.5, True), (6, 11.0, True)])
+    p.feed("stdout", b"o1\no2\no3\n", 12.0, 12.0,
+           [(3, 10.0, True), (6, 10.7, True), (9, 12.0, True)])
+    p.finish(exit_status=0, signal=None, state="COMPLETED", duration=1.0, bytes_read={})
+    got = [(x.text, x.ts) for x in iter_run(tmp_path / "r") if x.kind == "line"]
+    assert got == [("o1", 10.0), ("e1", 10.5), ("o2", 10.7), ("e2", 11.0), ("o3", 12.0)]
 
 
 def test_end_of_file_without_an_end_frame_keeps_the_lines(tmp_path: Path) -> None:

@@ -149,3 +149,50 @@ def test_a_secret_on_one_stream_just_before_a_command_on_the_other_is_not_kept(
     assert not found
     logs = run_lc(["logs", "cross", "--stream", "all"], lc_env).stdout.decode()
     assert "kept after the command" in logs and secret not in logs
+
+
+UNDER_LOAD = """
+import os, subprocess, sys
+hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+try:
+    for i in range(300):
+        a, b = (1, 2) if i % 2 else (2, 1)   # the command on stdout, then on stderr
+        os.write(a, b'/LOGCOMMAND {"mode": "disabled"}\\n')
+        os.write(b, b"T0K" + b"EN-%d-c4f1\\n" % i)  # at once after it, on the other stream
+        os.write(b, b'/LOGCOMMAND {"mode": "enabled"}\\n')  # its own stream: after the token
+        os.write(1, (b"stdout filler %d\\n" % i) * (i % 7 * 30))
+        os.write(2, (b"stderr filler %d\\n" % i) * (i % 5 * 30))
+finally:
+    for h in hogs:
+        h.kill()
+print("done", flush=True)
+"""
+
+
+def test_a_disabling_command_protects_the_other_streams_next_line_under_load(
+        lc_env: dict[str, str], tmp_path: Path) -> None:
+    # Two ptys (stdout and stderr go to two pipes). 300 times: a disabling command on one
+    # stream, then at once a token on the other, while two busy loops compete for the CPUs
+    # and both streams carry bursts of filler. The token is read in the command's round or a
+    # later one (the reader reads every pty until a pass finds output only on its first), and
+    # the worker hands lines to the classifier in read order, the stricter command first in
+    # its round: no token may be kept.
+    store_dir = tmp_path / "store"
+    env = dict(lc_env, LOGCAPTURE_STORE=f"chdb://{store_dir}")
+    job = tmp_path / "load.py"
+    job.write_text(UNDER_LOAD)
+    res = run_lc(["run", "--run-id", "load", "--", sys.executable, str(job)], env, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.endswith(b"done\n") and b"T0KEN-299-c4f1" in res.stdout + res.stderr
+    spool = Path(lc_env["LOGCAPTURE_SPOOL"])
+    job.unlink()
+    found = [path for path, data in _walk_bytes(spool) if b"T0KEN-" in data]
+    assert not found
+    up = run_lc(["upload", "--run", "load", "--keep"], env)
+    assert up.returncode == 0, up.stderr
+    logs = run_lc(["logs", "load"], env).stdout.decode()
+    assert "T0KEN-" not in logs
+    assert logs.count(" filler ") > 100  # enabled again after each token (repeats noted)
+    assert logs.count('/LOGCOMMAND {"mode": "disabled"}') == 300
+    for path, data in _walk_bytes(store_dir):
+        assert b"T0KEN-" not in data, path

@@ -234,3 +234,43 @@ def test_streams_merged_is_explained(tmp_path: Path) -> None:
     res = CliRunner().invoke(cli, ["check", str(path)])
     assert res.exit_code == 1 and "did you mean separate" in res.output
 
+
+
+# ------------------------------------------------------------------ read times and order
+
+
+def test_a_merged_view_of_two_streams_is_in_read_order(tmp_path: Path, lc_env: dict[str, str],
+                                                       spool: Path) -> None:
+    # Two ptys (two files). Lines alternate between the streams with pauses between them, so
+    # each is read in its own round; bursts of lines in between share their round. The
+    # stored lines carry their own read times, and the merged views (logs from the spool and
+    # from the store, the store's query) list them in that order.
+    job = ("import sys, time\nfor i in range(12):\n"
+           " print('out', i, flush=True); time.sleep(0.03)\n"
+           " sys.stderr.write(''.join(f'err {i}.{k}\\n' for k in range(3))); sys.stderr.flush()\n"
+           " time.sleep(0.03)\n")
+    env = dict(lc_env, LOGCAPTURE_STORE=f"chdb://{tmp_path / 'store'}")
+    assert _run([*LOGCAPTURE, "run", "--run-id", "ord", "--", PY, "-c", job], env,
+                tmp_path / "o", tmp_path / "e") == 0
+    want = [x for i in range(12) for x in (f"out {i}", *(f"err {i}.{k}" for k in range(3)))]
+    (run_dir,) = find_run_dirs(spool)
+    stored = [r for r in iter_run(run_dir) if isinstance(r, Line)]
+    ts = {r.text: r.ts for r in stored}
+    assert sorted(ts) == sorted(want)
+    # A line written before another is never given a later read time, whichever streams they
+    # went to (lines of one round share one: their order across the streams is unknown).
+    assert [ts[x] for x in want] == sorted(ts[x] for x in want)
+    assert ts["out 0"] < ts["err 5.0"] < ts["out 11"]
+    for i in range(12):  # the burst was one write: one read, one time
+        assert len({ts[f"err {i}.{k}"] for k in range(3)}) == 1
+    by_time = [r.text for r in sorted(stored, key=lambda r: r.ts)]  # stable: spool order
+    spool_logs = subprocess.run([*LOGCAPTURE, "logs", "ord"], env=env, capture_output=True,
+                                timeout=60).stdout.decode().splitlines()
+    assert spool_logs == by_time
+    up = subprocess.run([*LOGCAPTURE, "upload", "--run", "ord", "--keep"], env=env,
+                        capture_output=True, timeout=120)
+    assert up.returncode == 0, up.stderr
+    store_logs = subprocess.run([*LOGCAPTURE, "logs", "ord", "--source", "store"], env=env,
+                                capture_output=True, timeout=60)
+    in_store = [r.text for r in sorted(stored, key=lambda r: (r.ts, r.stream, r.seq))]
+    assert store_logs.stdout.decode().splitlines() == in_store, store_logs.stderr

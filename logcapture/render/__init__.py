@@ -187,6 +187,13 @@ class Renderer:
             self._maybe_line_mode()
         return self._drain()
 
+    @property
+    def line_mode(self) -> bool:
+        """Are the rows the lines the newlines ended, in order (the fast path's state), so
+        that the k-th line committed is the one the k-th newline ended? Not while the full
+        emulator has the screen: a cursor moved up may overwrite a row."""
+        return self._line_mode
+
     # -- internals ----------------------------------------------------------------------------
 
     def _drain(self) -> list[Rendered]:
