@@ -470,9 +470,12 @@ def test_search_finds_each_users_own_lines_only(lc: Cluster) -> None:
         found = json.loads(r.stdout)
         assert [(g["run"], g["owner"], g["source"]) for g in found["groups"]] == [
             (mine.id, user, "spool")]
-        for spool in (own, ["--spool", str(lc.spool_root / other.id)]):
-            r = lc.as_user(user, [bin_, "search", *spool, theirs])
-            assert r.returncode == 1 and theirs not in r.stdout + r.stderr, r
+        r = lc.as_user(user, [bin_, "search", *own, theirs])
+        assert r.returncode == 1 and theirs not in r.stdout + r.stderr, r
+        r = lc.as_user(user, [bin_, "search", "--spool", str(lc.spool_root / other.id),
+                              theirs])  # the other user's job folder: not even listed
+        assert r.returncode == 2 and "Permission denied" in r.stderr, r
+        assert theirs not in r.stdout + r.stderr
         r = lc.as_user(user, [bin_, "search", *own, "needle", "--job", other.id])
         assert r.returncode == 2 and "needle" not in r.stdout  # not one of theirs
     # Shipped to the store (root's): an administrator finds both, each owner's reader only
