@@ -30,6 +30,7 @@ from .records import (
     Note,
     Record,
 )
+from .search import DEFAULT_LIMIT as DEFAULT_SEARCH_LIMIT
 from .spool import default_root
 
 # ------------------------------------------------------------------------------ helpers
@@ -305,6 +306,95 @@ def show(spool: Path | None, as_json: bool, store_dsn: str | None, source: str,
         click.echo(line)
 
 
+# ------------------------------------------------------------------------------ search
+
+
+@cli.command(context_settings={"ignore_unknown_options": False})
+@click.argument("pattern")
+@click.option("--regex", "-E", "regex", is_flag=True,
+              help="PATTERN is a regular expression (RE2 syntax; the index cannot help).")
+@click.option("--job", "-j", "jobs", multiple=True, metavar="J",
+              help="Only this run or Slurm job id (J or J_T); repeatable.")
+@click.option("--since", default=None, metavar="WHEN",
+              help="Only lines since WHEN: an age (30d, 12h, 90m, 2w) or a local date and "
+                   "time (2026-11-01, '2026-11-01 12:00').")
+@click.option("--until", default=None, metavar="WHEN", help="Only lines until WHEN (as --since).")
+@click.option("--stream", type=click.Choice(OUTPUT_STREAMS), default=None,
+              help="Only this stream (default: both).")
+@click.option("--state", "states", multiple=True, metavar="STATE",
+              help="Only runs in this state (FAILED, COMPLETED, TIMEOUT, RUNNING, ...); "
+                   "repeatable, or comma-separated.")
+@click.option("-C", "--context", "context", type=int, default=0, show_default=True,
+              metavar="N", help="Show N lines before and after each matching line.")
+@click.option("--limit", type=int, default=DEFAULT_SEARCH_LIMIT, show_default=True,
+              metavar="N", help="Show at most the newest N matching lines.")
+@click.option("--json", "as_json", is_flag=True, help="Print the answer as one JSON object.")
+@_spool_option
+@_store_option
+@_source_option
+def search(pattern: str, regex: bool, jobs: tuple[str, ...], since: str | None,
+           until: str | None, stream: str | None, states: tuple[str, ...], context: int,
+           limit: int, as_json: bool, spool: Path | None, store_dsn: str | None,
+           source: str) -> None:
+    """Find the lines of your runs that match PATTERN, newest first, grouped by run.
+
+    PATTERN is words, all of which must occur in a line as whole tokens (case-sensitive:
+    `NCCL timeout`), and "quoted phrases" that must occur as written
+    (`'"CUDA out of memory"'`); with --regex a regular expression. Exit status: 0 when lines
+    matched, 1 when none did, 2 on an error (as grep's)."""
+    from contextlib import closing
+
+    from .errors import NotFound, UsageError
+    from .search import Request, parse_when
+
+    now = time.time()
+    req = Request(pattern, regex, tuple(jobs),
+                  parse_when(since, "--since", now) if since else None,
+                  parse_when(until, "--until", now) if until else None, stream,
+                  tuple(x.strip().upper() for s in states for x in s.split(",") if x.strip()),
+                  context, limit).checked()
+    with closing(_reader(spool, store_dsn, source)) as reader:
+        try:
+            found = reader.search(req.to_dict())
+        except NotFound as e:  # a --job that names none of the caller's runs
+            raise UsageError(e.message) from None
+    if as_json:
+        click.echo(json.dumps(found))
+    else:
+        _print_search(found, limit)
+    if not found["matches"]:
+        sys.exit(1)
+
+
+def _print_search(found: dict[str, Any], limit: int) -> None:
+    """grep's -n layout under a heading per run: STREAM:SEQ:TEXT for a matching line,
+    STREAM:SEQ-TEXT for context, ``--`` where lines were left out."""
+    from .query import current_user
+
+    me = current_user()[0]
+    for i, g in enumerate(found["groups"]):
+        start = (time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(g["start"]))
+                 if g["start"] else "-")
+        head = [g["run"]]
+        if g["job_id"] and g["job_id"] != g["run"]:
+            head.append(f"job {g['job_id']}")
+        if g["name"]:
+            head.append(g["name"])
+        head += [g["state"], start]
+        if g["owner"] != me:
+            head.append(f"({g['owner']})")
+        if g["source"] == "spool":
+            head.append("[not yet shipped]")
+        if i:
+            click.echo("")
+        click.echo("== " + "  ".join(head))
+        for d in g["lines"]:
+            if d["gap"]:
+                click.echo("--")
+            click.echo(f"{d['stream']}:{d['seq']}{':' if d['match'] else '-'}{d['text']}")
+    if found["truncated"]:
+        click.echo(f"logcapture: showing the newest {limit} matching lines; there are more "
+                   "(--limit N for more, --since/--job/--state to narrow)", err=True)
 # ------------------------------------------------------------------------------ serve
 
 

@@ -1,6 +1,7 @@
 """The questions every reader asks: which runs are mine, which run a job reference names, its
 lines (all of them, the last N, or followed while it runs), its summary, its metadata, its
-resource samples and the rows an export writes.
+resource samples, the rows an export writes, and the lines of all of one's runs that match a
+search.
 
 One interface, ``Reader`` (the protocol below), answered three ways:
 
@@ -19,6 +20,9 @@ Everything a Reader returns is plain JSON data, so the read service sends it as 
 - ``describe(run)``: the mapping ``logcapture show`` prints (``describe`` below, the one place
   that builds it, from ``RunFacts`` that the spool or the store supply);
 - ``export_rows(run, what)``: the rows ``logcapture export`` writes (``store.write_rows``).
+- ``search(request)``: ``search.answer``'s mapping (matching lines with their context, grouped
+  by run), from the store (``Store.search``) and, for runs not yet shipped, the spool
+  (``search.Pattern.matches``: the same pattern).
 
 Every run a Reader names is the caller's own: ``owner`` (a user name; None means every owner)
 filters every question, and a run of someone else is "not found", never "forbidden", so a
@@ -63,6 +67,7 @@ from .records import (
     streams_of,
 )
 from .runs import RunSummary, find_run, follow_records, job_candidates, summarize
+from .search import Found, Hit, Pattern, Request, answer, context_of, line_of, merge
 from .ship import is_shipped
 from .spool import (
     ReadStats,
@@ -142,6 +147,11 @@ class Reader(Protocol):
 
     def export_rows(self, run: str, what: str) -> list[dict[str, Any]]:
         """The rows of ``lines``, ``metadata`` or ``samples`` that ``export`` writes."""
+        ...
+
+    def search(self, request: dict[str, Any]) -> dict[str, Any]:
+        """The lines of the caller's runs that match a search (``search.Request.to_dict``),
+        as ``search.answer`` gives them: newest first, grouped by run, with context."""
         ...
 
     def close(self) -> None:
@@ -503,6 +513,13 @@ class StoreReader:
             else:
                 recs = st.samples(run, self.owner)
         return export_rows(what, recs)
+
+    def search(self, request: dict[str, Any]) -> dict[str, Any]:
+        return answer(self.found(Request.from_dict(request)))
+
+    def found(self, req: Request) -> Found:
+        with self.session() as st:
+            return st.search(req, self.owner)
 
     def close(self) -> None:
         pass
@@ -998,6 +1015,47 @@ class LocalReader:
                 self.metadata(run) if what == "metadata" else self.samples(run))
         return export_rows(what, recs)
 
+    def search(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Shipped runs are searched in the store, the others in the spool (all in one,
+        with ``source``), and the newest matches of both kept."""
+        req = Request.from_dict(request)
+        for ref in req.jobs:
+            self.resolve(ref)  # NotFound names a job that is none of the caller's
+        found = []
+        if self._in_store():
+            found.append(self.store.found(req))
+        if self.source != "store":
+            found.append(self._spool_found(req, skip_shipped=self._in_store()))
+        return answer(merge(found, req.limit))
+
+    def _spool_found(self, req: Request, skip_shipped: bool) -> Found:
+        """The search over the caller's runs in the spool (those not yet shipped when
+        ``skip_shipped``), with the same pattern as the store's (``search.Pattern``)."""
+        pattern = Pattern.parse(req.pattern, req.regex)
+        hits: list[Hit] = []
+        runs: dict[tuple[str, str], dict[str, Any]] = {}
+        for run_dir in find_run_dirs(self.root):
+            who = self._mine(run_dir)
+            if who is None or skip_shipped and is_shipped(run_dir):
+                continue
+            try:
+                s = summarize(run_dir)
+            except SpoolError:
+                continue
+            summary = summary_of_spool(s, *who)
+            if req.states and s.state not in req.states or req.jobs and not (
+                    {s.run_id, summary["job_id"], _array_ref(summary["slurm"])}
+                    & set(req.jobs)):
+                continue
+            mine = _search_run(run_dir, pattern, req, who[0])
+            if mine:
+                hits += mine
+                runs[(s.run_id, who[0])] = {
+                    "run": s.run_id, "owner": who[0], "job_id": summary["job_id"],
+                    "name": summary["slurm"].get("job_name") or " ".join(summary["command"]),
+                    "state": s.state, "start": summary["start"], "source": "spool"}
+        return merge([Found(hits, runs, False)], req.limit)
+
     def close(self) -> None:
         self.held.close()
         if self.remote is not None:
@@ -1023,6 +1081,31 @@ class _OpenClose(AbstractContextManager[Store]):
 
     def __exit__(self, *exc: object) -> None:
         self.held.release()
+
+
+def _array_ref(slurm: dict[str, Any]) -> str:
+    """``J_T`` for an array task (as ``runs.find_run`` takes it), else ''."""
+    if slurm.get("array_job_id") and slurm.get("array_task_id") is not None:
+        return f"{slurm['array_job_id']}_{slurm['array_task_id']}"
+    return ""
+
+
+def _search_run(run_dir: Path, pattern: Pattern, req: Request, owner: str) -> list[Hit]:
+    """One spool run's matching lines, each with its context in its stream."""
+    streams: dict[str, list[dict[str, Any]]] = {}
+    for rec in iter_run(run_dir):
+        if isinstance(rec, (Line, Command)) and rec.stream in OUTPUT_STREAMS and (
+                req.stream is None or rec.stream == req.stream):
+            streams.setdefault(rec.stream, []).append(
+                {"stream": rec.stream, "seq": rec.seq, "ts": rec.ts, "text": rec.text})
+    hits = []
+    for lines in streams.values():
+        for i, d in enumerate(lines):
+            if (req.since is None or d["ts"] > req.since) and (
+                    req.until is None or d["ts"] <= req.until) and pattern.matches(d["text"]):
+                hits.append(Hit(run_dir.name, owner, line_of(d),
+                                *context_of(lines, i, req.context)))
+    return hits
 
 
 def records_of(dicts: Iterator[dict[str, Any]] | list[dict[str, Any]]) -> Iterator[Any]:

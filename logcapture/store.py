@@ -73,6 +73,7 @@ from .errors import (
     UsageError,
 )
 from .records import KINDS, Record, dumps, from_dict
+from .search import Found, Hit, Pattern, Request
 
 SCHEMA_VERSION = 4
 DEFAULT_DATABASE = "logcapture"
@@ -490,6 +491,22 @@ _TAIL_LINES_SQL = f"""SELECT stream, seq, toUnixTimestamp64Nano(ts), CAST(kind A
     + 2 * (SELECT count() FROM (SELECT 1 FROM metadata WHERE {{cond}} LIMIT 1))
 FROM lines FINAL WHERE {{cond}} {_TAIL_ORDER}
 {_TAIL_SETTINGS}"""
+# Store.search: one window of time, newest first (``{where}``: constant conditions whose
+# values are parameters, from ``search.Pattern.sql`` and ``Store.search``).
+_SEARCH_SQL = """SELECT run, CAST(owner AS String), CAST(stream AS String), seq,
+    toUnixTimestamp64Nano(ts), text
+FROM lines WHERE {where}
+ORDER BY ts DESC, stream DESC, seq DESC LIMIT {n:UInt64}"""
+# The windows a search asks in turn, in seconds back from the newest line it may find (None:
+# all the rest); each window's partitions (one a day) are read only by its own query.
+SEARCH_WINDOWS: tuple[float | None, ...] = (86400.0, 8 * 86400.0, 64 * 86400.0, None)
+SEARCH_MARGIN_NS = 3600 * 10**9  # a run's lines may be stamped before its first record
+# The lines around matching lines: ranges of sequence numbers, per run, owner and stream.
+_SEARCH_CONTEXT_SQL = """SELECT run, CAST(owner AS String), CAST(stream AS String), seq,
+    toUnixTimestamp64Nano(ts), text
+FROM lines WHERE run IN {runs:Array(String)} AND arrayExists(r -> r.1 = run AND r.2 = owner
+    AND r.3 = stream AND seq >= r.4 AND seq <= r.5,
+    {ranges:Array(Tuple(String, String, String, UInt64, UInt64))})"""
 FILE_INGEST_SETTINGS = {
     "input_format_skip_unknown_fields": 0,
     "input_format_json_read_objects_as_strings": 1,
@@ -1433,7 +1450,7 @@ class Store:
         if cursor is not None:
             params.update(c_ns=cursor[0], c_stream=cursor[1], c_seq=cursor[2])
             where = (f"(ts, stream, seq) {'>' if after else '<'} "
-                     "(fromUnixTimestamp64Nano({c_ns:Int64}), {c_stream:String}, "
+                     "(fromUnixTimestamp64Nano({c_ns:Int64}, 'UTC'), {c_stream:String}, "
                      "{c_seq:UInt64})")
             order = "ASC" if after else "DESC"
         sql = log_sql("", cond, "{stderr:UInt8}", where, order, "{limit:UInt32}",
@@ -1564,6 +1581,168 @@ class Store:
                     q, what="diagnosing"):
                 found[(s, int(seq))] = text
         return [(s, q, found[(s, q)]) for s, q in sorted(found)], last
+
+    # --- search (``search.Pattern``, docs/user.md "Searching")
+    def search(self, req: Request, owner: str | None = None) -> Found:
+        """The newest ``req.limit`` lines of ``owner``'s runs (None: everyone's) that match
+        ``req`` (``search.Request``), each with ``req.context`` lines around it, newest first.
+
+        A time-ordered search cannot stop early in a table sorted by run first, so it asks
+        the newest stretch of time first and older ones after (``SEARCH_WINDOWS``), until
+        enough lines matched: a common word is answered from the newest day's partitions, a
+        rare one asks every window, whose token index skips the blocks without it."""
+        pattern = Pattern.parse(req.pattern, req.regex)
+        match_sql, params = pattern.sql()
+        conds = [match_sql]
+        if owner is not None:
+            conds.append("owner = {owner:String}")
+            params["owner"] = owner
+        if req.stream:
+            conds.append("stream = {stream:String}")
+            params["stream"] = req.stream
+        runs_cond = self._search_runs_cond(req, owner, params)
+        if runs_cond:
+            conds.append(runs_cond)
+        run_conds = [c for c in (conds[1:]) if not c.startswith("stream")]  # owner, runs
+        bounds = self._query("SELECT count(), toUnixTimestamp64Nano(max(last_ts)), "
+                             "toUnixTimestamp64Nano(min(ifNull(start_ts, last_ts))) FROM runs"
+                             + "".join((" AND " if i else " WHERE ") + c
+                                       for i, c in enumerate(run_conds)),
+                             params, what="searching")
+        if not bounds or not bounds[0][0]:
+            return Found([], {}, False)
+        newest, oldest = int(bounds[0][1]), int(bounds[0][2])
+        since = None if req.since is None else int(req.since * 1e9)
+        until = None if req.until is None else int(req.until * 1e9)
+        anchor = newest if until is None else min(until, newest)
+        hits: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+        want = req.limit + 1  # one more tells that there are more
+        hi: int | None = until
+        for span in SEARCH_WINDOWS:
+            lo = anchor - int(span * 1e9) if span is not None else None
+            if lo is not None and lo <= oldest - SEARCH_MARGIN_NS:
+                lo = None  # the last window: everything older
+            if since is not None and (lo is None or lo < since):
+                lo = since
+            self._search_window(conds, params, lo, hi, want - len(hits), hits)
+            if len(hits) >= want or lo is None or lo == since:
+                break
+            hi = lo
+        rows = sorted(hits.values(), key=lambda r: (r[4], r[2], r[3], r[0], r[1]),
+                      reverse=True)
+        truncated = len(rows) > req.limit
+        rows = rows[:req.limit]
+        lines = [{"stream": r[2], "seq": int(r[3]), "ts": _ns_to_float(r[4]), "text": r[5]}
+                 for r in rows]
+        around = self._search_context(rows, req.context) if req.context else {}
+        found = [Hit(r[0], r[1], d, *around.get((r[0], r[1], r[2], int(r[3])), ([], [])))
+                 for r, d in zip(rows, lines, strict=True)]
+        return Found(found, self._search_summaries({(h.run, h.owner) for h in found}),
+                     truncated)
+
+    def _search_runs_cond(self, req: Request, owner: str | None, params: dict[str, Any]
+                          ) -> str:
+        """The condition on ``run`` for ``owner``, ``--job`` and ``--state`` (a subquery of
+        ``runs``, which the primary key of ``lines`` serves), or '' for every run."""
+        if not req.jobs and not req.states:
+            # One user's runs are a small part of a shared store, and ``lines`` is sorted by
+            # run first: naming them lets the primary key skip everyone else's.
+            return ("" if owner is None else
+                    "run IN (SELECT run FROM runs WHERE owner = {owner:String})")
+        inner = []
+        if owner is not None:
+            inner.append("owner = {owner:String}")
+        if req.jobs:
+            inner.append("(has({jobs:Array(String)}, run) OR has({jobs:Array(String)}, "
+                         "job_id) OR has({jobs:Array(String)}, concat(JSONExtractString("
+                         "ifNull(slurm, '{}'), 'array_job_id'), '_', JSONExtractString("
+                         "ifNull(slurm, '{}'), 'array_task_id'))))")
+            params["jobs"] = list(req.jobs)
+        if req.states:
+            inner.append("has({states:Array(String)}, ifNull(state, 'RUNNING'))")
+            params["states"] = list(req.states)
+        return "run IN (SELECT run FROM runs FINAL WHERE " + " AND ".join(inner) + ")"
+
+    def _search_window(self, conds: list[str], params: dict[str, Any], lo: int | None,
+                       hi: int | None, need: int, hits: dict[tuple[Any, ...], tuple[Any, ...]]
+                       ) -> None:
+        """Add the newest ``need`` matching lines with lo < ts <= hi (ns; None: unbounded)
+        to ``hits`` (by record identity: the copies a repeated upload left before the
+        merges collapse them count once)."""
+        where = list(conds)
+        p = dict(params)
+        if lo is not None:
+            where.append("ts > fromUnixTimestamp64Nano({lo:Int64}, 'UTC')")
+            p["lo"] = lo
+        if hi is not None:
+            where.append("ts <= fromUnixTimestamp64Nano({hi:Int64}, 'UTC')")
+            p["hi"] = hi
+        fetch = need + 16
+        while True:
+            p["n"] = fetch
+            rows = self._query(_SEARCH_SQL.replace("{where}", " AND ".join(where)), p,
+                               what="searching")
+            before = len(hits)
+            for r in rows:
+                hits.setdefault((r[0], r[1], r[2], r[3]), r)
+            if len(rows) < fetch or len(hits) - before >= need:
+                return
+            fetch *= 4  # copies took the places: ask again for more
+
+    def _search_context(self, rows: list[tuple[Any, ...]], n: int
+                        ) -> dict[tuple[str, str, str, int], tuple[list[dict[str, Any]],
+                                                                  list[dict[str, Any]]]]:
+        """The ``n`` lines before and after each matching line in its run's stream. Sequence
+        numbers count a stream's notes and metadata too, so the lines are read from a range
+        of numbers around each line, and a wider one where that held too few."""
+        out = {}
+        todo = [(r[0], r[1], r[2], int(r[3])) for r in rows]
+        width = 2 * n + 8
+        for last in (False, True):
+            ranges = [(run, owner, stream, max(0, seq - width), seq + width)
+                      for run, owner, stream, seq in todo]
+            got = self._query(_SEARCH_CONTEXT_SQL, {
+                "runs": sorted({r[0] for r in ranges}), "ranges": ranges}, what="searching")
+            per: dict[tuple[str, str, str], dict[int, dict[str, Any]]] = {}
+            for r in got:
+                per.setdefault((r[0], r[1], r[2]), {})[int(r[3])] = {
+                    "stream": r[2], "seq": int(r[3]), "ts": _ns_to_float(r[4]), "text": r[5]}
+            short = []
+            for run, owner, stream, seq in todo:
+                mine = per.get((run, owner, stream), {})
+                before = [mine[k] for k in sorted(k for k in mine if k < seq)][-n:]
+                after = [mine[k] for k in sorted(k for k in mine if k > seq)][:n]
+                out[(run, owner, stream, seq)] = (before, after)
+                if not last and (len(before) < n and seq > width or len(after) < n):
+                    short.append((run, owner, stream, seq))
+            if not short:
+                break
+            todo, width = short, width * 16
+        return out
+
+    def _search_summaries(self, keys: set[tuple[str, str]]) -> dict[tuple[str, str],
+                                                                      dict[str, Any]]:
+        """The summaries of the runs a search found (run, owner, job_id, name, state, start,
+        source)."""
+        if not keys:
+            return {}
+        rows = self._query(
+            "SELECT run, CAST(owner AS String), job_id, JSONExtractString(ifNull(slurm, "
+            "'{}'), 'job_name'), ifNull(command, '[]'), ifNull(state, 'RUNNING'), "
+            "toUnixTimestamp64Nano(ifNull(start_ts, last_ts)) FROM runs FINAL "
+            "WHERE has({runs:Array(String)}, run)",
+            {"runs": sorted({k[0] for k in keys})}, what="searching")
+        out = {}
+        for r in rows:
+            if (r[0], r[1]) in keys:
+                out[(r[0], r[1])] = {
+                    "run": r[0], "owner": r[1], "job_id": r[2],
+                    "name": r[3] or " ".join(_loads(r[4], [])), "state": r[5],
+                    "start": _ns_to_float(r[6]), "source": "store"}
+        for k in keys - set(out):  # lines shipped before any record that lists the run
+            out[k] = {"run": k[0], "owner": k[1], "job_id": "", "name": "", "state": "RUNNING",
+                      "start": None, "source": "store"}
+        return out
 
     # --- export
     def export(self, run: str, what: str, fmt: str, out: BinaryIO,

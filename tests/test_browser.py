@@ -225,3 +225,40 @@ def test_dark_mode(site, browser, shots):
         assert console_errors(d) == []
     finally:
         d.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": []})
+def test_search_from_the_runs_page_opens_the_line(site, browser, shots):
+    s, _ = site
+    d = browser
+    console_errors(d)  # read, so that only this test's count below (the 403 test's are kept)
+    d.get(s.url)
+    box = wait(d).until(ec.presence_of_element_located((By.ID, "search-q")))
+    box.send_keys('"epoch 7: training"', Keys.ENTER)  # not the JSON line of epoch 7
+    wait(d).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#search-results .hit.match"))
+    texts = [e.text for e in d.find_elements(By.CSS_SELECTOR, "#search-results .hit .t")]
+    hits = [e.text for e in d.find_elements(By.CSS_SELECTOR, "#search-results .hit.match .t")]
+    assert hits == ["epoch 7: training"]
+    assert "epoch 6: training" in texts  # two lines of context by default
+    assert "?q=%22epoch+7" in d.current_url  # the search is in the address, to share
+    d.save_screenshot(str(shots / "search.png"))
+
+    d.find_element(By.CSS_SELECTOR, "#search-results .hit.match").click()
+    wait(d).until(lambda d: d.execute_script("return document.body.dataset.ready") == "1")
+    assert "/job/train?at=" in d.current_url
+    assert log_texts(d, "#log .row.at") == ["epoch 7: training"]
+    inside = d.execute_script(
+        "const r = document.querySelector('#log .row.at').getBoundingClientRect();"
+        "const b = document.getElementById('log').getBoundingClientRect();"
+        "return r.top >= b.top && r.bottom <= b.bottom")
+    assert inside  # scrolled to it
+    d.save_screenshot(str(shots / "search-line.png"))
+
+    # A stderr line opens with stderr shown.
+    d.get(s.base + "/?q=checkpoint+8")
+    wait(d).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#search-results .hit.match"))
+    d.find_element(By.CSS_SELECTOR, "#search-results .hit.match").click()
+    wait(d).until(lambda d: d.execute_script("return document.body.dataset.ready") == "1")
+    assert d.find_element(By.ID, "stderr-switch").is_selected()
+    assert log_texts(d, "#log .row.at") == ["warning: checkpoint 8 slow"]
+    d.find_element(By.ID, "to-end").click()  # back to the newest lines
+    wait(d).until(lambda d: log_texts(d, "#log .row.at") == [])
+    assert "done" in log_texts(d)
+    assert console_errors(d) == []

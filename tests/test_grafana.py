@@ -22,7 +22,7 @@ from logcapture.grafana import (
     interpolate,
     password_reference,
 )
-from logcapture.grafana.dashboards import COMPARE_UID, JOB_UID, JOBS_UID
+from logcapture.grafana.dashboards import COMPARE_UID, JOB_UID, JOBS_UID, SEARCH_UID
 from logcapture.grafana.provisioning import datasource_provisioning
 from logcapture.grafana.query import DATASOURCE_UID, PLUGIN_ID
 from logcapture.records import End, Line, Metadata, Note, Sample, Start
@@ -127,6 +127,7 @@ VARIABLES: dict[str, dict[str, Any]] = {
     JOB_UID: {"run": "1001", "stderr": "0", "node": "node1", "x_axis": "epoch"},
     JOBS_UID: {"user": ["alice", "bob"]},
     COMPARE_UID: {"runs": ["1001", "1002"], "key": "loss"},
+    SEARCH_UID: {"pattern": "slow warning", "user": ["alice", "bob"]},
 }
 
 
@@ -173,9 +174,9 @@ def test_every_query_runs_on_the_real_schema(store, uid, title, sql):
     run_sql(store, uid, sql)
 
 
-def test_all_three_dashboards_have_queries():
+def test_every_dashboard_has_queries():
     uids = {u for u, _, _ in queries()}
-    assert uids == {JOB_UID, JOBS_UID, COMPARE_UID}
+    assert uids == {JOB_UID, JOBS_UID, COMPARE_UID, SEARCH_UID}
     assert len(queries()) >= 25
 
 
@@ -382,6 +383,10 @@ def test_variables_are_always_quoted():
             name, fmt = m.group(1), m.group(2)
             if name.startswith("__"):
                 continue
+            if fmt == "percentencode":  # free text: only inside decodeURLComponent('...')
+                assert sql[m.start() - 20:m.start()] == "decodeURLComponent('", sql
+                assert sql[m.end():m.end() + 2] == "')", sql
+                continue
             assert fmt in ("sqlstring", "singlequote") or name == "stderr", (name, sql)
 
 
@@ -405,7 +410,7 @@ def test_install_writes_what_grafana_reads(tmp_path: Path):
     names = sorted(str(p.relative_to(tmp_path / "prov")) for p in written)
     assert names == ["dashboards/logcapture.yaml", "dashboards/logcapture/compare-jobs.json",
                      "dashboards/logcapture/job-details.json", "dashboards/logcapture/jobs.json",
-                     "datasources/logcapture.yaml"]
+                     "dashboards/logcapture/search.json", "datasources/logcapture.yaml"]
     ds = yaml.safe_load((tmp_path / "prov/datasources/logcapture.yaml").read_text())
     assert ds["apiVersion"] == 1
     [d] = ds["datasources"]
@@ -424,7 +429,7 @@ def test_install_writes_what_grafana_reads(tmp_path: Path):
     assert Path(p["options"]["path"]) == tmp_path / "prov/dashboards/logcapture"
     for f in (tmp_path / "prov/dashboards/logcapture").glob("*.json"):
         model = json.loads(f.read_text())
-        assert model["uid"] in (JOB_UID, JOBS_UID, COMPARE_UID) and model["panels"]
+        assert model["uid"] in (JOB_UID, JOBS_UID, COMPARE_UID, SEARCH_UID) and model["panels"]
     assert (tmp_path / "prov/datasources/logcapture.yaml").stat().st_mode & 0o777 == 0o644
 
 
@@ -508,3 +513,66 @@ def test_cli_install_refuses(tmp_path: Path, args: list[str]):
         main(["grafana", "install", str(tmp_path / "p"), *args])
     assert exc.value.code == 2
     assert not (tmp_path / "p" / "datasources").exists()
+
+
+# --- search -----------------------------------------------------------------------------------
+
+SEARCH_TEXTS = ["[rank3] NCCL WARN Watchdog caught collective operation timeout",
+                "NCCL INFO Init COMPLETE", "timeout waiting for NCCL", "héllo wörld",
+                "x'; DROP TABLE lines; -- \\' OR 1=1", "lr=0.001 loss=0.5"]
+
+
+@pytest.fixture(scope="module")
+def search_store(store):
+    """The module's store (chDB: one engine per process) with a run of carol and one of dave."""
+    for who, uid in (("carol", 1002), ("dave", 1003)):
+        run = f"s-{who}"
+        records = [Start(run=run, stream="run", seq=0, ts=T0 + 1000, command=["train.py"],
+                         slurm={"job_id": run, "job_name": f"{who}-job"})]
+        records += [Line(run=run, stream="stdout", seq=i + 1, ts=T0 + 1000 + i, text=text)
+                    for i, text in enumerate(SEARCH_TEXTS)]
+        records.append(End(run=run, stream="run", seq=1, ts=T0 + 1060, state="FAILED"))
+        store.insert_records(records, Identity(run=run, user=who, uid=uid))
+        if who == "carol":  # shipped twice: the copies show once
+            store.insert_records(records, Identity(run=run, user=who, uid=uid))
+    return store
+
+
+def search(store, pattern: str, users: list[str] | None = None) -> list[dict[str, Any]]:
+    return run_sql(store, SEARCH_UID, query_of(SEARCH_UID, "Matching lines (newest 1000)"),
+                   pattern=pattern, user=users or ["carol"])
+
+
+def test_search_finds_lines_with_every_token(search_store):
+    rows = search(search_store, "NCCL timeout")
+    assert [r["text"] for r in rows] == [SEARCH_TEXTS[2], SEARCH_TEXTS[0]]  # newest first
+    assert {(r["run"], r["job"], r["state"], r["user"]) for r in rows} == {
+        ("s-carol", "carol-job", "FAILED", "carol")}
+    assert rows[0]["seq"] == 3 and rows[0]["stream"] == "stdout"
+    assert rows[0]["start_ms"] == int((T0 + 1000) * 1000)  # the link's range: the run's
+    assert [r["text"] for r in search(search_store, "wörld héllo")] == [SEARCH_TEXTS[3]]
+    assert [r["text"] for r in search(search_store, "lr=0.001")] == [SEARCH_TEXTS[5]]
+    assert search(search_store, "NCC") == []  # whole tokens only
+    assert search(search_store, "  ") == []  # no token: nothing
+    assert {r["user"] for r in search(search_store, "NCCL", ["carol", "dave"])} == {
+        "carol", "dave"}
+    assert search(search_store, "NCCL", ["alice", "bob"]) == []
+
+
+def test_search_box_text_that_looks_like_sql_is_only_text(search_store):
+    for pattern in ("x'; DROP TABLE lines; --", "\\' OR 1=1 --", "\\", "'", "%27",
+                    "${user}", "') OR 1=1 OR ('"):
+        rows = search(search_store, pattern)
+        expect = [SEARCH_TEXTS[4]] if any(c.isalnum() for c in pattern) and all(
+            t in SEARCH_TEXTS[4].replace("\\", " ") for t in
+            re.findall(r"[0-9A-Za-z]+", pattern)) else []
+        assert [r["text"] for r in rows] == expect, pattern
+    assert search_store.client.command("SELECT count() FROM lines") >= 12  # still there
+
+
+def test_search_uses_the_token_index(search_store):
+    sql = interpolate(query_of(SEARCH_UID, "Matching lines (newest 1000)"),
+                      {"pattern": "NCCL timeout", "user": ["carol"]}, FROM, TO)
+    plan = "\n".join(r[0] for r in search_store.client.query(
+        "EXPLAIN indexes = 1 " + sql).result_rows)
+    assert "text_tokens" in plan  # the engine folded the box's tokens into the index's terms

@@ -1,4 +1,5 @@
-"""Text dropped by a mode is never written anywhere by logcapture (SPEC.md §2, issue 3 §7).
+"""Text dropped by a mode is never written anywhere by logcapture (SPEC.md §2, issue 3 §7), so
+no search finds it.
 
 A real job prints secrets while logging is `disabled` (from .logoptin) or `metadata`, in every
 shape the pipeline handles differently: plain lines, progress-bar redraws, repeated lines,
@@ -70,9 +71,19 @@ def test_secrets_never_reach_spool_store_temp_files_or_messages(
     own = [ln for ln in res.stderr.decode().splitlines() if ln.startswith("logcapture")]
     assert not [ln for ln in own if any(s in ln for s in SECRETS)]
 
+    # never found by a search: neither in the spool (before the upload) nor in the store
+    searches = [["search", "7f9c2d"], ["search", "--regex", "S3CR3T"],
+                ["search", '"' + SECRETS[0] + '"', "-C", "5"]]
+    for cmd in searches:
+        found = run_lc(cmd, env)
+        assert found.returncode == 1, (cmd, found.stdout, found.stderr)
+        assert not [s for s in SECRETS if s.encode() in found.stdout + found.stderr]
     up = run_lc(["upload", "--run", "secret-run"], env)
     assert up.returncode == 0, up.stderr
-    for cmd in (["logs", "secret-run"], ["show", "secret-run"],
+    for cmd in searches:
+        found = run_lc([*cmd, "--source", "store"], env)
+        assert found.returncode == 1, (cmd, found.stdout, found.stderr)
+    for cmd in (["logs", "secret-run"], ["show", "secret-run"], *searches,
                 ["export", "secret-run", "--what", "lines", "--format", "ndjson"],
                 ["export", "secret-run", "--what", "metadata", "--format", "ndjson"]):
         out = run_lc(cmd, env)

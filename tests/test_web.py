@@ -50,7 +50,7 @@ def test_first_line_is_the_url_with_a_token_on_loopback(site):
 
 
 @pytest.mark.parametrize("path", ["/", "/job/train", "/api/runs", "/api/runs/train/log",
-                                  "/static/app.css"])
+                                  "/api/search?q=epoch", "/static/app.css"])
 def test_no_token_no_page(site, path):
     s = site[0]
     assert httpx.get(s.base + path).status_code == 403
@@ -322,3 +322,36 @@ def test_serve_refuses_a_busy_port(tmp_path: Path):
         port = s.getsockname()[1]
         r = lc(["serve", "--no-browser", "--port", str(port)], env, check=False, timeout=30)
     assert r.returncode != 0 and f"127.0.0.1:{port}" in r.stderr.decode()
+
+
+def test_search_finds_lines_in_spool_and_store_runs_and_links_to_them(site):
+    r = get(site, "/api/search", q='"epoch 12: training"', context="1")
+    assert r.status_code == 200, r.text
+    found = r.json()
+    groups = {g["run"]: g for g in found["groups"]}
+    assert {"train", "shipped"} <= set(groups)
+    assert groups["train"]["source"] == "spool" and groups["shipped"]["source"] == "store"
+    for run in ("train", "shipped"):
+        lines = groups[run]["lines"]
+        [hit] = [d for d in lines if d["match"]]
+        assert hit["text"] == "epoch 12: training"
+        assert len(lines) == 3  # one line of context either side
+        # The link's cursor opens the job's log at that very line.
+        ns, stream, seq = hit["cursor"].split(":")
+        page = get(site, f"/api/runs/{run}/log", after=f"{int(ns) - 1}:{stream}:{seq}",
+                   limit="100")
+        assert page.status_code == 200, page.text
+        at = [e for e in page.json()["entries"] if e[0] == hit["cursor"]]  # a burst: one stamp
+        assert [e[3] for e in at] == [hit["text"]]
+
+
+def test_search_errors_are_400_and_sql_is_only_text(site):
+    for params, msg in (({"q": ""}, "empty"), ({"q": "(x", "regex": "1"}, "--regex"),
+                        ({"q": "x", "context": "many"}, "context"),
+                        ({"q": "x", "since": "soon"}, "since"),
+                        ({"q": "x", "state": "DONE"}, "state")):
+        r = get(site, "/api/search", **params)
+        assert r.status_code == 400 and msg in r.json()["error"], (params, r.text)
+    r = get(site, "/api/search", q="x'; DROP TABLE lines; --")
+    assert r.status_code == 200 and r.json()["matches"] == 0
+    assert get(site, "/api/search", q="epoch").json()["matches"] > 0  # all still there

@@ -9,11 +9,17 @@
   linking to the job details.
 - **Compare jobs** (``logcapture-compare``): one metadata key of several jobs on one graph,
   by each job's X axis and by time since the job started.
+- **Search** (``logcapture-search``): the newest lines, in the dashboard's time range, holding
+  every token typed in the search box (the ``text_tokens`` index answers, as for
+  ``logcapture search``), each linking to its job's details.
 
 Every query reads through the row policies of the store (docs/storage.md): the data source
 connects as the Grafana user's ClickHouse identity (docs/grafana.md), so a user sees only
 their own runs and nothing here filters by user for security. Variables are interpolated
-with ``:sqlstring``/``:singlequote`` so a value is always a quoted SQL string.
+with ``:sqlstring``/``:singlequote`` so a value is always a quoted SQL string; the free text
+of the search box with ``:percentencode`` inside ``decodeURLComponent('...')`` (Grafana's
+``sqlstring`` doubles quotes but leaves backslashes, which ClickHouse reads as escapes;
+percent-encoded text is letters, digits and ``-_.~%`` only).
 """
 
 from __future__ import annotations
@@ -38,10 +44,13 @@ from .query import FORMAT_LOGS, FORMAT_TABLE, FORMAT_TIME_SERIES, ClickHouseQuer
 JOB_UID = "logcapture-job"
 JOBS_UID = "logcapture-jobs"
 COMPARE_UID = "logcapture-compare"
+SEARCH_UID = "logcapture-search"
 TAGS = ["logcapture"]
 DEFAULT_DATABASE = "logcapture"
 
 RUN = "${run:sqlstring}"
+PATTERN = "decodeURLComponent('${pattern:percentencode}')"  # the search box's text
+SEARCH_TOKENS = 8  # tokens of the search box each line must hold (the first 8)
 # Auto-refresh, so a running job's dashboard moves: Grafana's interval strings. Grafana's
 # min_refresh_interval (default 5s) bounds them from below.
 JOB_REFRESH = "10s"
@@ -358,6 +367,70 @@ ORDER BY run, elapsed_seconds
 
 # --- panels -------------------------------------------------------------------------------
 
+def sql_search_condition() -> str:
+    """Every token of the search box (up to ``SEARCH_TOKENS``) is a token of the line: each
+    ``hasToken`` takes a constant the engine folds from the box's text, so the token index
+    skips the blocks without it; a box with fewer tokens repeats its first, and a box with
+    none matches nothing (``hasToken`` of '')."""
+    toks = f"tokens({PATTERN})"
+    return "\n      AND ".join(
+        f"hasToken(text, if(length({toks}) >= {k}, {toks}[{k}], {toks}[1]))"
+        for k in range(1, SEARCH_TOKENS + 1))
+
+
+def _search_window(db: str, newer: str, older: str) -> str:
+    """The newest 1000 matching lines of the dashboard's users in one stretch of time."""
+    return f"""
+    SELECT run, owner, stream, seq, ts, text
+    FROM {db}.lines
+    WHERE $__timeFilter(ts) AND owner IN (${{user:singlequote}})
+      AND run IN (SELECT run FROM {db}.runs WHERE owner IN (${{user:singlequote}}))
+      AND {newer} AND {older}
+      AND {sql_search_condition()}
+    ORDER BY ts DESC
+    LIMIT 1000"""
+
+
+def sql_search_lines(db: str) -> str:
+    # Newest first cannot stop early in a table sorted by run: the newest day is asked first,
+    # then the week before it, then the rest, each only while fewer than 1000 lines were found
+    # (a scalar subquery the engine evaluates first: a window it rules out is never read), as
+    # ``logcapture search`` does (Store.search). The runs subquery lets the primary key skip
+    # other users' runs. No FINAL (it made a common word's search 10x slower): the copies a
+    # repeated upload leaves until merges are dropped by LIMIT 1 BY.
+    day = "$__toTime - INTERVAL 1 DAY"
+    week = "$__toTime - INTERVAL 8 DAY"
+    return f"""
+WITH w1 AS ({_search_window(db, f"ts > {day}", "1")}),
+w2 AS ({_search_window(db, f"ts > {week}", f"ts <= {day}")})
+SELECT l.ts AS time, l.run AS run, r.job AS job, r.state AS state, l.owner AS user,
+       l.stream AS stream, l.seq AS seq, l.text AS text,
+       toUnixTimestamp64Milli(r.start) AS start_ms, toUnixTimestamp64Milli(r.end) AS end_ms
+FROM (
+    SELECT * FROM w1
+    UNION ALL
+    SELECT * FROM w2 WHERE (SELECT count() FROM w1) < 1000
+    UNION ALL
+    SELECT * FROM ({_search_window(db, "1", f"ts <= {week}")})
+    WHERE (SELECT count() FROM w1) + (SELECT count() FROM w2) < 1000
+) AS l
+LEFT JOIN (
+    SELECT run, owner,
+           if(JSONExtractString(ifNull(slurm, ''), 'job_name') != '',
+              JSONExtractString(ifNull(slurm, ''), 'job_name'),
+              arrayStringConcat(JSONExtract(ifNull(command, '[]'), 'Array(String)'), ' '))
+               AS job,
+           ifNull(state, 'RUNNING') AS state, ifNull(start_ts, last_ts) AS start,
+           ifNull(end_ts, now64(9)) AS end
+    FROM {db}.runs FINAL
+    WHERE owner IN (${{user:singlequote}})
+) AS r ON r.run = l.run AND r.owner = l.owner
+ORDER BY time DESC, stream, seq
+LIMIT 1 BY l.run, l.owner, l.stream, l.seq
+LIMIT 1000
+"""
+
+
 def _q(sql: str, fmt: int = FORMAT_TABLE, ref: str = "A") -> ClickHouseQuery:
     return ClickHouseQuery(sql).format(fmt).ref_id(ref)
 
@@ -473,19 +546,29 @@ def _reduce_all_fields() -> Any:
     return gcommon.ReduceDataOptions().values(True).fields("/.*/").calcs(["lastNotNull"])
 
 
+def _job_details_link() -> list[dm.DynamicConfigValue]:
+    """A run cell's link to its job details over the run's span (the query's start_ms and
+    end_ms columns)."""
+    return [dm.DynamicConfigValue(id_val="links", value=[{
+        "title": "Job details",
+        "url": f"/d/{JOB_UID}?var-run=${{__value.raw}}"
+               "&from=${__data.fields.start_ms}&to=${__data.fields.end_ms}",
+    }])]
+
+
+def _hide_link_times() -> dm.DataTransformerConfig:
+    return dm.DataTransformerConfig(id_val="organize", options={
+        "excludeByName": {"start_ms": True, "end_ms": True}})
+
+
 def jobs_overview(db: str = DEFAULT_DATABASE) -> gdash.Dashboard:
     jobs = (gtable.Panel().title("Jobs").datasource(datasource_ref())
             .with_target(_q(sql_jobs_table(db)))
             .override_by_name("duration", [dm.DynamicConfigValue(id_val="unit", value="s")])
             .override_by_name("gpu_utilization", [
                 dm.DynamicConfigValue(id_val="unit", value="percent")])
-            .override_by_name("run", [dm.DynamicConfigValue(id_val="links", value=[{
-                "title": "Job details",
-                "url": f"/d/{JOB_UID}?var-run=${{__value.raw}}"
-                       "&from=${__data.fields.start_ms}&to=${__data.fields.end_ms}",
-            }])])
-            .with_transformation(dm.DataTransformerConfig(id_val="organize", options={
-                "excludeByName": {"start_ms": True, "end_ms": True}}))
+            .override_by_name("run", _job_details_link())
+            .with_transformation(_hide_link_times())
             .height(14).span(24))
     states = (gstat.Panel().title("Jobs by state").datasource(datasource_ref())
               .with_target(_q(sql_jobs_by_state(db)))
@@ -530,6 +613,28 @@ def compare_jobs(db: str = DEFAULT_DATABASE) -> gdash.Dashboard:
     )
 
 
+def search(db: str = DEFAULT_DATABASE) -> gdash.Dashboard:
+    pattern = (gdash.TextBoxVariable("pattern").label("search")
+               .description("Words (tokens: runs of letters and digits) that must all be in a "
+                            "line, e.g. NCCL timeout"))
+    lines = (gtable.Panel().title("Matching lines (newest 1000)").datasource(datasource_ref())
+             .description("Lines holding every token of the search box (the first "
+                          f"{SEARCH_TOKENS}), newest first; a run links to its job details. "
+                          "Phrases, regular expressions and context: `logcapture search`.")
+             .with_target(_q(sql_search_lines(db)))
+             .override_by_name("run", _job_details_link())
+             .with_transformation(_hide_link_times())
+             .height(20).span(24))
+    return (
+        gdash.Dashboard("logcapture: search").uid(SEARCH_UID).tags(TAGS)
+        .time("now-30d", "now").refresh(False).readonly()
+        .with_variable(pattern)
+        .with_variable(_query_variable("user", "user", sql_user_variable(db), multi=True,
+                                       include_all=True))
+        .with_panel(lines)
+    )
+
+
 def to_json(builder: gdash.Dashboard) -> dict[str, Any]:
     """The dashboard model as Grafana's JSON (what a provisioned file holds). An expanded
     row's panels follow the row at the top level, as in dashboards Grafana saves (only a
@@ -551,4 +656,5 @@ def all_dashboards(db: str = DEFAULT_DATABASE) -> dict[str, dict[str, Any]]:
         "job-details": to_json(job_details(db)),
         "jobs": to_json(jobs_overview(db)),
         "compare-jobs": to_json(compare_jobs(db)),
+        "search": to_json(search(db)),
     }

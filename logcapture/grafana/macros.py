@@ -1,6 +1,7 @@
 """Grafana's side of a panel query, done in Python so tests can run the exact SQL Grafana
 would send: template variables (``$run``, ``${run}``, ``${run:sqlstring}``, multi-value
-``${runs:singlequote}``) and the ClickHouse plugin's macros (pkg/macros/macros.go upstream:
+``${runs:singlequote}``, ``${pattern:percentencode}``) and the ClickHouse plugin's macros
+(pkg/macros/macros.go upstream:
 ``$__timeFilter(col)``, ``$__fromTime``, ``$__toTime``, the ``_ms`` forms, ``$__interval_s``,
 ``$__timeInterval(col)``).
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime
+from urllib.parse import quote
 
 Value = str | int | float | Sequence[str]
 
@@ -30,6 +32,10 @@ def _format(value: Value, fmt: str | None) -> str:
     values = [str(v) for v in value] if isinstance(value, (list, tuple)) else [str(value)]
     if fmt in ("sqlstring", "singlequote"):
         return ",".join(_sqlstring(v) for v in values)
+    if fmt == "percentencode":
+        # encodeURIComponentStrict: everything but letters, digits and -_.~ as %XX of UTF-8
+        return quote("{" + ",".join(values) + "}" if isinstance(value, (list, tuple))
+                     else values[0], safe="")
     if fmt in (None, "raw", "text"):
         return ",".join(values)
     raise ValueError(f"variable format {fmt!r} not supported")

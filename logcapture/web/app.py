@@ -195,6 +195,9 @@ def create_app(pages: Pages, token: str) -> Starlette:
         return Response(body, media_type=media,
                         headers={"Content-Disposition": f'attachment; filename="{name}"'})
 
+    async def api_search(request: Request) -> Response:
+        return _json(_clean(await call(pages.search, dict(request.query_params))))
+
     async def api_compare(request: Request) -> Response:
         refs = [r for r in request.query_params.get("runs", "").split(",") if r][:20]
         key = request.query_params.get("key", "")
@@ -232,6 +235,7 @@ def create_app(pages: Pages, token: str) -> Starlette:
         Route("/api/runs/{ref}/resources", api_resources),
         Route("/api/runs/{ref}/export", api_export),
         Route("/api/compare", api_compare),
+        Route("/api/search", api_search),
         Mount("/static", StaticFiles(directory=STATIC)),
     ]
     return Starlette(routes=routes, middleware=[Middleware(TokenGate, token=token)],

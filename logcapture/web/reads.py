@@ -71,6 +71,33 @@ class Pages:
     def runs(self) -> list[dict[str, Any]]:
         return [run_row(s) for s in self._ask(self.reader.runs)]
 
+    def search(self, params: Mapping[str, str]) -> dict[str, Any]:
+        """``logcapture search`` from the runs page: the query string's ``q`` (the pattern),
+        ``regex``, ``context``, ``limit``, ``since`` (an age such as ``7d``), ``state`` and
+        ``stream``, asked of the Reader (the caller's own lines only); each line carries the
+        job page's cursor for it (``/job/RUN?at=CURSOR`` opens the log there)."""
+        from ..logview import cursor_of
+        from ..search import Request, parse_when
+
+        def whole(name: str, default: int) -> int:
+            try:
+                return int(params.get(name) or default)
+            except ValueError:
+                raise UsageError(f"{name} must be a whole number") from None
+
+        since = params.get("since") or None
+        req = Request(
+            params.get("q", ""), params.get("regex", "0") in ("1", "true", "on"), (),
+            parse_when(since, "since") if since else None, None,
+            params.get("stream") or None,
+            tuple(x for x in (params.get("state") or "").upper().split(",") if x),
+            whole("context", 0), whole("limit", 100)).checked()
+        found = self._ask(self.reader.search, req.to_dict())
+        for g in found["groups"]:
+            for d in g["lines"]:
+                d["cursor"] = cursor_of(d["ts"], d["stream"], d["seq"])
+        return found
+
     def header(self, ref: str) -> dict[str, Any]:
         run = self.resolve(ref)
         summary = self._ask(self.reader.summary, run)

@@ -549,3 +549,51 @@ def test_job_ids_states_and_views_as_the_user_reads_them(lc: Cluster) -> None:
     # The other user finds none of it.
     r = _as_reader(lc, U2, "logs", f"{t}_1", *spool)
     assert r.returncode != 0 and "task 1" not in r.stdout + r.stderr
+def test_search_finds_each_users_own_lines_only(lc: Cluster) -> None:
+    lc.set_store(False)  # the runs stay in the spool first
+    lc.optin(U1, "")
+    lc.optin(U2, "")
+    script = "#!/bin/bash\necho 'needle of {who}'\necho 'rank 3: NCCL WARN timeout'\n"
+    j1 = lc.submit(U1, script.format(who="lcuserone"), name="srch")
+    j2 = lc.submit(U2, script.format(who="lcusertwo"), name="srch")
+    lc.wait(j1, j2)
+    bin_ = lc.env["LOGCAPTURE_BIN"] + "/logcapture"
+    # Each job's folder of the cluster's spool (the whole root also holds what other tests
+    # planted there, e.g. a 20 GB sparse segment in a run of lcuser1's).
+    for user, mine, other, theirs in ((U1, j1, j2, "lcusertwo"), (U2, j2, j1, "lcuserone")):
+        own = ["--spool", str(lc.spool_root / mine.id)]
+        r = lc.as_user(user, [bin_, "search", *own, "--json", "NCCL timeout"])
+        assert r.returncode == 0, r.stderr
+        found = json.loads(r.stdout)
+        assert [(g["run"], g["owner"], g["source"]) for g in found["groups"]] == [
+            (mine.id, user, "spool")]
+        r = lc.as_user(user, [bin_, "search", *own, theirs])
+        assert r.returncode == 1 and theirs not in r.stdout + r.stderr, r
+        r = lc.as_user(user, [bin_, "search", "--spool", str(lc.spool_root / other.id),
+                              theirs])  # the other user's job folder: not even listed
+        assert r.returncode == 2 and "Permission denied" in r.stderr, r
+        assert theirs not in r.stdout + r.stderr
+        r = lc.as_user(user, [bin_, "search", *own, "needle", "--job", other.id])
+        assert r.returncode == 2 and "needle" not in r.stdout  # not one of theirs
+    # Shipped to the store (root's): an administrator finds both, each owner's reader only
+    # their own, and the users cannot open the store at all.
+    for job in (j1, j2):
+        up = subprocess.run([bin_, "upload", "--run", job.id, "--spool", str(lc.spool_root),
+                             "--store", lc.env["LOGCAPTURE_STORE"]],
+                            env=lc.env, capture_output=True, text=True, timeout=300)
+        assert up.returncode == 0, up.stderr
+    out = lc.store_query(
+        "from contextlib import nullcontext\n"
+        "from logcapture.query import StoreReader\n"
+        "from logcapture.search import Request\n"
+        "for owner in (None, sys.argv[2], sys.argv[3]):\n"
+        "    found = StoreReader(lambda: nullcontext(store), owner).search(\n"
+        "        Request('NCCL timeout', jobs=tuple(sys.argv[4:])).to_dict())\n"
+        "    print(json.dumps(sorted((g['run'], g['owner']) for g in found['groups'])))",
+        U1, U2, j1.id, j2.id)
+    everyone, one, two = (json.loads(x) for x in out.splitlines())
+    assert everyone == sorted([[j1.id, U1], [j2.id, U2]])
+    assert one == [[j1.id, U1]] and two == [[j2.id, U2]]
+    r = lc.as_user(U1, [bin_, "search", "--store", lc.env["LOGCAPTURE_STORE"], "--source",
+                        "store", "lcusertwo"])
+    assert r.returncode in (1, 2) and "lcusertwo" not in r.stdout

@@ -68,6 +68,9 @@
   const stderrSwitch = document.getElementById("stderr-switch");
   const live = document.getElementById("live");
   let entries = [];  // [cursor, stream, kind, text, ts], oldest first
+  // ?at=CURSOR (a search result's link): open the log at that line, marked, instead of at
+  // the newest lines; "Newest" goes back to the live end.
+  let at = LC.params().get("at");
   let older = false, loadingOlder = false, generation = 0, source = null;
 
   function drawRows() {
@@ -80,7 +83,8 @@
     if (older) out.push(el("div", {class: "more", text: loadingOlder ? "loading older lines…" : "scroll up for older lines"}));
     for (let i = first; i < last; i++) {
       const [cursor, stream, kind, text, ts] = entries[i];
-      const cls = "row " + (kind === "line" ? stream : kind) + (stream === "stderr" ? " stderr" : "");
+      const cls = "row " + (kind === "line" ? stream : kind) + (stream === "stderr" ? " stderr" : "") +
+                  (cursor === at ? " at" : "");
       const row = el("div", {class: cls, "data-cursor": cursor},
         el("span", {class: "n", text: time(ts).slice(11)}), el("span", {class: "t", text: text}));
       row.style.top = (top + i * ROW) + "px";
@@ -111,9 +115,28 @@
     }
   }
 
+  async function loadAt(gen) {
+    const [ns, stream, seq] = at.split(":");
+    if (stream === "stderr" && !stderrSwitch.checked) stderrSwitch.checked = true;
+    const q = `${base}/log?stderr=${stderrSwitch.checked ? 1 : 0}&limit=${PAGE}`;
+    const from = `${BigInt(ns) - 1n}:${stream}:${seq}`;  // just before the line: it comes first
+    const after = await api(`${q}&after=${encodeURIComponent(from)}`);
+    const first = after.entries.length ? after.entries[0][0] : at;
+    const before = await api(`${q}&before=${encodeURIComponent(first)}`);
+    if (gen !== generation) return;
+    entries = before.entries.concat(after.entries);
+    older = before.more;
+    const i = Math.max(0, entries.findIndex(e => e[0] === at));
+    drawRows();
+    logBox.scrollTop = (older ? ROW : 0) + Math.max(0, i * ROW - logBox.clientHeight / 2);
+    drawRows();
+    setLive(false, after.more ? "at a search result" : "");
+  }
+
   async function loadLog() {
     const gen = ++generation;
     if (source) { source.close(); source = null; }
+    if (at) return loadAt(gen);
     const stderr = stderrSwitch.checked ? 1 : 0;
     const page = await api(`${base}/log?stderr=${stderr}&limit=${FIRST}`);
     if (gen !== generation) return;
@@ -165,7 +188,10 @@
     if (older && logBox.scrollTop < 40 * ROW) loadOlder();
   });
   stderrSwitch.addEventListener("change", () => loadLog().catch(err => LC.showError(rowsBox, err)));
-  document.getElementById("to-end").addEventListener("click", () => { toBottom(); drawRows(); });
+  document.getElementById("to-end").addEventListener("click", () => {
+    if (at) { at = null; loadLog().catch(err => LC.showError(rowsBox, err)); return; }
+    toBottom(); drawRows();
+  });
 
   // ------------------------------------------------------------------ metadata
   const charts = {};  // title -> {u, signature}
