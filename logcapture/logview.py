@@ -143,7 +143,7 @@ def _note_text_sql() -> str:
 
 
 def log_sql(db: str, run_cond: str, stderr: str, where: str = "1", order: str = "DESC",
-            limit: str = "10000", ts: str = "ts") -> str:
+            limit: str = "10000", ts: str = "ts", final: bool = True) -> str:
     """ClickHouse SQL for a run's log entries: columns ``ts`` (DateTime64), ``stream``,
     ``seq``, ``kind``, ``text``, ordered by ``(ts, stream, seq)`` in ``order``, at most
     ``limit``. The printed twin of a metadata record shares its time stamp (one classifier
@@ -151,15 +151,19 @@ def log_sql(db: str, run_cond: str, stderr: str, where: str = "1", order: str = 
     shipped twice changes no membership). ``run_cond`` selects the run's rows
     (``run = {run:String}``, with its owner; or a Grafana variable) and ``stderr`` is an SQL
     expression, 1 to show stderr, both with bound parameters or Grafana variables, never
-    values. ``where`` is more conditions on the
-    result's columns (a page's cursor). ``db`` is a database identifier chosen by the
-    administrator (empty: the connection's); ``ts`` is the expression returned as ``ts``."""
+    values. ``where`` is more conditions on the result's columns (a page's cursor). ``db``
+    is a database identifier chosen by the administrator (empty: the connection's); ``ts``
+    is the expression returned as ``ts``. Without ``final`` the tables are read without
+    FINAL: a record shipped twice and not yet merged comes twice, for the caller to drop
+    (FINAL merges the parts of the range first: right after a large upload, several times
+    the time)."""
     db = f"{db}." if db else ""
+    fin = "FINAL" if final else ""
     shown = f"(stream = '{STDOUT}' OR ({stderr} = 1 AND stream = '{STDERR}'))"
     # Each branch is ordered and limited by the tables' sort key (run, ts, stream, seq), so
     # a page reads its rows in key order and stops: a page of a 2M-line log costs one page.
     page = f"{where} ORDER BY ts {order}, stream {order}, seq {order} LIMIT {limit}"
-    lines = (f"SELECT ts, stream, seq, kind, text FROM {db}lines FINAL "
+    lines = (f"SELECT ts, stream, seq, kind, text FROM {db}lines {fin} "
              f"WHERE {run_cond} AND {shown} AND {page}")
     # A page full of lines ends at its last line's time: older (newer) metadata cannot be
     # on it, and a metadata record's printed twin is looked up only among the page's times.
@@ -169,7 +173,7 @@ def log_sql(db: str, run_cond: str, stderr: str, where: str = "1", order: str = 
     else:
         bound = (f"ts <= (SELECT if(count() >= {limit}, max(ts), "
                  f"toDateTime64('2262-01-01 00:00:00', 9, 'UTC')) FROM ({lines}))")
-    metadata = (f"SELECT ts, stream, seq, fields FROM {db}metadata FINAL "
+    metadata = (f"SELECT ts, stream, seq, fields FROM {db}metadata {fin} "
                 f"WHERE {run_cond} AND {shown} AND {bound} AND {page}")
     return f"""
 SELECT {ts} AS ts, stream, seq, kind, text FROM (
@@ -177,7 +181,7 @@ SELECT {ts} AS ts, stream, seq, kind, text FROM (
     UNION ALL
     SELECT * FROM (
         SELECT ts, stream, seq, '{NOTE}' AS kind, {_note_text_sql()} AS text
-        FROM {db}notes FINAL
+        FROM {db}notes {fin}
         WHERE {run_cond}
           AND (stream = '{RUN}'
                OR ({shown} AND NOT (note = '{NOTE_MODE}' AND stream != '{STDOUT}')))

@@ -1444,7 +1444,9 @@ class Store:
                             + " GROUP BY run", params)
         if not state:
             raise NotFound(f"run {run!r} is not in the store")
-        params.update(stderr=int(stderr), limit=int(limit) + 1)
+        # Without FINAL (see log_sql): twice the page, and a record shipped twice and not
+        # yet merged dropped here; a short page that hit the limit still says ``more``.
+        params.update(stderr=int(stderr), limit=2 * int(limit) + 1)
         where, order = "1", "DESC"
         cursor = after or before
         if cursor is not None:
@@ -1454,11 +1456,17 @@ class Store:
                      "{c_seq:UInt64})")
             order = "ASC" if after else "DESC"
         sql = log_sql("", cond, "{stderr:UInt8}", where, order, "{limit:UInt32}",
-                      ts="toUnixTimestamp64Nano(ts)")
+                      ts="toUnixTimestamp64Nano(ts)", final=False)
         rows = self._query(sql, params)
-        more = len(rows) > limit
+        seen: set[tuple[str, int]] = set()
+        unique = []
+        for r in rows:
+            if (r[1], r[2]) not in seen:
+                seen.add((r[1], r[2]))
+                unique.append(r)
+        more = len(unique) > limit or len(rows) == params["limit"]
         out = [(r[0] / 1_000_000_000, r[1], int(r[2]), r[3],
-                metadata_text(r[4]) if r[3] == METADATA else r[4]) for r in rows[:limit]]
+                metadata_text(r[4]) if r[3] == METADATA else r[4]) for r in unique[:limit]]
         if after is None:
             out.reverse()
         return out, more, bool(state[0][0])

@@ -102,6 +102,7 @@ const LC = (() => {
         return vals.map(v => {
           const t = time(v);
           if (span > 2 * 86400) return t.slice(5, 16);
+          if (span < 10) return t.slice(14) + "." + String(Math.round((v % 1) * 1000)).padStart(3, "0");
           return seconds ? t.slice(11) : t.slice(11, 16);
         });
       };
