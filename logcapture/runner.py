@@ -47,6 +47,7 @@ import fcntl
 import gc
 import json
 import os
+import resource  # up front: a job that used every descriptor leaves none to load it
 import select
 import signal
 import stat
@@ -406,7 +407,6 @@ def children_usage(floor_kib: int) -> dict[str, int]:
     process (KiB). The command was spawned from this process's memory (vfork shares it until
     exec), so its ``ru_maxrss`` is at least this process's resident size then, ``floor_kib``:
     a peak not above that is not the command's and is left out."""
-    import resource
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     out = {"cpu_ms": int(1000 * (usage.ru_utime + usage.ru_stime))}
     if int(usage.ru_maxrss) > floor_kib:
@@ -423,7 +423,6 @@ def _resident_kib() -> int:
                     return int(line.split()[1])
     except (OSError, ValueError, IndexError):
         pass
-    import resource
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 
 
@@ -432,7 +431,6 @@ def own_usage() -> dict[str, int]:
     peak is the kernel's high-water mark of this process image (``VmHWM``): getrusage's
     ``ru_maxrss`` survives exec on Linux, so a wrapper started by a large process (a 400 MB
     Python that execs ``logcapture run``: 420 MB) would report that process's peak."""
-    import resource
     usage = resource.getrusage(resource.RUSAGE_SELF)
     peak = int(usage.ru_maxrss)
     try:
@@ -962,7 +960,6 @@ def exit_like(outcome: Outcome) -> int:
         return outcome.exit_status if outcome.exit_status is not None else 1
     sig = outcome.signal
     try:
-        import resource
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     except (ImportError, ValueError, OSError):
         pass
