@@ -70,6 +70,9 @@ def env(tmp_path: Path, store_dsn: str, monkeypatch: pytest.MonkeyPatch) -> Path
     monkeypatch.setenv("LOGCAPTURE_CONFIG", str(tmp_path / "no-config.yaml"))
     root = tmp_path / "spool"
     root.mkdir()
+    # export takes no --spool: without this it also reads the default spool, shared with
+    # whatever else runs as this user (a run there started later than this test's is `latest`)
+    monkeypatch.setenv("LOGCAPTURE_SPOOL", str(root))
     return root
 
 

@@ -78,6 +78,16 @@ class Pages:
             summary = {**summary, "state": "RUNNING"}
         return header(summary, self._ask(self.reader.samples, run))
 
+    def insights(self, ref: str) -> dict[str, Any]:
+        """The run's insights, as ``logcapture show`` lists them (query.describe): asked only
+        of a run that has some to show (its summary's ``insights``: a stored run's kinds, a
+        spool run's when it ended badly), since the spool's answer reads the whole run."""
+        run = self.resolve(ref)
+        summary = next((s for s in self._ask(self.reader.runs) if s["run"] == run), None)
+        if not summary or not summary.get("insights"):
+            return {"run": run, "insights": []}
+        return {"run": run, "insights": self._ask(self.reader.describe, run)["insights"]}
+
     def log(self, ref: str, stderr: bool, before: str | None, after: str | None,
             limit: int) -> dict[str, Any]:
         run = self.resolve(ref)
