@@ -59,17 +59,22 @@ def ms(seconds: float) -> str:
 
 def first_screen(serve: Serve, run: str, rounds: int) -> list[float]:
     """Wall time of the requests the job page makes before it draws, in one client."""
-    paths = [f"/job/{run}", f"/api/runs/{run}", f"/api/runs/{run}/log?limit=1000",
+    paths = [f"/job/{run}", f"/api/runs/{run}", f"/api/runs/{run}/log?limit=300",
              f"/api/runs/{run}/metadata", f"/api/runs/{run}/resources"]
     times = []
+    each: dict[str, list[float]] = {p: [] for p in paths}
     with httpx.Client(base_url=serve.base, timeout=600) as c:
         c.get(serve.url)  # the cookie
         for _ in range(rounds):
             t = time.perf_counter()
             for p in paths:
+                t1 = time.perf_counter()
                 r = c.get(p)
                 r.raise_for_status()
+                each[p].append(time.perf_counter() - t1)
             times.append(time.perf_counter() - t)
+    print("   " + ", ".join(f"{p.rsplit('/', 1)[-1]} {ms(statistics.median(v))}"
+                            for p, v in each.items()))
     return times
 
 

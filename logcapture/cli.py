@@ -128,6 +128,21 @@ def _format_record(rec: Record, show_stream: bool) -> str | None:
     return None
 
 
+def format_insights(insights: list[dict[str, Any]], evidence: int = 3) -> list[str]:
+    """``show``'s first lines: each insight, the lines it rests on, what to try."""
+    if not insights:
+        return []
+    out = ["insights:"]
+    for i in insights:
+        out.append(f"  {i['kind']}: {i['message']}")
+        quoted = [e for e in i.get("evidence") or () if e.get("text") is not None]
+        for e in quoted[-evidence:]:
+            out.append(f"    {e['stream']} line {e['seq']}: {e['text']}")
+        if i.get("hint"):
+            out.append(f"    try: {i['hint']}")
+    return out
+
+
 def format_note(note: Note) -> str:
     from .logview import note_text
 
@@ -162,7 +177,15 @@ def _ls_row(d: dict[str, Any]) -> tuple[str, ...]:
         duration = max(0.0, time.time() - start)
     return (d["run"], d["state"],
             time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(start)) if start else "-",
-            _duration_text(duration), str(d["lines"]), " ".join(d["command"]))
+            _duration_text(duration), str(d["lines"]), _flag(d.get("insights") or []),
+            " ".join(d["command"]))
+
+
+def _flag(kinds: list[str]) -> str:
+    """An ls cell: the first insight's kind and how many more (`show RUN` says them all)."""
+    if not kinds:
+        return "-"
+    return f"!{kinds[0]}" + (f" +{len(kinds) - 1}" if len(kinds) > 1 else "")
 
 
 @cli.command(name="ls")
@@ -171,7 +194,7 @@ def _ls_row(d: dict[str, Any]) -> tuple[str, ...]:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per run.")
 def ls_cmd(spool: Path | None, store_dsn: str | None, as_json: bool) -> None:
     """List your runs, newest first, from the spool and the store: id, state, start,
-    duration, lines, command."""
+    duration, lines, insights (the first kind `show` explains, and how many more), command."""
     from contextlib import closing
 
     with closing(_reader(spool, store_dsn)) as reader:
@@ -183,12 +206,13 @@ def ls_cmd(spool: Path | None, store_dsn: str | None, as_json: bool) -> None:
     if not summaries:
         click.echo(f"no runs in {_root(spool)} or in the store", err=True)
         return
-    rows: list[tuple[str, ...]] = [("RUN", "STATE", "START", "DURATION", "LINES", "COMMAND")]
+    rows: list[tuple[str, ...]] = [("RUN", "STATE", "START", "DURATION", "LINES", "INSIGHTS",
+                                     "COMMAND")]
     rows += [_ls_row(d) for d in summaries]
-    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    widths = [max(len(r[i]) for r in rows) for i in range(6)]
     for r in rows:
-        click.echo("  ".join(c.ljust(w) for c, w in zip(r[:5], widths, strict=True))
-                   + "  " + r[5])
+        click.echo("  ".join(c.ljust(w) for c, w in zip(r[:6], widths, strict=True))
+                   + "  " + r[6])
 
 
 @cli.command()
@@ -249,6 +273,9 @@ def show(spool: Path | None, as_json: bool, store_dsn: str | None, source: str,
     if as_json:
         click.echo(json.dumps(info, indent=2, default=str))
         return
+    insights = info.pop("insights", None) or []
+    for line in format_insights(insights):
+        click.echo(line)
     for key, value in info.items():
         if isinstance(value, dict):
             click.echo(f"{key}:")
@@ -550,7 +577,7 @@ def upload(spool: Path | None, store_dsn: str | None, run_arg: str | None,
     warn = Warner(limit=20)
     res = do_upload(_root(spool), run=run, all=all_runs, force=force, dsn=store_dsn,
                     deadline=timeout, retention_days=None if keep else retention_days,
-                    identify=_trusted_identity, warn=warn)
+                    identify=_trusted_identity, warn=warn, job_info=_trusted_job_info)
     for run_id, seg, no, why in res.bad_lines[:20]:
         click.echo(f"logcapture: warning: run {run_id}: {seg} line {no}: corrupt line "
                    f"skipped: {why}", err=True)
@@ -574,32 +601,54 @@ def upload(spool: Path | None, store_dsn: str | None, run_arg: str | None,
               help="Ship when this many new spool bytes are waiting.")
 @click.option("--interval", type=float, default=2.0, show_default=True,
               help="Ship at least this often (seconds) when anything is waiting.")
+@click.option("--live-every", type=float, default=30.0, show_default=True,
+              help="Look for stalled runs this often (seconds); the admin config's "
+                   "stall_seconds says how long without output is a stall.")
 @_retention_options
 def agent(spool: Path | None, store_dsn: str | None, batch_bytes: int, interval: float,
-          retention_days: float, keep: bool) -> None:
+          live_every: float, retention_days: float, keep: bool) -> None:
     """Tail the spool and ship new lines to the store in batches, until TERM or INT (then
     ship what is waiting and exit 0). Holds an embedded store only while shipping a batch.
     Run as root on each node for every user's spool (the spool root of the config file),
-    the node samplers' samples (<spool root>/.samples) included."""
+    the node samplers' samples (<spool root>/.samples) included. While jobs run it finds
+    stalls and metrics that turned NaN, stores every finished run's insights, and sends the
+    messages users asked for in their .logoptin (docs/insights.md)."""
+    from .config import load_admin
+    from .insights.notify import Notifier
     from .ship import Agent, describe_dsn
-    from .slurm import samples_job_ended
+    from .slurm import NOTIFIED_DIR, samples_job_ended
 
     root = _root(spool)
-    if spool is None:
-        from .config import load_admin
-
-        admin = load_admin()
-        if os.geteuid() == 0 and admin.spool_root:
-            root = Path(admin.spool_root)
+    admin = load_admin()
+    if spool is None and os.geteuid() == 0 and admin.spool_root:
+        root = Path(admin.spool_root)
+    notifier = Notifier(root / NOTIFIED_DIR, mail_prog=admin.mail_prog,
+                        webhook=admin.notify_webhook)
     a = Agent(root, store_dsn, batch_bytes=batch_bytes, batch_interval=interval,
               retention_days=None if keep else retention_days,
               identify=_trusted_identity, job_ended=samples_job_ended,
+              job_info=_trusted_job_info, notifier=notifier,
+              stall_seconds=admin.stall_seconds, live_every=live_every,
               warn=Warner(limit=1000))
     a.install_signal_handlers()
     click.echo(f"logcapture: agent shipping {root} to {describe_dsn(store_dsn)}", err=True)
     stats = a.run()
     click.echo(f"logcapture: agent stopped: {stats.records} records shipped in "
                f"{stats.flushes} flushes, {stats.failures} failed", err=True)
+
+
+def _trusted_job_info(run_dir: Path) -> dict[str, Any]:
+    """What Slurm said of a run's job (state, request), from the root-owned job record of a
+    Slurm run (``<root>/<job id>/<run>``); {} for any other run."""
+    job_id = run_dir.parent.name
+    if not job_id.isdigit():
+        return {}
+    try:
+        from .slurm import job_insight_info, read_job_record
+
+        return job_insight_info(read_job_record(str(run_dir.parent.parent), job_id))
+    except Exception:  # noqa: BLE001 - no record: the diagnosis goes without Slurm's word
+        return {}
 
 
 def _trusted_identity(run_dir: Path) -> Any:

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 OPTIN_ENV = "LOGCAPTURE_OPTIN"
 OPTIN_NAME = ".logoptin"
 OPTIN_MAX_BYTES = 65536
-OPTIN_KEYS = ("mode", "streams")
+OPTIN_KEYS = ("mode", "streams", "notify", "mail")
 # ``streams``: how the job's stdout and stderr are captured (runner.same_destination).
 # ``auto``: one terminal for both when they go to the same place (the order of their writes
 # is then kept there, as without logcapture), two otherwise; ``separate``: always two, so the
@@ -50,6 +50,8 @@ OPTIN_KEYS = ("mode", "streams")
 STREAMS_AUTO = "auto"
 STREAMS_SEPARATE = "separate"
 STREAMS_CHOICES = (STREAMS_AUTO, STREAMS_SEPARATE)
+# The events a user may ask a message for (logcapture.insights.notify).
+NOTIFY_EVENTS = ("failed", "stalled", "nan-metric")
 
 ADMIN_ENV = "LOGCAPTURE_CONFIG"
 ADMIN_DEFAULT_PATH = "/etc/logcapture/config.yaml"
@@ -94,15 +96,19 @@ _YAML_TRUE = {"on", "yes", "true", "y"}
 # The configuration types are named tuples, as the records are (records.py says why).
 
 
-class OptinConfig(namedtuple("OptinConfig", ("mode", "streams"),
-                             defaults=(ENABLED, STREAMS_AUTO))):
-    """The user's settings: ``mode`` (the cluster guide's option) and ``streams``
-    (``STREAMS_CHOICES``)."""
+class OptinConfig(namedtuple("OptinConfig", ("mode", "streams", "notify", "mail"),
+                             defaults=(ENABLED, STREAMS_AUTO, (), None))):
+    """The user's settings: ``mode`` (the cluster guide's option), ``streams``
+    (``STREAMS_CHOICES``); ``notify``, the events a short message is sent for
+    (``NOTIFY_EVENTS``); ``mail``, where it goes (default: the user's own mailbox, as Slurm's
+    --mail-user)."""
 
     __slots__ = ()
     if TYPE_CHECKING:
         mode: str
         streams: str
+        notify: tuple[str, ...]
+        mail: str | None
 
 
 class OptinResult(namedtuple("OptinResult", ("opted_in", "config", "problems"))):
@@ -360,6 +366,66 @@ def _dsn(node: yaml.Node) -> Any:
 
 _DSN_SCHEMES = ("chdb", "http", "https")
 
+
+def _bounded(low: float, high: float, what: str) -> Callable[[yaml.Node], Any]:
+    """A number from ``low`` to ``high`` (inclusive)."""
+    def check(node: yaml.Node) -> Any:
+        if not isinstance(node, yaml.ScalarNode) or node.tag not in (_INT, _FLOAT):
+            raise _Problem(f"must be {what} from {low:g} to {high:g}, not {_node_kind(node)}")
+        value = float(_construct(node))
+        if not math.isfinite(value) or not low <= value <= high:
+            raise _Problem(f"must be {what} from {low:g} to {high:g}, not {node.value}")
+        return value
+    return check
+
+
+def _absolute_path(node: yaml.Node) -> Any:
+    value = _string(node)
+    if not value.startswith("/"):
+        raise _Problem(f"must be an absolute path (like /usr/bin/mail), not {value!r}")
+    return value
+
+
+def _webhook(node: yaml.Node) -> Any:
+    # A webhook URL often carries its token: never quote it back.
+    value = _string(node)
+    scheme, sep, rest = value.partition("://")
+    if not sep or scheme.lower() not in ("http", "https") or not rest:
+        raise _Problem("must be an http:// or https:// URL (the value is not repeated here: "
+                       "it may hold a token)")
+    return value
+
+
+def _events(node: yaml.Node) -> Any:
+    """A list of NOTIFY_EVENTS (a single event may be given bare)."""
+    listed = ", ".join(NOTIFY_EVENTS)
+    items = node.value if isinstance(node, yaml.SequenceNode) else [node]
+    out: list[str] = []
+    for item in items:
+        if not isinstance(item, yaml.ScalarNode) or item.tag != _STR:
+            raise _Problem(f"must be a list of events ({listed}), not a list holding "
+                           f"{_node_kind(item)}")
+        if item.value not in NOTIFY_EVENTS:
+            typo = _typo_of(item.value, NOTIFY_EVENTS)
+            said = f" {item.value!r} (did you mean {typo}?)" if typo else ""
+            raise _Problem(f"unknown event{said}; the events are {listed}")
+        if item.value not in out:
+            out.append(item.value)
+    return tuple(out)
+
+
+_MAIL = re.compile(r"[A-Za-z0-9_.+-]+(?:@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*)?")
+
+
+def _mail(node: yaml.Node) -> Any:
+    value = _string(node)
+    if not _MAIL.fullmatch(value) or value.startswith("-"):
+        raise _Problem("must be a mail address (name@example.org) or a local user name "
+                       "(the value is not repeated here)")
+    return value
+
+
+
 def _streams(node: yaml.Node) -> Any:
     if isinstance(node, yaml.ScalarNode) and node.tag == _STR and node.value.strip().lower() in (
             "merged", "merge", "combined", "one"):
@@ -370,7 +436,8 @@ def _streams(node: yaml.Node) -> Any:
     return _choice(STREAMS_CHOICES)(node)
 
 
-_OPTIN_SCHEMA: Schema = {"mode": _choice(MODES), "streams": _streams}
+_OPTIN_SCHEMA: Schema = {"mode": _choice(MODES), "streams": _streams, "notify": _events,
+                         "mail": _mail}
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
 _QUOTED = re.compile(r"'([^']*)'|\"([^\"]*)\"")
@@ -505,6 +572,19 @@ _ADMIN_DEFAULTS = {
     "flush_interval": 0.5,  # seconds between spool flushes (a quiet line lands within 1 s)
     "flush_records": 1000,  # flush after this many buffered records
     "segment_bytes": 8 * 1024 * 1024,  # rotate spool segments at this size
+    # Efficiency notes (logcapture.insights.efficiency): when a run's figures earn one.
+    "insight_gpu_idle_percent": 10.0,  # GPUs whose mean utilisation is under this are idle
+    "insight_gpu_memory_used_fraction": 0.25,  # peak GPU memory under this share: unused
+    "insight_cpu_efficiency_low": 0.25,  # CPU time / (cores x wall time) under this: low
+    "insight_memory_overrequest_factor": 4.0,  # memory requested over this x the peak used
+    "insight_time_limit_overrequest_factor": 4.0,  # time limit over this x the run time
+    "insight_min_seconds": 600.0,  # shorter runs get no efficiency notes
+    # While a job runs (the agent): no new output for this long while it runs is a stall.
+    "stall_seconds": 1800.0,
+    # Messages users ask for in .logoptin: Slurm's MailProg convention (-s SUBJECT ADDRESS,
+    # body on stdin) and a webhook every message is also posted to (none by default).
+    "mail_prog": "/usr/bin/mail",
+    "notify_webhook": None,
 }
 
 
@@ -528,6 +608,15 @@ class AdminConfig(namedtuple("AdminConfig", tuple(_ADMIN_DEFAULTS),  # type: ign
         flush_interval: float
         flush_records: int
         segment_bytes: int
+        insight_gpu_idle_percent: float
+        insight_gpu_memory_used_fraction: float
+        insight_cpu_efficiency_low: float
+        insight_memory_overrequest_factor: float
+        insight_time_limit_overrequest_factor: float
+        insight_min_seconds: float
+        stall_seconds: float
+        mail_prog: str
+        notify_webhook: str | None
 
 
 _ADMIN_SCHEMA: Schema = {
@@ -539,6 +628,15 @@ _ADMIN_SCHEMA: Schema = {
     "flush_interval": _positive_number,
     "flush_records": _positive_int,
     "segment_bytes": _positive_int,
+    "insight_gpu_idle_percent": _bounded(0.0, 100.0, "a percentage"),
+    "insight_gpu_memory_used_fraction": _bounded(0.0, 1.0, "a fraction"),
+    "insight_cpu_efficiency_low": _bounded(0.0, 1.0, "a fraction"),
+    "insight_memory_overrequest_factor": _bounded(1.0, 1000.0, "a factor"),
+    "insight_time_limit_overrequest_factor": _bounded(1.0, 1000.0, "a factor"),
+    "insight_min_seconds": _positive_number,
+    "stall_seconds": _positive_number,
+    "mail_prog": _absolute_path,
+    "notify_webhook": _webhook,
 }
 
 
@@ -587,7 +685,7 @@ def load_admin(path: Path | str | None = None,
         if raw is None or raw == "":
             continue
         node = yaml.ScalarNode(_STR, raw)
-        if check in (_positive_number, _positive_int):
+        if check not in (_string, _dsn, _absolute_path, _webhook):
             node = _resolve_scalar(raw)
         try:
             values[key] = check(node)

@@ -159,13 +159,21 @@ def log_sql(db: str, run_cond: str, stderr: str, where: str = "1", order: str = 
     # Each branch is ordered and limited by the tables' sort key (run, ts, stream, seq), so
     # a page reads its rows in key order and stops: a page of a 2M-line log costs one page.
     page = f"{where} ORDER BY ts {order}, stream {order}, seq {order} LIMIT {limit}"
+    lines = (f"SELECT ts, stream, seq, kind, text FROM {db}lines FINAL "
+             f"WHERE {run_cond} AND {shown} AND {page}")
+    # A page full of lines ends at its last line's time: older (newer) metadata cannot be
+    # on it, and a metadata record's printed twin is looked up only among the page's times.
+    if order == "DESC":
+        bound = (f"ts >= (SELECT if(count() >= {limit}, min(ts), toDateTime64(0, 9)) "
+                 f"FROM ({lines}))")
+    else:
+        bound = (f"ts <= (SELECT if(count() >= {limit}, max(ts), "
+                 f"toDateTime64('2262-01-01 00:00:00', 9, 'UTC')) FROM ({lines}))")
     metadata = (f"SELECT ts, stream, seq, fields FROM {db}metadata FINAL "
-                f"WHERE {run_cond} AND {shown} AND {page}")
+                f"WHERE {run_cond} AND {shown} AND {bound} AND {page}")
     return f"""
 SELECT {ts} AS ts, stream, seq, kind, text FROM (
-    SELECT * FROM (
-        SELECT ts, stream, seq, kind, text FROM {db}lines FINAL
-        WHERE {run_cond} AND {shown} AND {page})
+    SELECT * FROM ({lines})
     UNION ALL
     SELECT * FROM (
         SELECT ts, stream, seq, '{NOTE}' AS kind, {_note_text_sql()} AS text

@@ -227,13 +227,14 @@ class Pipeline:
         """One renderer step of ``stream``; its committed lines wait, with their read times,
         for ``_release``."""
         r = self.renderers[stream]
+        screens = getattr(r, "screens", 0)
         exact = self._exact[stream] and getattr(r, "line_mode", True)
         try:
             lines = step(r)
         except Exception as e:  # noqa: BLE001 - the job's output never breaks capture
             self._fault(stream, "rendering", e)
             return
-        exact = exact and getattr(self.renderers[stream], "line_mode", True)
+        exact = exact and getattr(r, "line_mode", True) and getattr(r, "screens", 0) == screens
         self._exact[stream] = exact
         if lines:
             self._time(stream, lines)
@@ -433,6 +434,9 @@ def capture_command(argv: list[str], *, spool_root: Path, run_id: str | None = N
             config={"mode": effective_mode, "optin": str(path) if optin.opted_in else None,
                     "columns": cols, "rows": rows,
                     "streams": "merged" if merge else "separate"})
+        if optin.ok and optin.config.notify:  # the messages asked for (insights.notify)
+            start_fields["config"]["notify"] = {"events": list(optin.config.notify),
+                                                "mail": optin.config.mail}
         for problem in problems:  # on the user's stderr now, in the spool by the worker
             warn(problem)
         settings = _WorkerSettings(
@@ -727,6 +731,10 @@ def slurm_identity(env: dict[str, str]) -> dict[str, str]:
         "array_job_id": "SLURM_ARRAY_JOB_ID", "array_task_id": "SLURM_ARRAY_TASK_ID",
         "step": "SLURM_STEP_ID", "node": "SLURMD_NODENAME", "job_name": "SLURM_JOB_NAME",
         "partition": "SLURM_JOB_PARTITION", "nodelist": "SLURM_JOB_NODELIST",
+        # what the job asked for (insights.efficiency.slurm_request)
+        "cpus": "SLURM_CPUS_ON_NODE", "mem_per_node_mb": "SLURM_MEM_PER_NODE",
+        "mem_per_cpu_mb": "SLURM_MEM_PER_CPU", "gpus": "SLURM_GPUS_ON_NODE",
+        "num_nodes": "SLURM_JOB_NUM_NODES", "end_time": "SLURM_JOB_END_TIME",
     }
     return {k: env[v] for k, v in keys.items() if env.get(v)}
 

@@ -43,6 +43,9 @@ from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
 from .errors import LogcaptureError, NotFound, SpoolError
+from .insights import Diagnoser, Outcome, run_insights
+from .insights.efficiency import admin_thresholds
+from .insights.report import store_insights
 from .logview import Entry, LogView, cursor_of, parse_cursor, sort_key
 from .records import (
     NOTE_BLANK,
@@ -77,7 +80,8 @@ from .store import EXPORTS, Store, export_rows, redact
 
 # The keys of a run summary (``Reader.runs``), the same from the spool and from the store.
 SUMMARY_KEYS = ("run", "owner", "uid", "job_id", "cluster", "host", "state", "exit_status",
-                "signal", "start", "end", "duration", "lines", "command", "slurm", "source")
+                "signal", "start", "end", "duration", "lines", "command", "slurm", "source",
+                "insights")
 FOLLOW_POLL = 0.5  # seconds between a follower's reads of the store
 LOG_PAGE = 1000  # entries in a page of a log (``Reader.log``) unless asked otherwise
 LOG_PAGE_MAX = 5000
@@ -101,6 +105,10 @@ class Reader(Protocol):
 
     def resolve(self, ref: str | None) -> str:
         """The run id REF names; NotFound when none of the caller's runs matches."""
+        ...
+
+    def summary(self, run: str) -> dict[str, Any]:
+        """One run's summary (as in ``runs``), without listing every run."""
         ...
 
     def lines(self, run: str, stream: str | None = None, tail: int | None = None
@@ -168,6 +176,7 @@ class RunFacts(NamedTuple):
     warnings: int
     spool_problems: str | None = None
     stored_in: str | None = None
+    insights: list[dict[str, Any]] = []  # Insight.to_dict() (logcapture.insights)
 
 
 def describe(facts: RunFacts) -> dict[str, Any]:
@@ -176,7 +185,8 @@ def describe(facts: RunFacts) -> dict[str, Any]:
     from .xaxis import choose_x_axis
 
     start, end = facts.start, facts.end
-    info: dict[str, Any] = {"run": facts.run}
+    # the answers first (docs/insights.md): why it failed, what it wasted, what it does now
+    info: dict[str, Any] = {"insights": list(facts.insights), "run": facts.run}
     if start is not None:
         info["owner"] = f"{facts.owner} (uid {facts.uid})"
         info["command"] = " ".join(start.get("command") or ())
@@ -226,9 +236,11 @@ def spool_facts(run_dir: Path, owner: str, uid: int) -> RunFacts:
     keys: set[str] = set()
     metadata: list[dict[str, Any]] = []  # stream order is time order
     samples: list[dict[str, Any]] = []
+    diagnoser = Diagnoser()
     for rec in iter_run(run_dir, stats):
         if isinstance(rec, Line):
             lines[rec.stream] += 1
+            diagnoser.feed(rec.stream, rec.seq, rec.text)
         elif isinstance(rec, Start):
             start = rec.to_dict()
         elif isinstance(rec, End):
@@ -251,9 +263,10 @@ def spool_facts(run_dir: Path, owner: str, uid: int) -> RunFacts:
                 warnings += 1
     problems = (f"{stats.torn} torn line(s), {len(stats.bad)} invalid line(s)"
                 if stats.torn or stats.bad else None)
+    insights = run_insights(diagnoser, start, end, samples, thresholds=admin_thresholds())
     return RunFacts(run_dir.name, owner, uid, start, end, dict(lines), dict(repeats),
                     dict(blanks), commands, modes, sorted(keys), metadata, samples, warnings,
-                    spool_problems=problems)
+                    spool_problems=problems, insights=[i.to_dict() for i in insights])
 
 
 def store_facts(st: Store, run: str, owner: str | None) -> RunFacts:
@@ -262,6 +275,7 @@ def store_facts(st: Store, run: str, owner: str | None) -> RunFacts:
     t = st.tallies(run, owner)
     notes = t["notes"]
     metadata = sorted(st.metadata(run, owner), key=lambda d: (d["ts"], d["seq"]))
+    samples = st.samples(run, owner)
     return RunFacts(
         run, info["owner"], int(info["uid"]), info["start_record"], info["end_record"],
         {s: int(n) for s, n in t["lines"].items()},
@@ -270,8 +284,10 @@ def store_facts(st: Store, run: str, owner: str | None) -> RunFacts:
         {s: sum(r[2] for r in notes if r[0] == s and r[1] == NOTE_BLANK)
          for s in OUTPUT_STREAMS},
         t["commands"], t["modes"], t["metadata_keys"], [d["fields"] for d in metadata],
-        st.samples(run, owner), sum(r[3] for r in notes if r[1] == NOTE_WARNING),
-        stored_in=redact(st.dsn))
+        samples, sum(r[3] for r in notes if r[1] == NOTE_WARNING),
+        stored_in=redact(st.dsn),
+        insights=store_insights(st, run, info["start_record"], info["end_record"], samples,
+                                owner))
 
 
 # --- run summaries --------------------------------------------------------------------------
@@ -287,7 +303,10 @@ def summary_of_spool(s: RunSummary, owner: str, uid: int) -> dict[str, Any]:
             "start": start.ts if start else None, "end": end.ts if end else None,
             "duration": end.duration if end else None, "lines": s.lines,
             "command": list(start.command or ()) if start else [], "slurm": slurm,
-            "source": "spool"}
+            "source": "spool",
+            # how it ended says the first answer; `show` reads the log for the rest
+            "insights": [i.kind for i in Diagnoser().result(Outcome.of(end))]
+            if end is not None else []}
 
 
 def summary_of_store(row: dict[str, Any]) -> dict[str, Any]:
@@ -297,6 +316,7 @@ def summary_of_store(row: dict[str, Any]) -> dict[str, Any]:
     out["slurm"] = row.get("slurm") or {}
     out["command"] = list(row.get("command") or [])
     out["source"] = "store"
+    out["insights"] = list(row.get("insights") or [])
     return out
 
 
@@ -307,6 +327,13 @@ def newest_first(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 # --- the store alone ------------------------------------------------------------------------
 StoreSession = Callable[[], AbstractContextManager[Store]]
+
+
+def _check_run(st: Store, run: str, owner: str | None) -> None:
+    """NotFound unless the run is in the store as the owner's (one row of the runs table;
+    ``run_info`` would also count every table's rows)."""
+    if not st.has_run(run, owner):
+        raise NotFound(f"run {run!r} is not in the store")
 
 
 class StoreReader:
@@ -326,10 +353,17 @@ class StoreReader:
         with self.session() as st:
             return st.resolve_run(ref, self.owner)
 
+    def summary(self, run: str) -> dict[str, Any]:
+        with self.session() as st:
+            rows = st.runs(self.owner, run)
+        if not rows:
+            raise NotFound(f"run {run!r} is not in the store")
+        return summary_of_store(rows[0])
+
     def lines(self, run: str, stream: str | None = None, tail: int | None = None
               ) -> list[dict[str, Any]]:
         with self.session() as st:
-            st.run_info(run, self.owner)  # NotFound when it is not the caller's
+            _check_run(st, run, self.owner)
             return st.lines(run, stream, tail, owner=self.owner)
 
     def follow(self, run: str, poll: float = FOLLOW_POLL, settle: float = FOLLOW_SETTLE,
@@ -375,17 +409,17 @@ class StoreReader:
 
     def metadata(self, run: str) -> list[dict[str, Any]]:
         with self.session() as st:
-            st.run_info(run, self.owner)
+            _check_run(st, run, self.owner)
             return st.metadata(run, self.owner)
 
     def samples(self, run: str) -> list[dict[str, Any]]:
         with self.session() as st:
-            st.run_info(run, self.owner)
+            _check_run(st, run, self.owner)
             return st.samples(run, self.owner)
 
     def export_rows(self, run: str, what: str) -> list[dict[str, Any]]:
         with self.session() as st:
-            st.run_info(run, self.owner)
+            _check_run(st, run, self.owner)
             if what == "lines":
                 recs = st.lines(run, owner=self.owner)
             elif what == "metadata":
@@ -783,6 +817,13 @@ class LocalReader:
         self.held.release()  # the store is opened for each read: others take turns
         session = _Reopened(self.held)
         yield from StoreReader(session, self.owner).follow(run)
+
+    def summary(self, run: str) -> dict[str, Any]:
+        run_dir = self._dir(run)
+        if run_dir is None:
+            return self.store.summary(run)
+        who = self._mine(run_dir) or (self.user, self.uid)
+        return summary_of_spool(summarize(run_dir), *who)
 
     def log(self, run: str, stderr: bool = False, before: str | None = None,
             after: str | None = None, limit: int = LOG_PAGE) -> dict[str, Any]:

@@ -59,6 +59,8 @@ from .errors import (
     StoreError,
     StoreUnavailable,
 )
+from .insights.live import LiveWatch
+from .insights.notify import Notifier
 from .records import Start, from_dict
 from .spool import (
     CURSOR_NAME,
@@ -89,6 +91,8 @@ SWEEP_EVERY = 3600.0
 _END_MARK = b'"kind":"end"'  # a string value can never contain this unescaped
 SAMPLES_DIR = ".samples"  # slurm.SAMPLES_DIR: the node samplers' spool, inside the spool root
 SAMPLES_IDLE = 900.0  # seconds without a new sample after which a samples-only run is done
+# How often the agent looks for runs that stalled: a stall is found within a minute.
+LIVE_EVERY = 30.0
 
 Warn = Callable[[str], None]
 
@@ -356,6 +360,7 @@ class UploadResult:
     torn: int = 0
     set_aside: list[tuple[str, str, str]] = field(default_factory=list)  # run, segment, why
     deleted: int = 0  # segments deleted after shipping
+    insights: int = 0  # insights stored for runs that finished shipping
     warnings: list[str] = field(default_factory=list)
     error: str = ""
     elapsed: float = 0.0
@@ -400,6 +405,7 @@ class _RunJob:
     rc: RunCursor
     identity: Identity
     pending: list[_Pending] = field(default_factory=list)
+    newly_done: bool = False  # its last line reached the store in this shipping
 
 
 @dataclass
@@ -604,14 +610,68 @@ def _finish(job: _RunJob, result: UploadResult, retention_days: float | None) ->
                     for p in job.pending))
     if done and not cur.shipped_at:
         cur.shipped_at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        job.newly_done = True
     _retire(job.run_dir, job.pending, cur, retention_days, result)
     job.rc.save()
     return done
 
 
+JobInfo = Callable[[Path], dict[str, Any]]
+
+
+def diagnose_run(store: Store, identity: Identity, info: dict[str, Any],
+                 result: UploadResult, notifier: Notifier | None = None) -> int:
+    """Store the insights of a run whose last line the store just took (its diagnosis when
+    it ended badly, its efficiency notes): ``info`` is what Slurm said of the job
+    (``slurm_state``, ``request``; ``{}`` outside Slurm). A run that failed, of a user who
+    asked for it (``notify: [failed]``), gets its message through ``notifier``. A failure
+    here is a warning: the run is shipped all the same."""
+    from .insights import EFFICIENCY, FAILURE
+    from .insights.efficiency import admin_thresholds
+    from .insights.report import diagnose_stored
+
+    try:
+        rec = store.run_info(identity.run, identity.user, counts=False)
+        start, end = rec["start_record"], rec["end_record"]
+        found = diagnose_stored(store, identity.run, start, end,
+                                store.samples(identity.run, identity.user),
+                                slurm_state=str(info.get("slurm_state") or ""),
+                                thresholds=admin_thresholds(), request=info.get("request"),
+                                owner=identity.user)
+        dicts = [i.to_dict() for i in found]
+        n = store.insert_insights(identity, dicts, time.time(),
+                                  replace=(FAILURE, EFFICIENCY))
+    except LogcaptureError as e:
+        result.warnings.append(f"run {identity.run}: no diagnosis: {e.message}")
+        return 0
+    result.insights += n
+    failures = [d for d in dicts if d["category"] == FAILURE]
+    if notifier is not None and failures:
+        result.warnings += notify_event(notifier, "failed", identity, start, failures)
+    return n
+
+
+def notify_event(notifier: Notifier, event: str, identity: Identity, start: Any,
+                 insights: list[dict[str, Any]]) -> list[str]:
+    """Send ``event``'s message when the run's user asked for it (its Start record's
+    ``config.notify``); the problems, as warnings."""
+    from .insights.notify import wanted
+
+    notify = wanted(start, event)
+    if notify is None:
+        return []
+    try:
+        problems = notifier.send(event, identity.run, identity.user, identity.uid,
+                                 identity.job_id, insights, notify)
+    except OSError as e:
+        problems = [f"no message: {e.strerror or type(e).__name__}"]
+    return [f"run {identity.run}: {p}" for p in problems]
+
+
 def ship_runs(store: Store, jobs: list[_RunJob], result: UploadResult, *,
               max_bytes: int = BATCH_BYTES, retention_days: float | None = RETENTION_DAYS,
-              force: bool = False) -> list[bool]:
+              force: bool = False, job_info: JobInfo | None = None,
+              notifier: Notifier | None = None) -> list[bool]:
     ready = []
     direct = store.reads_files
     for job in jobs:
@@ -626,19 +686,27 @@ def ship_runs(store: Store, jobs: list[_RunJob], result: UploadResult, *,
         _ship_direct(store, group, result)
     for batch in _pieces(ready, max_bytes):  # the rest, and what the store could not read
         _ship_batch(store, batch, result)
-    return [id(job) in jobs_ok and _finish(job, result, retention_days) for job in jobs]
+    done = [id(job) in jobs_ok and _finish(job, result, retention_days) for job in jobs]
+    for job in jobs:
+        if job.newly_done:
+            diagnose_run(store, job.identity,
+                         job_info(job.run_dir) if job_info is not None else {}, result,
+                         notifier)
+    return done
 
 
 def ship_run(store: Store, run_dir: Path, identity: Identity, rc: RunCursor,
              result: UploadResult, *, max_bytes: int = BATCH_BYTES,
-             retention_days: float | None = RETENTION_DAYS, force: bool = False) -> bool:
+             retention_days: float | None = RETENTION_DAYS, force: bool = False,
+             job_info: JobInfo | None = None, notifier: Notifier | None = None) -> bool:
     """Ship what the cursor says is pending of one run (the caller holds the cursor lock,
     ``lock_cursor``) as ``identity``'s rows. Returns True when the whole run is in the store
     (end record shipped, every segment closed and fully shipped). Raises StoreUnavailable or
     StoreAuthError (the cursor keeps only what the store accepted); data errors set the
     segment aside and are reported in ``result``."""
     return ship_runs(store, [_RunJob(run_dir, rc, identity)], result, max_bytes=max_bytes,
-                     retention_days=retention_days, force=force)[0]
+                     retention_days=retention_days, force=force, job_info=job_info,
+                     notifier=notifier)[0]
 
 
 def _retire(run_dir: Path, pending: list[_Pending], cur: Cursor,
@@ -709,7 +777,8 @@ def upload(spool_root: Path, run: str | None = None, all: bool = False,  # noqa:
            identify: Callable[[Path], Identity] = identity_from_spool,
            max_bytes: int = BATCH_BYTES, warn: Warn | None = None,
            sleep: Callable[[float], None] = time.sleep,
-           shipped_ok: bool = False) -> UploadResult:
+           shipped_ok: bool = False, job_info: JobInfo | None = None,
+           notifier: Notifier | None = None) -> UploadResult:
     """Ship runs from ``spool_root`` to the store ``dsn``: the latest run (default), ``run``,
     or ``all`` runs not yet shipped (oldest first). A run already shipped is refused in
     single-run mode (exit 2) and skipped with ``all``, unless ``force``; ``shipped_ok``
@@ -743,7 +812,8 @@ def upload(spool_root: Path, run: str | None = None, all: bool = False,  # noqa:
                 _upload_one(run_dir, get_store, result, force=force,
                             single=not all, shipped_ok=shipped_ok, end=end,
                             retention_days=retention_days, identify=identify,
-                            max_bytes=max_bytes, sleep=sleep, warn=warn)
+                            max_bytes=max_bytes, sleep=sleep, warn=warn, job_info=job_info,
+                            notifier=notifier)
             except StoreAuthError as e:
                 result.failed.append(run_dir.name)
                 result.error = e.message
@@ -791,7 +861,8 @@ def _upload_one(run_dir: Path, get_store: Callable[[], Store], result: UploadRes
                 force: bool, single: bool, end: float, retention_days: float | None,
                 shipped_ok: bool = False,
                 identify: Callable[[Path], Identity], max_bytes: int,
-                sleep: Callable[[float], None], warn: Warn | None) -> None:
+                sleep: Callable[[float], None], warn: Warn | None,
+                job_info: JobInfo | None = None, notifier: Notifier | None = None) -> None:
     name = run_dir.name
     with lock_cursor(run_dir, wait=max(0.0, end - time.monotonic())) as rc:
         if rc is None:
@@ -810,7 +881,8 @@ def _upload_one(run_dir: Path, get_store: Callable[[], Store], result: UploadRes
 
         def attempt() -> bool:
             return ship_run(get_store(), run_dir, identity, rc, result, max_bytes=max_bytes,
-                            retention_days=retention_days, force=force)
+                            retention_days=retention_days, force=force, job_info=job_info,
+                            notifier=notifier)
 
         first = True
 
@@ -859,10 +931,18 @@ class Agent:
                  identify: Callable[[Path], Identity] = identity_from_spool,
                  job_ended: Callable[[Path], bool] = lambda run_dir: False,
                  samples_idle: float = SAMPLES_IDLE, warn: Warn | None = None,
+                 job_info: JobInfo | None = None, notifier: Notifier | None = None,
+                 stall_seconds: float = 1800.0, live_every: float = LIVE_EVERY,
                  clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time):
         self.spool_root = Path(spool_root)
         self.job_ended = job_ended
+        self.job_info = job_info
+        self.notifier = notifier
+        self.live = LiveWatch(stall_seconds)
+        self.live_every = live_every
+        self._live_at = 0.0  # agent clock of the next stall check
+        self._live_runs: dict[tuple[str, int], tuple[Path, Identity]] = {}
         self.samples_idle = samples_idle
         self.wall = wall
         self.dsn = dsn
@@ -990,10 +1070,19 @@ class Agent:
                     except (LogcaptureError, OSError) as e:
                         self.warn(f"run {run_dir.name}: {e}")
                 done = ship_runs(store, jobs, result, max_bytes=self.batch_bytes,
-                                 retention_days=self.retention_days)
+                                 retention_days=self.retention_days, job_info=self.job_info,
+                                 notifier=self.notifier)
+                self._observe(store, jobs, result)
                 for job, d in zip(jobs, done, strict=True):
                     if not d and self._is_samples(job.run_dir):
                         d = self._samples_done(job)
+                        if d:  # the run's efficiency notes now have every sample
+                            diagnose_run(store, job.identity, self.job_info(job.run_dir)
+                                         if self.job_info else {}, result, self.notifier)
+                    if d:
+                        key = (job.identity.run, job.identity.uid)
+                        self.live.forget(key)
+                        self._live_runs.pop(key, None)
                     if d:
                         self._done.add(str(job.run_dir))
                         result.runs.append(job.run_dir.name)
@@ -1016,6 +1105,58 @@ class Agent:
         self.stats.flushes += 1
         self.stats.records += result.records
         return result
+
+    # --- while jobs run (logcapture.insights.live)
+    def _observe(self, store: Store, jobs: list[_RunJob], result: UploadResult) -> None:
+        """Show the live watch what was just shipped; store and announce what it finds."""
+        now = self.wall()
+        for job in jobs:
+            key = (job.identity.run, job.identity.uid)
+            found = []
+            for p in job.pending:
+                if p.data:
+                    found += self.live.observe(key, p.data, now)
+            if not self._is_samples(job.run_dir):
+                self._live_runs[key] = (job.run_dir, job.identity)
+                self.live.observe(key, b"", now)
+            if found:
+                self._report(store, job.identity, key, found, "nan-metric", result)
+
+    def _report(self, store: Store, identity: Identity, key: tuple[str, int],
+                found: list[Any], event: str, result: UploadResult) -> None:
+        dicts = [i.to_dict() for i in found]
+        try:
+            store.insert_insights(identity, dicts, self.wall())
+        except StoreError as e:
+            result.warnings.append(f"run {identity.run}: {event} not stored: {e.message}")
+        if self.notifier is not None:
+            result.warnings += notify_event(self.notifier, event, identity,
+                                            self.live.start_record(key), dicts)
+
+    def check_live(self, now: float | None = None) -> int:
+        """Look for runs that stalled (every ``live_every`` seconds from ``run()``); store
+        and announce them. Returns how many were found."""
+        now = self.wall() if now is None else now
+        stalled = []
+        for key, (run_dir, identity) in list(self._live_runs.items()):
+            if self.live.start_record(key) is None:
+                continue  # a run seen before its Start record: not judged
+            running = not self.job_ended(run_dir)
+            insight = self.live.check(key, now, running)
+            if insight is not None:
+                stalled.append((key, identity, insight))
+        if not stalled:
+            return 0
+        result = UploadResult()
+        try:
+            with open_store(self.dsn) as store:
+                for key, identity, insight in stalled:
+                    self._report(store, identity, key, [insight], "stalled", result)
+        except StoreError as e:
+            self.warn(f"stalled run(s) not stored: {e.message}")
+        for w in result.warnings:
+            self.warn(w)
+        return len(stalled)
 
     def sweep(self) -> UploadResult:
         """Delete the segments of shipped runs that have outlived the retention (every
@@ -1044,6 +1185,9 @@ class Agent:
         while not self._stop.is_set():
             if self.due():
                 self.flush()
+            if self.clock() >= self._live_at:
+                self._live_at = self.clock() + self.live_every
+                self.check_live()
             if self.clock() >= self._sweep_at:
                 self._sweep_at = self.clock() + SWEEP_EVERY
                 self.sweep()

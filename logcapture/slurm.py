@@ -67,8 +67,10 @@ if TYPE_CHECKING:
 DEFAULT_SPOOL_ROOT = "/var/spool/logcapture"
 JOBS_DIR = ".jobs"
 SAMPLES_DIR = ".samples"  # root, 0700: the node samplers' spool, laid out like a spool root
+NOTIFIED_DIR = ".notified"  # root, 0700: one marker per message sent (insights.notify)
 SAMPLERS_DIR = ".samplers"  # root, 0755: <job id>.pid of each running node sampler (0644)
 PUBLIC_CONFIG = ".config.yaml"
+SECRET_KEYS = ("store", "notify_webhook")  # admin keys never copied where jobs read
 SHEBANG_MAX = 256  # Linux reads at most this many bytes of a "#!" line (BINPRM_BUF_SIZE)
 WRAPPER_OPTIONS = ("--spool-root",)
 
@@ -663,11 +665,13 @@ def _read_root_file(dir_fd: int, name: str, limit: int = 1 << 20) -> bytes | Non
 
 
 def public_config(admin: AdminConfig) -> bytes:
-    """The admin config without its secrets (the store DSN), as YAML for jobs."""
+    """The admin config without its secrets (the store DSN, the webhook URL, which often
+    holds a token), as YAML for jobs."""
     import yaml
 
     values = admin._asdict()
-    values.pop("store", None)
+    for secret in SECRET_KEYS:
+        values.pop(secret, None)
     values = {k: v for k, v in values.items() if v not in (None, "")}
     header = b"# Written by the logcapture prolog from the admin config, without secrets.\n"
     return header + yaml.safe_dump(values, sort_keys=True).encode()
@@ -988,7 +992,8 @@ def _update_record(root: str, job_id: str, fields: dict[str, object]) -> bool:
     return True
 
 
-def _record_final_state_later(root: str, job_id: str, timeout: float = 120.0) -> None:
+def _record_final_state_later(root: str, job_id: str, timeout: float = 120.0,
+                              record: dict[str, object] | None = None) -> None:
     """Slurm reports a job as COMPLETING until its epilogs have ended, so its final state
     (COMPLETED, FAILED, CANCELLED, TIMEOUT...) can only be read after the epilog: a detached
     process (its own session, no inherited descriptors, so neither slurmd nor the epilog
@@ -1016,10 +1021,42 @@ def _record_final_state_later(root: str, job_id: str, timeout: float = 120.0) ->
             state = slurm_state(job_id)
             if state and state != "COMPLETING":
                 _update_record(root, job_id, {"slurm_state": state})
+                # the record as the epilog wrote it: a job it shipped has none any more
+                _rediagnose({**(record or {}), "slurm_state": state}, job_id)
                 break
     except BaseException:  # noqa: BLE001 - a detached helper never reports anywhere
         pass
     os._exit(0)
+
+
+def _rediagnose(record: dict[str, object], job_id: str) -> None:
+    """Once Slurm's final state is known (after the epilog), diagnose the job's run in the
+    store again with it (TIMEOUT, CANCELLED... where the epilog saw only COMPLETING), and send
+    the message its user asked for (insights.notify: once per job and event). ``record``: the
+    job's trusted record as the epilog completed it, with the final ``slurm_state`` (the
+    epilog removes the record of a job it shipped)."""
+    from pathlib import Path
+
+    from .config import load_admin
+    from .insights.notify import Notifier
+    from .ship import UploadResult, diagnose_run
+    from .store import Identity, open_store
+
+    admin = load_admin()
+    root = _spool_root(admin)
+    run_id = record.get("run_id") if record else None
+    if not admin.store or not record or not isinstance(run_id, str):
+        return
+    uid, user = record.get("uid"), record.get("user")
+    if not isinstance(uid, int) or not isinstance(user, str):
+        return
+    identity = Identity(run=run_id, user=user, uid=uid,
+                        cluster=str(record.get("cluster", "")), job_id=job_id)
+    notifier = Notifier(Path(root) / NOTIFIED_DIR, mail_prog=admin.mail_prog,
+                        webhook=admin.notify_webhook)
+    with open_store(admin.store, wait=60.0, must_exist=True) as store:
+        if store.has_run(identity.run, user):
+            diagnose_run(store, identity, job_insight_info(record), UploadResult(), notifier)
 
 
 def _run_dirs(names: list[str], job_id: str) -> list[str]:
@@ -1084,20 +1121,74 @@ def _ship(root: str, job_id: str, runs: list[str], admin: object, record: dict[s
     why = ""
     # The wrapper's runs, then the node sampler's (root's spool; same run ids, so the samples
     # join the job's run in the store under the same trusted identity).
-    todo = [(Path(root) / job_id, run) for run in runs]
-    todo += [(Path(root) / SAMPLES_DIR / job_id, run) for run in samples or []]
+    # The samples first: when the wrapper's run is complete in the store, the shipper
+    # diagnoses it, and its efficiency notes need every sample.
+    todo = [(Path(root) / SAMPLES_DIR / job_id, run) for run in samples or []]
+    todo += [(Path(root) / job_id, run) for run in runs]
+    info = job_insight_info(record)
+    from .insights.notify import Notifier
+
+    # While Slurm says only COMPLETING, the "failed" message waits for the final state
+    # (_rediagnose): a cancelled job's End says SIGTERM, its state says who and why.
+    notifier = Notifier(Path(root) / NOTIFIED_DIR, mail_prog=getattr(admin, "mail_prog", None),
+                        webhook=getattr(admin, "notify_webhook", None)) \
+        if info.get("slurm_state") else None
     for spool_dir, run in todo:
         try:
             # shipped_ok: the agent may have shipped the run already (it tails the spool
             # root); then the job's spool is done all the same and is removed below
             result = upload(spool_dir, run=run, dsn=store, deadline=deadline,
-                            retention_days=0, identify=identify, shipped_ok=True)
+                            retention_days=0, identify=identify, shipped_ok=True,
+                            job_info=lambda _run_dir: info, notifier=notifier)
         except Exception as e:  # noqa: BLE001
             ok, why = False, f"upload failed ({type(e).__name__})"
             continue
         if result.exit_code != 0:
             ok, why = False, f"upload exit {result.exit_code}"
     return ok, why
+
+
+# Slurm's Reason for a job that is still COMPLETING (its final state comes only after the
+# epilogs, ``_record_final_state_later``), as the final state it announces.
+_REASON_STATES = {"TimeLimit": "TIMEOUT", "Deadline": "DEADLINE", "OutOfMemory": "OUT_OF_MEMORY",
+                  "NodeDown": "NODE_FAIL", "Preempted": "PREEMPTED", "Prolog": "FAILED"}
+
+
+def job_insight_info(record: dict[str, object] | None) -> dict[str, object]:
+    """What the diagnosis of a job's run needs from its trusted record: Slurm's state (final,
+    or announced by its Reason) and the job's request (``insights.efficiency``)."""
+    if not record:
+        return {}
+    state = str(record.get("slurm_state") or "")
+    if state in ("", "COMPLETING"):
+        state = _REASON_STATES.get(str(record.get("slurm_reason") or ""), "")
+    request = record.get("request")
+    return {"slurm_state": state, "request": request if isinstance(request, dict) else None}
+
+
+def _request(info: dict[str, str]) -> dict[str, float]:
+    """What the job asked Slurm for, from ``scontrol show job`` (TRES as ``cpu=2,mem=4000M,
+    node=1,gres/gpu=2``; TimeLimit as ``[days-]hh:mm:ss``)."""
+    from .insights.efficiency import parse_time_limit
+
+    out: dict[str, float] = {}
+    units = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+    for item in info.get("ReqTRES", info.get("TRES", "")).split(","):
+        key, _, value = item.partition("=")
+        try:
+            if key == "cpu":
+                out["cpus"] = float(value)
+            elif key == "mem" and value:
+                out["memory_bytes"] = float(value[:-1]) * units.get(value[-1], 1) \
+                    if value[-1] in units else float(value) * 2**20
+            elif key in ("gres/gpu", "gpu"):
+                out["gpus"] = float(value)
+        except ValueError:
+            continue
+    limit = parse_time_limit(info.get("TimeLimit", ""))
+    if limit:
+        out["time_limit_seconds"] = limit
+    return out
 
 
 def epilog(env: dict[str, str] | os._Environ[str], *, now: float | None = None,
@@ -1164,6 +1255,8 @@ def epilog(env: dict[str, str] | os._Environ[str], *, now: float | None = None,
             "wrapper_state": end["state"] if end else "",
             "duration": end["duration"] if end else None,
             "slurm_state": info.get("JobState", ""),
+            "slurm_reason": info.get("Reason", ""),
+            "request": _request(info),
             "slurm_exit_code": env.get("SLURM_JOB_EXIT_CODE2", ""),
         })
         if end is None:
@@ -1171,7 +1264,7 @@ def epilog(env: dict[str, str] | os._Environ[str], *, now: float | None = None,
                             "its spool is not as the wrapper left it)")
         _write_job_record(root_fd, job.job_id, record)
         if info and record["slurm_state"] in ("", "COMPLETING") and not callable(state_of):
-            _record_final_state_later(root, job.job_id)
+            _record_final_state_later(root, job.job_id, record=dict(record))
         shipped, why = _ship(root, job.job_id, runs, admin, record, samples=samples)
         if shipped:
             _remove_job(root_fd, job.job_id)

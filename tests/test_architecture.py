@@ -15,6 +15,11 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "logcapture"
 ORDER = ["runner", "render", "filter", "classify", "spool", "store", "query"]
 SOURCES_BESIDE = {"sampler": ORDER[ORDER.index("spool"):], "sampling": ORDER[ORDER.index("spool"):]}
+# Libraries every reader and the shipper use, below all of them: pure functions of records.
+# ``insights`` (diagnosis, efficiency notes, live checks) is handed lines, samples and a store
+# object by its callers and imports none of the stages, readers or wiring.
+LIBRARIES = {"insights": [*ORDER, "pipeline", "ship", "query", "reader", "web", "cli", "runs",
+                          "entry", "slurm"]}
 
 
 def _module_files(name: str) -> list[Path]:
@@ -59,6 +64,15 @@ def test_a_stage_never_imports_a_later_stage(stage: str) -> None:
 def test_the_sampler_knows_nothing_of_spool_or_store(source: str) -> None:
     for path in _module_files(source):
         bad = _imported_stages(path) & set(SOURCES_BESIDE[source])
+        assert not bad, f"{path} imports {sorted(bad)}"
+
+
+@pytest.mark.parametrize("library", sorted(LIBRARIES))
+def test_a_library_imports_no_stage(library: str) -> None:
+    files = _module_files(library)
+    assert files, f"{library} not present"
+    for path in files:
+        bad = _imported_stages(path) & set(LIBRARIES[library])
         assert not bad, f"{path} imports {sorted(bad)}"
 
 

@@ -245,3 +245,22 @@ def test_search_from_the_runs_page_opens_the_line(site, browser, shots):
     wait(d).until(lambda d: log_texts(d, "#log .row.at") == [])
     assert "done" in log_texts(d)
     assert console_errors(d) == []
+
+
+def test_dark_mode(site, browser, shots):
+    s, _ = site
+    d = browser
+    d.execute_cdp_cmd("Emulation.setEmulatedMedia", {
+        "features": [{"name": "prefers-color-scheme", "value": "dark"}]})
+    try:
+        d.get(s.url)  # the token's cookie again (a test before may have cleared it)
+        console_errors(d)  # and its console messages (a 403 on purpose) read and dropped
+        d.get(s.base + "/job/4242")
+        wait(d).until(lambda d: d.execute_script("return document.body.dataset.ready") == "1")
+        bg = d.execute_script("return getComputedStyle(document.body).backgroundColor")
+        rgb = [int(x) for x in bg[bg.index("(") + 1:bg.index(")")].split(",")[:3]]
+        assert sum(rgb) < 150, bg  # a dark background, light text
+        d.save_screenshot(str(shots / "job-dark.png"))
+        assert console_errors(d) == []
+    finally:
+        d.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": []})

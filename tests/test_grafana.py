@@ -110,6 +110,13 @@ def store(tmp_path_factory):
             result = s.insert_records(records, Identity(run=records[0].run, user=who[0],
                                                         uid=who[1]))
             assert not result.bad
+        # what the shipper stores for a run (logcapture.insights)
+        s.insert_insights(Identity(run="2001", user="bob", uid=1001), [
+            {"kind": "signal", "category": "failure", "message": "killed by SIGKILL (signal 9)",
+             "hint": "", "evidence": [], "details": {"number": 9}}], T0 + 331)
+        s.insert_insights(Identity(run="1001", user="alice", uid=1000), [
+            {"kind": "gpu-idle", "category": "efficiency", "message": "1 of 4 GPU(s) idle",
+             "hint": "", "evidence": [], "details": {"gpu_hours_idle": 0.5}}], T0 + 121)
         yield s
 
 
@@ -309,6 +316,18 @@ def test_jobs_table(store):
     [table] = [p for p in DASHBOARDS["jobs"]["panels"] if p["title"] == "Jobs"]
     links = json.dumps(table["fieldConfig"]["overrides"])
     assert f"/d/{JOB_UID}?var-run=" in links
+
+
+def test_insights_panels(store):
+    rows = run_sql(store, JOB_UID, query_of(JOB_UID, "Insights"), run="2001")
+    assert [(r["kind"], r["message"]) for r in rows] == [("signal",
+                                                          "killed by SIGKILL (signal 9)")]
+    assert run_sql(store, JOB_UID, query_of(JOB_UID, "Insights"), run="1002") == []
+    by_kind = run_sql(store, JOBS_UID, query_of(JOBS_UID, "Insights by kind"))
+    assert [(r["kind"], r["jobs"], r["gpu_hours_idle"]) for r in by_kind] == [
+        ("gpu-idle", 1, 0.5), ("signal", 1, 0.0)]
+    only_bob = run_sql(store, JOBS_UID, query_of(JOBS_UID, "Insights by kind"), user=["bob"])
+    assert [r["kind"] for r in only_bob] == ["signal"]
 
 
 def test_jobs_by_state_and_gpu_utilisation(store):

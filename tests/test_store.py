@@ -129,7 +129,7 @@ def check_migration_2(path: str) -> None:
             "concat('step ', toString(number), ' loss ', toString(number % 97))), '' "
             "FROM numbers(262144)")
         st.client.command("OPTIMIZE TABLE lines FINAL")
-        assert st.init_schema() == S.SCHEMA_VERSION == 2
+        assert st.init_schema() == S.SCHEMA_VERSION == 3
         assert _index_granularity(st) == ("tokenbf_v1(32768, 3, 0)", 8)
         deadline = time.monotonic() + 60
         while int(st.client.command("SELECT count() FROM system.mutations WHERE database = "
@@ -142,7 +142,7 @@ def check_migration_2(path: str) -> None:
         left, total = _granules_read(st, "Traceback")
         assert total == 32 and left == 8, (left, total)
         assert _granules_read(st, "absentword")[0] == 0
-        assert st.init_schema() == 2  # idempotent
+        assert st.init_schema() == S.SCHEMA_VERSION  # idempotent
         assert _index_granularity(st) == ("tokenbf_v1(32768, 3, 0)", 8)
 
 

@@ -70,10 +70,9 @@ def env(tmp_path: Path, store_dsn: str, monkeypatch: pytest.MonkeyPatch) -> Path
     monkeypatch.setenv("LOGCAPTURE_CONFIG", str(tmp_path / "no-config.yaml"))
     root = tmp_path / "spool"
     root.mkdir()
-    # The commands' default spool is this one, never the invoking user's own (whose runs
-    # would be read as this test's: `latest` is the newest run of the spool and the store).
+    # export takes no --spool: without this it also reads the default spool, shared with
+    # whatever else runs as this user (a run there started later than this test's is `latest`)
     monkeypatch.setenv("LOGCAPTURE_SPOOL", str(root))
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     return root
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
-from pages import Serve, capture, env_for, lc, write_gpu_run
+from pages import TRAIN, Serve, capture, env_for, lc, write_gpu_run
 
 from logcapture.xaxis import choose_x_axis
 
@@ -89,6 +89,9 @@ def test_header(site):
     h = get(site, "/api/runs/4242").json()  # by Slurm job id
     assert h["run"] == "gpu" and h["nodes"] == "node1, node2" and h["gpus"] == 4
     assert h["state"] == "COMPLETED" and h["duration"] == 300.0 and not h["running"]
+    h = get(site, "/api/runs/shipped").json()  # read from the store
+    assert h["source"] == "store" and h["state"] == "COMPLETED" and h["exit"] == "0"
+    assert h["name"].endswith(TRAIN) and h["nodes"]
 
 
 def entries_of(site, run: str, **kw: Any) -> list[list[Any]]:

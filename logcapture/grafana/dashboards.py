@@ -272,6 +272,28 @@ LIMIT 1000
 """
 
 
+def sql_job_insights(db: str) -> str:
+    """The run's insights (docs/insights.md): failures first, then efficiency, then live."""
+    return f"""
+SELECT kind, category, message, hint, ts
+FROM {db}.insights FINAL
+WHERE run = {RUN}
+ORDER BY category = 'live', category = 'efficiency', ts, kind
+"""
+
+
+def sql_insights_by_kind(db: str) -> str:
+    """Per kind: jobs, users, and the GPU hours held idle (``gpu-idle``) in the time range."""
+    return f"""
+SELECT kind, any(category) AS category, count() AS jobs, uniqExact(owner) AS users,
+       round(sum(numbers['gpu_hours_idle']), 2) AS gpu_hours_idle
+FROM {db}.insights FINAL
+WHERE $__timeFilter(ts) AND owner IN (${{user:singlequote}})
+GROUP BY kind
+ORDER BY jobs DESC, kind
+"""
+
+
 def sql_jobs_by_state(db: str) -> str:
     return f"""
 SELECT state, count() AS jobs
@@ -495,6 +517,10 @@ def job_details(db: str = DEFAULT_DATABASE) -> gdash.Dashboard:
                "numbers, any numbers; ties to the alphabetically first key.")
     x_axis = (gtable.Panel().title("X axis").datasource(datasource_ref())
               .with_target(_q(sql_x_axis(db))).height(3).span(24))
+    insights = (gtable.Panel().title("Insights").datasource(datasource_ref())
+                .description("Why the job failed, what it held and did not use, and what "
+                             "was found while it ran (logcapture show says the same)")
+                .with_target(_q(sql_job_insights(db))).height(5).span(24))
     return (
         gdash.Dashboard("logcapture: job details").uid(JOB_UID).tags(TAGS)
         .time("now-7d", "now").refresh(JOB_REFRESH).readonly()
@@ -504,6 +530,7 @@ def job_details(db: str = DEFAULT_DATABASE) -> gdash.Dashboard:
         .with_variable(_query_variable("node", "node", sql_node_variable(db), multi=True,
                                        include_all=True))
         .with_panel(header)
+        .with_panel(insights)
         .with_panel(logs)
         .with_panel(table)
         .with_panel(x_axis)
@@ -550,6 +577,10 @@ def jobs_overview(db: str = DEFAULT_DATABASE) -> gdash.Dashboard:
     gpu = (gts.Panel().title("GPU utilisation per job").datasource(datasource_ref())
            .unit("percent").with_target(_q(sql_jobs_gpu_utilization(db), FORMAT_TIME_SERIES))
            .height(5).span(16))
+    insights = (gtable.Panel().title("Insights by kind").datasource(datasource_ref())
+                .description("Jobs per insight kind in the time range; gpu-idle: the GPU "
+                             "hours held without being used")
+                .with_target(_q(sql_insights_by_kind(db))).height(6).span(24))
     return (
         gdash.Dashboard("logcapture: jobs").uid(JOBS_UID).tags(TAGS)
         .time("now-7d", "now").refresh(LIST_REFRESH).readonly()
@@ -557,6 +588,7 @@ def jobs_overview(db: str = DEFAULT_DATABASE) -> gdash.Dashboard:
                                        include_all=True))
         .with_panel(states)
         .with_panel(gpu)
+        .with_panel(insights)
         .with_panel(jobs)
     )
 

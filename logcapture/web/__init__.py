@@ -28,6 +28,10 @@ def bind(host: str, port: int) -> socket.socket:
             sock.close()
             last = e
             continue
+        # Accepted connections inherit it: a response's head and body go out as separate
+        # writes, and Nagle's algorithm held the body for the client's delayed ACK (~40 ms
+        # on every request).
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.listen(128)
         sock.set_inheritable(True)
         return sock

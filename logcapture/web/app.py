@@ -143,6 +143,9 @@ def create_app(pages: Pages, token: str) -> Starlette:
     async def api_run(request: Request) -> Response:
         return _json(_clean(await call(pages.header, request.path_params["ref"])))
 
+    async def api_insights(request: Request) -> Response:
+        return _json(_clean(await call(pages.insights, request.path_params["ref"])))
+
     async def api_log(request: Request) -> Response:
         q = request.query_params
         return _json(await call(pages.log, request.path_params["ref"], _flag(request, "stderr"),
@@ -225,6 +228,7 @@ def create_app(pages: Pages, token: str) -> Starlette:
         Route("/compare", page("compare.html")),
         Route("/api/runs", api_runs),
         Route("/api/runs/{ref}", api_run),
+        Route("/api/runs/{ref}/insights", api_insights),
         Route("/api/runs/{ref}/log", api_log),
         Route("/api/runs/{ref}/follow", api_follow),
         Route("/api/runs/{ref}/metadata", api_metadata),

@@ -100,10 +100,20 @@ class Pages:
 
     def header(self, ref: str) -> dict[str, Any]:
         run = self.resolve(ref)
-        # A run found but not listed yet has written nothing but its directory: starting.
-        summary = next((s for s in self._ask(self.reader.runs) if s["run"] == run),
-                       {"run": run, "state": "RUNNING"})
+        summary = self._ask(self.reader.summary, run)
+        if summary["state"] == "EMPTY":  # nothing written yet but its directory: starting
+            summary = {**summary, "state": "RUNNING"}
         return header(summary, self._ask(self.reader.samples, run))
+
+    def insights(self, ref: str) -> dict[str, Any]:
+        """The run's insights, as ``logcapture show`` lists them (query.describe): asked only
+        of a run that has some to show (its summary's ``insights``: a stored run's kinds, a
+        spool run's when it ended badly), since the spool's answer reads the whole run."""
+        run = self.resolve(ref)
+        summary = next((s for s in self._ask(self.reader.runs) if s["run"] == run), None)
+        if not summary or not summary.get("insights"):
+            return {"run": run, "insights": []}
+        return {"run": run, "insights": self._ask(self.reader.describe, run)["insights"]}
 
     def log(self, ref: str, stderr: bool, before: str | None, after: str | None,
             limit: int) -> dict[str, Any]:
@@ -132,11 +142,10 @@ class Pages:
 
     def compare(self, refs: Iterable[str], key: str) -> dict[str, Any]:
         runs = []
-        summaries = {s["run"]: s for s in self._ask(self.reader.runs)}
         for ref in refs:
             run = self.resolve(ref)
             rows = self._ask(self.reader.metadata, run)[::-1]
-            runs.append(compare_one(summaries.get(run, {"run": run}), rows, key))
+            runs.append(compare_one(self._ask(self.reader.summary, run), rows, key))
         return {"key": key, "runs": runs}
 
 

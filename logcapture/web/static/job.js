@@ -42,8 +42,27 @@
     return h;
   }
 
+  // ------------------------------------------------------------------ insights
+  // Why the run failed, what it held and did not use, what was found while it ran: the
+  // answers `logcapture show` lists first (docs/insights.md), each with the lines it rests on.
+  async function loadInsights() {
+    const box = document.getElementById("insights");
+    const {insights} = await api(base + "/insights");
+    if (!insights.length) { box.replaceChildren(); return; }
+    box.replaceChildren(
+      el("div", {class: "panel-head"}, el("h2", {text: "Insights"})),
+      ...insights.map(i => el("div", {class: "insight " + i.category, "data-kind": i.kind},
+        el("div", {}, el("span", {class: "kind mono", text: i.kind}), " ",
+           el("span", {class: "message", text: i.message})),
+        ...(i.evidence || []).filter(e => e.text !== null && e.text !== undefined)
+          .slice(-3).map(e => el("div", {class: "evidence mono muted",
+                                         text: e.stream + " " + e.seq + ": " + e.text})),
+        i.hint ? el("div", {class: "hint muted", text: "Try: " + i.hint}) : null)));
+  }
+
   // ------------------------------------------------------------------ the log
-  const ROW = 20, PAGE = 1000, OVERSCAN = 30;
+  // The first page fills a screen and some scrolling; older pages come larger as one scrolls.
+  const ROW = 20, FIRST = 300, PAGE = 1000, OVERSCAN = 30;
   const logBox = document.getElementById("log");
   const rowsBox = document.getElementById("log-rows");
   const stderrSwitch = document.getElementById("stderr-switch");
@@ -119,7 +138,7 @@
     if (source) { source.close(); source = null; }
     if (at) return loadAt(gen);
     const stderr = stderrSwitch.checked ? 1 : 0;
-    const page = await api(`${base}/log?stderr=${stderr}&limit=${PAGE}`);
+    const page = await api(`${base}/log?stderr=${stderr}&limit=${FIRST}`);
     if (gen !== generation) return;
     entries = page.entries;
     older = page.more;
@@ -295,12 +314,14 @@
   }
   drawDownloads();
   loadHeader().catch(err => LC.showError(document.getElementById("facts"), err));
+  loadInsights().catch(err => LC.showError(document.getElementById("insights"), err));
   loadLog().then(() => ready("log")).catch(err => LC.showError(rowsBox, err));
   Promise.all([loadMetadata(), loadResources()]).then(() => ready("graphs"))
     .catch(err => LC.showError(document.getElementById("graphs"), err));
   setInterval(() => {
     if (running && !document.hidden) {
-      Promise.all([loadHeader(), loadMetadata(), loadResources()]).catch(() => {});
+      Promise.all([loadHeader(), loadMetadata(), loadResources(), loadInsights()])
+        .catch(() => {});
     }
   }, 5000);
 })();

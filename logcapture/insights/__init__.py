@@ -1,0 +1,40 @@
+"""Answers, not just logs: why a run failed, how well it used what it held, what it does now.
+
+- ``matchers``: the wordings of real programs' failures, as data (pattern, kind, message, hint)
+- ``diagnose``: ``Diagnoser`` reads a run's lines once; ``result(Outcome)`` says why it failed
+- ``efficiency``: notes from the run's resource samples and its Slurm request
+- ``live``: ``LiveWatch``, what the agent finds while a job runs (stalled, nan-metric)
+- ``notify``: the one message per job and event a user asked for (mail, webhook)
+- ``model``: ``Insight`` and ``Evidence``
+
+Pure functions of records: nothing here reads a spool or a store (the callers do), so the
+same diagnosis runs at ship time, in ``logcapture show`` and on the job page.
+"""
+
+from typing import Any
+
+from .diagnose import Diagnoser, Outcome, diagnose
+from .model import EFFICIENCY, FAILURE, LIVE, Evidence, Insight
+
+__all__ = ["EFFICIENCY", "FAILURE", "LIVE", "Diagnoser", "Evidence", "Insight", "Outcome",
+           "diagnose", "run_insights"]
+
+
+def run_insights(diagnoser: Diagnoser, start: Any, end: Any, samples: list[Any], *,
+                 slurm_state: str = "", thresholds: Any = None,
+                 request: dict[str, float] | None = None) -> list[Insight]:
+    """Every insight of a finished run: the diagnosis (when it ended badly) from ``diagnoser``
+    (fed with its lines), then the efficiency notes from its samples. ``start`` and ``end``
+    are records or record dicts (None when absent); a run without an end gets none."""
+    from .efficiency import efficiency_notes, slurm_request
+
+    if end is None:
+        return []
+    get_end = end.get if isinstance(end, dict) else (lambda k: getattr(end, k, None))
+    out = diagnoser.result(Outcome.of(end, slurm_state))
+    if request is None and start is not None:
+        slurm = start.get("slurm") if isinstance(start, dict) else start.slurm
+        ts = start.get("ts") if isinstance(start, dict) else start.ts
+        request = slurm_request(slurm, ts)
+    out += efficiency_notes(samples, get_end("duration"), request, thresholds)
+    return out

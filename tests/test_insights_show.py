@@ -1,0 +1,156 @@
+"""Insights where people see them: `logcapture show` (spool and store), stored at ship time,
+never with text a mode dropped. Real runs through the real CLI and the embedded store."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from conftest import run_lc
+
+from logcapture.insights.report import diagnose_stored
+from logcapture.store import Identity, open_store
+
+FAILING = '''
+import sys
+print("epoch 1", flush=True)
+print('{"step": 1, "loss": 0.5}', flush=True)
+def load(path):
+    return open(path).read()
+try:
+    load("/nonexistent/secret-config")
+except OSError:
+    import traceback
+    traceback.print_exc()   # caught and printed: not the cause
+for i in range(3):
+    print(f"step {i}", flush=True)
+def step(batch):
+    raise RuntimeError("CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 15.90 GiB "
+                       "total capacity; 14.71 GiB already allocated; 19.75 MiB free; 14.86 GiB "
+                       "reserved in total by PyTorch)")
+step(1)
+'''
+
+
+def _run(lc_env: dict[str, str], tmp_path: Path, body: str, run_id: str,
+         *extra: str) -> None:
+    script = tmp_path / f"{run_id}.py"
+    script.write_text(body)
+    run_lc(["run", "--no-sample", "--run-id", run_id, *extra, "--", sys.executable,
+            str(script)], lc_env)
+
+
+def test_show_lists_insights_first_from_the_spool_and_the_store(
+        lc_env: dict[str, str], tmp_path: Path) -> None:
+    _run(lc_env, tmp_path, FAILING, "fail-1")
+    out = run_lc(["show", "fail-1", "--source", "spool"], lc_env).stdout.decode()
+    assert out.startswith("insights:\n  cuda-oom: CUDA out of memory on GPU 0: tried to "
+                          "allocate 20.00 MiB"), out
+    assert "  python-exception: RuntimeError: CUDA out of memory" in out
+    assert f"{tmp_path}/fail-1.py:15 in step" in out
+    spool_json = json.loads(run_lc(["show", "fail-1", "--json", "--source", "spool"],
+                                   lc_env).stdout)
+    assert list(spool_json)[0] == "insights"
+    kinds = [i["kind"] for i in spool_json["insights"]]
+    assert kinds == ["cuda-oom", "python-exception"]
+    exc = spool_json["insights"][1]
+    assert exc["details"]["function"] == "step"  # the last traceback, not the caught one
+    assert all({"kind", "message", "evidence"} <= set(i) for i in spool_json["insights"])
+
+    store = f"chdb://{tmp_path}/store"
+    up = run_lc(["upload", "--store", store, "fail-1"], lc_env)
+    assert up.returncode == 0, up.stderr
+    store_json = json.loads(run_lc(["show", "fail-1", "--json", "--store", store],
+                                   lc_env).stdout)
+    assert "stored in" in store_json
+    assert [(i["kind"], i["message"]) for i in store_json["insights"]] == \
+        [(i["kind"], i["message"]) for i in spool_json["insights"]]
+    # stored by the shipper, with the same evidence
+    with open_store(store, must_exist=True) as st:
+        stored = st.insights("fail-1")
+        assert [i["kind"] for i in stored] == kinds
+        assert stored[0]["evidence"] == spool_json["insights"][0]["evidence"]
+        n = st.client.command("SELECT count() FROM insights FINAL WHERE kind = 'cuda-oom' "
+                              "AND numbers['size_bytes'] = 20 * 1048576")
+        assert int(n) == 1
+
+
+def test_a_run_that_ended_well_has_no_insights(lc_env: dict[str, str], tmp_path: Path) -> None:
+    _run(lc_env, tmp_path, "print('ERROR: not really, all fine')\n", "ok-1")
+    show = json.loads(run_lc(["show", "ok-1", "--json"], lc_env).stdout)
+    assert show["insights"] == []
+    out = run_lc(["show", "ok-1"], lc_env).stdout.decode()
+    assert not out.startswith("insights")
+
+
+def test_text_a_mode_dropped_never_appears_in_an_insight(lc_env: dict[str, str],
+                                                          tmp_path: Path) -> None:
+    secret = "SECRET-TOKEN-4711"
+    body = (f'import sys\nprint("RuntimeError: CUDA out of memory {secret}", file=sys.stderr)\n'
+            f'raise SystemExit(3)\n')
+    _run(lc_env, tmp_path, body, "meta-1", "--mode", "metadata")
+    out = run_lc(["show", "meta-1", "--json"], lc_env).stdout.decode()
+    assert secret not in out
+    show = json.loads(out)
+    assert [i["kind"] for i in show["insights"]] == ["failed"]
+    assert "no error message found in the stored output" in show["insights"][0]["message"]
+    store = f"chdb://{tmp_path}/store"
+    run_lc(["upload", "--store", store, "meta-1"], lc_env)
+    with open_store(store, must_exist=True) as st:
+        rows = st.client.query("SELECT * FROM insights").result_rows
+        assert rows and secret not in repr(rows)
+
+
+def test_the_store_diagnosis_reads_only_candidates(tmp_path: Path) -> None:
+    """diagnose_stored finds the lines with the engine; the answer equals the spool's."""
+    with open_store(f"chdb://{tmp_path}/store") as st:
+        lines = [{"kind": "line", "run": "r1", "stream": "stdout", "seq": i, "ts": 1.7e9 + i,
+                  "text": f"step {i} loss 0.1"} for i in range(5000)]
+        tb = ["Traceback (most recent call last):",
+              '  File "/home/u/train.py", line 9, in <module>', "    main()",
+              '  File "/home/u/train.py", line 5, in main', '    raise KeyError("lr")',
+              "KeyError: 'lr'"]
+        lines += [{"kind": "line", "run": "r1", "stream": "stderr", "seq": i, "ts": 1.8e9 + i,
+                   "text": t} for i, t in enumerate(tb)]
+        start = {"kind": "start", "run": "r1", "stream": "run", "seq": 0, "ts": 1.7e9,
+                 "command": ["python"]}
+        end = {"kind": "end", "run": "r1", "stream": "run", "seq": 1, "ts": 1.9e9,
+               "exit_status": 1, "state": "FAILED", "duration": 10.0}
+        st.insert_records([start, *lines, end], Identity("r1", "alice", 1000))
+        found = diagnose_stored(st, "r1")
+        assert [(i.kind, i.message) for i in found] == [
+            ("python-exception", "KeyError: 'lr' at /home/u/train.py:5 in main")]
+        assert [e.seq for e in found[0].evidence] == [0, 3, 5]
+
+
+def test_ls_flags_runs_that_ended_badly(lc_env: dict[str, str], tmp_path: Path) -> None:
+    _run(lc_env, tmp_path, "import os\nos.kill(os.getpid(), 11)\n", "segv-1")
+    _run(lc_env, tmp_path, "print('fine')\n", "fine-1")
+    rows = {json.loads(line)["run"]: json.loads(line)
+            for line in run_lc(["ls", "--json"], lc_env).stdout.decode().splitlines()}
+    assert rows["segv-1"]["insights"] == ["signal"]
+    assert rows["fine-1"]["insights"] == []
+    table = run_lc(["ls"], lc_env).stdout.decode().splitlines()
+    assert "INSIGHTS" in table[0]
+    assert any(line.startswith("segv-1") and "!signal" in line for line in table)
+
+
+def test_a_diagnosis_made_again_replaces_the_whole_answer(tmp_path: Path) -> None:
+    """The epilog saw SIGTERM (Slurm said COMPLETING); once the final state is CANCELLED the
+    answer is `cancelled`, and the `signal` row of the first diagnosis is gone."""
+    from logcapture.ship import UploadResult, diagnose_run
+
+    with open_store(f"chdb://{tmp_path}/store") as st:
+        ident = Identity("77", "alice", 1000, job_id="77")
+        st.insert_records([
+            {"kind": "start", "run": "77", "stream": "run", "seq": 0, "ts": 1.7e9,
+             "command": ["bash", "job.sh"]},
+            {"kind": "line", "run": "77", "stream": "stdout", "seq": 0, "ts": 1.7e9 + 1,
+             "text": "before the cancel"},
+            {"kind": "end", "run": "77", "stream": "run", "seq": 1, "ts": 1.7e9 + 9,
+             "signal": 15, "state": "SIGNALED", "duration": 9.0}], ident)
+        diagnose_run(st, ident, {}, UploadResult())
+        assert [i["kind"] for i in st.insights("77")] == ["signal"]
+        diagnose_run(st, ident, {"slurm_state": "CANCELLED"}, UploadResult())
+        assert [i["kind"] for i in st.insights("77")] == ["cancelled"]
