@@ -227,13 +227,14 @@ class Pipeline:
         """One renderer step of ``stream``; its committed lines wait, with their read times,
         for ``_release``."""
         r = self.renderers[stream]
+        screens = getattr(r, "screens", 0)
         exact = self._exact[stream] and getattr(r, "line_mode", True)
         try:
             lines = step(r)
         except Exception as e:  # noqa: BLE001 - the job's output never breaks capture
             self._fault(stream, "rendering", e)
             return
-        exact = exact and getattr(self.renderers[stream], "line_mode", True)
+        exact = exact and getattr(r, "line_mode", True) and getattr(r, "screens", 0) == screens
         self._exact[stream] = exact
         if lines:
             self._time(stream, lines)

@@ -136,6 +136,7 @@ class Renderer:
         # Line mode: the screen is the rows above the cursor (``_pending``, already final text)
         # and the cursor row (``_cur``, one character per cell), nothing below the cursor.
         self._line_mode = True
+        self.screens = 0  # times the full emulator took the screen over (``line_mode``)
         self._pending: deque[Rendered] = deque()
         self._burst: Rendered | None = None  # the line of the last burst of one line
         self._cur = ""
@@ -191,7 +192,8 @@ class Renderer:
     def line_mode(self) -> bool:
         """Are the rows the lines the newlines ended, in order (the fast path's state), so
         that the k-th line committed is the one the k-th newline ended? Not while the full
-        emulator has the screen: a cursor moved up may overwrite a row."""
+        emulator has the screen, nor across a call in which it had it (``screens`` grew): a
+        cursor moved up may have overwritten a row."""
         return self._line_mode
 
     # -- internals ----------------------------------------------------------------------------
@@ -376,6 +378,7 @@ class Renderer:
         from .screen import row_from
 
         s = self._emulator()
+        self.screens += 1
         buf = s.buffer
         buf.clear()
         y = 0
