@@ -496,7 +496,11 @@ FROM lines FINAL WHERE {{cond}} {_TAIL_ORDER}
 _SEARCH_SQL = """SELECT run, CAST(owner AS String), CAST(stream AS String), seq,
     toUnixTimestamp64Nano(ts), text
 FROM lines WHERE {where}
-ORDER BY ts DESC, stream DESC, seq DESC LIMIT {n:UInt64}"""
+ORDER BY ts DESC, stream DESC, seq DESC LIMIT {n:UInt64}
+SETTINGS use_top_k_dynamic_filtering = 0"""
+# ClickHouse 26.5's top-K dynamic filter (the embedded engine of chdb-core-lite) compares the
+# second ORDER BY key with the first's type ("Cannot parse DateTime: while converting 'stdout'");
+# 26.9 does not. The filter only skips granules early; the LIMIT is the same without it.
 # The windows a search asks in turn, in seconds back from the newest line it may find (None:
 # all the rest); each window's partitions (one a day) are read only by its own query.
 SEARCH_WINDOWS: tuple[float | None, ...] = (86400.0, 8 * 86400.0, 64 * 86400.0, None)

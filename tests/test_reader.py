@@ -148,7 +148,7 @@ print(json.dumps(out))
         shared = out["shared"]
         n = 5 if me == "lcuser1" else 7
         assert len([d for d in shared["lines"] if d["kind"] == "line"]) == n
-        assert shared["describe"]["owner"] == f"{me} (uid {uid})"
+        assert (shared["describe"]["owner"], shared["describe"]["uid"]) == (me, uid)
         assert [d["fields"]["owner_is"] for d in shared["metadata"]] == [me]
         assert len(shared["samples"]) == 1
         # Nothing of the other user in any answer about the shared run id.
@@ -409,7 +409,7 @@ print(json.dumps({{"ls": lc("ls", "--json"), "logs": lc("logs", "101"),
     assert {"101", "shared"} <= {d["run"] for d in ls} and "202" not in {d["run"] for d in ls}
     assert {d["owner"] for d in ls} == {"lcuser1"}
     assert out["logs"][0] == 0 and out["logs"][1].splitlines()[0].startswith("lcuser1 line 0")
-    assert out["other"][0] == 1 and "no run '202'" in out["other"][2]
+    assert out["other"][0] == 1 and "no job or run '202' of yours" in out["other"][2]
     assert out["other"][1] == "" and "lcuser2 line" not in out["other"][2]
     assert json.loads(out["show"][1])["owner"].startswith("lcuser1 (uid")
     assert json.loads(out["export"][1])["owner_is"] == "lcuser1"

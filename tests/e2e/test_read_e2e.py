@@ -124,7 +124,8 @@ def test_each_user_reads_only_their_own_jobs_through_every_command(rd: Cluster) 
                      ["export", theirs.id, "--what", "samples", "--format", "ndjson"]):
             r = read_as(rd, me, *args)
             assert r.returncode == 1, (args, r.stdout, r.stderr)
-            assert r.stdout == "" and f"no run '{theirs.id}'" in r.stderr, (args, r.stderr)
+            assert r.stdout == "", (args, r.stdout)
+            assert f"no job or run '{theirs.id}' of yours" in r.stderr, (args, r.stderr)
             assert not [t for t in their_texts if t in r.stderr], (args, r.stderr)
         # Their run is "not found", also by the newest-run shortcut.
         latest = read_as(rd, me, "show", "--json", "latest")
