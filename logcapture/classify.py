@@ -102,7 +102,7 @@ def flatten(obj: dict[str, Any]) -> dict[str, Any]:
 # The C scanner json.loads uses, called directly: the same parser and the same errors without
 # loads' Python layers (a metadata line's hot path; tests/test_classify.py holds the two equal).
 # A JSON object's keys are always strings, so flat means: no value is an object.
-_scan_once = json.JSONDecoder().scan_once
+_scan_once = json.JSONDecoder().scan_once  # type: ignore[attr-defined]  # set in __init__
 
 
 def parse_metadata(text: str) -> dict[str, Any] | None:

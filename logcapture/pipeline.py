@@ -154,7 +154,7 @@ class Pipeline:
 
     def start(self, **fields: object) -> Start:
         rec = Start(run=self.run_id, stream=RUN, seq=self._next_run_seq(), ts=time.time(),
-                    mode=self.classifier.mode, **fields)  # type: ignore[arg-type]
+                    mode=self.classifier.mode, **fields)
         self.spool.write([rec])
         return rec
 

@@ -1021,8 +1021,14 @@ class LocalReader:
         req = Request.from_dict(request)
         for ref in req.jobs:
             self.resolve(ref)  # NotFound names a job that is none of the caller's
+        if self.remote is not None and self.source != "spool":
+            # The read service searches the store as the caller; this machine's spool is not
+            # added (on a login node there is none: a running job's lines are found once its
+            # node's agent has shipped them).
+            return self.remote.search(request)
         found = []
         if self._in_store():
+            assert isinstance(self.store, StoreReader)  # no remote: the caller's own store
             found.append(self.store.found(req))
         if self.source != "store":
             found.append(self._spool_found(req, skip_shipped=self._in_store()))

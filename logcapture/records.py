@@ -105,7 +105,7 @@ class Record:
 
 def _record_tuple(name: str, *fields: str, defaults: tuple[Any, ...]) -> type:
     """The named tuple a record type derives from: the identity, then ``fields``."""
-    return namedtuple(name, _IDENTITY + fields, defaults=defaults)  # type: ignore[misc]
+    return namedtuple(name, _IDENTITY + fields, defaults=defaults)
 
 
 class Start(_record_tuple("Start", "command", "cwd", "user", "uid", "host", "pid", "mode",
@@ -325,7 +325,7 @@ KINDS: dict[str, type[Record]] = {
 }
 
 
-_string = json.encoder.encode_basestring  # type: ignore[attr-defined]  # C, ensure_ascii=False
+_string = json.encoder.encode_basestring  # C, ensure_ascii=False
 # What _string escapes among ASCII characters: the C0 controls, '"' and '\\'.
 _ESCAPED_ASCII = bytes(range(32)) + b'"\\'
 
@@ -354,7 +354,9 @@ _encode_nan = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"),
                                default=_json_default).encode
 
 try:  # the C encoder JSONEncoder.encode builds on every call, built once
-    from json.encoder import c_make_encoder as _c_make_encoder
+    from json.encoder import (  # type: ignore[attr-defined]  # CPython's C accelerator
+        c_make_encoder as _c_make_encoder,
+    )
 except ImportError:  # pragma: no cover - CPython always has it
     _c_make_encoder = None
 

@@ -459,7 +459,7 @@ def fork_worker(target: Callable[[int], int]) -> Worker:
     r, w = os.pipe2(os.O_CLOEXEC)
     try:
         # Fewer wake-ups and more slack; unprivileged users may get up to pipe-max-size.
-        fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, WORKER_PIPE_BYTES)  # type: ignore[attr-defined]
+        fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, WORKER_PIPE_BYTES)
     except (OSError, AttributeError):
         pass
     for stream in (sys.stdout, sys.stderr):
@@ -613,8 +613,7 @@ def run(argv: Sequence[str], sink: Sink | Worker | None,
     opts = options or Options()
     warn = opts.warn or (lambda msg: None)
     worker = sink if isinstance(sink, Worker) else None
-    if worker is not None:
-        sink = None
+    plain: Sink | None = None if isinstance(sink, Worker) else sink  # fed in-process (tests)
     rows, cols = opts.winsize or caller_winsize()
     opened: list[int] = []
     try:  # nothing has started yet: a failure here is the caller's to handle (NoTerminal)
@@ -695,24 +694,24 @@ def run(argv: Sequence[str], sink: Sink | Worker | None,
                     warn(f"cannot copy the command's {stream} to its output: {e.strerror}")
 
         def deliver(stream: str, data: bytes, now: float) -> None:
-            nonlocal sink
-            if sink is not None:
+            nonlocal plain
+            if plain is not None:
                 try:
-                    sink.feed(stream, data, now)
+                    plain.feed(stream, data, now)
                 except Exception as e:  # noqa: BLE001 - never break the job
                     # Type name only: the message may quote job text a mode has dropped.
                     warn(f"capture stopped after an internal error ({type(e).__name__});"
                          " the command goes on and its output still reaches its files")
-                    sink = None
+                    plain = None
 
         def tick(now: float) -> None:
-            nonlocal sink
-            if sink is not None:
+            nonlocal plain
+            if plain is not None:
                 try:
-                    sink.tick(now)
+                    plain.tick(now)
                 except Exception as e:  # noqa: BLE001
                     warn(f"capture stopped after an internal error ({type(e).__name__})")
-                    sink = None
+                    plain = None
 
         # poll(2) with a registration kept across iterations: the loop runs once per read,
         # up to ~100k times a second, so it does as few system calls as it can.
@@ -901,7 +900,7 @@ def run(argv: Sequence[str], sink: Sink | Worker | None,
                     if worker is not None:
                         worker.send(_KIND[stream], burst, now, now_m)
                         sent = True
-                    elif sink is not None:
+                    elif plain is not None:
                         deliver(stream, data, now)
             if emptied is not None:  # (a round that read no pty leaves it as it was)
                 drained = emptied
@@ -916,7 +915,7 @@ def run(argv: Sequence[str], sink: Sink | Worker | None,
                             poller.unregister(worker.fd)
                             pumping = False
                         worker._died(warn)
-            elif sink is not None and now_m - last_tick >= TICK:
+            elif plain is not None and now_m - last_tick >= TICK:
                 last_tick = now_m
                 tick(now)
         status = child.wait()
@@ -929,8 +928,8 @@ def run(argv: Sequence[str], sink: Sink | Worker | None,
         return outcome
     finally:
         signal.set_wakeup_fd(old_wakeup)
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)  # type: ignore[arg-type]
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)  # type: ignore[arg-type]
         for fd in (wake_r, wake_w, *masters):
             try:
                 os.close(fd)

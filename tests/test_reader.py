@@ -218,6 +218,9 @@ reqs = [
     {"op": "export", "run": "202", "what": "everything"},
     {"op": "drop table lines"},
     {"op": "lines", "run": "202", "tail": -1},
+    {"op": "search", "request": {"pattern": "line", "owner": "lcuser2"}},
+    {"op": "search", "request": {"pattern": "line", "limit": "all"}},
+    {"op": "search", "request": "line"},
 ]
 out = [raw((json.dumps(r) + "\\n").encode()) for r in reqs]
 out.append(raw(b"not json\\n"))
@@ -234,10 +237,12 @@ print(json.dumps(out))
     assert kinds[:4] == ["UsageError"] * 4
     assert "identity from the operating system" in answers[0][0]["error"]
     assert kinds[4:10] == ["NotFound"] * 6
-    assert kinds[10:] == ["UsageError"] * 7
+    assert kinds[10:] == ["UsageError"] * 10
     assert "control character" in answers[10][0]["error"]
     assert "unknown op" in answers[13][0]["error"]
-    assert "not a JSON object" in answers[15][0]["error"]
+    assert "must be an object with the keys" in answers[15][0]["error"]  # no owner in it
+    assert "limit must be a whole number" in answers[16][0]["error"]
+    assert "not a JSON object" in answers[18][0]["error"]
     # ... and the service still answers.
     assert ServiceReader(sock).resolve("101") == "101"
 
@@ -400,7 +405,8 @@ print(json.dumps({{"ls": lc("ls", "--json"), "logs": lc("logs", "101"),
                   "other": lc("logs", "202"), "show": lc("show", "101", "--json"),
                   "export": lc("export", "101", "--what", "metadata", "--format", "ndjson"),
                   "export_other": lc("export", "202", "--what", "lines"),
-                  "whoami": lc("reader", "whoami")}}))
+                  "whoami": lc("reader", "whoami"), "search": lc("search", "line", "--json"),
+                  "search_theirs": lc("search", "lcuser2")}}))
 """
     res = as_user("lcuser1", code, Path(sock), extra_env=env, timeout=120)
     assert res.returncode == 0, res.stderr
@@ -411,10 +417,16 @@ print(json.dumps({{"ls": lc("ls", "--json"), "logs": lc("logs", "101"),
     assert out["logs"][0] == 0 and out["logs"][1].splitlines()[0].startswith("lcuser1 line 0")
     assert out["other"][0] == 1 and "no job or run '202' of yours" in out["other"][2]
     assert out["other"][1] == "" and "lcuser2 line" not in out["other"][2]
-    assert json.loads(out["show"][1])["owner"].startswith("lcuser1 (uid")
+    assert json.loads(out["show"][1])["owner"] == "lcuser1"
     assert json.loads(out["export"][1])["owner_is"] == "lcuser1"
     assert out["export_other"][0] == 1 and out["export_other"][1] == ""
     assert out["whoami"][1].startswith("lcuser1 (uid")
+    # search asks the service too: the caller's lines only, and none of the other user's
+    assert out["search"][0] == 0, out["search"][2]
+    found = json.loads(out["search"][1])
+    assert found["matches"] and {g["owner"] for g in found["groups"]} == {"lcuser1"}
+    assert "lcuser2" not in out["search"][1]
+    assert out["search_theirs"][0] == 1 and out["search_theirs"][1] == ""
 
 
 def test_the_cli_falls_back_to_its_own_store_without_a_service(tmp_path: Path) -> None:

@@ -34,6 +34,7 @@ from grafana_foundation_sdk.builders import table as gtable
 from grafana_foundation_sdk.builders import timeseries as gts
 from grafana_foundation_sdk.builders import xychart as gxy
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import common as cm
 from grafana_foundation_sdk.models import dashboard as dm
 from grafana_foundation_sdk.models import xychart as xym
 
@@ -491,7 +492,8 @@ def job_details(db: str = DEFAULT_DATABASE) -> gdash.Dashboard:
     header = (gstat.Panel().title("Job").datasource(datasource_ref())
               .with_target(_q(sql_header(db)))
               .reduce_options(_reduce_all_fields())
-              .text_mode("value_and_name").graph_mode("none").color_mode("none")
+              .text_mode(cm.BigValueTextMode.VALUE_AND_NAME)
+              .graph_mode(cm.BigValueGraphMode.NONE).color_mode(cm.BigValueColorMode.NONE)
               .override_by_name("duration", [dm.DynamicConfigValue(id_val="unit", value="s")])
               .height(4).span(24))
     logs = (glogs.Panel().title("Output").datasource(datasource_ref())
@@ -499,7 +501,7 @@ def job_details(db: str = DEFAULT_DATABASE) -> gdash.Dashboard:
                          "what was dropped (repeated lines, blank runs) and why")
             .with_target(_q(sql_logs(db), FORMAT_LOGS))
             .show_time(True).wrap_log_message(True).enable_log_details(True)
-            .sort_order("Ascending").dedup_strategy("none")
+            .sort_order(cm.LogsSortOrder.ASCENDING).dedup_strategy(cm.LogsDedupStrategy.NONE)
             .height(14).span(24))
     table = (gtable.Panel().title("Metadata (newest first)").datasource(datasource_ref())
              .with_target(_q(sql_metadata_table(db)))
@@ -572,7 +574,8 @@ def jobs_overview(db: str = DEFAULT_DATABASE) -> gdash.Dashboard:
             .height(14).span(24))
     states = (gstat.Panel().title("Jobs by state").datasource(datasource_ref())
               .with_target(_q(sql_jobs_by_state(db)))
-              .reduce_options(_reduce_all_fields()).text_mode("value_and_name")
+              .reduce_options(_reduce_all_fields())
+              .text_mode(cm.BigValueTextMode.VALUE_AND_NAME)
               .height(5).span(8))
     gpu = (gts.Panel().title("GPU utilisation per job").datasource(datasource_ref())
            .unit("percent").with_target(_q(sql_jobs_gpu_utilization(db), FORMAT_TIME_SERIES))

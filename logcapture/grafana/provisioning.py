@@ -104,8 +104,8 @@ def make_connection(store_url: str | None = None, *, host: str | None = None,
     """The CLI's options -> :class:`Connection`: the URL first, then each given option; the
     port defaults to the protocol's (9000/9440 native, 8123/8443 HTTP). ``forward_user``
     needs the HTTP protocol (the plugin forwards Grafana's headers only over HTTP)."""
-    given = {"host": host, "port": port, "username": user, "database": database,
-             "protocol": protocol, "secure": secure}
+    given: dict[str, Any] = {"host": host, "port": port, "username": user,
+                             "database": database, "protocol": protocol, "secure": secure}
     given = {k: v for k, v in given.items() if v is not None}
     if protocol is not None and protocol not in ("native", "http"):
         raise UsageError(f"protocol must be native or http, not {protocol!r}")

@@ -164,5 +164,8 @@ class ServiceReader:
     def export_rows(self, run: str, what: str) -> list[dict[str, Any]]:
         return self._items("export", run=run, what=what)
 
+    def search(self, request: dict[str, Any]) -> dict[str, Any]:
+        return dict(self._value("search", request=request))
+
     def close(self) -> None:
         pass

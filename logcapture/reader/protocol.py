@@ -32,6 +32,8 @@ op             arguments                                      answer
 ``metadata``   ``run``                                        items: metadata records, newest first
 ``samples``    ``run``                                        items: sample records, oldest first
 ``export``     ``run``, ``what`` (lines, metadata, samples)    items: export rows
+``search``     ``request`` (``search.Request`` as an object)  value: the search's answer
+                                                              (``search.answer``)
 =============  =============================================  ==================================
 """
 
@@ -42,6 +44,7 @@ from typing import Any, NamedTuple
 
 from ..errors import UsageError
 from ..records import OUTPUT_STREAMS
+from ..search import Request as SearchRequest
 from ..store import EXPORTS
 
 VERSION = 1
@@ -63,6 +66,7 @@ OPS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "metadata": (("run",), ()),
     "samples": (("run",), ()),
     "export": (("run", "what"), ()),
+    "search": (("request",), ()),
 }
 IDENTITY_KEYS = frozenset({"uid", "user", "owner", "gid", "pid", "admin", "as", "identity"})
 
@@ -153,4 +157,6 @@ def parse_request(line: bytes) -> Request:
         if obj["what"] not in EXPORTS:
             raise UsageError(f"request key 'what' must be one of {', '.join(EXPORTS)}")
         args["what"] = obj["what"]
+    if "request" in obj:  # its keys and types are checked as the CLI's are; it names no owner
+        args["request"] = SearchRequest.from_dict(obj["request"]).to_dict()
     return Request(op, args)

@@ -262,6 +262,8 @@ class ReadService:
             out.value(reader.summary(a["run"]))
         elif op == "describe":
             out.value(reader.describe(a["run"]))
+        elif op == "search":
+            out.value(reader.search(a["request"]))
         elif op == "log":
             out.value(reader.log(a["run"], **{k: a[k] for k in ("stderr", "before", "after",
                                                                "limit") if k in a}))

@@ -105,7 +105,7 @@ class _Patterns:
         one_cell = _width1_class()
         self.simple_run = re.compile(f"[{one_cell}]+")
         self.fast = self._fast(one_cell)
-        return getattr(self, name)  # type: ignore[no-any-return]
+        return getattr(self, name)
 
 
 _PATTERNS = _Patterns()
@@ -199,7 +199,7 @@ class Renderer:
                 self._out.append(Rendered(self._cur.rstrip(" "), self._cut))
             self._cur, self._x, self._cut = "", 0, 0
         else:
-            s = self._screen
+            s = self._emulator()
             self._guard(s.commit_all)
             s.cursor.x = s.cursor.y = 0
             self._maybe_line_mode()
@@ -245,16 +245,18 @@ class Renderer:
 
             self.faults += 1
             log.debug("renderer fault; parser reset", exc_info=True)
+            assert self._stream is not None  # a fault comes from the emulator's work
             self._stream._initialize_parser()
             self._unground = 0
 
     def _pyte_feed(self, data: str) -> None:
         """pyte's ``Stream.feed``, except that an exception costs only the character that
         raised it (so the result does not depend on chunking) and an endless sequence is cut."""
-        stream = self._stream
+        stream, screen = self._stream, self._screen
+        assert stream is not None and screen is not None  # the emulator has the screen
         send = stream._send_to_parser
         match_text = stream._text_pattern.match
-        draw = self._screen.draw
+        draw = screen.draw
         taking = stream._taking_plain_text
         offset, n = 0, len(data)
         while offset < n:
@@ -271,14 +273,14 @@ class Renderer:
                 taking = send(ch)
             except Exception:
                 self.faults += 1
-                self._screen.debug("fault", ch)
+                screen.debug("fault", ch)
                 taking = stream._taking_plain_text
             if taking:
                 self._unground = 0
             else:
                 self._unground += 1
                 if self._unground > _MAX_SEQUENCE:
-                    self._screen.debug("sequence too long")
+                    screen.debug("sequence too long")
                     stream._initialize_parser()
                     taking = stream._taking_plain_text
                     self._unground = 0
@@ -457,8 +459,8 @@ class Renderer:
         for y, row in buf.items():
             if y > cy and (row.cut or cells_text(row).strip(" ")):
                 return
-        row = buf.get(cy)
-        if (row is not None and row.wrapped) or s.chain_start(cy) != cy:
+        at_cursor = buf.get(cy)
+        if (at_cursor is not None and at_cursor.wrapped) or s.chain_start(cy) != cy:
             return
         texts = []
         for y in range(cy + 1):
