@@ -485,7 +485,7 @@ class Renderer:
         self._pending = pending
         self._cur = texts[cy]
         self._x = s.cursor.x
-        self._cut = row.cut if row is not None else 0
+        self._cut = at_cursor.cut if at_cursor is not None else 0
         buf.clear()
         self._line_mode = True
 
