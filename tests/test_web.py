@@ -95,7 +95,9 @@ def test_header(site):
 
 
 def entries_of(site, run: str, **kw: Any) -> list[list[Any]]:
-    return get(site, f"/api/runs/{run}/log", **kw).json()["entries"]
+    r = get(site, f"/api/runs/{run}/log", **kw)
+    assert "entries" in r.json(), (run, kw, r.status_code, r.text[:500])
+    return r.json()["entries"]
 
 
 @pytest.mark.parametrize("run", ["train", "shipped"])  # the spool's and the store's
