@@ -1,6 +1,6 @@
 """Configuration: the user's ``.logoptin`` and the administrator's config file.
 
-Two files, two policies (SPEC.md §2, STYLE.md practice 4):
+Two files, two policies (docs/user.md, docs/admin.md):
 
 ``.logoptin`` (the user's, read when the job starts)
     Its existence is the opt-in. Its content is YAML: empty means ``mode: enabled``.

@@ -14,7 +14,7 @@ bus, an unsupported field each become one warning string and the sampler carries
 it has. A process of the job that ends between two samples is no problem at all (a make, a
 shell pipeline): it is counted (``Sampler.counts()``, for the end record), never warned about.
 The only exception is ``sample_interval``, which checks configuration before anything starts
-(ConfigError naming the key, STYLE.md practice 4).
+(a ConfigError naming the key: configuration fails early, not in the job's log).
 """
 
 from __future__ import annotations

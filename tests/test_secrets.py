@@ -1,4 +1,4 @@
-"""Text dropped by a mode is never written anywhere by logcapture (SPEC.md §2, issue 3 §7), so
+"""Text dropped by a mode is never written anywhere by logcapture (docs/user.md, "Modes"), so
 no search finds it.
 
 A real job prints secrets while logging is `disabled` (from .logoptin) or `metadata`, in every
