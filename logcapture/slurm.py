@@ -999,13 +999,19 @@ _REASON_STATES = {"TimeLimit": "TIMEOUT", "Deadline": "DEADLINE", "OutOfMemory":
 def end_state(exit_status: int | None, signal: int | None, job: dict[str, str],
               restarts: int = 0) -> str:
     """The state sacct gives a job that ended with ``exit_status`` or ``signal``, from what
-    slurmctld said of it at that moment (``scontrol show job -o`` fields; {} when it could
-    not be asked): a state only Slurm decides (CANCELLED, TIMEOUT, PREEMPTED, NODE_FAIL,
-    OUT_OF_MEMORY, a requeue) as Slurm says it (``JobState``, or ``Reason`` while the job is
-    still COMPLETING; a requeued job is PENDING again with ``Restarts`` counted up, reason
-    BeginTime, and its ``Restarts`` are more than ``restarts``, the count this run started
-    with), else COMPLETED for exit status 0 and FAILED for any other exit or a signal (sacct's
-    FAILED: "terminated with non-zero exit code or other failure condition")."""
+    slurmctld said of it at that moment, while the job's wrapper still ran (``scontrol show
+    job -o`` fields; {} when it could not be asked): a state only Slurm decides (CANCELLED,
+    TIMEOUT, PREEMPTED, NODE_FAIL, OUT_OF_MEMORY, a requeue) as Slurm says it, else COMPLETED
+    for exit status 0 and FAILED for any other exit or a signal (sacct's FAILED: "terminated
+    with non-zero exit code or other failure condition").
+
+    A job slurmctld is ending shows as COMPLETING until its last process and epilog are gone
+    (``scontrol`` prints the COMPLETING flag instead of the state under it, and the wrapper is
+    one of those processes), so the state is read from ``Reason``: TimeLimit, NodeDown,
+    Preempted... as the state they announce. With no Reason the job was ended on request:
+    ``scancel`` (sacct's CANCELLED). A job that is still RUNNING ended by itself. A requeued
+    job is PENDING again (reason BeginTime) or counts more ``Restarts`` than ``restarts``, the
+    count this run started with."""
     state = job.get("JobState", "")
     counted = job.get("Restarts", "")
     if counted.isdigit() and int(counted) > restarts:
@@ -1017,6 +1023,8 @@ def end_state(exit_status: int | None, signal: int | None, job: dict[str, str],
     reason = job.get("Reason", "")
     if state in ("COMPLETING", "PENDING") and reason in _REASON_STATES:
         return _REASON_STATES[reason]
+    if state == "COMPLETING" and reason in ("", "None"):
+        return "CANCELLED"
     if signal is None and exit_status == 0:
         return "COMPLETED"
     return "FAILED"
@@ -1030,35 +1038,8 @@ def job_end_state(exit_status: int | None, signal: int | None,
     if not job_id.isdigit():
         return end_state(exit_status, signal, {})
     restarts = env.get("SLURM_RESTART_COUNT", "")
-    job = slurm_job(job_id, timeout)
-    if job.get("JobState") == "COMPLETING" and job.get("Reason", "None") in ("None", ""):
-        # scontrol names a completing job's state COMPLETING; squeue's state filter matches
-        # the state underneath (CANCELLED, TIMEOUT...).
-        job = {**job, "JobState": _base_state(job_id, timeout) or "COMPLETING"}
-    return end_state(exit_status, signal, job, int(restarts) if restarts.isdigit() else 0)
-
-
-def _base_state(job_id: str, timeout: float) -> str:
-    """The state of a COMPLETING job that only Slurm decides, asked one state at a time of
-    ``squeue --states`` (whose filter compares the state under COMPLETING), or ""."""
-    import subprocess
-    import time
-
-    deadline = time.monotonic() + timeout  # for all the questions together
-    for state in sorted(_DECIDED_BY_SLURM - {"REQUEUED"}):
-        for squeue in ("/usr/bin/squeue", "/usr/local/bin/squeue", "squeue"):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return ""
-            try:
-                out = subprocess.run([squeue, "-h", "-j", job_id, "-t", state, "-o", "%i"],
-                                     capture_output=True, timeout=left, check=False)
-            except (OSError, subprocess.SubprocessError):
-                continue
-            if out.stdout.strip():
-                return state
-            break
-    return ""
+    return end_state(exit_status, signal, slurm_job(job_id, timeout),
+                     int(restarts) if restarts.isdigit() else 0)
 
 
 def slurm_state(job_id: str, timeout: float = 10.0) -> str:

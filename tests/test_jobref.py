@@ -101,7 +101,8 @@ def test_ls_labels_name_exactly_their_run() -> None:
 def test_a_run_ended_by_a_requeue_is_requeued() -> None:
     job = {"JobState": "COMPLETING", "Reason": "None", "Restarts": "1"}
     assert end_state(None, 15, job) == "REQUEUED"
-    assert end_state(0, None, job, restarts=1) == "COMPLETED"  # the requeued run itself
+    # the requeued run itself, ending by itself: the job is RUNNING while its wrapper asks
+    assert end_state(0, None, {**job, "JobState": "RUNNING"}, restarts=1) == "COMPLETED"
 
 
 @pytest.mark.parametrize(("exit_status", "signal", "job", "state"), [
@@ -109,6 +110,10 @@ def test_a_run_ended_by_a_requeue_is_requeued() -> None:
     (3, None, {"JobState": "RUNNING"}, "FAILED"),
     (None, 9, {"JobState": "RUNNING"}, "FAILED"),  # killed itself: sacct says FAILED
     (None, 15, {"JobState": "CANCELLED"}, "CANCELLED"),  # scancel
+    # scancel as the wrapper sees it: slurmctld shows the COMPLETING flag, no Reason
+    (None, 15, {"JobState": "COMPLETING", "Reason": "None"}, "CANCELLED"),
+    (0, None, {"JobState": "COMPLETING", "Reason": "None"}, "CANCELLED"),
+    (None, 15, {"JobState": "RUNNING", "Reason": "None"}, "FAILED"),  # scancel --signal=TERM
     (0, None, {"JobState": "CANCELLED"}, "CANCELLED"),  # cancelled, trapped TERM, exit 0
     (143, None, {"JobState": "TIMEOUT"}, "TIMEOUT"),
     (None, 15, {"JobState": "COMPLETING", "Reason": "TimeLimit"}, "TIMEOUT"),

@@ -510,10 +510,6 @@ def test_job_ids_states_and_views_as_the_user_reads_them(lc: Cluster) -> None:
             f"{requeued.id}.1"} <= set(runs)
     assert runs[f"{t}_2"]["run"] == tasks["2"] and runs[f"{t}_2"]["job_name"] == "sweep"
     assert runs[f"{t}_2"]["state"] == "COMPLETED" and runs[f"{t}_2"]["exit_status"] == 0
-    if runs[cancelled.id]["state"] == "FAILED":
-        # Known bug: with the agent and the epilog of this cluster, the wrapper's record of a
-        # scancel'led job says FAILED; Slurm says CANCELLED (sacct). The rest is not reached.
-        pytest.xfail("scancel'led job recorded as FAILED instead of CANCELLED")
     assert runs[cancelled.id]["state"] == "CANCELLED"  # not SIGNALED / signal 15
     assert runs[cancelled.id]["job_name"] == "cancelme"
     assert runs[timed.id]["state"] == "TIMEOUT"
