@@ -265,8 +265,9 @@ def _wait_for_job(reader: Any, ref: str | None, poll: float = 1.0) -> str:
             if parsed is None or parsed.restart is not None:
                 raise
             spec = parsed.job + (f"_{parsed.task}" if parsed.task else "")
-            state = slurm_job(spec, timeout=5.0).get("JobState", "")
-            if state not in ACTIVE_STATES:
+            job = slurm_job(spec, timeout=5.0)
+            state = job.get("JobState", "")
+            if state not in ACTIVE_STATES or not _may_read(job.get("UserId", "")):
                 if told:
                     raise NotFound(f"job {ref} ended ({state or 'gone from the queue'}) and "
                                    "logcapture has no run of it: was ~/.logoptin there when "
@@ -276,6 +277,13 @@ def _wait_for_job(reader: Any, ref: str | None, poll: float = 1.0) -> str:
                 click.echo(f"logcapture: job {ref} is {state}: waiting for its output", err=True)
                 told = state
             time.sleep(poll)
+
+
+def _may_read(user_id: str) -> bool:
+    """Whether this user may read a job of Slurm's ``UserId`` (``name(uid)``): their own, or
+    any for root. Another user's running job is not waited for: it will never be theirs."""
+    uid = user_id.rpartition("(")[2].rstrip(")")
+    return os.getuid() == 0 or (uid.isdigit() and int(uid) == os.getuid())
 
 
 @cli.command()
