@@ -62,6 +62,7 @@ from .errors import (
 from .insights.live import LiveWatch
 from .insights.notify import Notifier
 from .records import Start, from_dict
+from .runs import find_run
 from .spool import (
     CURSOR_NAME,
     SEGMENT_BYTES,
@@ -852,10 +853,9 @@ def _select(root: Path, run: str | None, all_runs: bool) -> list[Path]:
     if not root.is_dir():
         raise LogcaptureError(f"spool directory {root} does not exist")
     if run:
-        path = root / check_run_id(run)
-        if not path.is_dir():
-            raise LogcaptureError(f"no run {run!r} in {root}")
-        return [path]
+        # a run id, or a Slurm job reference (1234, 1234_5, 1234.1) as `ls` shows it, in a
+        # user's spool or a cluster's spool root (one folder per job)
+        return [find_run(root, run)]
     runs = find_run_dirs(root)
     if all_runs:
         return runs

@@ -419,6 +419,26 @@ def test_missing_spool_and_run(tmp_path: Path, dsn: str) -> None:
     assert ship.upload(tmp_path / "empty", dsn=dsn).exit_code == 0
 
 
+def test_a_cluster_spool_root_ships_a_run_by_its_slurm_job_id(tmp_path: Path, dsn: str) -> None:
+    # The Slurm layout: one folder per job (root/JOB/RUN); `upload --run 77` names the job as
+    # `ls` shows it, not a folder of the root.
+    root = tmp_path / "root"
+    for job in ("77", "78"):
+        (root / job).mkdir(parents=True)
+        w = SpoolWriter(create_run_dir(root / job, job), fsync=False)
+        w.write([Start(run=job, stream="run", seq=0, ts=T0, command=["job"], user="u",
+                       uid=os.getuid(), slurm={"job_id": job}),
+                 Line(run=job, stream="stdout", seq=0, ts=T0, text=f"job {job} says hi"),
+                 End(run=job, stream="run", seq=1, ts=T0 + 1, exit_status=0,
+                     state="COMPLETED")])
+        w.close()
+    res = ship.upload(root, run="77", dsn=dsn)
+    assert (res.exit_code, res.runs) == (0, ["77"]), res.error
+    assert counts(dsn, "77")[0] == 1 and counts(dsn, "78")[0] == 0
+    res = ship.upload(root, run="79", dsn=dsn)
+    assert res.exit_code == 2 and "no run '79'" in res.error
+
+
 def test_identity_is_the_run_directory_owner_not_the_start_record(tmp_path: Path) -> None:
     root = tmp_path / "spool"
     rd = create_run_dir(root, "who")

@@ -583,7 +583,7 @@ def test_search_finds_each_users_own_lines_only(lc: Cluster) -> None:
         up = subprocess.run([bin_, "upload", "--run", job.id, "--spool", str(lc.spool_root),
                              "--store", lc.env["LOGCAPTURE_STORE"]],
                             env=lc.env, capture_output=True, text=True, timeout=300)
-        assert up.returncode == 0, up.stderr
+        assert up.returncode == 0 and "of 1 run(s)" in up.stderr, up.stderr
     out = lc.store_query(
         "from contextlib import nullcontext\n"
         "from logcapture.query import StoreReader\n"
@@ -594,10 +594,6 @@ def test_search_finds_each_users_own_lines_only(lc: Cluster) -> None:
         "    print(json.dumps(sorted((g['run'], g['owner']) for g in found['groups'])))",
         U1, U2, j1.id, j2.id)
     everyone, one, two = (json.loads(x) for x in out.splitlines())
-    if everyone == []:
-        # Known bug: the store's search with --job found nothing on the embedded engine 26.5
-        # (chdb-core-lite) in this cluster; the spool search above holds.
-        pytest.xfail("the store's search with --job found no run")
     assert everyone == sorted([[j1.id, U1], [j2.id, U2]])
     assert one == [[j1.id, U1]] and two == [[j2.id, U2]]
     r = lc.as_user(U1, [bin_, "search", "--store", lc.env["LOGCAPTURE_STORE"], "--source",
