@@ -29,6 +29,7 @@ never quotes the line, which may hold the secret the user meant to hide.
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import Callable
 
@@ -105,8 +106,30 @@ def flatten(obj: dict[str, Any]) -> dict[str, Any]:
 _scan_once = json.JSONDecoder().scan_once  # type: ignore[attr-defined]  # set in __init__
 
 
+# ClickHouse reads a JSON integer in 64 bits (Int64 or UInt64,
+# https://clickhouse.com/docs/sql-reference/functions/json-functions); with a larger one in
+# it, an object is unreadable to the JSON functions of some engines (ClickHouse 26.5: no key
+# of it at all), so a graph would lose every field of that record. Such an integer is kept as
+# its decimal text, as non-finite floats are kept as strings (records.dumps): it is no number
+# a graph could plot either way. Only text with a run of 19 digits can hold one.
+_INT_MIN, _INT_MAX = -(2**63), 2**64 - 1
+_LONG_DIGITS = re.compile(r"\d{19}")
+
+
+def big_ints_as_text(value: Any) -> Any:
+    """``value`` with every integer beyond 64 bits in it as its decimal text."""
+    if type(value) is int and not _INT_MIN <= value <= _INT_MAX:
+        return str(value)
+    if isinstance(value, dict):
+        return {k: big_ints_as_text(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [big_ints_as_text(v) for v in value]
+    return value
+
+
 def parse_metadata(text: str) -> dict[str, Any] | None:
-    """The flattened fields if ``text`` is exactly one JSON object, else None."""
+    """The flattened fields if ``text`` is exactly one JSON object, else None. An integer
+    beyond 64 bits becomes its decimal text (``_LONG_DIGITS``)."""
     if len(text) < 2 or text[0] != "{" or text[-1] != "}":
         return None
     try:
@@ -115,6 +138,11 @@ def parse_metadata(text: str) -> dict[str, Any] | None:
         return None
     if end != len(text) or type(obj) is not dict:  # pragma: no branch - "{...}" is a dict
         return None
+    if _LONG_DIGITS.search(text):
+        try:
+            obj = big_ints_as_text(obj)
+        except RecursionError:  # nested nearly as deep as the parser allows: kept as a line
+            return None
     if dict in set(map(type, obj.values())):
         return flatten(obj)
     return obj
