@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from decimal import Decimal
 from typing import Any, NamedTuple
 
 from .records import (
@@ -208,9 +209,17 @@ def metadata_text(fields_json: str) -> str:
 
 # --- Cursors: where a page of entries starts or ends -------------------------------------
 
+def ts_ns(ts: float) -> int:
+    """A time stamp in ns as the store holds it: the spool writes a float as its shortest
+    decimal text (``repr``), which the store's DateTime64(9) parses exactly; ``ts * 1e9``
+    would be off by up to ~128 ns at today's epoch (a float's precision), and a cursor made
+    so would fall on the wrong side of its own entry."""
+    return int(Decimal(repr(float(ts))).scaleb(9))
+
+
 def cursor_of(ts: float, stream: str, seq: int) -> str:
     """An entry's place in the order, as text: ``"<ts in ns>:<stream>:<seq>"``."""
-    return f"{round(ts * 1e9)}:{stream}:{seq}"
+    return f"{ts_ns(ts)}:{stream}:{seq}"
 
 
 def parse_cursor(cursor: str) -> tuple[int, str, int]:

@@ -48,7 +48,7 @@ from .insights import Diagnoser, Outcome, run_insights
 from .insights.efficiency import admin_thresholds
 from .insights.report import store_insights
 from .jobref import JOB_KEYS
-from .logview import Entry, LogView, cursor_of, parse_cursor, sort_key
+from .logview import Entry, LogView, cursor_of, parse_cursor, sort_key, ts_ns
 from .records import (
     NOTE_BLANK,
     NOTE_MODE,
@@ -615,7 +615,7 @@ def _entry_json(ts: float, stream: str, seq: int, kind: str, text: str) -> list[
 def _ts_of(raw: bytes) -> int | None:
     """A spool line's time stamp in ns (``logview.cursor_of``'s unit), or None."""
     try:
-        return round(json.loads(raw)["ts"] * 1e9)
+        return ts_ns(json.loads(raw)["ts"])
     except (ValueError, KeyError, TypeError):
         return None
 
@@ -797,7 +797,7 @@ class SpoolRun:
 
 
 def _cursor_key(e: Entry) -> tuple[int, str, int]:
-    return round(e.ts * 1e9), e.stream, e.seq
+    return ts_ns(e.ts), e.stream, e.seq
 
 
 class LocalReader:

@@ -1461,11 +1461,6 @@ class Store:
             order = "ASC" if after else "DESC"
         sql = log_sql("", cond, "{stderr:UInt8}", where, order, "{limit:UInt32}",
                       ts="toUnixTimestamp64Nano(ts)", final=False)
-        if cursor is not None:
-            # Read in key order, the embedded engine of chdb-core-lite (ClickHouse 26.5) finds
-            # no row past a cursor without FINAL (tests/test_web.py: a search hit's link);
-            # 26.9 does. The primary key still bounds the read to the cursor's side of the run.
-            sql += " SETTINGS optimize_read_in_order = 0"
         rows = self._query(sql, params)
         seen: set[tuple[str, int]] = set()
         unique = []

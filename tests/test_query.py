@@ -123,6 +123,40 @@ def test_describe_is_one_mapping_from_spool_and_store(tmp_path: Path) -> None:
     assert a["resources"]["cpu_seconds_total"] == 1.5
 
 
+def test_a_cursor_opens_the_log_at_its_own_entry_from_spool_and_store(tmp_path: Path) -> None:
+    # Time stamps whose float, times 1e9, is not their decimal value in ns (round(ts * 1e9)
+    # of 1795528262.5871518 is ...151872, the store holds ...151800): a cursor must name the
+    # very entry in both sources, so that the page after "ns - 1" begins with it.
+    dsn = f"chdb://{tmp_path / 'store'}"
+    stamps = [1795528262.5871518, 1795528262.5871523, 1795528263.1234567, 1795528263.9999998]
+    recs = [Start(run="ns", stream="run", seq=0, ts=stamps[0], command=["x"], user=ME,
+                  uid=os.getuid()),
+            *[Line(run="ns", stream="stdout", seq=i, ts=t, text=f"line {i}")
+              for i, t in enumerate(stamps)],
+            End(run="ns", stream="run", seq=1, ts=stamps[-1], exit_status=0,
+                state="COMPLETED")]
+    assert any(round(t * 1e9) != int(f"{t:.7f}".replace(".", "")) * 100 for t in stamps)
+    rd = create_run_dir(tmp_path / "spool", "ns")
+    w = SpoolWriter(rd, fsync=False)
+    w.write(recs)
+    w.close()
+    with S.open_store(dsn) as st:
+        st.insert_records(recs, trusted_identity(rd))
+    for source in ("spool", "store"):
+        r = Q.LocalReader(tmp_path / "spool", dsn, source=source)
+        try:
+            entries = r.log("ns")["entries"]
+            assert [e[3] for e in entries] == [f"line {i}" for i in range(4)]
+            for i, e in enumerate(entries):
+                ns, stream, seq = Q.parse_cursor(e[0])
+                after = r.log("ns", after=f"{ns - 1}:{stream}:{seq}")["entries"]
+                assert [x[3] for x in after] == [f"line {j}" for j in range(i, 4)], source
+                before = r.log("ns", before=f"{ns + 1}:{stream}:{seq}")["entries"]
+                assert [x[3] for x in before] == [f"line {j}" for j in range(i + 1)], source
+        finally:
+            r.close()
+
+
 def test_follow_reads_each_record_once_as_they_reach_the_store(tmp_path: Path) -> None:
     dsn = f"chdb://{tmp_path / 'store'}"
     recs = records("live", "alice", 1001, n=30)
