@@ -2,13 +2,13 @@
 
     .venv/bin/python bench/bench_render.py [--mb 4] [--repeat 3] [--before DIR]
 
-Two workloads, fed in 4 KiB chunks as a pty delivers them (PTY-RENDER.md):
+Two workloads, fed in 4 KiB chunks as a pty delivers them (Linux's pty buffer hands a reader at most 4 KiB at a time):
 - plain: 80-byte log lines;
 - progress: tqdm-style ``\\r`` redraws with colours and erase-line, a newline every 50 redraws.
 Baselines: ``pyte`` is pyte.Screen(80, 24) + pyte.ByteStream with LNM set and an ``index``
 override collecting the rows that scroll off (the least a log renderer must do); ``pure`` is
 logcapture's own renderer with the fast path off. Pure pyte is ~1 MB/s, so the baselines run on
-a slice of the input (throughput is per byte). Targets (issue 3): >= 40 MB/s plain, >= 20 MB/s
+a slice of the input (throughput is per byte). Targets: >= 40 MB/s plain, >= 20 MB/s
 progress-heavy. Prints MB/s and the ratios; the median of ``--repeat`` runs.
 
 ``--before DIR`` also measures the renderer of another tree (a directory holding a

@@ -1,7 +1,7 @@
 """What capture costs a job: logcapture run against a file, a bare pty tee and script(1).
 
 Every variant runs in the same process, interleaved, N rounds; medians are printed with
-ratios. Workloads (issue 2 §7):
+ratios. Workloads:
   prints    1M print() lines (line-buffered on a tty: 1M write() calls)
   bulk      200 MB of 80-character lines in large writes
   training  ~1k lines/s for 10 s with a progress bar redrawn at 10 Hz (capture CPU share):

@@ -1,7 +1,7 @@
 """Benchmark: the embedded store (chDB through clickhouse-connect).
 
 Three figures, each printed with its ratio against a baseline measured in the same run
-(SPEC.md §7), and the machine's load average (the cores may be shared):
+and the machine's load average (the cores may be shared):
 
 1. Ingest: spool -> store with one agent (``Agent.flush``: the engine reads the closed gzip
    segments itself through ``file()``, the identity as parameters, cursor saved).

@@ -2,7 +2,7 @@
 
 It consumes what the filter produced for both output streams (``Rendered`` lines and
 ``Dropped`` notes), and produces numbered records: ``Line``, ``Note``, ``Command`` and
-``Metadata``. The rules are the cluster guide's (seeds/002), made precise in SPEC.md §2:
+``Metadata``. The rules (docs/user.md tells them to users):
 
 - A **command** is a whole line: ``/LOGCOMMAND``, one space, a JSON object whose only key is
   ``mode``. It is accepted on stdout and stderr and applies to both streams from that line on.
@@ -17,7 +17,7 @@ It consumes what the filter produced for both output streams (``Rendered`` lines
 - **Modes**: ``enabled`` keeps lines and metadata (a metadata line is kept as a ``Line`` too),
   ``metadata`` keeps only ``Metadata`` records, ``disabled`` only the commands.
 
-The privacy rule (SPEC.md §2): text a mode drops is never written anywhere, so nothing derived
+The privacy rule: text a mode drops is never written anywhere, so nothing derived
 from it is returned either: no cut notes, no repeat or blank notes, and a warning about a
 malformed command says only where it was and what was wrong (stream, line number, JSON error
 and column, the offending key or value only when it is plainly a typo of a valid word). It

@@ -1,7 +1,7 @@
 """The ``logcapture`` command: a thin layer over the library.
 
 This is the only module that turns ``LogcaptureError`` into a message and an exit code
-(STYLE.md practice 5): ``main()`` prints ``logcapture: error: <message>`` on stderr and exits
+``main()`` prints ``logcapture: error: <message>`` on stderr and exits
 with the error's ``exit_code``. Every command has help text (a test enforces it).
 """
 

@@ -18,7 +18,7 @@
     └── UsageError                  a command was called wrongly (exit_code 2)
 
 The job's own output never raises any of these: bad commands, bad JSON and unknown escapes
-become records (warning notes), not exceptions (STYLE.md practice 3).
+become records (warning notes), not exceptions.
 """
 
 from __future__ import annotations

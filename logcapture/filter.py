@@ -1,6 +1,6 @@
 """filter: rendered lines of one stream -> lines and notes about what was dropped.
 
-SPEC.md §2: consecutive repeated lines are dropped with a note saying how many; runs of blank
+Consecutive repeated lines are dropped with a note saying how many; runs of blank
 lines become one. One ``LineFilter`` per stream, so the rules never mix stdout and stderr.
 
 - A line identical to the previous one (same text, same cut) is dropped and counted; when the

@@ -7,7 +7,7 @@ the run as a whole: start, end, run-level notes) or ``sample:<node>`` (resource 
 node), and ``seq`` counts from 0 within that stream. Re-shipping a record therefore can never
 produce a second row: the store deduplicates on that identity.
 
-Stages exchange these types and nothing else (STYLE.md practice 2). Encoding is
+Stages exchange these types and nothing else. Encoding is
 ``record.to_dict()`` -> ``json.dumps``; decoding is ``from_dict(obj)``, which raises
 ``RecordError`` naming the field that was wrong.
 
@@ -41,7 +41,7 @@ STDERR = "stderr"
 RUN = "run"
 OUTPUT_STREAMS = (STDOUT, STDERR)
 
-# Modes of the cluster guide (seeds/002): what is kept of the job's output.
+# Modes a job switches with /LOGCOMMAND: what is kept of the job's output.
 ENABLED = "enabled"
 METADATA = "metadata"
 DISABLED = "disabled"

@@ -2,14 +2,14 @@
 
 Both share one **cursor** per run directory (``.logcapture-cursor.json``), guarded by an
 ``flock`` on ``.logcapture-cursor.lock``, so they can run at the same time without sending a
-line twice (gpufl's cursor-file convention, seeds/000). The cursor counts the complete lines
+line twice (gpufl's cursor-file convention). The cursor counts the complete lines
 shipped per segment *index*: a segment is renamed ``seg-N.ndjson`` -> ``seg-N.ndjson.gz`` when
 closed, which changes its bytes but not its lines. A shipper holds the run's lock from reading
 the segment to writing the cursor. If it dies between the store accepting a batch and the
 cursor being written, the next shipper sends those lines again, and the store's
 ReplacingMergeTree (read with FINAL) shows each record once.
 
-Failures (STYLE.md practice 7, Vector's ClickHouse sink, gpufl's failure table):
+Failures (as Vector's ClickHouse sink and gpufl sort them):
 
 - ``StoreUnavailable`` (connection refused, timeout, a chDB folder locked by another process):
   retried with exponential backoff inside a total deadline; the spool is kept.
@@ -26,7 +26,7 @@ followed, a regular file) and read by the engine itself (``_ship_direct``); the 
 what is left of a partly shipped one, and anything the engine cannot read or refuses are read
 here as bytes (``read_segment_bytes``) and sent as they are.
 
-Identity (issue 4, privacy): the owner and run id of shipped rows come from ``identify(run_dir)``,
+Identity (privacy): the owner and run id of shipped rows come from ``identify(run_dir)``,
 a trusted source chosen by the caller. The default, ``identity_from_spool``, takes the owner from
 the run directory's owner (which a user cannot forge: ``chown`` to another user needs root) and
 the run id from the directory name; the Start record only adds cluster and job id as

@@ -1,6 +1,6 @@
 """The spool: an append-only write-ahead log of NDJSON segments on local disk.
 
-The spool is the source of truth (SPEC.md §4); the store is fed from it. Layout::
+The spool is the source of truth; the store is fed from it. Layout::
 
     <root>/<run id>/seg-000000.ndjson.gz   closed segments (gzip), never written again
     <root>/<run id>/seg-000001.ndjson      the open segment, append-only
@@ -9,8 +9,8 @@ Writing (``SpoolWriter``): records are encoded by the caller's thread into an in
 buffer; a flusher thread writes the buffer on a time trigger (``flush_interval``), a size
 trigger (``flush_records``), on demand (``flush()``) and at ``close()``, and fdatasyncs at most
 every ``flush_interval`` (and when the job goes quiet), so the job never waits on disk sync
-(PTY-RENDER.md: fsync per line throttles the job) and a flood does not sync per batch. A segment
-that reaches ``segment_bytes`` is closed and gzip-compressed. A failed write (disk full,
+(fsync per line would throttle the job: the pty fills while the disk syncs) and a flood does
+not sync per batch. A segment that reaches ``segment_bytes`` is closed and gzip-compressed. A failed write (disk full,
 RLIMIT_FSIZE, I/O error) is reported once through ``warn``, what was not written stays buffered
 (up to ``max_pending`` records; past that new records are counted as lost), and the write is
 retried on the next trigger.
@@ -229,8 +229,7 @@ def _closed_meanwhile(seg: Segment) -> Segment | None:
 
 def open_segment(seg: Segment) -> tuple[int, Segment]:
     """Open a segment for reading: the descriptor and the segment opened. Never follows a
-    symlink and refuses anything but a regular file (root reads user-owned spools: SPEC.md §4,
-    issue 5). An open segment that the writer closed since it was listed is opened under its
+    symlink and refuses anything but a regular file (root reads user-owned spools). An open segment that the writer closed since it was listed is opened under its
     ``.gz`` name (``_closed_meanwhile``)."""
     try:
         fd = os.open(seg.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -390,7 +389,7 @@ class SpoolWriter:
         # as records keep coming, and goes back to sleep after an interval that brought none.
         # A record waits at most flush_interval either way, and one wake-up per interval
         # serves a job that prints all the time (woken by the first record of each interval
-        # instead, it cost two, each taking the GIL from the rendering thread: session 4).
+        # instead, it would cost two, each taking the GIL from the rendering thread).
         # A flush that flush_records triggered early writes without fdatasync unless the last
         # sync is flush_interval old: a flood syncs twice a second, not once per batch, and
         # what a node crash can lose stays bounded by flush_interval (a crash of the process

@@ -1,4 +1,4 @@
-"""The X-axis rule of the cluster guide (seeds/002, SPEC.md §2), implemented once.
+"""The X-axis rule of metadata graphs, implemented once.
 
 A job's metadata graphs are drawn by time and by one X key chosen per job, in this order:
 

@@ -123,7 +123,7 @@ def test_a_reused_run_id_still_runs_the_command(lc_env: dict[str, str]) -> None:
 
 def test_a_line_followed_by_silence_reaches_the_spool_while_the_job_waits(
         lc_env: dict[str, str]) -> None:
-    # Issue 3: a printed line reaches the spool within 1 s when the job then stays quiet. No
+    # A printed line reaches the spool within 1 s when the job then stays quiet. No
     # clock is asserted: the job prints, then waits (up to 20 s) until the line is in the spool,
     # and says whether it got there before it gave up. Default flush settings.
     lc_env.pop("LOGCAPTURE_FLUSH_INTERVAL")

@@ -96,7 +96,7 @@ def test_logcapture_run_starts_without_click(tmp_path: Path) -> None:
 
 def test_out_of_file_descriptors_the_command_still_runs(tmp_path: Path) -> None:
     """With too few file descriptors for the ptys, the wake-up pipe or the spawn, capture
-    gives way: the command runs without it, with its own exit status (SPEC.md §3)."""
+    gives way: the command runs without it, with its own exit status."""
     import resource
 
     env = dict(os.environ, HOME=str(tmp_path), XDG_STATE_HOME=str(tmp_path / "state"),

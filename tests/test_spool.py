@@ -1,4 +1,4 @@
-"""The spool as a write-ahead log: round trips, torn lines, rotation, failures (issue 2 §4)."""
+"""The spool as a write-ahead log: round trips, torn lines, rotation, failures."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The X-axis rule (seeds/002, SPEC.md §2): every level, ties, non-numbers, NaN; and the SQL
+"""The X-axis rule of metadata graphs: every level, ties, non-numbers, NaN; and the SQL
 version agreeing with the Python one on generated jobs, run by the real engine (chDB)."""
 
 from __future__ import annotations

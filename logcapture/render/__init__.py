@@ -1,7 +1,7 @@
 """render: raw pty bytes of one stream -> committed screen lines.
 
 Each output stream of a job gets its own ``Renderer``, which plays the part of the terminal the
-job believes it writes to (SPEC.md §2 "Rendering"): what is committed is what a terminal would
+job believes it writes to: what is committed is what a terminal would
 show, with no escape sequences, no colours and no carriage-return debris. docs/rendering.md
 states the rules; in short:
 
@@ -20,7 +20,7 @@ states the rules; in short:
   when the screen is back in a state it can model, so its output is identical to pure pyte's
   (tests/test_render.py checks this differentially and under random chunking).
 
-The job's output never raises (STYLE.md practice 3): unknown sequences go to ``debug``, any
+The job's output never raises: unknown sequences go to ``debug``, any
 exception inside the emulator is caught, the parser is reset and rendering goes on.
 """
 
@@ -240,7 +240,7 @@ class Renderer:
     def _guard(self, fn: Any, *args: Any) -> None:
         try:
             fn(*args)
-        except Exception:  # the job's output never raises (STYLE.md practice 3)
+        except Exception:  # the job's output never raises
             from .screen import log  # only the emulator's work gets here
 
             self.faults += 1

@@ -81,7 +81,7 @@ class Stream(pyte.Stream):
 
 
 class Screen(pyte.Screen):
-    """pyte's screen with what a log needs (PTY-RENDER.md pitfalls):
+    """pyte's screen with what a log needs (pyte's defaults that a log cannot use):
 
     - the program's own size: a line longer than ``columns`` wraps onto the rows below, as on
       its terminal, so cursor motion and erasing act on the rows the program sees. Each row

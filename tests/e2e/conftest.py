@@ -4,7 +4,7 @@ The tests need root (to start slurmctld/slurmd and act as the test users) and De
 slurm-wlm and munge (``slurm/ci-setup.sh`` installs them); without either they skip with the
 reason. The cluster gets its own directory and ports, so it does not disturb a dev cluster a
 person may have running. Jobs are followed by polling ``scontrol`` (``sbatch --wait`` polls
-every ~10 s: SLURM-DEV.md).
+every ~10 s).
 """
 
 from __future__ import annotations

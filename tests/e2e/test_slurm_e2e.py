@@ -1,4 +1,4 @@
-"""logcapture on a real Slurm 22.05 cluster (issue 5 §5 and §6).
+"""logcapture on a real Slurm 22.05 cluster.
 
 Each test submits real batch jobs as the test users through ``sbatch`` (so they go through
 job_submit.lua, the prolog, the job wrapper and the epilog) and checks what Slurm reports and
@@ -357,7 +357,7 @@ echo burnt
 
 def test_the_prologs_node_sampler_records_the_jobs_cpu_and_ships_it_with_the_job(
         lc: Cluster) -> None:
-    """SPEC.md §5 / issue 6 §4: samples come from the node sampler the prolog starts on each
+    """Samples come from the node sampler the prolog starts on each
     node of an opted-in job (the wrapper does not sample a second time), in root's spool, and
     the epilog stops it and ships its samples with the job's identity."""
     lc.set_sample_interval(0.25)
