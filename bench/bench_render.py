@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_render.py [--mb 4] [--repeat 3] [--before DIR]
 
-Two workloads, fed in 4 KiB chunks as a pty delivers them (Linux's pty buffer hands a reader at most 4 KiB at a time):
+Two workloads, fed in 4 KiB chunks, as a reader of a Linux pty typically gets them:
 - plain: 80-byte log lines;
 - progress: tqdm-style ``\\r`` redraws with colours and erase-line, a newline every 50 redraws.
 Baselines: ``pyte`` is pyte.Screen(80, 24) + pyte.ByteStream with LNM set and an ``index``

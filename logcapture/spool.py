@@ -10,10 +10,10 @@ buffer; a flusher thread writes the buffer on a time trigger (``flush_interval``
 trigger (``flush_records``), on demand (``flush()``) and at ``close()``, and fdatasyncs at most
 every ``flush_interval`` (and when the job goes quiet), so the job never waits on disk sync
 (fsync per line would throttle the job: the pty fills while the disk syncs) and a flood does
-not sync per batch. A segment that reaches ``segment_bytes`` is closed and gzip-compressed. A failed write (disk full,
-RLIMIT_FSIZE, I/O error) is reported once through ``warn``, what was not written stays buffered
-(up to ``max_pending`` records; past that new records are counted as lost), and the write is
-retried on the next trigger.
+not sync per batch. A segment that reaches ``segment_bytes`` is closed and gzip-compressed. A
+failed write (disk full, RLIMIT_FSIZE, I/O error) is reported once through ``warn``, what was
+not written stays buffered (up to ``max_pending`` records; past that new records are counted as
+lost), and the write is retried on the next trigger.
 
 Reading (``read_segment``, ``iter_run``): a torn last line (no newline after a crash) is skipped
 and counted; a line that is not a valid record is skipped, counted and reported by line number.
@@ -229,8 +229,9 @@ def _closed_meanwhile(seg: Segment) -> Segment | None:
 
 def open_segment(seg: Segment) -> tuple[int, Segment]:
     """Open a segment for reading: the descriptor and the segment opened. Never follows a
-    symlink and refuses anything but a regular file (root reads user-owned spools). An open segment that the writer closed since it was listed is opened under its
-    ``.gz`` name (``_closed_meanwhile``)."""
+    symlink and refuses anything but a regular file (root reads user-owned spools). An open
+    segment that the writer closed since it was listed is opened under its ``.gz`` name
+    (``_closed_meanwhile``)."""
     try:
         fd = os.open(seg.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as e:
