@@ -175,54 +175,11 @@ def load_optin(path: Path | str, uid: int | None = None) -> OptinResult:
     then opened with ``O_NOFOLLOW | O_NONBLOCK`` and checked again with ``fstat`` (so swapping
     the file between the two checks does not help either).
     """
-    if uid is None:
-        uid = os.getuid()
     name = str(path)
     try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return OptinResult(opted_in=False, config=OptinConfig(mode=DISABLED), problems=[])
-    except NotADirectoryError:
-        return OptinResult(opted_in=False, config=OptinConfig(mode=DISABLED), problems=[])
-    except OSError as e:
-        # Existence unknown (e.g. a home directory we may not search): not opted in, but say so.
-        return _refused([f"{name}: cannot be checked: {e.strerror or e}; logging is off"],
-                        opted_in=False)
-
-    problem = _check_stat(name, st, uid)
-    if problem:
-        return _refused([problem])
-
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
-    try:
-        fd = os.open(path, flags)
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            return _refused([f"{name}: is a symbolic link; {OPTIN_NAME} must be a regular "
-                                   "file (symlinks are refused)"])
-        if e.errno in (errno.ENOENT, errno.ENOTDIR):
-            return OptinResult(opted_in=False, config=OptinConfig(mode=DISABLED), problems=[])
-        return _refused([f"{name}: cannot be read: {e.strerror or e}"])
-    try:
-        fst = os.fstat(fd)
-        if (fst.st_dev, fst.st_ino) != (st.st_dev, st.st_ino):
-            return _refused([f"{name}: was replaced while being opened; try again"])
-        problem = _check_stat(name, fst, uid)
-        if problem:
-            return _refused([problem])
-        chunks: list[bytes] = []
-        total = 0
-        while total <= OPTIN_MAX_BYTES:
-            chunk = os.read(fd, OPTIN_MAX_BYTES + 1 - total)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            total += len(chunk)
-    except OSError as e:
-        return _refused([f"{name}: cannot be read: {e.strerror or e}"])
-    finally:
-        os.close(fd)
-    data = b"".join(chunks)
+        data = _read_optin(path, name, os.getuid() if uid is None else uid)
+    except _Answer as answer:
+        return answer.result
     if len(data) > OPTIN_MAX_BYTES:
         return _refused([f"{name}: is larger than {OPTIN_MAX_BYTES} bytes "
                                f"({OPTIN_MAX_BYTES // 1024} KiB), the limit for {OPTIN_NAME}"])
@@ -232,6 +189,64 @@ def load_optin(path: Path | str, uid: int | None = None) -> OptinResult:
     if problems:
         return _refused(problems)
     return OptinResult(opted_in=True, config=OptinConfig(**values), problems=[])
+
+
+class _Answer(Exception):
+    """``load_optin``'s result, known before the file's content is read."""
+
+    def __init__(self, result: OptinResult):
+        super().__init__()
+        self.result = result
+
+
+def _absent() -> OptinResult:
+    return OptinResult(opted_in=False, config=OptinConfig(mode=DISABLED), problems=[])
+
+
+def _read_optin(path: Path | str, name: str, uid: int) -> bytes:
+    """The file's first ``OPTIN_MAX_BYTES + 1`` bytes once it passed the checks (``_Answer``
+    when it is absent, or refused and why)."""
+    try:
+        st = os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        raise _Answer(_absent()) from None
+    except OSError as e:
+        # Existence unknown (e.g. a home directory we may not search): not opted in, but say so.
+        raise _Answer(_refused([f"{name}: cannot be checked: {e.strerror or e}; logging is off"],
+                               opted_in=False)) from None
+    problem = _check_stat(name, st, uid)
+    if problem:
+        raise _Answer(_refused([problem]))
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise _Answer(_refused([f"{name}: is a symbolic link; {OPTIN_NAME} must be a "
+                                    "regular file (symlinks are refused)"])) from None
+        if e.errno in (errno.ENOENT, errno.ENOTDIR):
+            raise _Answer(_absent()) from None
+        raise _Answer(_refused([f"{name}: cannot be read: {e.strerror or e}"])) from None
+    try:
+        fst = os.fstat(fd)
+        if (fst.st_dev, fst.st_ino) != (st.st_dev, st.st_ino):
+            raise _Answer(_refused([f"{name}: was replaced while being opened; try again"]))
+        problem = _check_stat(name, fst, uid)
+        if problem:
+            raise _Answer(_refused([problem]))
+        chunks: list[bytes] = []
+        total = 0
+        while total <= OPTIN_MAX_BYTES:
+            chunk = os.read(fd, OPTIN_MAX_BYTES + 1 - total)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+        return b"".join(chunks)
+    except OSError as e:
+        raise _Answer(_refused([f"{name}: cannot be read: {e.strerror or e}"])) from None
+    finally:
+        os.close(fd)
 
 
 def _check_stat(name: str, st: os.stat_result, uid: int) -> str | None:
@@ -466,6 +481,46 @@ def _line_col_of_char(text: str, offset: int) -> tuple[int, int]:
     return line, column
 
 
+class _Located(Exception):
+    """A problem of a whole file, and where it is when known."""
+
+    def __init__(self, message: str, line: int | None = None, column: int | None = None):
+        super().__init__(message)
+        self.message, self.line, self.column = message, line, column
+
+
+def _compose(data: bytes) -> yaml.Node | None:
+    """The YAML node tree of ``data`` (UTF-8, a BOM allowed); ``_Located`` when it is not
+    text or not YAML, with PyYAML's explanation in plain words."""
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise _Located("is not valid UTF-8 (bad byte here)",
+                       *_line_col_of_byte(data, e.start)) from None
+    try:
+        return yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        message = _scrub(e.problem or e.context or "invalid YAML")
+        if e.context and e.problem and e.problem.startswith("but "):
+            message = f"{_scrub(e.context)}, {message}"
+        elif e.context and e.problem:
+            message = f"{message} ({_scrub(e.context)}"
+            if e.context_mark is not None:
+                message += f" at line {e.context_mark.line + 1}"
+            message += ")"
+        if mark is None:
+            raise _Located(f"invalid YAML: {message}") from None
+        raise _Located(f"invalid YAML: {message}", mark.line + 1, mark.column + 1) from None
+    except yaml.reader.ReaderError as e:
+        raise _Located(f"invalid YAML: character #x{e.character:04x} is not allowed in YAML",
+                       *_line_col_of_char(text, e.position)) from None
+    except yaml.YAMLError as e:  # pragma: no cover - every PyYAML error is one of the above
+        raise _Located(f"invalid YAML: {type(e).__name__}") from None
+    except RecursionError:
+        raise _Located("invalid YAML: nested too deeply") from None
+
+
 def _parse(name: str, data: bytes, schema: Schema,
            problems_out: list[tuple[str, int | None, int | None, str | None]] | None = None,
            quote_names: bool = False) -> tuple[dict[str, Any], list[str]]:
@@ -483,37 +538,9 @@ def _parse(name: str, data: bytes, schema: Schema,
         located.append((problems[-1], line, column, key))
 
     try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        line, column = _line_col_of_byte(data, e.start)
-        add("is not valid UTF-8 (bad byte here)", line, column)
-        return {}, problems
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        message = _scrub(e.problem or e.context or "invalid YAML")
-        if e.context and e.problem and e.problem.startswith("but "):
-            message = f"{_scrub(e.context)}, {message}"
-        elif e.context and e.problem:
-            message = f"{message} ({_scrub(e.context)}"
-            if e.context_mark is not None:
-                message += f" at line {e.context_mark.line + 1}"
-            message += ")"
-        if mark is None:
-            add(f"invalid YAML: {message}")
-        else:
-            add(f"invalid YAML: {message}", mark.line + 1, mark.column + 1)
-        return {}, problems
-    except yaml.reader.ReaderError as e:
-        line, column = _line_col_of_char(text, e.position)
-        add(f"invalid YAML: character #x{e.character:04x} is not allowed in YAML", line, column)
-        return {}, problems
-    except yaml.YAMLError as e:  # pragma: no cover - every PyYAML error is one of the above
-        add(f"invalid YAML: {type(e).__name__}")
-        return {}, problems
-    except RecursionError:
-        add("invalid YAML: nested too deeply")
+        root = _compose(data)
+    except _Located as e:
+        add(e.message, e.line, e.column)
         return {}, problems
 
     if root is None or (isinstance(root, yaml.ScalarNode) and root.tag == _NULL):

@@ -40,6 +40,7 @@ op             arguments                                      answer
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from ..errors import UsageError
@@ -98,6 +99,52 @@ def _text(name: str, value: Any, nullable: bool) -> str | None:
     return value
 
 
+def _stream(value: Any) -> str | None:
+    if value is not None and value not in OUTPUT_STREAMS:
+        raise UsageError(f"request key 'stream' must be one of {', '.join(OUTPUT_STREAMS)} "
+                         "or null")
+    return value
+
+
+def _count(name: str, nullable: bool) -> Callable[[Any], int | None]:
+    def check(value: Any) -> int | None:
+        if value is None and nullable:
+            return None
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= MAX_TAIL:
+            raise UsageError(f"request key {name!r} must be a whole number from 1 to "
+                             f"{MAX_TAIL}")
+        return value
+    return check
+
+
+def _flag(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise UsageError("request key 'stderr' must be true or false")
+    return value
+
+
+def _what(value: Any) -> str:
+    if value not in EXPORTS:
+        raise UsageError(f"request key 'what' must be one of {', '.join(EXPORTS)}")
+    return value
+
+
+# Each key a request may hold, and its check (which returns the value the readers get).
+_CHECKS: dict[str, Callable[[Any], Any]] = {
+    "run": lambda v: _text("run", v, nullable=False),
+    "ref": lambda v: _text("ref", v, nullable=True),
+    "stream": _stream,
+    "tail": _count("tail", nullable=True),
+    "before": lambda v: _text("before", v, nullable=True),
+    "after": lambda v: _text("after", v, nullable=True),
+    "stderr": _flag,
+    "limit": _count("limit", nullable=False),
+    "what": _what,
+    # a search's keys and types are checked as the CLI's are; it names no owner
+    "request": lambda v: SearchRequest.from_dict(v).to_dict(),
+}
+
+
 def parse_request(line: bytes) -> Request:
     """The request on one line, checked; UsageError names what is wrong."""
     try:
@@ -121,42 +168,7 @@ def parse_request(line: bytes) -> Request:
     unknown = sorted(set(obj) - set(required) - set(optional))
     if unknown:
         raise UsageError(f"unknown request key {unknown[0]!r} for op {op!r}")
-    args: dict[str, Any] = {}
-    for key in required:
-        if key not in obj:
-            raise UsageError(f"op {op!r} needs the key {key!r}")
-    if "run" in obj:
-        args["run"] = _text("run", obj["run"], nullable=False)
-    if "ref" in obj:
-        args["ref"] = _text("ref", obj["ref"], nullable=True)
-    if "stream" in obj:
-        stream = obj["stream"]
-        if stream is not None and stream not in OUTPUT_STREAMS:
-            raise UsageError(f"request key 'stream' must be one of {', '.join(OUTPUT_STREAMS)} "
-                             "or null")
-        args["stream"] = stream
-    if "tail" in obj:
-        tail = obj["tail"]
-        if tail is not None and (not isinstance(tail, int) or isinstance(tail, bool)
-                                 or not 0 < tail <= MAX_TAIL):
-            raise UsageError(f"request key 'tail' must be a whole number from 1 to {MAX_TAIL}")
-        args["tail"] = tail
-    for key in ("before", "after"):
-        if key in obj:
-            args[key] = _text(key, obj[key], nullable=True)
-    if "stderr" in obj:
-        if not isinstance(obj["stderr"], bool):
-            raise UsageError("request key 'stderr' must be true or false")
-        args["stderr"] = obj["stderr"]
-    if "limit" in obj:
-        limit = obj["limit"]
-        if not isinstance(limit, int) or isinstance(limit, bool) or not 0 < limit <= MAX_TAIL:
-            raise UsageError(f"request key 'limit' must be a whole number from 1 to {MAX_TAIL}")
-        args["limit"] = limit
-    if "what" in obj:
-        if obj["what"] not in EXPORTS:
-            raise UsageError(f"request key 'what' must be one of {', '.join(EXPORTS)}")
-        args["what"] = obj["what"]
-    if "request" in obj:  # its keys and types are checked as the CLI's are; it names no owner
-        args["request"] = SearchRequest.from_dict(obj["request"]).to_dict()
-    return Request(op, args)
+    missing = [key for key in required if key not in obj]
+    if missing:
+        raise UsageError(f"op {op!r} needs the key {missing[0]!r}")
+    return Request(op, {key: _CHECKS[key](obj[key]) for key in _CHECKS if key in obj})

@@ -128,115 +128,126 @@ def _limit(request: Request, default: int = LOG_PAGE) -> int:
     return max(1, min(n, LOG_PAGE_MAX))
 
 
-def create_app(pages: Pages, token: str) -> Starlette:
-    async def call(fn: Callable[..., Any], *args: Any) -> Any:
-        return await anyio.to_thread.run_sync(fn, *args)
+async def _call(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` in a worker thread: the readers block (store queries, spool reads)."""
+    return await anyio.to_thread.run_sync(fn, *args)
 
-    def page(name: str) -> Callable[[Request], Any]:
-        async def endpoint(request: Request) -> Response:
-            return FileResponse(STATIC / name, media_type="text/html")
-        return endpoint
 
-    async def api_runs(request: Request) -> Response:
-        return _json(await call(pages.runs))
+def _html(name: str) -> Callable[[Request], Any]:
+    async def endpoint(request: Request) -> Response:
+        return FileResponse(STATIC / name, media_type="text/html")
+    return endpoint
 
-    async def api_run(request: Request) -> Response:
-        return _json(_clean(await call(pages.header, request.path_params["ref"])))
 
-    async def api_insights(request: Request) -> Response:
-        return _json(_clean(await call(pages.insights, request.path_params["ref"])))
+def _per_run(question: Callable[[str], Any]) -> Callable[[Request], Any]:
+    """An endpoint answering ``question(ref)`` for the run in the path, as JSON."""
+    async def endpoint(request: Request) -> Response:
+        return _json(_clean(await _call(question, request.path_params["ref"])))
+    return endpoint
 
-    async def api_log(request: Request) -> Response:
+
+class _Api:
+    """The endpoints that take more than the run: each asks ``pages`` in a worker thread."""
+
+    def __init__(self, pages: Pages):
+        self.pages = pages
+
+    async def runs(self, request: Request) -> Response:
+        return _json(await _call(self.pages.runs))
+
+    async def log(self, request: Request) -> Response:
         q = request.query_params
-        return _json(await call(pages.log, request.path_params["ref"], _flag(request, "stderr"),
-                                q.get("before"), q.get("after"), _limit(request)))
+        return _json(await _call(self.pages.log, request.path_params["ref"],
+                                 _flag(request, "stderr"), q.get("before"), q.get("after"),
+                                 _limit(request)))
 
-    async def api_follow(request: Request) -> Response:
+    async def follow(self, request: Request) -> Response:
         ref = request.path_params["ref"]
         stderr = _flag(request, "stderr")
         after = request.query_params.get("after")
         if after is not None:
             parse_cursor(after)  # 400 now rather than inside the stream
-        first = await call(pages.log, ref, stderr, None, after, LOG_PAGE_MAX)
+        first = await _call(self.pages.log, ref, stderr, None, after, LOG_PAGE_MAX)
         if after is None:
             first["more"] = False  # the newest page: what lies beyond it is older
-
-        async def events() -> AsyncIterator[str]:
-            page, cursor, quiet = first, after, 0.0
-            while True:
-                if page["entries"]:
-                    cursor, quiet = page["entries"][-1][0], 0.0
-                    yield ("event: entries\ndata: "
-                           + json.dumps({"entries": page["entries"]}) + "\n\n")
-                if page["ended"] and not page["more"]:
-                    yield "event: end\ndata: {}\n\n"
-                    return
-                if not page["more"]:
-                    await asyncio.sleep(FOLLOW_POLL)
-                    quiet += FOLLOW_POLL
-                    if quiet >= HEARTBEAT:
-                        quiet = 0.0
-                        yield ": still here\n\n"
-                page = await call(pages.log, ref, stderr, None, cursor, LOG_PAGE_MAX)
-
-        return StreamingResponse(events(), media_type="text/event-stream",
+        return StreamingResponse(self._events(ref, stderr, first, after),
+                                 media_type="text/event-stream",
                                  headers={"X-Accel-Buffering": "no"})
 
-    async def api_metadata(request: Request) -> Response:
-        return _json(_clean(await call(pages.metadata, request.path_params["ref"])))
+    async def _events(self, ref: str, stderr: bool, page: dict[str, Any],
+                      cursor: str | None) -> AsyncIterator[str]:
+        """Server-sent events: each new page's entries, a comment every HEARTBEAT seconds of
+        quiet (a proxy keeps the connection), and ``end`` once the run ended and all is sent."""
+        quiet = 0.0
+        while True:
+            if page["entries"]:
+                cursor, quiet = page["entries"][-1][0], 0.0
+                yield "event: entries\ndata: " + json.dumps({"entries": page["entries"]}) + "\n\n"
+            if page["ended"] and not page["more"]:
+                yield "event: end\ndata: {}\n\n"
+                return
+            if not page["more"]:
+                await asyncio.sleep(FOLLOW_POLL)
+                quiet += FOLLOW_POLL
+                if quiet >= HEARTBEAT:
+                    quiet = 0.0
+                    yield ": still here\n\n"
+            page = await _call(self.pages.log, ref, stderr, None, cursor, LOG_PAGE_MAX)
 
-    async def api_resources(request: Request) -> Response:
-        return _json(_clean(await call(pages.resources, request.path_params["ref"])))
-
-    async def api_export(request: Request) -> Response:
+    async def export(self, request: Request) -> Response:
         q = request.query_params
-        body, name, media = await call(pages.export, request.path_params["ref"],
-                                       q.get("what", "lines"), q.get("format", "csv"))
+        body, name, media = await _call(self.pages.export, request.path_params["ref"],
+                                        q.get("what", "lines"), q.get("format", "csv"))
         return Response(body, media_type=media,
                         headers={"Content-Disposition": f'attachment; filename="{name}"'})
 
-    async def api_search(request: Request) -> Response:
-        return _json(_clean(await call(pages.search, dict(request.query_params))))
+    async def search(self, request: Request) -> Response:
+        return _json(_clean(await _call(self.pages.search, dict(request.query_params))))
 
-    async def api_compare(request: Request) -> Response:
+    async def compare(self, request: Request) -> Response:
         refs = [r for r in request.query_params.get("runs", "").split(",") if r][:20]
         key = request.query_params.get("key", "")
-        return _json(_clean(await call(pages.compare, refs, key)))
+        return _json(_clean(await _call(self.pages.compare, refs, key)))
 
-    async def on_error(request: Request, exc: Exception) -> Response:
-        status = 404 if isinstance(exc, NotFound) else 400
-        message = exc.message if isinstance(exc, LogcaptureError) else str(exc)
-        return JSONResponse({"error": message}, status_code=status)
+
+async def _on_error(request: Request, exc: Exception) -> Response:
+    status = 404 if isinstance(exc, NotFound) else 400
+    message = exc.message if isinstance(exc, LogcaptureError) else str(exc)
+    return JSONResponse({"error": message}, status_code=status)
+
+
+def create_app(pages: Pages, token: str) -> Starlette:
+    api = _Api(pages)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async def releaser() -> None:
             while True:
                 await asyncio.sleep(1.0)
-                await call(pages.release_idle)
+                await _call(pages.release_idle)
 
         task = asyncio.create_task(releaser())
         try:
             yield
         finally:
             task.cancel()
-            await call(pages.close)
+            await _call(pages.close)
 
     routes = [
-        Route("/", page("runs.html")),
-        Route("/job/{ref}", page("job.html")),
-        Route("/compare", page("compare.html")),
-        Route("/api/runs", api_runs),
-        Route("/api/runs/{ref}", api_run),
-        Route("/api/runs/{ref}/insights", api_insights),
-        Route("/api/runs/{ref}/log", api_log),
-        Route("/api/runs/{ref}/follow", api_follow),
-        Route("/api/runs/{ref}/metadata", api_metadata),
-        Route("/api/runs/{ref}/resources", api_resources),
-        Route("/api/runs/{ref}/export", api_export),
-        Route("/api/compare", api_compare),
-        Route("/api/search", api_search),
+        Route("/", _html("runs.html")),
+        Route("/job/{ref}", _html("job.html")),
+        Route("/compare", _html("compare.html")),
+        Route("/api/runs", api.runs),
+        Route("/api/runs/{ref}", _per_run(pages.header)),
+        Route("/api/runs/{ref}/insights", _per_run(pages.insights)),
+        Route("/api/runs/{ref}/log", api.log),
+        Route("/api/runs/{ref}/follow", api.follow),
+        Route("/api/runs/{ref}/metadata", _per_run(pages.metadata)),
+        Route("/api/runs/{ref}/resources", _per_run(pages.resources)),
+        Route("/api/runs/{ref}/export", api.export),
+        Route("/api/compare", api.compare),
+        Route("/api/search", api.search),
         Mount("/static", StaticFiles(directory=STATIC)),
     ]
     return Starlette(routes=routes, middleware=[Middleware(TokenGate, token=token)],
-                     exception_handlers={LogcaptureError: on_error}, lifespan=lifespan)
+                     exception_handlers={LogcaptureError: _on_error}, lifespan=lifespan)
