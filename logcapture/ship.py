@@ -70,6 +70,7 @@ from .spool import (
     check_run_id,
     find_run_dirs,
     open_segment,
+    segment_data,
     segments,
 )
 from .spool import (
@@ -152,42 +153,12 @@ def trusted_identity(run_dir: Path, job_record: Mapping[str, object] | None = No
     return identity_from_spool(run_dir)
 
 
-def _read_all(fd: int) -> bytes:
-    chunks: list[bytes] = []
-    while True:
-        b = os.read(fd, 1 << 22)
-        if not b:
-            return b"".join(chunks)
-        chunks.append(b)
-
-
-def _gunzip(seg: Segment, raw: bytes) -> bytes:
-    """A gzip file's content (every member)."""
-    out = []
-    while raw:
-        d = zlib.decompressobj(wbits=31)
-        try:
-            out.append(d.decompress(raw))
-        except zlib.error as e:
-            raise SpoolError(f"segment {seg.path} is corrupt: {e}") from None
-        if not d.eof:
-            raise SpoolError(f"segment {seg.path} is corrupt: compressed file ended before "
-                             "the end-of-stream marker was reached")
-        raw = d.unused_data
-    return b"".join(out)
-
-
 def read_segment_bytes(seg: Segment, skip: int = 0) -> tuple[bytes, int, bool, Segment]:
     """The complete lines of a segment after the first ``skip`` as one bytes object (each
     line ending in a newline), their number, whether an incomplete last line was present,
     and the segment read (``open_segment``: its ``.gz`` if it was closed meanwhile):
     ``spool.read_lines`` without a Python object per line (the agent's hot path)."""
-    fd, seg = open_segment(seg)
-    try:
-        raw = _read_all(fd)
-    finally:
-        os.close(fd)
-    data = _gunzip(seg, raw) if seg.closed else raw
+    data, seg = segment_data(seg)
     end = data.rfind(b"\n") + 1
     torn = end < len(data)
     start = 0

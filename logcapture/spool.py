@@ -28,6 +28,7 @@ import re
 import stat
 import threading
 import time
+import zlib
 from collections import namedtuple
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -247,20 +248,69 @@ def open_segment(seg: Segment) -> tuple[int, Segment]:
     return fd, seg
 
 
-def read_lines(seg: Segment, skip: int = 0) -> tuple[list[bytes], bool]:
-    """Complete lines of a segment after the first ``skip``, and whether an incomplete last
-    line was present (``open_segment``)."""
+# The most a segment may hold (raw, and decompressed): the writer closes a segment once it
+# reaches ``segment_bytes`` (8 MiB), after the batch that took it there (a flood's batch, or one
+# line of at most MAX_LINE_BYTES), so a real segment stays far below this. Anything larger was
+# planted or corrupted, and reading it whole (a sparse file of 20 GB costs nothing to make)
+# would take the reader's memory, be it the user's `ls` or root's shipping agent.
+MAX_SEGMENT_BYTES = 256 * 1024 * 1024
+
+
+def segment_data(seg: Segment) -> tuple[bytes, Segment]:
+    """A segment's content (gunzipped when closed) and the segment read (``open_segment``:
+    its ``.gz`` when it was closed meanwhile). SpoolError when it is corrupt or holds more
+    than ``MAX_SEGMENT_BYTES``, which is then not read."""
     fd, seg = open_segment(seg)
     try:
-        with os.fdopen(os.dup(fd), "rb") as raw:
-            f = gzip.GzipFile(fileobj=raw, mode="rb") if seg.closed else raw
-            try:
-                data = f.read()
-            except (OSError, EOFError) as e:
-                # A truncated gzip member: keep what decompressed (gzip raises on the tail).
-                raise SpoolError(f"segment {seg.path} is corrupt: {e}") from None
+        size = os.fstat(fd).st_size
+        if size > MAX_SEGMENT_BYTES:
+            raise SpoolError(_too_large(seg, f"{size} bytes"))
+        chunks: list[bytes] = []
+        total = 0
+        while total <= MAX_SEGMENT_BYTES:  # a file still growing stops at the limit too
+            chunk = os.read(fd, min(1 << 22, MAX_SEGMENT_BYTES + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
     finally:
         os.close(fd)
+    if total > MAX_SEGMENT_BYTES:
+        raise SpoolError(_too_large(seg, f"over {MAX_SEGMENT_BYTES} bytes"))
+    raw = b"".join(chunks)
+    return (_gunzip(seg, raw) if seg.closed else raw), seg
+
+
+def _too_large(seg: Segment, what: str) -> str:
+    return (f"segment {seg.path} holds {what}, more than the {MAX_SEGMENT_BYTES >> 20} MiB "
+            "a segment can: not read (logcapture closes a segment at 8 MiB)")
+
+
+def _gunzip(seg: Segment, raw: bytes) -> bytes:
+    """A gzip file's content, every member, at most ``MAX_SEGMENT_BYTES`` (a small file may
+    inflate to any size)."""
+    out: list[bytes] = []
+    total = 0
+    while raw:
+        d = zlib.decompressobj(wbits=31)
+        try:
+            out.append(d.decompress(raw, MAX_SEGMENT_BYTES + 1 - total))
+        except zlib.error as e:
+            raise SpoolError(f"segment {seg.path} is corrupt: {e}") from None
+        total += len(out[-1])
+        if total > MAX_SEGMENT_BYTES or d.unconsumed_tail:
+            raise SpoolError(_too_large(seg, f"over {MAX_SEGMENT_BYTES} bytes decompressed"))
+        if not d.eof:
+            raise SpoolError(f"segment {seg.path} is corrupt: compressed file ended before "
+                             "the end-of-stream marker was reached")
+        raw = d.unused_data
+    return b"".join(out)
+
+
+def read_lines(seg: Segment, skip: int = 0) -> tuple[list[bytes], bool]:
+    """Complete lines of a segment after the first ``skip``, and whether an incomplete last
+    line was present (``segment_data``)."""
+    data, _ = segment_data(seg)
     parts = data.split(b"\n")
     tail = parts.pop()  # b"" when the data ends with a newline
     return parts[skip:], bool(tail)
@@ -291,11 +341,18 @@ def read_segment(seg: Segment, skip: int = 0, stats: ReadStats | None = None,
 
 
 def iter_run(run_dir: Path, stats: ReadStats | None = None) -> Iterator[Record]:
-    """Every record of a run, in spool order."""
+    """Every record of a run, in spool order. A segment that cannot be read (not a regular
+    file, corrupt, larger than any segment is: ``segment_data``) is counted in ``stats.bad``
+    as its line 0 and the others are read: one bad segment hides nothing else of the run."""
     stats = stats if stats is not None else ReadStats()
     segs = segments(run_dir)
     for i, seg in enumerate(segs):
-        yield from read_segment(seg, 0, stats, final=seg.closed or i < len(segs) - 1)
+        try:
+            records = list(read_segment(seg, 0, stats, final=seg.closed or i < len(segs) - 1))
+        except SpoolError as e:
+            stats.bad.append((seg.path.name, 0, e.message[:300]))
+            continue
+        yield from records
 
 
 class SpoolWriter:

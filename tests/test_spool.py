@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 import os
 import resource
 import stat
@@ -15,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from logcapture.errors import SpoolError
-from logcapture.records import Line, Metadata, Note, Record, from_dict
+from logcapture.records import Line, Metadata, Note, Record, Start, from_dict
 from logcapture.spool import (
     ReadStats,
     SpoolWriter,
@@ -405,3 +406,52 @@ def test_an_early_flush_is_synced_when_the_job_goes_quiet(tmp_path: Path,
         assert synced and synced[-1] == size, (synced, size)
     finally:
         w.close()
+
+
+# ------------------------------------------------------------------ segments nobody wrote
+def _run_with_a_huge_segment(root: Path, run: str) -> Path:
+    """A run of three lines whose owner then planted a 20 GiB sparse segment (free to make)."""
+    rd = create_run_dir(root, run)
+    w = SpoolWriter(rd, fsync=False)
+    w.write([Start(run=run, stream="run", seq=0, ts=1.0, command=["job"], user="u",
+                   uid=os.getuid())])
+    w.write([Line(run=run, stream="stdout", seq=i, ts=1.0 + i, text=f"line {i}")
+             for i in range(3)])
+    w.close()
+    os.truncate(os.open(rd / "seg-000009.ndjson", os.O_CREAT | os.O_WRONLY, 0o600), 20 << 30)
+    return rd
+
+
+def test_a_segment_larger_than_any_logcapture_writes_is_not_read(tmp_path: Path,
+                                                                  monkeypatch) -> None:
+    from logcapture import spool
+
+    rd = _run_with_a_huge_segment(tmp_path, "r1")
+    huge = segments(rd)[-1]
+    with pytest.raises(SpoolError, match=r"seg-000009.ndjson holds 21474836480 bytes, more than the 256 MiB .*not read"):
+        spool.read_lines(huge)
+    # a small gzip file that inflates past the limit (here lowered to 1 MiB) is not inflated
+    monkeypatch.setattr(spool, "MAX_SEGMENT_BYTES", 1 << 20)
+    bomb = rd / "seg-000010.ndjson.gz"
+    bomb.write_bytes(gzip.compress(b"\n" * (2 << 20)))
+    with pytest.raises(SpoolError, match="bytes decompressed, more than the 1 MiB"):
+        spool.read_lines(segments(rd)[-1])
+    bomb.write_bytes(gzip.compress(b"\n" * (1 << 20)))  # at the limit: read
+    assert len(spool.read_lines(segments(rd)[-1])[0]) == 1 << 20
+
+
+def test_ls_lists_a_run_holding_a_huge_segment_within_bounded_memory(tmp_path: Path) -> None:
+    # Reading the planted segment whole would need 20 GiB; `ls` runs here under a 3 GiB
+    # address-space limit and still lists the run.
+    _run_with_a_huge_segment(tmp_path / "spool", "r1")
+    env = {**os.environ, "LOGCAPTURE_SPOOL": str(tmp_path / "spool"),
+           "XDG_STATE_HOME": str(tmp_path / "state"),
+           "LOGCAPTURE_CONFIG": str(tmp_path / "none.yaml")}
+    limit = 3 << 30
+    r = run_lc(["ls", "--json", "--source", "spool"], env, preexec_fn=lambda:
+               resource.setrlimit(resource.RLIMIT_AS, (limit, limit)))
+    assert r.returncode == 0, r.stderr.decode()[-2000:]
+    assert [json.loads(x)["run"] for x in r.stdout.decode().splitlines()] == ["r1"]
+    # and the rest of the run reads as ever
+    r = run_lc(["logs", "r1", "--source", "spool"], env)
+    assert (r.returncode, r.stdout) == (0, b"line 0\nline 1\nline 2\n"), r.stderr
