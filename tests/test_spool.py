@@ -428,7 +428,8 @@ def test_a_segment_larger_than_any_logcapture_writes_is_not_read(tmp_path: Path,
 
     rd = _run_with_a_huge_segment(tmp_path, "r1")
     huge = segments(rd)[-1]
-    with pytest.raises(SpoolError, match=r"seg-000009.ndjson holds 21474836480 bytes, more than the 256 MiB .*not read"):
+    with pytest.raises(SpoolError, match=r"seg-000009.ndjson holds 21474836480 bytes, more "
+                                         r"than the 256 MiB .*not read"):
         spool.read_lines(huge)
     # a small gzip file that inflates past the limit (here lowered to 1 MiB) is not inflated
     monkeypatch.setattr(spool, "MAX_SEGMENT_BYTES", 1 << 20)
