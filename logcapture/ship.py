@@ -538,20 +538,7 @@ def _ship_direct(store: Store, group: list[tuple[_RunJob, _Pending]],
                 opened[open_segment(p.seg)[0]] = (job, p)
             except SpoolError:
                 fall_back(job, p)  # sets it aside with the same message
-        try:
-            probes = store.probe_segments(list(opened))
-        except StoreAuthError:
-            raise
-        except StoreError:
-            probes = {}
-        runs: dict[int, tuple[_RunJob, dict[int, SegmentProbe]]] = {}
-        for fd, (job, p) in opened.items():
-            probe = probes.get(fd)
-            if probe is None or not probe.complete:
-                fall_back(job, p)
-                continue
-            p.count = probe.lines
-            runs.setdefault(id(job), (job, {}))[1][fd] = probe
+        runs = _probed(store, opened, fall_back)
         if not runs:
             return
         try:
@@ -561,21 +548,51 @@ def _ship_direct(store: Store, group: list[tuple[_RunJob, _Pending]],
                 for fd in mine:
                     fall_back(job, opened[fd][1])
             return
-        for job, mine in runs.values():
-            cur = job.rc.cursor
-            for fd, probe in mine.items():
-                p = opened[fd][1]
-                p.direct = False
-                if any(_END_MARK in line for line in probe.others):
-                    cur.end_shipped = True
-                cur.lines[p.seg.index] = p.count
-                cur.records += p.count
-                result.records += p.count
-                result.bytes += probe.size
-            job.rc.save()
+        _count_shipped(runs, opened, result)
     finally:
         for fd in opened:
             os.close(fd)
+
+
+_Probed = dict[int, tuple[_RunJob, dict[int, SegmentProbe]]]
+
+
+def _probed(store: Store, opened: dict[int, tuple[_RunJob, _Pending]],
+            fall_back: Callable[[_RunJob, _Pending], None]) -> _Probed:
+    """The opened segments the store can read whole, by run (``id`` of its job: descriptor ->
+    probe); the others ``fall_back``."""
+    try:
+        probes = store.probe_segments(list(opened))
+    except StoreAuthError:
+        raise
+    except StoreError:
+        probes = {}
+    runs: _Probed = {}
+    for fd, (job, p) in opened.items():
+        probe = probes.get(fd)
+        if probe is None or not probe.complete:
+            fall_back(job, p)
+            continue
+        p.count = probe.lines
+        runs.setdefault(id(job), (job, {}))[1][fd] = probe
+    return runs
+
+
+def _count_shipped(runs: _Probed, opened: dict[int, tuple[_RunJob, _Pending]],
+                   result: UploadResult) -> None:
+    """Move each run's cursor past the segments the store took, and count them."""
+    for job, mine in runs.values():
+        cur = job.rc.cursor
+        for fd, probe in mine.items():
+            p = opened[fd][1]
+            p.direct = False
+            if any(_END_MARK in line for line in probe.others):
+                cur.end_shipped = True
+            cur.lines[p.seg.index] = p.count
+            cur.records += p.count
+            result.records += p.count
+            result.bytes += probe.size
+        job.rc.save()
 
 
 def _finish(job: _RunJob, result: UploadResult, retention_days: float | None) -> bool:
@@ -1022,46 +1039,12 @@ class Agent:
             return result
         try:
             with open_store(self.dsn, wait=STORE_WAIT) as store, ExitStack() as stack:
-                jobs = []
-                for run_dir in runs:
-                    try:
-                        rc = stack.enter_context(lock_cursor(run_dir, wait=0))
-                    except SpoolError:
-                        if not os.path.isdir(run_dir):
-                            continue  # removed since it was listed (the epilog shipped it)
-                        raise
-                    if rc is None:  # an upload is on it; next time
-                        self._dirty_since = self._dirty_since or self.clock()
-                        continue
-                    if rc.cursor.shipped_at:
-                        self._done.add(str(run_dir))
-                        continue
-                    if not _begun(run_dir):
-                        # Its first line is not written yet: the identity would miss the
-                        # Start record's cluster and job id, and the rows read next would
-                        # carry that. Its growth brings it back.
-                        continue
-                    try:
-                        jobs.append(_RunJob(run_dir, rc, self.identify(run_dir)))
-                    except (LogcaptureError, OSError) as e:
-                        self.warn(f"run {run_dir.name}: {e}")
+                jobs = self._jobs(runs, stack)
                 done = ship_runs(store, jobs, result, max_bytes=self.batch_bytes,
                                  retention_days=self.retention_days, job_info=self.job_info,
                                  notifier=self.notifier)
                 self._observe(store, jobs, result)
-                for job, d in zip(jobs, done, strict=True):
-                    if not d and self._is_samples(job.run_dir):
-                        d = self._samples_done(job)
-                        if d:  # the run's efficiency notes now have every sample
-                            diagnose_run(store, job.identity, self.job_info(job.run_dir)
-                                         if self.job_info else {}, result, self.notifier)
-                    if d:
-                        key = (job.identity.run, job.identity.uid)
-                        self.live.forget(key)
-                        self._live_runs.pop(key, None)
-                    if d:
-                        self._done.add(str(job.run_dir))
-                        result.runs.append(job.run_dir.name)
+                self._finish(store, jobs, done, result)
             self._backoff = 0.0
         except StoreAuthError:
             raise
@@ -1072,6 +1055,54 @@ class Agent:
             self._retry_at = self.clock() + self._backoff
             self._dirty_since = self._dirty_since or self.clock()
             self.warn(f"{e.message}; keeping the spool, retrying in {self._backoff:.1f}s")
+        self._warn_and_count(result)
+        return result
+
+    def _jobs(self, runs: list[Path], stack: ExitStack) -> list[_RunJob]:
+        """The runs to ship now, each with its cursor locked (in ``stack``) and its identity:
+        not one an upload holds (next time), one already shipped, or one whose first line is
+        not written yet (the identity would miss the Start record's cluster and job id, and
+        the rows read next would carry that; its growth brings it back)."""
+        jobs = []
+        for run_dir in runs:
+            try:
+                rc = stack.enter_context(lock_cursor(run_dir, wait=0))
+            except SpoolError:
+                if not os.path.isdir(run_dir):
+                    continue  # removed since it was listed (the epilog shipped it)
+                raise
+            if rc is None:
+                self._dirty_since = self._dirty_since or self.clock()
+                continue
+            if rc.cursor.shipped_at:
+                self._done.add(str(run_dir))
+                continue
+            if not _begun(run_dir):
+                continue
+            try:
+                jobs.append(_RunJob(run_dir, rc, self.identify(run_dir)))
+            except (LogcaptureError, OSError) as e:
+                self.warn(f"run {run_dir.name}: {e}")
+        return jobs
+
+    def _finish(self, store: Store, jobs: list[_RunJob], done: list[bool],
+                result: UploadResult) -> None:
+        """Stop watching the runs shipped to their end; a samples-only run is done once its
+        job ended (its efficiency notes then have every sample)."""
+        for job, d in zip(jobs, done, strict=True):
+            if not d and self._is_samples(job.run_dir):
+                d = self._samples_done(job)
+                if d:
+                    diagnose_run(store, job.identity, self.job_info(job.run_dir)
+                                 if self.job_info else {}, result, self.notifier)
+            if d:
+                key = (job.identity.run, job.identity.uid)
+                self.live.forget(key)
+                self._live_runs.pop(key, None)
+                self._done.add(str(job.run_dir))
+                result.runs.append(job.run_dir.name)
+
+    def _warn_and_count(self, result: UploadResult) -> None:
         for run, seg, no, why in result.bad_lines:
             self.warn(f"run {run}: {seg} line {no}: corrupt line skipped: {why}")
         for run, seg, why in result.set_aside:
@@ -1080,7 +1111,6 @@ class Agent:
             self.warn(w)
         self.stats.flushes += 1
         self.stats.records += result.records
-        return result
 
     # --- while jobs run (logcapture.insights.live)
     def _observe(self, store: Store, jobs: list[_RunJob], result: UploadResult) -> None:
