@@ -370,51 +370,65 @@ class Classifier:
                 return self._under(held, each)
             if self.mode != ENABLED:
                 return each()
-            json_stream = stream == STDOUT
-            # The usual batch: all lines, all plain, found with C-level operations on the joined
-            # texts (a command prefix or a "{" opening a line cannot hide from these checks;
-            # a false alarm only sends the batch through the loop below).
-            try:
-                uncut = not any([item.cut for item in items])  # type: ignore[union-attr]
-            except AttributeError:  # a Dropped among them
-                uncut = False
-            if uncut:
-                texts = [item.text for item in items]  # type: ignore[union-attr]
-                joined = "\n".join(texts)
-                if COMMAND_PREFIX not in joined:
-                    if not (json_stream and (joined[:1] == "{" or "\n{" in joined)):
-                        return [self._lines(stream, texts, ts)] if texts else []
-                    if joined.count("\n") == len(texts) - 1:  # (a line holds no newline)
-                        return self._with_metadata(stream, texts, joined, ts)
-            out: list[Record] = []
-            run: list[str] = []  # texts of the current run of plain lines
-            for i, item in enumerate(items):
-                if type(item) is Rendered and not item.cut:
-                    text = item.text
-                    if COMMAND_PREFIX not in text:
-                        if not (json_stream and text[:1] == "{"):
-                            run.append(text)
-                            continue
-                        # A metadata candidate: kept as a line in any case (mode enabled),
-                        # followed by its Metadata record when it is one JSON object.
-                        fields = parse_metadata(text)
+            fast = self._all_plain(stream, items, ts)
+            return fast if fast is not None else self._run_by_run(stream, items, ts)
+
+    def _all_plain(self, stream: str, items: list[Rendered | Dropped],
+                   ts: float) -> list[Record] | None:
+        """The usual batch in mode enabled: all lines, all plain (or plain and metadata), found
+        with C-level operations on the joined texts (a command prefix or a "{" opening a line
+        cannot hide from these checks); None sends the batch through ``_run_by_run`` (a false
+        alarm costs only that)."""
+        try:
+            uncut = not any([item.cut for item in items])  # type: ignore[union-attr]
+        except AttributeError:  # a Dropped among them
+            return None
+        if not uncut:
+            return None
+        texts = [item.text for item in items]  # type: ignore[union-attr]
+        joined = "\n".join(texts)
+        if COMMAND_PREFIX in joined:
+            return None
+        if not (stream == STDOUT and (joined[:1] == "{" or "\n{" in joined)):
+            return [self._lines(stream, texts, ts)] if texts else []
+        if joined.count("\n") == len(texts) - 1:  # (a line holds no newline)
+            return self._with_metadata(stream, texts, joined, ts)
+        return None
+
+    def _run_by_run(self, stream: str, items: list[Rendered | Dropped],
+                    ts: float) -> list[Record]:
+        """A batch in mode enabled, runs of plain lines as one ``Lines`` record each and every
+        other item as ``feed`` takes it; once a command changes the mode, the rest one by one."""
+        json_stream = stream == STDOUT
+        out: list[Record] = []
+        run: list[str] = []  # texts of the current run of plain lines
+        for i, item in enumerate(items):
+            if type(item) is Rendered and not item.cut:
+                text = item.text
+                if COMMAND_PREFIX not in text:
+                    if not (json_stream and text[:1] == "{"):
                         run.append(text)
-                        if fields is None:
-                            continue
-                        out += self._lines_then_metadata(stream, run, fields, ts)
-                        run = []
                         continue
-                if run:
-                    out.append(self._lines(stream, run, ts))
+                    # A metadata candidate: kept as a line in any case (mode enabled),
+                    # followed by its Metadata record when it is one JSON object.
+                    fields = parse_metadata(text)
+                    run.append(text)
+                    if fields is None:
+                        continue
+                    out += self._lines_then_metadata(stream, run, fields, ts)
                     run = []
-                out += self._one(stream, item, ts)
-                if self.mode != ENABLED:  # a command changed it: the rest one by one
-                    for rest in items[i + 1:]:
-                        out += self._one(stream, rest, ts)
-                    return out
+                    continue
             if run:
                 out.append(self._lines(stream, run, ts))
-            return out
+                run = []
+            out += self._one(stream, item, ts)
+            if self.mode != ENABLED:  # a command changed it: the rest one by one
+                for rest in items[i + 1:]:
+                    out += self._one(stream, rest, ts)
+                return out
+        if run:
+            out.append(self._lines(stream, run, ts))
+        return out
 
     def _with_metadata(self, stream: str, texts: list[str], joined: str, ts: float
                        ) -> list[Record]:
