@@ -307,74 +307,82 @@ class Screen(pyte.Screen):
         charset = self.g1_charset if self.charset else self.g0_charset
         if charset is not cs.LAT1_MAP:
             data = data.translate(charset)
-        cursor = self.cursor
-        columns = self.columns
-        row = self.buffer[cursor.y]
+        row = self.buffer[self.cursor.y]
         insert = mo.IRM in self.mode
         autowrap = mo.DECAWM in self.mode
-        limit = self.line_limit
-        base = self.line_offset(cursor.y)  # cells of the logical line before this row
+        base = self.line_offset(self.cursor.y)  # cells of the logical line before this row
         i, n = 0, len(data)
         while i < n:
             m = None if insert else _PATTERNS.simple_run.match(data, i)
             if m is not None:
-                run = m.group()
                 i = m.end()
-                k, j = len(run), 0
-                while j < k:
-                    x = cursor.x
-                    if x >= columns:
-                        if autowrap and base + x < limit:
-                            row, base = self._wrap(base)
-                            x = 0
-                        elif not autowrap:
-                            x = cursor.x = columns - 1
-                    take = min(columns - x, k - j, limit - base - x)
-                    if take <= 0:  # the line limit: the rest is cut
-                        row.cut += k - j
-                        break
-                    row.update(zip(range(x, x + take), map(_CELL.__getitem__, run[j:j + take]),
-                                   strict=True))
-                    cursor.x = x + take
-                    j += take
-                continue
-            ch = data[i]
-            i += 1
-            w = wcwidth(ch)
+                row, base = self._draw_run(m.group(), row, base, autowrap)
+            else:
+                row, base = self._draw_char(data[i], row, base, autowrap, insert)
+                i += 1
+
+    def _draw_run(self, run: str, row: Any, base: int, autowrap: bool) -> tuple[Any, int]:
+        """A run of single-width characters (``simple_run``), written a row's worth at a time;
+        the row and its offset in the logical line after it."""
+        cursor, columns, limit = self.cursor, self.columns, self.line_limit
+        k, j = len(run), 0
+        while j < k:
             x = cursor.x
-            if w > 0:
-                if base + x + w > limit:
-                    row.cut += 1
-                    continue
-                if x + w > columns:
-                    if w > columns:
-                        continue  # wider than the screen: no terminal can show it
-                    if autowrap:
-                        row, base = self._wrap(base)
-                        x = 0
-                        if base + w > limit:
-                            row.cut += 1
-                            continue
-                    elif w <= columns:
-                        x = cursor.x = columns - w
-                    else:
-                        continue
-                if insert:
-                    self.insert_characters(w)
-                row[x] = _CELL[ch]
-                if w == 2:
-                    row[x + 1] = _CELL[""]
-                cursor.x = x + w
-            elif w == 0 and x > 0:
-                # Zero-width (combining, joiners, variation selectors): joins the previous
-                # character, skipping a wide character's stub cell.
-                px = x - 1
-                if row[px].data == "" and px > 0:
-                    px -= 1
-                prev = row[px].data
-                if len(prev) < 32:
-                    row[px] = _CELL[unicodedata.normalize("NFC", prev + ch)]
-            # else: unprintable, or zero-width at the line start: nothing shows.
+            if x >= columns:
+                if autowrap and base + x < limit:
+                    row, base = self._wrap(base)
+                    x = 0
+                elif not autowrap:
+                    x = cursor.x = columns - 1
+            take = min(columns - x, k - j, limit - base - x)
+            if take <= 0:  # the line limit: the rest is cut
+                row.cut += k - j
+                break
+            row.update(zip(range(x, x + take), map(_CELL.__getitem__, run[j:j + take]),
+                           strict=True))
+            cursor.x = x + take
+            j += take
+        return row, base
+
+    def _draw_char(self, ch: str, row: Any, base: int, autowrap: bool,
+                   insert: bool) -> tuple[Any, int]:
+        """One character of any width (wide, zero-width, unprintable); the row and its offset
+        in the logical line after it."""
+        cursor, columns, limit = self.cursor, self.columns, self.line_limit
+        w = wcwidth(ch)
+        x = cursor.x
+        if w > 0:
+            if base + x + w > limit:
+                row.cut += 1
+                return row, base
+            if x + w > columns:
+                if w > columns:
+                    return row, base  # wider than the screen: no terminal can show it
+                if autowrap:
+                    row, base = self._wrap(base)
+                    x = 0
+                    if base + w > limit:
+                        row.cut += 1
+                        return row, base
+                else:
+                    x = cursor.x = columns - w
+            if insert:
+                self.insert_characters(w)
+            row[x] = _CELL[ch]
+            if w == 2:
+                row[x + 1] = _CELL[""]
+            cursor.x = x + w
+        elif w == 0 and x > 0:
+            # Zero-width (combining, joiners, variation selectors): joins the previous
+            # character, skipping a wide character's stub cell.
+            px = x - 1
+            if row[px].data == "" and px > 0:
+                px -= 1
+            prev = row[px].data
+            if len(prev) < 32:
+                row[px] = _CELL[unicodedata.normalize("NFC", prev + ch)]
+        # else: unprintable, or zero-width at the line start: nothing shows.
+        return row, base
 
     def _cleared(self, y: int) -> None:
         """Row ``y`` was cleared whole: it no longer goes on below, nor the row above into it."""
