@@ -237,6 +237,32 @@ class JobCollector:
                        f"job sampling failed: {type(e).__name__}: {e}")
             return {"cpus_allocated": self.cpus_allocated}
 
+    def _read_process(self, pid: int) -> tuple[int, float, int, int, int, int, int | None]:
+        """One process's (ppid, CPU seconds with its reaped children's, bytes read, bytes
+        written, threads, RSS, PSS or None); psutil's NoSuchProcess or AccessDenied when it
+        ended or is not the user's."""
+        ps = self.psutil
+        proc = self._process(pid)
+        with proc.oneshot():
+            ppid = proc.ppid()
+            t = proc.cpu_times()
+            cpu = t.user + t.system + t.children_user + t.children_system
+            threads = proc.num_threads()
+            full = None
+            if self.read_pss:
+                try:  # smaps_rollup: the kernel walks the page tables, the costly part
+                    full = proc.memory_full_info()
+                except ps.AccessDenied:
+                    pass
+            rss, pss = (full.rss, full.pss) if full is not None else (proc.memory_info().rss,
+                                                                      None)
+            try:
+                io = proc.io_counters()
+                read, write = io.read_bytes, io.write_bytes
+            except (ps.AccessDenied, AttributeError):
+                read = write = 0
+        return ppid, cpu, read, write, threads, rss, pss
+
     def _collect(self) -> dict[str, Any]:
         ps = self.psutil
         now = self.clock()
@@ -247,29 +273,7 @@ class JobCollector:
         denied: set[int] = set()
         for pid in self._find_pids():
             try:
-                proc = self._process(pid)
-                with proc.oneshot():
-                    ppid = proc.ppid()
-                    t = proc.cpu_times()
-                    cpu = t.user + t.system + t.children_user + t.children_system
-                    threads += proc.num_threads()
-                    full = None
-                    if self.read_pss:
-                        try:  # smaps_rollup: the kernel walks the page tables, the costly part
-                            full = proc.memory_full_info()
-                        except ps.AccessDenied:
-                            pass
-                    if full is not None:
-                        rss += full.rss
-                        pss += full.pss
-                        have_pss = True
-                    else:
-                        rss += proc.memory_info().rss
-                    try:
-                        io = proc.io_counters()
-                        read, write = io.read_bytes, io.write_bytes
-                    except (ps.AccessDenied, AttributeError):
-                        read = write = 0
+                ppid, cpu, read, write, n, proc_rss, proc_pss = self._read_process(pid)
             except ps.NoSuchProcess:  # ended since it was listed: normal, counted
                 self._procs.pop(pid, None)
                 vanished.add(pid)
@@ -277,6 +281,11 @@ class JobCollector:
             except ps.AccessDenied:  # not the user's to read (setuid): skipped, counted once
                 denied.add(pid)
                 continue
+            threads += n
+            rss += proc_rss
+            if proc_pss is not None:
+                pss += proc_pss
+                have_pss = True
             current[pid] = (ppid, cpu, read, write)
         # The wrapper as root (root_pid in exclude_pids): its own figures are not the job's,
         # but its children_user/children_system are exactly the job processes it reaped.
