@@ -21,7 +21,6 @@ import json
 import os
 import re
 import subprocess
-import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -125,6 +124,8 @@ class Notifier:
         return []
 
     def _post(self, payload: dict[str, Any]) -> list[str]:
+        import urllib.request  # ~20 ms of imports (http, email, ssl) every reading command spared
+
         data = json.dumps(payload, ensure_ascii=False, default=str).encode("utf-8")
         req = urllib.request.Request(str(self.webhook), data=data, method="POST",
                                      headers={"Content-Type": "application/json"})
