@@ -257,3 +257,53 @@ print(json.dumps(out))
     assert json.loads(out["whoami"].splitlines()[0])["value"]["user"] == U2
     # The service is still there for everyone.
     assert "u1 socket secret line" in read_as(rd, U1, "logs", job.id).stdout
+
+
+def test_serve_as_a_user_shows_their_jobs_through_the_read_service(rd: Cluster) -> None:
+    """`logcapture serve` on the login node, started by a user: the page reads the store
+    through the read service, so it shows that user's jobs and nothing of another's."""
+    import httpx
+
+    rd.optin(U1, "")
+    rd.optin(U2, "")
+    j1 = rd.submit(U1, JOB1, name="mine")
+    j2 = rd.submit(U2, JOB2, name="theirs")
+    assert rd.wait(j1, j2) == {j1.id: ("COMPLETED", "0:0"), j2.id: ("COMPLETED", "0:0")}
+    wait_in_store(rd, U1, j1)
+    wait_in_store(rd, U2, j2)
+    pw = pwd.getpwnam(U1)
+    with subprocess.Popen(
+            ["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--init-groups",
+             "--reset-env", "env", f"HOME={rd.home(U1)}", "PATH=/usr/bin:/bin", "LANG=C.UTF-8",
+             f"LOGCAPTURE_READER_SOCKET={socket_path(rd)}",
+             rd.env["LOGCAPTURE_BIN"] + "/logcapture", "serve", "--no-browser", "--port", "0"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/",
+            start_new_session=True) as proc:
+        try:
+            assert proc.stdout is not None
+            url = proc.stdout.readline().strip()
+            assert url.startswith("http://127.0.0.1:"), proc.stderr.read()  # type: ignore[union-attr]
+            base, token = url.split("/?")[0], url.split("token=")[1]
+
+            def get(path: str, **kw: str) -> httpx.Response:
+                return httpx.get(base + path, params={"token": token, **kw}, timeout=60)
+
+            runs = get("/api/runs").json()
+            assert j1.id in {r["job_id"] for r in runs}
+            assert j2.id not in {r["job_id"] for r in runs} and "theirs" not in str(runs)
+            texts = [e[3] for e in get(f"/api/runs/{j1.id}/log", stderr="1").json()["entries"]]
+            assert "u1 visible line" in texts and "u1 after the secret" in texts
+            meta = get(f"/api/runs/{j1.id}/metadata").json()
+            assert [r["fields"] for r in meta["rows"]] == [{"epoch": 1, "u1_metric": 0.5}]
+            for path in (f"/api/runs/{j2.id}", f"/api/runs/{j2.id}/log",
+                         f"/api/runs/{j2.id}/metadata", f"/api/runs/{j2.id}/export"):
+                r = get(path)
+                assert r.status_code == 404 and "u2" not in r.text, (path, r.text)
+            found = get("/api/search", q="private").json()
+            assert found["matches"] == 0 and "u2 private" not in str(found)
+            everything = " ".join(get(p).text for p in (
+                "/api/runs", f"/api/runs/{j1.id}/log", f"/api/runs/{j1.id}/metadata"))
+            assert SECRET not in everything + str(get("/api/search", q=SECRET).json())
+        finally:
+            os.killpg(proc.pid, signal.SIGINT)
+            proc.wait(30)
