@@ -572,7 +572,7 @@ def _capture_worker(fd: int, s: _WorkerSettings) -> int:
         mine = own_usage()
         state = "FAILED" if outcome.spawn_error else outcome.state
         if s.env.get("SLURM_JOB_ID") and not outcome.spawn_error:
-            from .slurm import job_end_state
+            from .slurm.jobs import job_end_state
 
             state = job_end_state(outcome.exit_status, outcome.signal, s.env)
         usage = end.get("usage")

@@ -104,3 +104,24 @@ def test_the_capture_path_never_imports_a_reader(stage: str) -> None:
     for path in _module_files(stage):
         bad = _imported_stages(path) & set(READERS)
         assert not bad, f"{path.name} imports {sorted(bad)}"
+
+
+# The Slurm job wrapper is on every job's start-up path, opted in or not: importing it, and so
+# the package it is in, must cost nothing beyond os and sys. Every other import is inside a
+# function (or under TYPE_CHECKING, for annotations only).
+SLURM_MODULE_LEVEL = {"os", "sys", "__future__"}
+
+
+@pytest.mark.parametrize("path", sorted((PACKAGE / "slurm").glob("*.py")), ids=lambda p: p.name)
+def test_the_slurm_modules_import_only_os_and_sys_at_module_level(path: Path) -> None:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            names = {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level == 1:  # a sibling: held to this same rule
+                continue
+            names = {node.module or ""}
+        else:
+            continue
+        assert names <= SLURM_MODULE_LEVEL, f"{path.name}:{node.lineno} imports {sorted(names)}"
