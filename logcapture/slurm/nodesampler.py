@@ -211,14 +211,10 @@ def node_sampler(env: dict[str, str] | os._Environ[str], job_arg: str, *,
 
     from ..config import load_admin
     from ..errors import ConfigError, UsageError
-    from ..sampler import (
-        GpuCollector,
-        Sampler,
-        cpus_allocated_from_env,
-        job_gpus_from_env,
-        sample_interval,
-    )
+    from ..sampling.gpu import GpuCollector, job_gpus_from_env
+    from ..sampling.job import cpus_allocated_from_env
     from ..sampling.node import NodeJobCollector
+    from ..sampling.sampler import Sampler, sample_interval
     from ..spool import SpoolWriter, create_run_dir
 
     event = stop if isinstance(stop, threading.Event) else threading.Event()
