@@ -24,7 +24,9 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from fakenvml import FakeNVML, GiB, gpus  # noqa: E402
 
-from logcapture.sampler import GpuCollector, JobCollector, Sampler  # noqa: E402
+from logcapture.sampling.gpu import GpuCollector  # noqa: E402
+from logcapture.sampling.job import JobCollector  # noqa: E402
+from logcapture.sampling.sampler import Sampler  # noqa: E402
 
 TREE = ("import subprocess, sys, time\n"
         "kids = [subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(3600)'])"

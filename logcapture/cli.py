@@ -254,7 +254,7 @@ def _wait_for_job(reader: Any, ref: str | None, poll: float = 1.0) -> str:
     no run of it is there yet, wait for its run (a message on stderr says so once)."""
     from . import jobref
     from .errors import NotFound
-    from .slurm import ACTIVE_STATES, slurm_job
+    from .slurm.jobs import ACTIVE_STATES, slurm_job
 
     told = ""
     while True:
@@ -482,7 +482,7 @@ def slurm_prolog() -> None:
     """Prepare this node for the job in SLURM_JOB_ID: its spool directory (owned by the
     job's user, mode 0700) and its trusted job record. Exits 1 after a problem, which is
     logged; the prolog script still exits 0."""
-    from .slurm import prolog_main
+    from .slurm.hooks import prolog_main
 
     sys.exit(prolog_main())
 
@@ -492,7 +492,7 @@ def slurm_epilog() -> None:
     """Record the end of the job in SLURM_JOB_ID (exit status from the wrapper's End record,
     Slurm's state), ship its runs or leave them to the agent, and clean up. Exits 1 after a
     problem, which is logged; the epilog script still exits 0."""
-    from .slurm import epilog_main
+    from .slurm.hooks import epilog_main
 
     sys.exit(epilog_main())
 
@@ -504,7 +504,7 @@ def slurm_sampler(job_id: str) -> None:
     """The node sampler the prolog starts detached for an opted-in job: samples the job's
     cgroup and GPUs on this node every sample_interval seconds into the root-owned
     <spool root>/.samples/ until the epilog stops it (TERM). Not for interactive use."""
-    from .slurm import sampler_main
+    from .slurm.nodesampler import sampler_main
 
     sys.exit(sampler_main(job_id))
 
@@ -722,7 +722,7 @@ def agent(spool: Path | None, store_dsn: str | None, batch_bytes: int, interval:
     from .config import load_admin
     from .insights.notify import Notifier
     from .ship import Agent, describe_dsn
-    from .slurm import NOTIFIED_DIR, samples_job_ended
+    from .slurm.jobrecords import NOTIFIED_DIR, samples_job_ended
     from .store import check_engine
 
     check_engine(store_dsn)  # a store to ship to, before waiting for anything to ship
@@ -752,7 +752,8 @@ def _trusted_job_info(run_dir: Path) -> dict[str, Any]:
     if not job_id.isdigit():
         return {}
     try:
-        from .slurm import job_insight_info, read_job_record
+        from .slurm.jobrecords import read_job_record
+        from .slurm.jobs import job_insight_info
 
         return job_insight_info(read_job_record(str(run_dir.parent.parent), job_id))
     except Exception:  # noqa: BLE001 - no record: the diagnosis goes without Slurm's word

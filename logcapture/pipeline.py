@@ -572,7 +572,7 @@ def _capture_worker(fd: int, s: _WorkerSettings) -> int:
         mine = own_usage()
         state = "FAILED" if outcome.spawn_error else outcome.state
         if s.env.get("SLURM_JOB_ID") and not outcome.spawn_error:
-            from .slurm import job_end_state
+            from .slurm.jobs import job_end_state
 
             state = job_end_state(outcome.exit_status, outcome.signal, s.env)
         usage = end.get("usage")
@@ -692,17 +692,20 @@ def _start_sampler(run_id: str, interval: float, env: dict[str, str], spool: Spo
     """The resource sampler of this node (SPEC.md §5) and the hardware inventory for the start
     record. Returns (None, inventory) when sampling is off; never raises. Its problems (no
     NVML on a CPU node, say) go to the log only: they are not the user's to fix."""
-    from . import sampler as S
+    from .sampling.gpu import GpuCollector, job_gpus_from_env
+    from .sampling.job import JobCollector, cpus_allocated_from_env, find_job_cgroup
+    from .sampling.sampler import Sampler
+    from .sampling.sampler import inventory as take_inventory
 
     inventory_warnings: list[str] = []
     try:
         # The job is the wrapper's child; the wrapper and this capture worker are not the job.
         root = root_pid if root_pid is not None else os.getpid()
-        job = S.JobCollector(root_pid=root, cgroup_path=S.find_job_cgroup(root),
-                             exclude_pids={root, os.getpid()},
-                             cpus_allocated=S.cpus_allocated_from_env(env))
-        gpu = S.GpuCollector(job_gpus=S.job_gpus_from_env(env), pids_fn=job.pids)
-        inventory = S.inventory(env=env, gpu=gpu, warn=inventory_warnings.append)
+        job = JobCollector(root_pid=root, cgroup_path=find_job_cgroup(root),
+                           exclude_pids={root, os.getpid()},
+                           cpus_allocated=cpus_allocated_from_env(env))
+        gpu = GpuCollector(job_gpus=job_gpus_from_env(env), pids_fn=job.pids)
+        inventory = take_inventory(env=env, gpu=gpu, warn=inventory_warnings.append)
     except Exception as e:  # noqa: BLE001
         problems.append(f"resource sampling unavailable ({type(e).__name__})")
         return None, {}
@@ -712,8 +715,8 @@ def _start_sampler(run_id: str, interval: float, env: dict[str, str], spool: Spo
         gpu.close()
         return None, inventory
     node = (env.get("SLURMD_NODENAME") or _hostname()).split(".")[0]
-    sampler = S.Sampler(run_id, node=node, gpu=gpu, job=job, interval=interval,
-                        emit=lambda rec: spool.write([rec]))
+    sampler = Sampler(run_id, node=node, gpu=gpu, job=job, interval=interval,
+                      emit=lambda rec: spool.write([rec]))
     return sampler, inventory
 
 

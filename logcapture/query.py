@@ -186,7 +186,7 @@ def describe(facts: RunFacts) -> dict[str, Any]:
     """The mapping ``logcapture show`` prints for a run, whatever its source: snake_case keys,
     numbers as numbers, times in seconds since the epoch and durations in seconds
     (docs/cli.md says what each field means; ``views.show_lines`` writes it for people)."""
-    from .sampler import summarize as summarize_samples
+    from .sampling.summary import summarize as summarize_samples
     from .xaxis import choose_x_axis
 
     start, end = facts.start, facts.end

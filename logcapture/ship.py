@@ -140,7 +140,7 @@ def trusted_identity(run_dir: Path, job_record: Mapping[str, object] | None = No
     job_id = run_dir.parent.name
     if job_record is None and job_id.isdigit():
         try:
-            from .slurm import read_job_record
+            from .slurm.jobrecords import read_job_record
 
             job_record = read_job_record(str(run_dir.parent.parent), job_id)
         except (OSError, LogcaptureError):

@@ -12,7 +12,7 @@ from logcapture import jobref, views
 from logcapture.errors import NotFound, UsageError
 from logcapture.query import job_usage
 from logcapture.runner import children_usage
-from logcapture.slurm import end_state
+from logcapture.slurm.jobs import end_state
 
 
 def run(run_id: str, job_id: str = "", start: float = 0.0, **slurm: str) -> dict:

@@ -18,21 +18,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from logcapture import sampler as sampler_module
 from logcapture.errors import ConfigError
 from logcapture.records import Sample, from_dict
-from logcapture.sampler import (
-    GpuCollector,
-    JobCollector,
-    Sampler,
-    find_job_cgroup,
-    inventory,
-    job_gpus_from_env,
-    read_cgroup_pids,
-    sample_interval,
-    summarize,
-)
 from logcapture.sampling import gpu as gpu_module
+from logcapture.sampling import sampler as sampler_module
+from logcapture.sampling.gpu import GpuCollector, job_gpus_from_env
+from logcapture.sampling.job import JobCollector, find_job_cgroup, read_cgroup_pids
+from logcapture.sampling.sampler import Sampler, inventory, sample_interval
+from logcapture.sampling.summary import summarize
 from logcapture.spool import iter_run
 
 from .conftest import run_lc

@@ -1,4 +1,4 @@
-"""Unit tests of logcapture/slurm.py: the job wrapper, the prolog and the epilog, without Slurm.
+"""Unit tests of logcapture/slurm/: the job wrapper, the prolog and the epilog, without Slurm.
 
 The wrapper runs for real (as a subprocess, on scripts written the way job_submit.lua writes
 them); the prolog and epilog run for real on a temporary spool root, as root, for a job of
@@ -22,13 +22,13 @@ from pathlib import Path
 
 import pytest
 
-from logcapture import slurm
 from logcapture.records import End, Line, Sample, Start
 from logcapture.sampling.node import (
     NodeJobCollector,
     find_job_cgroup_by_id,
     job_pids_from_environ,
 )
+from logcapture.slurm import hooks, jobrecords, jobs, nodesampler, rootsafe, wrapper
 from logcapture.spool import SpoolWriter, iter_run
 
 REPO = Path(__file__).resolve().parent.parent
@@ -53,39 +53,39 @@ root_only = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: the prolog
     (b"echo hi", None),
 ])
 def test_parse_shebang_splits_as_linux_does(line: bytes, argv: list[str] | None) -> None:
-    assert slurm.parse_shebang(line) == argv
+    assert wrapper.parse_shebang(line) == argv
 
 
 def test_script_interpreter_reads_line_two(tmp_path: Path) -> None:
     script = tmp_path / "s"
     script.write_bytes(b"#!/opt/lc/bin/logcapture-job\n#!/usr/bin/python3 -u\nprint(1)\n")
-    assert slurm.script_interpreter(str(script)) == ["/usr/bin/python3", "-u"]
+    assert wrapper.script_interpreter(str(script)) == ["/usr/bin/python3", "-u"]
     script.write_bytes(b"#!/opt/lc/bin/logcapture-job\necho no shebang\n")
-    assert slurm.script_interpreter(str(script)) == ["/bin/sh"]
-    assert slurm.script_interpreter(str(tmp_path / "missing")) == ["/bin/sh"]
+    assert wrapper.script_interpreter(str(script)) == ["/bin/sh"]
+    assert wrapper.script_interpreter(str(tmp_path / "missing")) == ["/bin/sh"]
 
 
 def test_wrapper_options_stop_at_the_script() -> None:
-    assert slurm._wrapper_args(["--spool-root=/s", "/x/script", "--spool-root=/t"]) == (
+    assert wrapper._wrapper_args(["--spool-root=/s", "/x/script", "--spool-root=/t"]) == (
         {"spool-root": "/s"}, ["/x/script", "--spool-root=/t"])
-    assert slurm._wrapper_args(["--other=1", "a"]) == ({}, ["--other=1", "a"])
-    assert slurm._wrapper_args([]) == ({}, [])
+    assert wrapper._wrapper_args(["--other=1", "a"]) == ({}, ["--other=1", "a"])
+    assert wrapper._wrapper_args([]) == ({}, [])
 
 
 def test_optin_exists_in_any_form(tmp_path: Path) -> None:
     env = {"HOME": str(tmp_path)}
-    assert not slurm.optin_exists(env)
+    assert not wrapper.optin_exists(env)
     (tmp_path / ".logoptin").symlink_to(tmp_path / "nowhere")
-    assert slurm.optin_exists(env)  # a dangling symlink opts in (then falls back to disabled)
-    assert slurm.optin_exists({"LOGCAPTURE_OPTIN": str(tmp_path / ".logoptin")})
-    assert not slurm.optin_exists({"LOGCAPTURE_OPTIN": str(tmp_path / "other")})
+    assert wrapper.optin_exists(env)  # a dangling symlink opts in (then falls back to disabled)
+    assert wrapper.optin_exists({"LOGCAPTURE_OPTIN": str(tmp_path / ".logoptin")})
+    assert not wrapper.optin_exists({"LOGCAPTURE_OPTIN": str(tmp_path / "other")})
 
 
 def test_run_id_for_requeued_jobs() -> None:
-    assert slurm.run_id_for({"SLURM_JOB_ID": "12"}) == "12"
-    assert slurm.run_id_for({"SLURM_JOB_ID": "12", "SLURM_RESTART_COUNT": "0"}) == "12"
-    assert slurm.run_id_for({"SLURM_JOB_ID": "12", "SLURM_RESTART_COUNT": "2"}) == "12.2"
-    assert slurm.run_id_for({}) is None
+    assert jobs.run_id_for({"SLURM_JOB_ID": "12"}) == "12"
+    assert jobs.run_id_for({"SLURM_JOB_ID": "12", "SLURM_RESTART_COUNT": "0"}) == "12"
+    assert jobs.run_id_for({"SLURM_JOB_ID": "12", "SLURM_RESTART_COUNT": "2"}) == "12.2"
+    assert jobs.run_id_for({}) is None
 
 
 # ------------------------------------------------------------------------------ the wrapper
@@ -109,7 +109,7 @@ def _job_env(tmp_path: Path, **extra: str) -> dict[str, str]:
 
 
 def _run_wrapper(args: list[str], env: dict[str, str], *flags: str) -> subprocess.CompletedProcess:
-    code = "import sys; from logcapture.slurm import job_main; sys.exit(job_main())"
+    code = "import sys; from logcapture.slurm.wrapper import job_main; sys.exit(job_main())"
     return subprocess.run([sys.executable, *flags, "-c", code, *args], env=env,
                           capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
 
@@ -130,7 +130,7 @@ def test_without_logoptin_nothing_heavy_is_imported_before_the_exec(tmp_path: Pa
     r = _run_wrapper([str(script)], _job_env(tmp_path), "-X", "importtime")
     imported = {line.split("|")[-1].strip() for line in r.stderr.decode().splitlines()
                 if line.startswith("import time:")}
-    assert "logcapture.slurm" in imported
+    assert "logcapture.slurm.wrapper" in imported
     for heavy in ("click", "yaml", "logcapture.pipeline", "logcapture.config", "pyte",
                   "json", "subprocess"):
         assert heavy not in imported, heavy
@@ -193,7 +193,7 @@ def test_with_logoptin_but_no_job_directory_capture_falls_back_to_the_users_spoo
 
 
 def test_wrapper_usage_without_a_script() -> None:
-    assert slurm.job_main([]) == 2
+    assert wrapper.job_main([]) == 2
 
 
 # ------------------------------------------------------------------------------ job_submit.lua
@@ -291,7 +291,7 @@ def root(tmp_path: Path) -> Path:
 @root_only
 def test_prolog_makes_the_users_job_directory_and_a_trusted_record(root: Path) -> None:
     env = _hook_env(root, store=True, SLURM_ARRAY_JOB_ID="4240", SLURM_ARRAY_TASK_ID="2")
-    assert slurm.prolog(env, now=123.0) == []
+    assert hooks.prolog(env, now=123.0) == []
     st = (root / "4242").stat()
     assert (st.st_uid, st.st_gid) == (NOBODY.pw_uid, NOBODY.pw_gid)
     assert stat.S_IMODE(st.st_mode) == 0o700
@@ -302,38 +302,38 @@ def test_prolog_makes_the_users_job_directory_and_a_trusted_record(root: Path) -
     assert rec["user"] == "nobody" and rec["uid"] == NOBODY.pw_uid and rec["start"] == 123.0
     assert (rec["array_job_id"], rec["array_task_id"]) == ("4240", "2")
     assert rec["partition"] == "debug" and rec["nodes"] == "n[1-2]"
-    assert slurm.read_job_record(str(root), "4242") == rec
+    assert jobrecords.read_job_record(str(root), "4242") == rec
     public = (root / PUBLIC).read_text()
     assert "spool_root" in public and "chdb" not in public and "store" not in public
     assert stat.S_IMODE((root / PUBLIC).stat().st_mode) == 0o644
     # Idempotent: a second prolog (requeue) keeps the directory.
-    assert slurm.prolog(env) == [f"job directory {root}/4242 already existed (requeue?): kept"]
+    assert hooks.prolog(env) == [f"job directory {root}/4242 already existed (requeue?): kept"]
 
 
-PUBLIC = slurm.PUBLIC_CONFIG
+PUBLIC = jobrecords.PUBLIC_CONFIG
 
 
 @root_only
 def test_prolog_refuses_a_spool_root_others_can_write(root: Path) -> None:
     root.mkdir(mode=0o777)
     root.chmod(0o777)
-    assert slurm._hook_main("prolog", _hook_env(root)) == 1
+    assert hooks._hook_main("prolog", _hook_env(root)) == 1
     assert not (root / "4242").exists()
 
 
 def test_hooks_never_raise_outside_slurm(capsys: pytest.CaptureFixture[str]) -> None:
-    assert slurm._hook_main("epilog", {}) == 1
+    assert hooks._hook_main("epilog", {}) == 1
     assert "SLURM_JOB_ID" in capsys.readouterr().err
 
 
 @root_only
 def test_epilog_records_the_wrappers_exit_status_and_slurms_state(root: Path) -> None:
     env = _hook_env(root, SLURM_JOB_EXIT_CODE2="0:0")
-    slurm.prolog(env)
+    hooks.prolog(env)
     _captured_run(root, "4242", exit_status=None, signal=15)
-    messages = slurm.epilog(env, now=200.0, state_of=lambda j: {"JobState": "CANCELLED"})
+    messages = hooks.epilog(env, now=200.0, state_of=lambda j: {"JobState": "CANCELLED"})
     assert messages == [f"run(s) 4242 left in {root}/4242 for the agent (no store configured)"]
-    rec = slurm.read_job_record(str(root), "4242")
+    rec = jobrecords.read_job_record(str(root), "4242")
     assert rec is not None
     assert (rec["exit_status"], rec["signal"], rec["wrapper_state"]) == (None, 15, "SIGNALED")
     assert rec["slurm_state"] == "CANCELLED" and rec["slurm_exit_code"] == "0:0"
@@ -344,26 +344,26 @@ def test_epilog_records_the_wrappers_exit_status_and_slurms_state(root: Path) ->
 @root_only
 def test_epilog_of_a_job_that_captured_nothing_leaves_nothing(root: Path) -> None:
     env = _hook_env(root)
-    slurm.prolog(env)
-    assert slurm.epilog(env, state_of=lambda j: {}) == []
+    hooks.prolog(env)
+    assert hooks.epilog(env, state_of=lambda j: {}) == []
     assert not (root / "4242").exists() and not (root / ".jobs" / "4242.json").exists()
 
 
 @root_only
 def test_epilog_takes_array_ids_from_slurm(root: Path) -> None:
     env = _hook_env(root)
-    slurm.prolog(env)
+    hooks.prolog(env)
     _captured_run(root, "4242")
-    slurm.epilog(env, state_of=lambda j: {"JobState": "COMPLETED", "ArrayJobId": "4240",
+    hooks.epilog(env, state_of=lambda j: {"JobState": "COMPLETED", "ArrayJobId": "4240",
                                           "ArrayTaskId": "3"})
-    rec = slurm.read_job_record(str(root), "4242")
+    rec = jobrecords.read_job_record(str(root), "4242")
     assert rec is not None and (rec["array_job_id"], rec["array_task_id"]) == ("4240", "3")
 
 
 @root_only
 def test_planted_symlinks_fifos_and_huge_files_gain_nothing(root: Path, tmp_path: Path) -> None:
     env = _hook_env(root)
-    slurm.prolog(env)
+    hooks.prolog(env)
     run_dir = _captured_run(root, "4242", exit_status=7)
     secret = tmp_path / "secret"
     secret.write_text('{"kind":"end","run":"4242","stream":"run","seq":9,"ts":1,'
@@ -373,7 +373,7 @@ def test_planted_symlinks_fifos_and_huge_files_gain_nothing(root: Path, tmp_path
     os.symlink("/etc/shadow", run_dir / "seg-999998.ndjson.gz")
     os.mkfifo(run_dir / "seg-999997.ndjson")
     with open(run_dir / "seg-999996.ndjson", "wb") as f:
-        f.truncate(slurm.MAX_SEGMENT_BYTES + 1)
+        f.truncate(rootsafe.MAX_SEGMENT_BYTES + 1)
     hard = run_dir / "seg-999995.ndjson"
     try:
         os.link(secret, hard)  # root-owned: refused by owner
@@ -385,13 +385,13 @@ def test_planted_symlinks_fifos_and_huge_files_gain_nothing(root: Path, tmp_path
     for path in run_dir.iterdir():
         if not path.is_symlink():
             os.chown(path, NOBODY.pw_uid, NOBODY.pw_gid) if path.name != hard.name else None
-    messages = slurm.epilog(env, state_of=lambda j: {"JobState": "FAILED"})
-    rec = slurm.read_job_record(str(root), "4242")
+    messages = hooks.epilog(env, state_of=lambda j: {"JobState": "FAILED"})
+    rec = jobrecords.read_job_record(str(root), "4242")
     assert rec is not None and rec["exit_status"] == 7 and rec["runs"] == ["4242"]
     assert not any("SECRET" in m or "99" in m for m in messages)
     assert secret.exists() and other.exists()
     # Removing the job (after shipping) does not follow the plants either.
-    slurm._remove_job(os.open(root, os.O_RDONLY), "4242")
+    jobrecords._remove_job(os.open(root, os.O_RDONLY), "4242")
     assert not (root / "4242").exists() and secret.read_text().endswith("TOP-SECRET\n")
     assert other.is_dir()
 
@@ -417,7 +417,7 @@ def test_removing_a_job_retries_when_the_agent_adds_a_file_meanwhile(
         real(path, *args, **kw)  # type: ignore[arg-type]
 
     monkeypatch.setattr(shutil, "rmtree", racing)
-    slurm._remove_job(os.open(root, os.O_RDONLY), "4243")
+    jobrecords._remove_job(os.open(root, os.O_RDONLY), "4243")
     assert len(calls) == 2 and not (root / "4243").exists()
 
 QUERY = """
@@ -432,7 +432,7 @@ with open_store(sys.argv[1], must_exist=True) as s:
 @root_only
 def test_epilog_ships_with_the_trusted_identity_and_removes_the_spool(root: Path) -> None:
     env = _hook_env(root, store=True)
-    slurm.prolog(env)
+    hooks.prolog(env)
     run_dir = _captured_run(root, "4242", exit_status=0)
     # The user's Start record claims to be someone else: the rows must not believe it.
     forged = run_dir / "seg-000001.ndjson"
@@ -461,7 +461,7 @@ def test_epilog_removes_the_spool_of_a_run_the_agent_shipped_first(root: Path) -
     from logcapture import ship
 
     env = _hook_env(root, store=True)
-    slurm.prolog(env)
+    hooks.prolog(env)
     run_dir = _captured_run(root, "4242", exit_status=0)
     first = ship.upload(run_dir.parent, run="4242", dsn=f"chdb://{root.parent / 'store'}",
                         retention_days=None)
@@ -483,35 +483,35 @@ def test_read_end_bounds_and_validates(tmp_path: Path) -> None:
     (run / "seg-000000.ndjson.gz").write_bytes(gzip.compress(payload))
     fd = os.open(tmp_path, os.O_RDONLY)
     try:
-        assert slurm.read_end(fd, "9", uid) == {"exit_status": 2, "signal": None,
+        assert rootsafe.read_end(fd, "9", uid) == {"exit_status": 2, "signal": None,
                                                 "state": "FAILED", "duration": 1.5}
-        assert slurm.read_end(fd, "9", uid + 1) is None  # not the job user's
+        assert rootsafe.read_end(fd, "9", uid + 1) is None  # not the job user's
         bad = dict(good, exit_status=999)
         (run / "seg-000001.ndjson").write_bytes(json.dumps(bad).encode() + b"\n")
-        assert slurm.read_end(fd, "9", uid)["exit_status"] == 2  # invalid End skipped
+        assert rootsafe.read_end(fd, "9", uid)["exit_status"] == 2  # invalid End skipped
         (run / "seg-000002.ndjson").write_bytes(json.dumps(dict(good, run="8")).encode()
                                                 + b"\n")
-        assert slurm.read_end(fd, "9", uid)["exit_status"] == 2  # another run's End
+        assert rootsafe.read_end(fd, "9", uid)["exit_status"] == 2  # another run's End
     finally:
         os.close(fd)
-    assert slurm._valid_end({"kind": "end", "run": "9", "state": "<script>"}, "9") == {
+    assert rootsafe._valid_end({"kind": "end", "run": "9", "state": "<script>"}, "9") == {
         "exit_status": None, "signal": None, "state": "", "duration": None}
-    assert slurm._valid_end({"kind": "end", "run": "9", "signal": True}, "9") is None
+    assert rootsafe._valid_end({"kind": "end", "run": "9", "signal": True}, "9") is None
 
 
 def test_a_gzip_bomb_is_read_only_up_to_the_bound(tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(slurm, "MAX_DECOMPRESSED_BYTES", 4 << 20)
+    monkeypatch.setattr(rootsafe, "MAX_DECOMPRESSED_BYTES", 4 << 20)
     path = tmp_path / "bomb.gz"
     with gzip.open(path, "wb") as f:
         for _ in range(64):
             f.write(b"\0" * (1 << 20))
     fd = os.open(path, os.O_RDONLY)
     try:
-        tail = slurm._tail(fd, path.stat().st_size, compressed=True)
+        tail = rootsafe._tail(fd, path.stat().st_size, compressed=True)
     finally:
         os.close(fd)
-    assert len(tail) <= slurm.MAX_END_LINE_BYTES
+    assert len(tail) <= rootsafe.MAX_END_LINE_BYTES
 
 
 # ------------------------------------------------------------------------------ scripts
@@ -654,7 +654,7 @@ def test_node_sampler_samples_the_jobs_cgroup_and_gpus_until_stopped(
     from fakenvml import FakeGPU, FakeNVML
 
     env = _hook_env(root, SLURM_JOB_GPUS="1", LOGCAPTURE_SAMPLE_INTERVAL="0.05")
-    slurm.prolog(env, optin=lambda uid: False)
+    hooks.prolog(env, optin=lambda uid: False)
     job = subprocess.Popen(["sleep", "30"])  # stands in for the job's process
     request.addfinalizer(lambda: (job.kill(), job.wait()))
     cgroups = tmp_path / "cgroup"
@@ -664,10 +664,10 @@ def test_node_sampler_samples_the_jobs_cgroup_and_gpus_until_stopped(
                                                            processes=[(job.pid, 1 << 30)])])
     stop = threading.Event()
     codes: list[int] = []
-    t = threading.Thread(target=lambda: codes.append(slurm.node_sampler(
+    t = threading.Thread(target=lambda: codes.append(nodesampler.node_sampler(
         env, "4242", stop=stop, cgroup_root=str(cgroups), nvml=nvml)))
     t.start()
-    run_dir = root / slurm.SAMPLES_DIR / "4242" / "4242"
+    run_dir = root / jobrecords.SAMPLES_DIR / "4242" / "4242"
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and not list(run_dir.glob("seg-*")):
         time.sleep(0.05)
@@ -688,7 +688,7 @@ def test_node_sampler_samples_the_jobs_cgroup_and_gpus_until_stopped(
     assert [g["uuid"] for g in samples[-1].gpus] == ["GPU-bbbb"]
     assert samples[-1].gpus[0]["job_memory_used_bytes"] == 1 << 30
     # root's spool, not the user's
-    for path in (root / slurm.SAMPLES_DIR, run_dir.parent, run_dir):
+    for path in (root / jobrecords.SAMPLES_DIR, run_dir.parent, run_dir):
         st = path.stat()
         assert st.st_uid == 0 and stat.S_IMODE(st.st_mode) == 0o700
     assert not any((root / "4242").iterdir())
@@ -698,20 +698,20 @@ def test_node_sampler_samples_the_jobs_cgroup_and_gpus_until_stopped(
 def test_node_sampler_stops_by_itself_when_the_jobs_cgroup_is_gone(
         root: Path, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     env = _hook_env(root, LOGCAPTURE_SAMPLE_INTERVAL="0.05")
-    slurm.prolog(env, optin=lambda uid: False)
+    hooks.prolog(env, optin=lambda uid: False)
     job = subprocess.Popen(["sleep", "30"])  # stands in for the job's process
     request.addfinalizer(lambda: (job.kill(), job.wait()))
     cgroups = tmp_path / "cgroup"
     _cgroup(cgroups / "cpuacct" / "slurm" / f"uid_{NOBODY.pw_uid}" / "job_4242",
             procs=f"{job.pid}\n", usage_ns=2_000_000_000)
-    t = threading.Thread(target=slurm.node_sampler, args=(env, "4242"),
+    t = threading.Thread(target=nodesampler.node_sampler, args=(env, "4242"),
                          kwargs={"cgroup_root": str(cgroups)})
     t.start()
     time.sleep(0.5)
     shutil.rmtree(cgroups / "cpuacct")
     t.join(10)
     assert not t.is_alive()
-    samples = _samples(root / slurm.SAMPLES_DIR / "4242" / "4242")
+    samples = _samples(root / jobrecords.SAMPLES_DIR / "4242" / "4242")
     assert samples[-1].job["cpu_seconds_total"] == 2.0
     # the sample taken on the way out, after the job's cgroup went, is not a sample of it
     assert all(s.job["processes"] == 1 for s in samples)
@@ -722,13 +722,13 @@ def test_the_prologs_optin_rule_is_logoptin_in_the_passwd_home_in_any_form(
     home = tmp_path / "home"
     home.mkdir()
     uid = os.getuid()
-    assert not slurm.optin_for_uid(uid, home=str(home))
+    assert not hooks.optin_for_uid(uid, home=str(home))
     (home / ".logoptin").write_text("mode: enabled\n")
-    assert slurm.optin_for_uid(uid, home=str(home))
+    assert hooks.optin_for_uid(uid, home=str(home))
     (home / ".logoptin").unlink()
     (home / ".logoptin").symlink_to("/etc/passwd")  # refused, but it opts in (as the wrapper)
-    assert slurm.optin_for_uid(uid, home=str(home))
-    assert not slurm.optin_for_uid(uid, home=str(tmp_path / "missing"))
+    assert hooks.optin_for_uid(uid, home=str(home))
+    assert not hooks.optin_for_uid(uid, home=str(tmp_path / "missing"))
 
 
 @root_only
@@ -740,33 +740,34 @@ def test_prolog_starts_a_detached_node_sampler_and_epilog_stops_and_cleans_it(
                             "--clear-groups", "sleep", "60"],
                            env={"SLURM_JOB_ID": "4242", "PATH": "/usr/bin:/bin"})
     request.addfinalizer(lambda: (job.kill(), job.wait()))
-    messages = slurm.prolog(env, optin=lambda uid: True)
+    messages = hooks.prolog(env, optin=lambda uid: True)
     assert len(messages) == 1 and messages[0].startswith("node sampler started (pid ")
-    pidfile = root / slurm.SAMPLERS_DIR / "4242.pid"
+    pidfile = root / jobrecords.SAMPLERS_DIR / "4242.pid"
     st = pidfile.stat()
     assert st.st_uid == 0 and stat.S_IMODE(st.st_mode) == 0o644  # the wrapper reads it
-    assert stat.S_IMODE((root / slurm.SAMPLERS_DIR).stat().st_mode) == 0o755
+    assert stat.S_IMODE((root / jobrecords.SAMPLERS_DIR).stat().st_mode) == 0o755
     pid = int(pidfile.read_text().split()[0])
     try:
         assert os.getsid(pid) == pid  # its own session: the prolog script does not wait
-        assert slurm.node_sampler_running(str(root), "4242")
-        assert not slurm.node_sampler_running(str(root), "4243")
+        assert nodesampler.node_sampler_running(str(root), "4242")
+        assert not nodesampler.node_sampler_running(str(root), "4243")
         # a copy of the trusted record, for an agent shipping .samples
-        assert slurm.read_job_record(str(root / slurm.SAMPLES_DIR), "4242")["user"] == "nobody"
-        run_dir = root / slurm.SAMPLES_DIR / "4242" / "4242"
+        record = jobrecords.read_job_record(str(root / jobrecords.SAMPLES_DIR), "4242")
+        assert record["user"] == "nobody"
+        run_dir = root / jobrecords.SAMPLES_DIR / "4242" / "4242"
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and not _spooled(run_dir):
             time.sleep(0.1)
         # A second prolog (a retry) does not start a second sampler.
-        assert slurm.prolog(env, optin=lambda uid: True)[-1] == (
+        assert hooks.prolog(env, optin=lambda uid: True)[-1] == (
             f"node sampler already running (pid {pid})")
         # No run of the wrapper on this node (not the batch node): the samples alone are
         # left for the agent, the user's empty directory goes.
-        messages = slurm.epilog(env, state_of=lambda j: {})
+        messages = hooks.epilog(env, state_of=lambda j: {})
         assert messages == [f"samples left in {root}/.samples/4242 for the agent "
                             "(no store configured)"]
-        assert not slurm._sampler_alive(pid, slurm._proc_start_time(pid)[0] if
-                                        slurm._proc_start_time(pid) else 0, "4242")
+        assert not nodesampler._sampler_alive(pid, nodesampler._proc_start_time(pid)[0] if
+                                        nodesampler._proc_start_time(pid) else 0, "4242")
         assert not pidfile.exists() and not (root / "4242").exists()
         samples = _samples(run_dir)
         assert samples and samples[-1].node == "n1" and samples[-1].run == "4242"
@@ -787,19 +788,19 @@ def _spooled(run_dir: Path) -> bool:
 @root_only
 def test_epilog_never_signals_a_process_that_is_not_the_jobs_sampler(root: Path) -> None:
     env = _hook_env(root)
-    slurm.prolog(env, optin=lambda uid: False)
+    hooks.prolog(env, optin=lambda uid: False)
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
-        (root / slurm.SAMPLERS_DIR).mkdir(mode=0o755)
-        start = slurm._proc_start_time(other.pid)
+        (root / jobrecords.SAMPLERS_DIR).mkdir(mode=0o755)
+        start = nodesampler._proc_start_time(other.pid)
         assert start is not None
-        pidfile = root / slurm.SAMPLERS_DIR / "4242.pid"
+        pidfile = root / jobrecords.SAMPLERS_DIR / "4242.pid"
         for content in (f"{other.pid} {start[0]}\n",  # not a sampler
                         f"{other.pid} {start[0] + 1}\n", "junk\n"):  # recycled pid; garbage
             pidfile.write_text(content)
-            assert not slurm.node_sampler_running(str(root), "4242")
-            slurm.prolog(env, optin=lambda uid: False)
-            slurm.epilog(env, state_of=lambda j: {}, sampler_wait=0.2)
+            assert not nodesampler.node_sampler_running(str(root), "4242")
+            hooks.prolog(env, optin=lambda uid: False)
+            hooks.epilog(env, state_of=lambda j: {}, sampler_wait=0.2)
             assert other.poll() is None and not pidfile.exists()
     finally:
         other.kill()
@@ -810,7 +811,7 @@ def test_epilog_never_signals_a_process_that_is_not_the_jobs_sampler(root: Path)
 def test_the_wrapper_does_not_sample_a_node_the_prologs_sampler_samples(
         root: Path, tmp_path: Path) -> None:
     (root / "77").mkdir(parents=True, mode=0o700)
-    (root / slurm.SAMPLERS_DIR).mkdir(mode=0o755)
+    (root / jobrecords.SAMPLERS_DIR).mkdir(mode=0o755)
     root.chmod(0o755)
     script = _wrapped(tmp_path, "echo hi\n")
     env = _job_env(tmp_path, SLURM_JOB_ID="77", SLURMD_NODENAME="n1",
@@ -820,9 +821,9 @@ def test_the_wrapper_does_not_sample_a_node_the_prologs_sampler_samples(
     fake = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "slurm",
                              "sampler", "--job", "77"])
     try:
-        info = slurm._proc_start_time(fake.pid)
+        info = nodesampler._proc_start_time(fake.pid)
         assert info is not None
-        (root / slurm.SAMPLERS_DIR / "77.pid").write_text(f"{fake.pid} {info[0]}\n")
+        (root / jobrecords.SAMPLERS_DIR / "77.pid").write_text(f"{fake.pid} {info[0]}\n")
         r = _run_wrapper([f"--spool-root={root}", str(script)], env)
         assert r.returncode == 0, r.stderr
         records = list(iter_run(root / "77" / "77"))

@@ -1,7 +1,7 @@
 """GPU figures through NVML, and which GPUs are the job's.
 
 The NVML library is a constructor argument (``nvml``, a module-like object defaulting to
-``pynvml``) so tests pass ``tests/fakenvml.py`` instead of patching (STYLE.md practice 8).
+``pynvml``) so tests pass ``tests/fakenvml.py`` instead of patching the module.
 
 Which GPUs are the job's (docs/sampling.md, "The index trap"): Slurm's GPU ids
 (``SLURM_STEP_GPUS`` / ``SLURM_JOB_GPUS``) are indexes into the node's gres list, whose order is

@@ -1,13 +1,13 @@
 """The resource sampler: collectors of GPU and job figures, run on an interval in a background
-thread, handing ``Sample`` records to a callback (SPEC.md §5, docs/sampling.md).
+thread, handing ``Sample`` records to a callback (docs/sampling.md).
 
 ::
 
-    GpuCollector.collect() -> list[dict]  (NVML; sampling/gpu.py)     ─┐
+    GpuCollector.collect() -> list[dict]  (NVML; gpu.py)              ─┐
     JobCollector.collect() -> dict        (psutil, cgroup; job.py)    ─┴─► Sampler ─► emit(Sample)
                                                                                └─► warn(str), once
     inventory() -> dict                   (at start, for Start.inventory)
-    summarize(samples) -> dict            (for ``logcapture show``; sampling/summary.py)
+    summarize(samples) -> dict            (for ``logcapture show``; summary.py)
 
 Nothing here raises into the job wrapper: a missing NVML library, a GPU that fell off the
 bus, an unsupported field each become one warning string and the sampler carries on with what
@@ -27,37 +27,14 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from .errors import ConfigError
-from .records import Sample
-from .sampling.gpu import GpuCollector, job_gpus_from_env
-from .sampling.job import (
-    JobCollector,
-    cpus_allocated_from_env,
-    find_job_cgroup,
-    read_cgroup_cpu_seconds,
-    read_cgroup_pids,
-)
-from .sampling.summary import summarize
+from ..errors import ConfigError
+from ..records import Sample
+from .gpu import GpuCollector, job_gpus_from_env
+from .job import JobCollector, cpus_allocated_from_env
 
 TYPE_CHECKING = False  # not typing's: importing typing costs every job ~8 ms (records.py)
 if TYPE_CHECKING:
     from typing import Any
-
-__all__ = [
-    "DEFAULT_INTERVAL_SECONDS",
-    "INTERVAL_ENV",
-    "GpuCollector",
-    "JobCollector",
-    "Sampler",
-    "cpus_allocated_from_env",
-    "find_job_cgroup",
-    "inventory",
-    "job_gpus_from_env",
-    "read_cgroup_cpu_seconds",
-    "read_cgroup_pids",
-    "sample_interval",
-    "summarize",
-]
 
 INTERVAL_ENV = "LOGCAPTURE_SAMPLE_INTERVAL"
 DEFAULT_INTERVAL_SECONDS = 10.0

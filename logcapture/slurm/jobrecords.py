@@ -1,0 +1,218 @@
+"""The spool root's own files, written and read as root: the trusted job records
+(``.jobs/<job id>.json``), the public part of the admin config (``.config.yaml``) and the
+descriptors that everything root does below the spool root goes through.
+
+The root is opened once and checked (a directory owned by root that no one else may write);
+every file below it is opened relative to that descriptor with ``O_NOFOLLOW``.
+"""
+
+from __future__ import annotations
+
+import os
+
+TYPE_CHECKING = False  # not typing's: importing typing costs every job ~8 ms of CPU
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from ..config import AdminConfig
+
+DEFAULT_SPOOL_ROOT = "/var/spool/logcapture"
+JOBS_DIR = ".jobs"
+SAMPLES_DIR = ".samples"  # root, 0700: the node samplers' spool, laid out like a spool root
+NOTIFIED_DIR = ".notified"  # root, 0700: one marker per message sent (insights.notify)
+SAMPLERS_DIR = ".samplers"  # root, 0755: <job id>.pid of each running node sampler (0644)
+PUBLIC_CONFIG = ".config.yaml"
+SECRET_KEYS = ("store", "notify_webhook")  # admin keys never copied where jobs read
+
+
+def _open_root_subdir(root_fd: int, name: str, mode: int) -> int:
+    """A directory of the spool root that only root writes (made when missing)."""
+    import stat
+
+    try:
+        os.mkdir(name, mode, dir_fd=root_fd)
+    except FileExistsError:
+        pass
+    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 dir_fd=root_fd)
+    st = os.fstat(fd)
+    if st.st_uid != 0 or stat.S_IMODE(st.st_mode) != mode:
+        os.fchown(fd, 0, 0)
+        os.fchmod(fd, mode)
+    return fd
+
+
+def _spool_root(admin: object) -> str:
+    return getattr(admin, "spool_root", None) or DEFAULT_SPOOL_ROOT
+
+
+def _open_root(root: str, create: bool) -> int:
+    """A descriptor of the spool root, checked to be a directory owned by root and writable by
+    no one else (users must not be able to plant entries beside their job directories)."""
+    import stat
+
+    from ..errors import SpoolError
+
+    if create:
+        os.makedirs(root, mode=0o755, exist_ok=True)
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    st = os.fstat(fd)
+    if st.st_uid != 0 or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        os.close(fd)
+        raise SpoolError(f"spool root {root} must be owned by root and writable by root only")
+    return fd
+
+
+def _write_root_file(dir_fd: int, name: str, data: bytes, mode: int) -> None:
+    """Atomically replace ``name`` in a root-owned directory."""
+    tmp = f".{name}.tmp.{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 mode, dir_fd=dir_fd)
+    try:
+        os.fchmod(fd, mode)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+
+
+def _read_root_file(dir_fd: int, name: str, limit: int = 1 << 20) -> bytes | None:
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                     dir_fd=dir_fd)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, limit)
+    finally:
+        os.close(fd)
+
+
+def public_config(admin: AdminConfig) -> bytes:
+    """The admin config without its secrets (the store DSN, the webhook URL, which often
+    holds a token), as YAML for jobs."""
+    import yaml
+
+    values = admin._asdict()
+    for secret in SECRET_KEYS:
+        values.pop(secret, None)
+    values = {k: v for k, v in values.items() if v not in (None, "")}
+    header = b"# Written by the logcapture prolog from the admin config, without secrets.\n"
+    return header + yaml.safe_dump(values, sort_keys=True).encode()
+
+
+def _open_jobs_dir(root_fd: int) -> int:
+    return _open_root_subdir(root_fd, JOBS_DIR, 0o700)
+
+
+def _write_job_record(root_fd: int, job_id: str, record: dict[str, object]) -> None:
+    """Atomically replace the trusted record ``.jobs/<job id>.json`` below ``root_fd`` (the
+    spool root, or its samples directory), making ``.jobs`` when missing."""
+    import json
+
+    jobs_fd = _open_jobs_dir(root_fd)
+    try:
+        _write_root_file(jobs_fd, f"{job_id}.json",
+                         json.dumps(record, sort_keys=True).encode() + b"\n", 0o600)
+    finally:
+        os.close(jobs_fd)
+
+
+def read_job_record(root: str, job_id: str) -> dict[str, object] | None:
+    """The trusted record of a job that the prolog wrote (and the epilog completed), or None.
+    The store's rows of job ``job_id`` take user, uid and array ids from here, never from the
+    spool, which its user can write."""
+    import json
+
+    if not job_id.isdigit():
+        return None
+    try:
+        root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        jobs_fd = os.open(JOBS_DIR, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                          dir_fd=root_fd)
+    except OSError:
+        os.close(root_fd)
+        return None
+    try:
+        # Only root's records count: a user can make a directory of this shape in a spool of
+        # their own, but not one owned by root and writable by root alone.
+        st = os.fstat(jobs_fd)
+        data = (_read_root_file(jobs_fd, f"{job_id}.json")
+                if st.st_uid == 0 and not st.st_mode & 0o022 else None)
+    finally:
+        os.close(jobs_fd)
+        os.close(root_fd)
+    if data is None:
+        return None
+    try:
+        obj = json.loads(data)
+    except ValueError:
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def samples_job_ended(run_dir: Path) -> bool:
+    """For the agent: whether the job of a node sampler's run (``<root>/.samples/<job id>/<run
+    id>``) has ended, by its trusted record: the epilog writes ``end`` into ``<root>/.jobs/``
+    (the copy in ``.samples/.jobs/`` is the prolog's)."""
+    job_id = run_dir.parent.name
+    samples = run_dir.parent.parent
+    for root in (samples, samples.parent):
+        rec = read_job_record(str(root), job_id)
+        if rec and rec.get("end"):
+            return True
+    return False
+
+
+def _update_record(root: str, job_id: str, fields: dict[str, object]) -> bool:
+    """Merge ``fields`` into an existing job record; False when there is none any more."""
+    record = read_job_record(root, job_id)
+    if record is None:
+        return False
+    record.update(fields)
+    root_fd = _open_root(root, create=False)
+    try:
+        _write_job_record(root_fd, job_id, record)
+    finally:
+        os.close(root_fd)
+    return True
+
+
+def _run_dirs(names: list[str], job_id: str) -> list[str]:
+    import re
+
+    pattern = re.compile(rf"^{job_id}(\.(\d+))?$")
+    runs = [n for n in names if pattern.match(n)]
+    return sorted(runs, key=lambda n: int(n.partition(".")[2] or 0))
+
+
+def _remove_job(root_fd: int, job_id: str) -> None:
+    """Remove a job's directory and record. shutil.rmtree works through directory descriptors
+    and never follows symlinks (rmtree.avoids_symlink_attacks is true on Linux)."""
+    import errno
+    import shutil
+    import time
+
+    for attempt in range(3):
+        try:
+            shutil.rmtree(job_id, dir_fd=root_fd)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            # The agent may create its cursor lock in a run directory while it is being
+            # emptied (it listed the run before the shipping here finished): go again.
+            if e.errno != errno.ENOTEMPTY or attempt == 2:
+                raise
+            time.sleep(0.1)
+            continue
+        break
+    try:
+        os.unlink(f"{JOBS_DIR}/{job_id}.json", dir_fd=root_fd)
+    except FileNotFoundError:
+        pass
