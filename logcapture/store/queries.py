@@ -20,51 +20,69 @@ from ..search import Found, Hit, Pattern, Request
 from .connection import _Connection, classify
 from .schema import TABLES, json_keys
 
-# Store._tail: the newest rows of lines, notes and metadata in one query (one round trip),
-# each a FINAL read in key order that stops after {limit} rows (bench_store, 50M rows: 32 ms
-# for the last 10k lines of a 2M-line job, vs 34-100 ms for the newest rows without FINAL
-# with the copies dropped by key; do_not_merge_across_partitions_select_final, correct here as
-# ts is in the key, made it twice as slow). No outer ORDER BY (it cost more than the reads):
-# Store._tail checks the order. ``{cond}`` is replaced by a constant condition of
-# Store.lines (its values are parameters).
-_TAIL_ORDER = "ORDER BY ts DESC, stream DESC, seq DESC, owner DESC LIMIT {limit:UInt64}"
+# How a query takes a condition: the conditions of this module (``_run_cond``, ``Store.lines``,
+# ``Store.search``) and of ``search.Pattern.sql`` are fixed text of the code, composed with
+# f-strings; every value in them is a server-side parameter (``{name:Type}``), bound by
+# clickhouse-connect, never text of the query.
+
 # An in-order read that stops after {limit} rows gains nothing from more threads, and reads
 # less in small blocks (the default, 65k rows a block from each part, reads several times the
 # rows it keeps). bench_store, a 2M-line job among 20M rows: 40 ms with the defaults, 33 ms
 # with one thread, 23 ms with blocks of 2048 rows too (1024-8192 within 3 ms of that).
+_TAIL_ORDER = "ORDER BY ts DESC, stream DESC, seq DESC, owner DESC LIMIT {limit:UInt64}"
 _TAIL_SETTINGS = "SETTINGS max_threads = 1, max_block_size = 2048"
-_TAIL_SQL = f"""SELECT stream, seq, toUnixTimestamp64Nano(ts), CAST(kind AS String), text, options,
+
+
+def _tail_sql(cond: str) -> str:
+    """``Store._tail``: the newest rows of lines, notes and metadata matching ``cond`` (a
+    condition of ``Store.lines``) in one query (one round trip), each a FINAL read in key order
+    that stops after {limit} rows (bench_store, 50M rows: 32 ms for the last 10k lines of a
+    2M-line job, vs 34-100 ms for the newest rows without FINAL with the copies dropped by key;
+    do_not_merge_across_partitions_select_final, correct here as ts is in the key, made it
+    twice as slow). No outer ORDER BY (it cost more than the reads): ``Store._tail`` checks the
+    order."""
+    return f"""SELECT stream, seq, toUnixTimestamp64Nano(ts), CAST(kind AS String), text, options,
     CAST(owner AS String), 0
-FROM (SELECT stream, seq, ts, kind, text, options, owner FROM lines FINAL WHERE {{cond}}
+FROM (SELECT stream, seq, ts, kind, text, options, owner FROM lines FINAL WHERE {cond}
     {_TAIL_ORDER})
 UNION ALL
 SELECT stream, seq, toUnixTimestamp64Nano(ts), CAST(note AS String), toString(count), text,
     CAST(owner AS String), 1
-FROM (SELECT stream, seq, ts, note, count, text, owner FROM notes FINAL WHERE {{cond}}
+FROM (SELECT stream, seq, ts, note, count, text, owner FROM notes FINAL WHERE {cond}
     {_TAIL_ORDER})
 UNION ALL
 SELECT stream, seq, toUnixTimestamp64Nano(ts), fields, '', '', CAST(owner AS String), 2
-FROM (SELECT stream, seq, ts, fields, owner FROM metadata FINAL WHERE {{cond}} {_TAIL_ORDER})
+FROM (SELECT stream, seq, ts, fields, owner FROM metadata FINAL WHERE {cond} {_TAIL_ORDER})
 {_TAIL_SETTINGS}"""
-# Store.lines' first query: the newest lines alone (most runs have no notes or metadata in
-# their tail's range, and each of the other two FINAL reads cost 2-3 ms even when empty), and,
-# in the last column, whether the run has any notes (1) or metadata (2): two primary-key
-# look-ups without FINAL. Only then ``_TAIL_SQL`` follows.
-_TAIL_LINES_SQL = f"""SELECT stream, seq, toUnixTimestamp64Nano(ts), CAST(kind AS String), text,
-    options, (SELECT count() FROM (SELECT 1 FROM notes WHERE {{cond}} LIMIT 1))
-    + 2 * (SELECT count() FROM (SELECT 1 FROM metadata WHERE {{cond}} LIMIT 1))
-FROM lines FINAL WHERE {{cond}} {_TAIL_ORDER}
+
+
+def _tail_lines_sql(cond: str) -> str:
+    """``Store.lines``' first query for a tail: the newest lines matching ``cond`` alone (most
+    runs have no notes or metadata in their tail's range, and each of the other two FINAL reads
+    cost 2-3 ms even when empty), and, in the last column, whether the run has any notes (1) or
+    metadata (2): two primary-key look-ups without FINAL. Only then ``_tail_sql`` follows."""
+    return f"""SELECT stream, seq, toUnixTimestamp64Nano(ts), CAST(kind AS String), text,
+    options, (SELECT count() FROM (SELECT 1 FROM notes WHERE {cond} LIMIT 1))
+    + 2 * (SELECT count() FROM (SELECT 1 FROM metadata WHERE {cond} LIMIT 1))
+FROM lines FINAL WHERE {cond} {_TAIL_ORDER}
 {_TAIL_SETTINGS}"""
-# Store.search: one window of time, newest first (``{where}``: constant conditions whose
-# values are parameters, from ``search.Pattern.sql`` and ``Store.search``).
-_SEARCH_SQL = """SELECT run, CAST(owner AS String), CAST(stream AS String), seq,
+
+
+def _search_sql(where: str) -> str:
+    """``Store.search``: one window of time, newest first; ``where``: the conditions of
+    ``search.Pattern.sql`` and ``Store.search``, joined.
+
+    ClickHouse 26.5's top-K dynamic filter (the embedded engine of chdb-core-lite) compares the
+    second ORDER BY key with the first's type ("Cannot parse DateTime: while converting
+    'stdout'"); 26.9 does not. The filter only skips granules early; the LIMIT is the same
+    without it, so it is off."""
+    return f"""SELECT run, CAST(owner AS String), CAST(stream AS String), seq,
     toUnixTimestamp64Nano(ts), text
 FROM lines WHERE {where}
-ORDER BY ts DESC, stream DESC, seq DESC LIMIT {n:UInt64}
+ORDER BY ts DESC, stream DESC, seq DESC LIMIT {{n:UInt64}}
 SETTINGS use_top_k_dynamic_filtering = 0"""
-# ClickHouse 26.5's top-K dynamic filter (the embedded engine of chdb-core-lite) compares the
-# second ORDER BY key with the first's type ("Cannot parse DateTime: while converting 'stdout'");
-# 26.9 does not. The filter only skips granules early; the LIMIT is the same without it.
+
+
 # The windows a search asks in turn, in seconds back from the newest line it may find (None:
 # all the rest); each window's partitions (one a day) are read only by its own query.
 SEARCH_WINDOWS: tuple[float | None, ...] = (86400.0, 8 * 86400.0, 64 * 86400.0, None)
@@ -272,10 +290,10 @@ class _Queries(_Connection):
     def _tail(self, cond: str, params: dict[str, Any], limit: int
               ) -> tuple[list[tuple[Any, ...]], ...]:
         """The newest ``limit`` records of lines, notes and metadata matching ``cond``, each
-        once (FINAL), newest first, in one query (``_TAIL_SQL``). Rows: ``stream, seq, ts (ns),
+        once (FINAL), newest first, in one query (``_tail_sql``). Rows: ``stream, seq, ts (ns),
         a, b, c, owner, table`` with (a, b, c) = lines (kind, text, options), notes (note,
         count as text, text), metadata (fields)."""
-        rows = self._query(_TAIL_SQL.replace("{cond}", cond), {**params, "limit": limit})
+        rows = self._query(_tail_sql(cond), {**params, "limit": limit})
         out = []
         for t in range(3):
             mine = [r for r in rows if r[7] == t]
@@ -290,10 +308,10 @@ class _Queries(_Connection):
     def _tail_of_lines(self, run: str, cond: str, params: dict[str, Any], limit: int
                        ) -> list[dict[str, Any]] | None:
         """``lines(run, limit=N)`` when the run has neither notes nor metadata (most runs):
-        the newest N lines in one query (``_TAIL_LINES_SQL``), built into record dicts from
+        the newest N lines in one query (``_tail_lines_sql``), built into record dicts from
         its columns; None when the run has notes or metadata, or no lines."""
         try:
-            res = self.client.query(_TAIL_LINES_SQL.replace("{cond}", cond),
+            res = self.client.query(_tail_lines_sql(cond),
                                     parameters={**params, "limit": limit})
             columns = res.result_columns
         except Exception as e:  # noqa: BLE001
@@ -595,7 +613,7 @@ class _Queries(_Connection):
         fetch = need + 16
         while True:
             p["n"] = fetch
-            rows = self._query(_SEARCH_SQL.replace("{where}", " AND ".join(where)), p,
+            rows = self._query(_search_sql(" AND ".join(where)), p,
                                what="searching")
             before = len(hits)
             for r in rows:
