@@ -179,7 +179,7 @@ class Shared:
             import clickhouse_connect
 
             with self.lock:
-                client = clickhouse_connect.get_client(dsn=f"chdb://{S._chdb_path(self.store.dsn)}")
+                client = clickhouse_connect.get_client(dsn=f"chdb://{S.connection._chdb_path(self.store.dsn)}")
             client.database = S.DEFAULT_DATABASE
             st = S.Store(client, self.store.dsn)
             self._setup(st)

@@ -232,11 +232,11 @@ def run_bench(tmp: Path, n: int, table_rows: int) -> None:
             sql_times.append(time.perf_counter() - t)
             t = time.perf_counter()
             st.client.query(  # Store.lines' query for a run without notes and metadata
-                S._TAIL_LINES_SQL.replace("{cond}", cond), parameters=tail_params)
+                S.queries._tail_lines_sql(cond), parameters=tail_params)
             key_times.append(time.perf_counter() - t)
             t = time.perf_counter()
             st.client.query(  # ... and its second one when the run has some: 3 tables
-                S._TAIL_SQL.replace("{cond}", cond), parameters=tail_params)
+                S.queries._tail_sql(cond), parameters=tail_params)
             three_times.append(time.perf_counter() - t)
             t = time.perf_counter()
             got = st.lines("bench-run", limit=10_000)

@@ -120,7 +120,7 @@ def test_migration_2_rebuilds_the_token_index_over_8_granules(tmp_path: Path) ->
 
 def check_migration_2(path: str) -> None:
     with S.open_store(f"chdb://{path}", create=False) as st:
-        st.client.command(S._SCHEMA_VERSION_DDL)
+        st.client.command(S.schema._SCHEMA_VERSION_DDL)
         for sql in S.MIGRATIONS[0][1]:
             st.client.command(sql)
         st.client.command("INSERT INTO schema_version (version) VALUES (1)")
@@ -163,7 +163,7 @@ def test_migration_4_reads_ts_as_a_decimal_and_rewrites_the_number_views(tmp_pat
 
 def check_migration_4(path: str) -> None:
     with S.open_store(f"chdb://{path}", create=False) as st:
-        st.client.command(S._SCHEMA_VERSION_DDL)
+        st.client.command(S.schema._SCHEMA_VERSION_DDL)
         for _, statements in S.MIGRATIONS[:2]:
             for sql in statements:
                 st.client.command(sql)
@@ -552,7 +552,7 @@ def test_resolve_dsn(tmp_path: Path) -> None:
 
 
 def test_second_process_gets_a_clear_error(db: S.Store) -> None:
-    path = S._chdb_path(db.dsn)
+    path = S.connection._chdb_path(db.dsn)
     code = ("import sys\nfrom logcapture import store\n"
             "try:\n    store.open_store(sys.argv[1])\n"
             "except store.StoreUnavailable as e:\n    print(e); sys.exit(3)\n")

@@ -122,7 +122,7 @@ def make_connection(store_url: str | None = None, *, host: str | None = None,
 
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")  # as store.py's allow-list
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")  # as the store's (store/connection.py)
 
 
 def password_reference(*, env: str | None = None, file: str | Path | None = None,
