@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import codecs
 import gc
-import json
 import os
 import pwd
 import re
@@ -26,6 +25,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
+from . import frame
 from .classify import COMMAND_PREFIX, strictness
 from .config import AdminConfig
 from .errors import ConfigError, LogcaptureError
@@ -603,9 +603,9 @@ def _discard(fd: int) -> None:
 
 
 def serve(fd: int, pipeline: Pipeline) -> dict[str, Any] | None:
-    """Feed ``pipeline`` the frames read from ``fd`` (runner.FRAME) until the end frame;
-    return its payload (the outcome), or None at end of file without one (the wrapper was
-    killed).
+    """Feed ``pipeline`` the frames (frame.py) read from ``fd`` until the end frame; return
+    its payload (the outcome), or None at end of file without one (the wrapper was killed;
+    a frame it had not finished writing is dropped).
 
     Ticks: every TICK seconds of the reader's clock, taken from the frames' times while there
     is a backlog (so a backlog renders as it would have when it was read); when the pipe is
@@ -614,10 +614,10 @@ def serve(fd: int, pipeline: Pipeline) -> dict[str, Any] | None:
     within COALESCE seconds of each other are rendered as one chunk, each frame's lines keeping
     its read time: a worker that fell behind catches up in large chunks instead of paying the
     per-chunk cost for every short read (docs/performance.md)."""
-    from .runner import COALESCE, FRAME, FRAME_END, FRAME_STREAMS, ROUND_END, TICK
+    from .runner import COALESCE, TICK
 
-    unpack = FRAME.unpack_from
-    header = FRAME.size
+    split = frame.split
+    streams = frame.STREAMS
     buf = bytearray()
     # Read into one buffer made once: os.read would allocate (and the allocator map, shrink
     # and unmap) a fresh 1 MiB object at every wake-up.
@@ -642,21 +642,12 @@ def serve(fd: int, pipeline: Pipeline) -> dict[str, Any] | None:
         if not n:
             return None
         buf += got[:n]
-        frames: list[tuple[int, float, float, int, int]] = []
-        pos = 0
-        size = len(buf)
-        while size - pos >= header:
-            kind, length, wall, mono = unpack(buf, pos)
-            end = pos + header + length
-            if end > size:
-                break
-            frames.append((kind, wall, mono, pos + header, end))
-            pos = end
+        frames, pos = split(buf)
         i, n = 0, len(frames)
         while i < n:
-            kind, wall, mono, start, end = frames[i]
-            if kind == FRAME_END:
-                return dict(json.loads(bytes(buf[start:end])))
+            stream, round_end, wall, mono, start, end = frames[i]
+            if stream == frame.END:
+                return frame.decode_end(buf[start:end])
             if mono - last_tick >= TICK:
                 # The reader's clock moved on by a tick or more since the last one: tick as
                 # it would have (after a few ticks more change nothing: idled streams stay so).
@@ -665,23 +656,22 @@ def serve(fd: int, pipeline: Pipeline) -> dict[str, Any] | None:
                     last_tick = last_tick + TICK if steps < 4 else mono
                     steps += 1
                     pipeline.tick(wall - (mono - last_tick), last_tick)
-            stream = kind & ~ROUND_END
             j = i + 1
-            while j < n and frames[j][0] & ~ROUND_END == stream and frames[j][1] - wall <= COALESCE:
+            while j < n and frames[j][0] == stream and frames[j][2] - wall <= COALESCE:
                 j += 1
             if j == i + 1:
-                pipeline.feed(FRAME_STREAMS[stream], bytes(buf[start:end]), wall, mono,
-                              [(end - start, wall, kind != stream)])
+                pipeline.feed(streams[stream], bytes(buf[start:end]), wall, mono,
+                              [(end - start, wall, round_end)])
             else:
                 group = frames[i:j]
-                chunk = b"".join([buf[f[3]:f[4]] for f in group])
+                chunk = b"".join([buf[f[4]:f[5]] for f in group])
                 marks = []
                 at = 0
                 for f in group:
-                    at += f[4] - f[3]
-                    marks.append((at, f[1], f[0] != stream))
-                _, wall, mono, _, _ = group[-1]
-                pipeline.feed(FRAME_STREAMS[stream], chunk, wall, mono, marks)
+                    at += f[5] - f[4]
+                    marks.append((at, f[2], f[1]))
+                _, _, wall, mono, _, _ = group[-1]
+                pipeline.feed(streams[stream], chunk, wall, mono, marks)
             i = j
         del buf[:pos]
 

@@ -45,7 +45,6 @@ from __future__ import annotations
 import errno
 import fcntl
 import gc
-import json
 import os
 import resource  # up front: a job that used every descriptor leaves none to load it
 import select
@@ -61,6 +60,7 @@ from collections.abc import Callable, Mapping, Sequence
 from itertools import islice
 from types import MappingProxyType
 
+from . import frame
 from .records import STDERR, STDOUT
 
 TYPE_CHECKING = False  # not typing's: importing typing costs every job ~8 ms (records.py)
@@ -78,14 +78,9 @@ TICK = 0.2  # seconds between sink.tick() calls while the command is quiet
 TICK_MS = int(TICK * 1000)
 QUIET_MS = 5000  # the reader's poll timeout while nothing is due (a worker takes the ticks)
 
-# Frames to a capture worker: kind, payload length, time.time(), time.monotonic() of the read.
-# A frame holds what one round of the reader read from one stream (its reads share the round's
-# times); the last frame of a round has ROUND_END in its kind: the worker then knows every read
-# up to that time (pipeline.Pipeline orders the two streams' lines by their read times).
-FRAME = struct.Struct("=BIdd")
-FRAME_STREAMS = (STDOUT, STDERR)  # kind 0 and 1: data of that stream
-FRAME_END = 2  # payload: the Outcome as JSON; no frame follows
-ROUND_END = 0x80
+# Frames to a capture worker: the format is frame.py's. A frame holds what one round of the
+# reader read from one stream (its reads share the round's times); the last frame of a round
+# has ROUND_END in its kind (pipeline.Pipeline orders the two streams' lines by read time).
 WORKER_PIPE_BYTES = 1 << 20  # asked of F_SETPIPE_SZ; the kernel may grant less
 WORKER_BUFFER = 16 << 20  # bytes the reader holds for a worker before it stops reading
 WORKER_TIMEOUT = 20.0  # seconds a worker may accept nothing before it is given up
@@ -128,7 +123,6 @@ COALESCE = 0.005
 LINGER = 0.01
 LINGER_FULL = 12 * 1024
 LINGER_BACKOFF = 5.0
-_KIND = {STDOUT: 0, STDERR: 1}
 PASSES = 4  # read passes over the ptys in one round, at most (two streams flooding at once)
 _IOV_MAX = 512  # pieces per writev (Linux allows 1024)
 
@@ -236,15 +230,16 @@ class Worker:
         self._parts = parts
         self._len = n
         self._wall, self._mono = wall, mono
-        self.size += FRAME.size + n
+        self.size += frame.HEADER.size + n
 
     def end_round(self) -> None:
         """The round that sent the open frame has ended: mark it so."""
-        self._close_frame(ROUND_END)
+        self._close_frame(frame.ROUND_END)
 
     def _close_frame(self, flag: int = 0) -> None:
         if self._parts:
-            self.pieces.append(FRAME.pack(self._kind | flag, self._len, self._wall, self._mono))
+            self.pieces.append(frame.header(self._kind | flag, self._len, self._wall,
+                                            self._mono))
             self.pieces.extend(self._parts)
             self._parts = []
             self._len = 0
@@ -347,13 +342,13 @@ class Worker:
         killed with one warning."""
         if self.gone:
             return
-        payload = json.dumps({
+        payload = frame.encode_end({
             "exit_status": outcome.exit_status, "signal": outcome.signal, "pid": outcome.pid,
             "started": outcome.started, "ended": outcome.ended, "bytes": dict(outcome.bytes),
             "spawn_error": outcome.spawn_error, "usage": dict(outcome.usage),
             "reader": {**own_usage(), "reads": outcome.reads,
-                       "lingers": outcome.lingers}}).encode()
-        self.send(FRAME_END, [payload], time.time(), time.monotonic())
+                       "lingers": outcome.lingers}})
+        self.send(frame.END, [payload], time.time(), time.monotonic())
         poller = select.poll()
         poller.register(self.fd, select.POLLOUT)
         try:
@@ -634,7 +629,7 @@ def run(argv: Sequence[str], sink: Sink | Worker | None,
     child: subprocess.Popen[bytes] | None = None
     previous: dict[int, object] = {}
 
-    def forward(signum: int, frame: object) -> None:
+    def forward(signum: int, stack: object) -> None:
         if signum == signal.SIGWINCH:
             try:
                 r, c = caller_winsize()
@@ -898,7 +893,7 @@ def run(argv: Sequence[str], sink: Sink | Worker | None,
                     if lingered and taken >= LINGER_FULL:  # the pty (nearly) filled up while
                         no_linger_until = now_m + LINGER_BACKOFF  # we waited: stop a while
                     if worker is not None:
-                        worker.send(_KIND[stream], burst, now, now_m)
+                        worker.send(frame.KIND[stream], burst, now, now_m)
                         sent = True
                     elif plain is not None:
                         deliver(stream, data, now)

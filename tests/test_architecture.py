@@ -1,9 +1,9 @@
 """The one-way rule (SPEC.md §1, STYLE.md practice 1): a stage never imports a stage after it.
 
-Order: runner -> render -> filter -> classify -> spool -> store -> query (the read layer) ->
-reader (the read service). The sampler is a source beside the runner: it knows nothing of
-spool or store either. ``pipeline`` (runner to spool)
-and ``ship`` (spool to store) are the wiring modules; ``cli`` sits on top of everything.
+Order: frame (the reader <-> worker format) -> runner -> render -> filter -> classify -> spool ->
+store -> query (the read layer) -> reader (the read service). The sampler is a source beside
+the runner: it knows nothing of spool or store either. ``pipeline`` (runner to spool) and
+``ship`` (spool to store) are the wiring modules; ``cli`` sits on top of everything.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "logcapture"
-ORDER = ["runner", "render", "filter", "classify", "spool", "store", "query", "reader"]
+ORDER = ["frame", "runner", "render", "filter", "classify", "spool", "store", "query", "reader"]
 SOURCES_BESIDE = {"sampler": ORDER[ORDER.index("spool"):], "sampling": ORDER[ORDER.index("spool"):]}
 # Libraries every reader and the shipper use, below all of them: pure functions of records.
 # ``insights`` (diagnosis, efficiency notes, live checks) is handed lines, samples and a store
@@ -87,7 +87,7 @@ def test_the_checker_sees_imports() -> None:
 # path imports it. (logview, like xaxis, is a rule every reader applies, the store included.)
 READERS = ["query", "web", "grafana"]
 # sampler.summarize (a run's resource figures) is read by describe; the collectors are not.
-CAPTURE = ["runner", "render", "filter", "classify", "pipeline", "sampling"]
+CAPTURE = ["frame", "runner", "render", "filter", "classify", "pipeline", "sampling"]
 
 
 @pytest.mark.parametrize("reader", READERS)
