@@ -2,13 +2,13 @@
 
 ``Pipeline`` is the runner's sink. Per output stream it owns a ``Renderer`` and a
 ``LineFilter``; one ``Classifier`` serves both streams (a ``/LOGCOMMAND`` on either stream
-changes the mode of both: seeds/002). What the classifier keeps goes to the ``SpoolWriter``.
+changes the mode of both). What the classifier keeps goes to the ``SpoolWriter``.
 Records about the run as a whole (start, warnings, end) are numbered here, in stream ``run``.
 
 Faults: a stage that raises on one stream is replaced, for that stream, by a plain line
 splitter (escape sequences stripped, no progress-bar collapsing), and the fault is noted once
 by type name only: an exception message may quote the job's text, which a mode may have
-dropped (SPEC.md §2).
+dropped.
 """
 
 from __future__ import annotations
@@ -346,7 +346,7 @@ class Pipeline:
     def close_unfinished(self) -> None:
         """The wrapper went away without an outcome (killed): keep every line rendered so far
         and close the spool without an end record; the epilog, which knows the job's end,
-        writes that (SPEC.md §4)."""
+        writes that."""
         self._final_lines(time.time())
         self.spool.close()
 
@@ -391,7 +391,7 @@ def capture_command(argv: list[str], *, spool_root: Path, run_id: str | None = N
 
     Whatever fails in here before the command starts (a bad config, an unwritable spool)
     is reported through ``warn`` and the command runs without capture (or in the most private
-    mode): the job's outcome never depends on logcapture (SPEC.md §3).
+    mode): the job's outcome never depends on logcapture.
     """
     from . import runner
     from .config import (
@@ -461,7 +461,7 @@ def capture_command(argv: list[str], *, spool_root: Path, run_id: str | None = N
                                                           winsize=winsize, merge=bool(merge)))
     except runner.NoTerminal as e:
         # No pty or no file descriptor left: the command runs as if logcapture were not
-        # there (SPEC.md §3), in this process, so its exit status and signals are the
+        # there, in this process, so its exit status and signals are the
         # wrapper's. The worker is stopped first; a run directory it left without a record
         # (an empty first segment) goes too, so no run that never started stays behind.
         warn(f"cannot start capture: no pseudo-terminal or process ({e.strerror}); capture "
@@ -679,7 +679,7 @@ def serve(fd: int, pipeline: Pipeline) -> dict[str, Any] | None:
 def _start_sampler(run_id: str, interval: float, env: dict[str, str], spool: SpoolWriter,
                    problems: list[str], enabled: bool,
                    root_pid: int | None = None) -> tuple[Any, dict[str, Any]]:
-    """The resource sampler of this node (SPEC.md §5) and the hardware inventory for the start
+    """The resource sampler of this node and the hardware inventory for the start
     record. Returns (None, inventory) when sampling is off; never raises. Its problems (no
     NVML on a CPU node, say) go to the log only: they are not the user's to fix."""
     from . import sampler as S
