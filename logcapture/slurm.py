@@ -219,8 +219,8 @@ def run_id_for(env: dict[str, str] | os._Environ[str]) -> str | None:
 def _captured(job: list[str], opts: dict[str, str]) -> int:
     from pathlib import Path
 
+    from .capture import capture_command
     from .errors import Warner
-    from .pipeline import capture_command
     from .spool import default_root
 
     env = dict(os.environ)

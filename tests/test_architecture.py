@@ -2,8 +2,9 @@
 
 Order: frame (the reader <-> worker format) -> runner -> render -> filter -> classify -> spool ->
 store -> query (the read layer) -> reader (the read service). The sampler is a source beside
-the runner: it knows nothing of spool or store either. ``pipeline`` (runner to spool) and
-``ship`` (spool to store) are the wiring modules; ``cli`` sits on top of everything.
+the runner: it knows nothing of spool or store either. ``pipeline`` (runner to spool, its
+processes in ``capture``) and ``ship`` (spool to store) are the wiring modules; ``cli`` sits
+on top of everything.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ SOURCES_BESIDE = {"sampler": ORDER[ORDER.index("spool"):], "sampling": ORDER[ORD
 # Libraries every reader and the shipper use, below all of them: pure functions of records.
 # ``insights`` (diagnosis, efficiency notes, live checks) is handed lines, samples and a store
 # object by its callers and imports none of the stages, readers or wiring.
-LIBRARIES = {"insights": [*ORDER, "pipeline", "ship", "query", "reader", "web", "cli", "runs",
-                          "entry", "slurm"]}
+LIBRARIES = {"insights": [*ORDER, "pipeline", "capture", "ship", "query", "reader", "web",
+                          "cli", "runs", "entry", "slurm"]}
 
 
 def _module_files(name: str) -> list[Path]:
@@ -87,7 +88,8 @@ def test_the_checker_sees_imports() -> None:
 # path imports it. (logview, like xaxis, is a rule every reader applies, the store included.)
 READERS = ["query", "web", "grafana"]
 # sampler.summarize (a run's resource figures) is read by describe; the collectors are not.
-CAPTURE = ["frame", "runner", "render", "filter", "classify", "pipeline", "sampling"]
+CAPTURE = ["frame", "runner", "render", "filter", "classify", "pipeline", "capture",
+           "sampling"]
 
 
 @pytest.mark.parametrize("reader", READERS)

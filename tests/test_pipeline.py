@@ -27,9 +27,10 @@ from hypothesis import strategies as st
 
 from logcapture import frame, runner
 from logcapture import pipeline as pipeline_module
+from logcapture.capture import _discard, serve
 from logcapture.classify import Classifier
 from logcapture.filter import LineFilter
-from logcapture.pipeline import Pipeline, _discard, serve
+from logcapture.pipeline import Pipeline
 from logcapture.records import (
     NOTE_BLANK,
     NOTE_REPEAT,
