@@ -31,8 +31,9 @@ STREAMS = (STDOUT, STDERR)  # kind 0 and 1: data of that stream
 KIND = {STDOUT: 0, STDERR: 1}
 END = 2  # payload: the outcome as a JSON object; no frame follows
 ROUND_END = 0x80  # flag: the reader's round that read this frame ends with it
-# A payload is one round's reads of one stream (at most 4 passes of 16 reads of 64 KiB: 4 MiB)
-# or the outcome: a length beyond this bound is a corrupt header, not a frame to wait for.
+# A payload is one round's reads of one stream (runner: PASSES x READS_IN_A_ROW reads of
+# READ_SIZE, 4 MiB) or the outcome: a length beyond this bound is a corrupt header, not a
+# frame to wait for.
 MAX_PAYLOAD = 1 << 26
 
 TYPE_CHECKING = False  # not typing's: importing typing costs every job ~8 ms (records.py)

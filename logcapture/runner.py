@@ -128,6 +128,7 @@ LINGER = 0.01
 LINGER_FULL = 12 * 1024
 LINGER_BACKOFF = 5.0
 PASSES = 4  # read passes over the ptys in one round, at most (two streams flooding at once)
+READS_IN_A_ROW = 16  # full reads of one pty in a pass before the next pty's turn
 _IOV_MAX = 512  # pieces per writev (Linux allows 1024)
 
 
@@ -952,13 +953,13 @@ class _ReadLoop:
 
     def _read_pty(self, fd: int, burst: list[bytes], lingered: bool) -> bool:
         """Read ``fd`` into ``burst``. A full read (the pty hands out at most FULL_READ bytes)
-        means more is waiting: read again at once instead of asking poll(), up to 16 reads in
-        a row. Returns whether the last read ended short (the pty had no more). Outside a
-        lingered round, each read is copied out at once, as written (a flood)."""
+        means more is waiting: read again at once instead of asking poll(), up to
+        READS_IN_A_ROW reads. Returns whether the last read ended short (the pty had no more).
+        Outside a lingered round, each read is copied out at once, as written (a flood)."""
         stream = self.masters[fd]
         worker = self.worker
         read = os.read
-        for _ in range(16):
+        for _ in range(READS_IN_A_ROW):
             try:
                 data = read(fd, READ_SIZE)
             except BlockingIOError:

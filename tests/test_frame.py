@@ -97,3 +97,9 @@ def test_a_length_no_reader_writes_is_an_error_not_a_wait() -> None:
 def test_an_end_frame_that_is_no_outcome_is_an_error(payload: bytes, what: str) -> None:
     with pytest.raises(FrameError, match=what):
         frame.decode_end(payload)
+
+
+def test_no_round_of_the_reader_exceeds_the_payload_bound() -> None:
+    from logcapture import runner
+
+    assert runner.PASSES * runner.READS_IN_A_ROW * runner.READ_SIZE <= frame.MAX_PAYLOAD
