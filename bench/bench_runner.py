@@ -233,6 +233,85 @@ def bench_pipeline(rounds: int, scale: float) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _timed_variant(vname: str, argv: list[str], args: argparse.Namespace, tmp: Path,
+                   env: dict[str, str]) -> tuple[float, float]:
+    """One run of one variant: (wall, cpu) seconds."""
+    if vname == "before" and args.before_python:
+        return timed(argv, env, str(tmp / "out"), cwd=str(tmp))
+    if vname == "before":
+        # PYTHONPATH and a working directory without a logcapture/ in it, so
+        # `python -m logcapture` imports the other checkout's package.
+        return timed(argv, dict(env, PYTHONPATH=args.before), str(tmp / "out"),
+                     cwd=args.before)
+    if vname == "logcapture" and args.python:
+        # from a directory without a logcapture/ in it: the installed package
+        return timed(argv, env, str(tmp / "out"), cwd=str(tmp))
+    return timed(argv, env, str(tmp / "out"))
+
+
+Series = dict[str, list[float]]
+
+
+def _measure(name: str, cmd: list[str], rounds: int, args: argparse.Namespace, tmp: Path,
+             env: dict[str, str]) -> tuple[Series, Series, Series]:
+    """Every variant of one workload, ``rounds`` times, interleaved: wall seconds, CPU seconds
+    and the capture processes' own CPU (from the end record) per variant."""
+    walls: Series = {}
+    cpus: Series = {}
+    split: Series = {}
+    for _ in range(rounds):
+        for vname, argv in variants(cmd, str(tmp / "spool"), args.before,
+                                    args.python, args.before_python).items():
+            w, c = _timed_variant(vname, argv, args, tmp, env)
+            walls.setdefault(vname, []).append(w)
+            cpus.setdefault(vname, []).append(c)
+            if vname == "logcapture":
+                for k, v in capture_cpu(tmp / "spool").items():
+                    split.setdefault(k, []).append(v)
+                if name.startswith("training"):
+                    cpus.setdefault("capture_only", []).append(split["cpu"][-1])
+            if vname == "before" and name.startswith("training"):
+                cpus.setdefault("before_capture_only", []).append(
+                    capture_cpu(tmp / "spool").get("cpu", 0.0))
+    return walls, cpus, split
+
+
+def _report(name: str, rounds: int, walls: Series, cpus: Series, split: Series,
+            load_before: str) -> dict[str, object]:
+    """Print one workload's medians and ratios; return them for the JSON summary."""
+    med = {k: statistics.median(v) for k, v in walls.items()}
+    print(f"\n== {name} ({rounds} round(s), "
+          f"{'stderr apart' if STDERR_APART else 'stdout and stderr to one file'}, "
+          f"median wall seconds; load average {load_before} before, {load()} after)")
+    for k, v in med.items():
+        print(f"  {k:<11} {v:8.3f} s   cpu {statistics.median(cpus[k]):7.3f} s")
+    r_tee = med["logcapture"] / med["tee"]
+    print(f"  ratio logcapture / tee    = {r_tee:.3f}  (target <= 1.05)")
+    if "script" in med:
+        print(f"  ratio logcapture / script = {med['logcapture'] / med['script']:.3f}  "
+              "(target <= 1.0)")
+    print(f"  ratio logcapture / file   = {med['logcapture'] / med['file']:.3f}")
+    if "before" in med:
+        print(f"  ratio before / tee        = {med['before'] / med['tee']:.3f}")
+        print(f"  ratio logcapture / before = {med['logcapture'] / med['before']:.3f}")
+    if split:
+        print("  capture cpu (end record)  = " + ", ".join(
+            f"{k} {statistics.median(v):.3f} s" for k, v in split.items()))
+    print("  all rounds (wall s): " + "; ".join(
+        f"{k} " + " ".join(f"{x:.2f}" for x in v) for k, v in walls.items()))
+    row: dict[str, object] = {"median_wall": med, "ratio_tee": r_tee, "walls": walls,
+                              "load": [load_before, load()]}
+    if name.startswith("training") and cpus.get("capture_only"):
+        share = statistics.median(cpus["capture_only"]) / med["logcapture"]
+        print(f"  capture CPU share of a core = {100 * share:.2f}%  (target <= 2%)")
+        row["capture_cpu_share"] = share
+        if cpus.get("before_capture_only"):
+            before = statistics.median(cpus["before_capture_only"]) / med["before"]
+            print(f"  before: capture CPU share = {100 * before:.2f}%")
+            row["before_capture_cpu_share"] = before
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -275,66 +354,9 @@ def main() -> None:
         if name not in args.only.split(","):
             continue
         rounds = args.training_rounds if name.startswith("training") else args.rounds
-        walls: dict[str, list[float]] = {}
-        cpus: dict[str, list[float]] = {}
-        split: dict[str, list[float]] = {}
         load_before = load()
-        for _ in range(rounds):
-            for vname, argv in variants(cmd, str(tmp / "spool"), args.before,
-                                        args.python, args.before_python).items():
-                if vname == "before" and args.before_python:
-                    w, c = timed(argv, env, str(tmp / "out"), cwd=str(tmp))
-                elif vname == "before":
-                    # PYTHONPATH and a working directory without a logcapture/ in it, so
-                    # `python -m logcapture` imports the other checkout's package.
-                    w, c = timed(argv, dict(env, PYTHONPATH=args.before), str(tmp / "out"),
-                                 cwd=args.before)
-                elif vname == "logcapture" and args.python:
-                    # from a directory without a logcapture/ in it: the installed package
-                    w, c = timed(argv, env, str(tmp / "out"), cwd=str(tmp))
-                else:
-                    w, c = timed(argv, env, str(tmp / "out"))
-                walls.setdefault(vname, []).append(w)
-                cpus.setdefault(vname, []).append(c)
-                if vname == "logcapture":
-                    for k, v in capture_cpu(tmp / "spool").items():
-                        split.setdefault(k, []).append(v)
-                    if name.startswith("training"):
-                        cpus.setdefault("capture_only", []).append(split["cpu"][-1])
-                if vname == "before" and name.startswith("training"):
-                    cpus.setdefault("before_capture_only", []).append(
-                        capture_cpu(tmp / "spool").get("cpu", 0.0))
-        med = {k: statistics.median(v) for k, v in walls.items()}
-        print(f"\n== {name} ({rounds} round(s), "
-              f"{'stderr apart' if STDERR_APART else 'stdout and stderr to one file'}, "
-              f"median wall seconds; load average {load_before} before, {load()} after)")
-        for k, v in med.items():
-            print(f"  {k:<11} {v:8.3f} s   cpu {statistics.median(cpus[k]):7.3f} s")
-        r_tee = med["logcapture"] / med["tee"]
-        print(f"  ratio logcapture / tee    = {r_tee:.3f}  (target <= 1.05)")
-        if "script" in med:
-            print(f"  ratio logcapture / script = {med['logcapture'] / med['script']:.3f}  "
-                  "(target <= 1.0)")
-        print(f"  ratio logcapture / file   = {med['logcapture'] / med['file']:.3f}")
-        if "before" in med:
-            print(f"  ratio before / tee        = {med['before'] / med['tee']:.3f}")
-            print(f"  ratio logcapture / before = {med['logcapture'] / med['before']:.3f}")
-        if split:
-            print("  capture cpu (end record)  = " + ", ".join(
-                f"{k} {statistics.median(v):.3f} s" for k, v in split.items()))
-        print("  all rounds (wall s): " + "; ".join(
-            f"{k} " + " ".join(f"{x:.2f}" for x in v) for k, v in walls.items()))
-        row: dict[str, object] = {"median_wall": med, "ratio_tee": r_tee, "walls": walls,
-                                  "load": [load_before, load()]}
-        if name.startswith("training") and cpus.get("capture_only"):
-            share = statistics.median(cpus["capture_only"]) / med["logcapture"]
-            print(f"  capture CPU share of a core = {100 * share:.2f}%  (target <= 2%)")
-            row["capture_cpu_share"] = share
-            if cpus.get("before_capture_only"):
-                before = statistics.median(cpus["before_capture_only"]) / med["before"]
-                print(f"  before: capture CPU share = {100 * before:.2f}%")
-                row["before_capture_cpu_share"] = before
-        results[name] = row
+        walls, cpus, split = _measure(name, cmd, rounds, args, tmp, env)
+        results[name] = _report(name, rounds, walls, cpus, split, load_before)
     print("\n" + json.dumps(results, default=float))
     shutil.rmtree(tmp, ignore_errors=True)
 

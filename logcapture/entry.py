@@ -70,7 +70,7 @@ def run_command(spool: Path | None, run_id: str | None, mode: str | None, sample
 
     warn = Warner()
     try:
-        from .pipeline import capture_command
+        from .capture import capture_command
         from .spool import default_root
     except Exception as e:  # noqa: BLE001 - a broken install must not break the job
         warn(f"capture unavailable ({type(e).__name__}: {e}); running the command without it")

@@ -1,36 +1,28 @@
-"""The one place that wires the stages: runner -> render -> filter -> classify -> spool.
+"""The stages wired in order: the runner's bytes -> render -> filter -> classify -> spool.
 
-``Pipeline`` is the runner's sink. Per output stream it owns a ``Renderer`` and a
-``LineFilter``; one ``Classifier`` serves both streams (a ``/LOGCOMMAND`` on either stream
-changes the mode of both: seeds/002). What the classifier keeps goes to the ``SpoolWriter``.
-Records about the run as a whole (start, warnings, end) are numbered here, in stream ``run``.
+``Pipeline`` is the runner's sink, in the capture worker (capture.py runs the processes).
+Per output stream it owns a ``Renderer`` and a ``LineFilter``; one ``Classifier`` serves both
+streams (a ``/LOGCOMMAND`` on either stream changes the mode of both). What the classifier
+keeps goes to the ``SpoolWriter``. Records about the run as a whole (start, warnings, end) are
+numbered here, in stream ``run``.
 
 Faults: a stage that raises on one stream is replaced, for that stream, by a plain line
 splitter (escape sequences stripped, no progress-bar collapsing), and the fault is noted once
 by type name only: an exception message may quote the job's text, which a mode may have
-dropped (SPEC.md §2).
+dropped.
 """
 
 from __future__ import annotations
 
 import codecs
-import gc
-import json
-import os
-import pwd
 import re
-import select
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from pathlib import Path
 
 from .classify import COMMAND_PREFIX, strictness
-from .config import AdminConfig
-from .errors import ConfigError, LogcaptureError
 from .records import (
-    ENABLED,
     NOTE_WARNING,
     OUTPUT_STREAMS,
     RUN,
@@ -45,8 +37,6 @@ from .spool import SpoolWriter
 
 TYPE_CHECKING = False  # not typing's: importing typing costs every job ~8 ms (records.py)
 if TYPE_CHECKING:
-    from typing import Any
-
     from .classify import Classifier
     from .filter import LineFilter
     from .render import Renderer
@@ -346,7 +336,7 @@ class Pipeline:
     def close_unfinished(self) -> None:
         """The wrapper went away without an outcome (killed): keep every line rendered so far
         and close the spool without an end record; the epilog, which knows the job's end,
-        writes that (SPEC.md §4)."""
+        writes that."""
         self._final_lines(time.time())
         self.spool.close()
 
@@ -371,388 +361,3 @@ class Pipeline:
         self.spool.write([end])
         self.spool.close()
         return end
-
-
-# --------------------------------------------------------------------------- one whole run
-
-
-def capture_command(argv: list[str], *, spool_root: Path, run_id: str | None = None,
-                    mode: str | None = None, warn: Callable[[str], None],
-                    env: dict[str, str] | None = None,
-                    slurm: dict[str, str] | None = None, sample: bool = True) -> int:
-    """Run ``argv`` under ptys with capture; return the exit code for ``sys.exit`` (after
-    re-raising the command's signal if it was killed by one).
-
-    This process reads the ptys and copies the bytes to the real outputs, nothing more;
-    rendering, classifying, spooling and resource sampling run in a capture worker process
-    (``_capture_worker``) forked here, before any thread starts and before the command is
-    spawned, so that they run on another core and never stall the reader (a thread would:
-    the GIL makes the job block on the ~4 KB pty buffer; docs/performance.md).
-
-    Whatever fails in here before the command starts (a bad config, an unwritable spool)
-    is reported through ``warn`` and the command runs without capture (or in the most private
-    mode): the job's outcome never depends on logcapture (SPEC.md §3).
-    """
-    from . import runner
-    from .config import (
-        FALLBACK_MESSAGE,
-        STREAMS_AUTO,
-        load_admin,
-        load_optin,
-        optin_path,
-    )
-    from .spool import create_run_dir
-
-    base_env = dict(os.environ if env is None else env)
-    worker: runner.Worker | None = None
-    problems: list[str] = []
-    merge: bool | None = None
-    try:
-        try:
-            admin = load_admin(env=base_env)
-        except ConfigError as e:
-            problems += [f"admin config: {p}" for p in e.problems]
-            admin = AdminConfig()
-        effective_mode = mode
-        path = optin_path(base_env)
-        optin = load_optin(path)
-        if optin.problems:
-            problems += optin.problems
-            problems.append(FALLBACK_MESSAGE.removeprefix("logcapture: "))  # the note adds its own
-        if effective_mode is None:
-            effective_mode = optin.config.mode if optin.opted_in else ENABLED
-        # One pty for both streams when they go to the same place, so that what reaches it
-        # is what the job wrote there, in its order (runner.same_destination).
-        merge = optin.config.streams == STREAMS_AUTO and runner.same_destination()
-        rid = run_id or default_run_id(base_env)
-        run_dir = create_run_dir(spool_root, rid)
-        rows, cols = runner.caller_winsize()
-        start_fields: dict[str, Any] = dict(
-            command=list(argv), cwd=os.getcwd(), user=_user_name(), uid=os.getuid(),
-            host=_hostname(), pid=os.getpid(),
-            slurm=slurm if slurm is not None else slurm_identity(base_env),
-            config={"mode": effective_mode, "optin": str(path) if optin.opted_in else None,
-                    "columns": cols, "rows": rows,
-                    "streams": "merged" if merge else "separate"})
-        if optin.ok and optin.config.notify:  # the messages asked for (insights.notify)
-            start_fields["config"]["notify"] = {"events": list(optin.config.notify),
-                                                "mail": optin.config.mail}
-        for problem in problems:  # on the user's stderr now, in the spool by the worker
-            warn(problem)
-        settings = _WorkerSettings(
-            run_id=rid, run_dir=run_dir, admin=admin, mode=effective_mode, rows=rows,
-            columns=cols, env=dict(base_env), problems=problems, sample=sample,
-            start_fields=start_fields, wrapper_pid=os.getpid(), warn=warn)
-        worker = runner.fork_worker(lambda fd: _capture_worker(fd, settings))
-        base_env["LOGCAPTURE_RUN_ID"] = rid
-        winsize: tuple[int, int] | None = (rows, cols)
-    except Exception as e:  # noqa: BLE001 - never break the job
-        for problem in problems:
-            warn(problem)
-        reason = e.message if isinstance(e, LogcaptureError) else type(e).__name__
-        warn(f"capture disabled for this run: {reason}; the command runs normally")
-        worker = None
-        winsize = None
-        if merge is None:  # the job's bytes, in order, all the same
-            merge = runner.same_destination()
-
-    try:
-        outcome = runner.run(argv, worker, runner.Options(env=base_env, warn=warn,
-                                                          winsize=winsize, merge=bool(merge)))
-    except runner.NoTerminal as e:
-        # No pty or no file descriptor left: the command runs as if logcapture were not
-        # there (SPEC.md §3), in this process, so its exit status and signals are the
-        # wrapper's. The worker is stopped first; a run directory it left without a record
-        # (an empty first segment) goes too, so no run that never started stays behind.
-        warn(f"cannot start capture: no pseudo-terminal or process ({e.strerror}); capture "
-             "disabled for this run, the command runs normally")
-        if worker is not None:
-            worker.give_up()
-            _remove_if_empty(run_dir)
-        return runner.exec_command(argv, base_env, warn)
-    if outcome.spawn_error:
-        warn(outcome.spawn_error)
-    return runner.exit_like(outcome)
-
-
-def _remove_if_empty(run_dir: Path) -> None:
-    """Remove ``run_dir`` if every file in it is empty (nothing was captured)."""
-    try:
-        entries = list(os.scandir(run_dir))
-        if any(e.stat(follow_symlinks=False).st_size for e in entries):
-            return
-        for e in entries:
-            os.unlink(e.path)
-        os.rmdir(run_dir)
-    except OSError:
-        pass  # kept: readers skip a run without records
-
-
-class _WorkerSettings:
-    """What the capture worker needs from the wrapper (it is forked, so this is a plain copy)."""
-
-    def __init__(self, **kw: Any):
-        self.__dict__.update(kw)
-
-    run_id: str
-    run_dir: Path
-    admin: AdminConfig
-    mode: str
-    rows: int
-    columns: int
-    env: dict[str, str]
-    problems: list[str]
-    sample: bool
-    start_fields: dict[str, Any]
-    wrapper_pid: int
-    warn: Callable[[str], None]
-
-
-def _capture_worker(fd: int, s: _WorkerSettings) -> int:
-    """The capture process: own the spool, the pipeline and the sampler; render what the
-    reader sends until its end frame; write the end record. Returns the exit status."""
-    warn = s.warn
-    sampler: Any = None
-    try:
-        spool = SpoolWriter(s.run_dir, segment_bytes=s.admin.segment_bytes,
-                            flush_interval=s.admin.flush_interval,
-                            flush_records=s.admin.flush_records, warn=warn)
-        pipeline = Pipeline(s.run_id, spool, mode=s.mode, columns=s.columns, rows=s.rows,
-                            warn=warn)
-        quiet: list[str] = []  # notes for the log only, not the user's stderr
-        sampler, inventory = _start_sampler(s.run_id, s.admin.sample_interval, s.env, spool,
-                                            quiet, s.sample, root_pid=s.wrapper_pid)
-        pipeline.start(inventory=inventory, **s.start_fields)
-        for problem in s.problems:  # the wrapper told the user already
-            pipeline.warn(problem, tell_user=False)
-        for text in quiet:
-            pipeline.warn(text, tell_user=False)
-        if sampler is not None:
-            sampler_warn = pipeline.warn
-            sampler.warn = lambda text: sampler_warn(f"resource sampling: {text}",
-                                                     tell_user=False)
-            sampler.start()
-    except Exception as e:  # noqa: BLE001 - never break the job
-        reason = e.message if isinstance(e, LogcaptureError) else type(e).__name__
-        warn(f"capture disabled for this run: {reason}; the command runs normally")
-        if sampler is not None:
-            sampler.stop(final_sample=False)
-        _discard(fd)  # the reader's writes must keep succeeding
-        return 0
-
-    # Everything made so far lives as long as this process: out of the collector's sight,
-    # so its collections scan only what rendering allocates.
-    gc.freeze()
-    try:
-        end = serve(fd, pipeline)
-    except Exception as e:  # noqa: BLE001 - a bug here must not reach the job
-        warn(f"capture stopped after an internal error ({type(e).__name__}); the command "
-             "goes on and its output still reaches its files")
-        try:
-            if sampler is not None:
-                sampler.stop(final_sample=False)
-            pipeline.close_unfinished()  # keep what was rendered
-        except Exception:  # noqa: BLE001, S110 - already warned; the reader must go on
-            pass
-        _discard(fd)  # the reader's writes must keep succeeding
-        return 0
-    if sampler is not None:
-        try:
-            sampler.stop()
-        except Exception as e:  # noqa: BLE001
-            warn(f"resource sampling failed to stop ({type(e).__name__})")
-    try:
-        if end is None:
-            pipeline.close_unfinished()
-            return 0
-        from .runner import Outcome, own_usage
-        outcome = Outcome(end["exit_status"], end["signal"], end["pid"], end["started"],
-                          end["ended"], end["bytes"], spawn_error=end["spawn_error"])
-        reader = end.get("reader", {})
-        mine = own_usage()
-        state = "FAILED" if outcome.spawn_error else outcome.state
-        if s.env.get("SLURM_JOB_ID") and not outcome.spawn_error:
-            from .slurm.jobs import job_end_state
-
-            state = job_end_state(outcome.exit_status, outcome.signal, s.env)
-        usage = end.get("usage")
-        pipeline.finish(exit_status=outcome.exit_status, signal=outcome.signal,
-                        state=state, duration=outcome.duration, bytes_read=outcome.bytes,
-                        extra_counts={**({"job": usage} if isinstance(usage, dict) and usage
-                                         else {}), "capture": {
-                            # Both capture processes (reader and worker), for bench/ and show.
-                            "cpu_ms": reader.get("cpu_ms", 0) + mine["cpu_ms"],
-                            "max_rss_kib": max(reader.get("max_rss_kib", 0),
-                                               mine["max_rss_kib"]),
-                            "reader_cpu_ms": reader.get("cpu_ms", 0),
-                            "reader_reads": reader.get("reads", 0),
-                            "reader_lingers": reader.get("lingers", 0),
-                            "worker_cpu_ms": mine["cpu_ms"]},
-                            **({"sampling": sampler.counts()} if sampler is not None else {})})
-    except Exception as e:  # noqa: BLE001
-        warn(f"could not finish the spool ({type(e).__name__})")
-    return 0
-
-
-def _discard(fd: int) -> None:
-    try:
-        while os.read(fd, 1 << 20):
-            pass
-    except OSError:
-        pass
-
-
-def serve(fd: int, pipeline: Pipeline) -> dict[str, Any] | None:
-    """Feed ``pipeline`` the frames read from ``fd`` (runner.FRAME) until the end frame;
-    return its payload (the outcome), or None at end of file without one (the wrapper was
-    killed).
-
-    Ticks: every TICK seconds of the reader's clock, taken from the frames' times while there
-    is a backlog (so a backlog renders as it would have when it was read); when the pipe is
-    empty, when the pipeline says a stream has been quiet long enough (``tick_due``), by this
-    process's clock, and not at all while it is settled. Consecutive frames of one stream read
-    within COALESCE seconds of each other are rendered as one chunk, each frame's lines keeping
-    its read time: a worker that fell behind catches up in large chunks instead of paying the
-    per-chunk cost for every short read (docs/performance.md)."""
-    from .runner import COALESCE, FRAME, FRAME_END, FRAME_STREAMS, ROUND_END, TICK
-
-    unpack = FRAME.unpack_from
-    header = FRAME.size
-    buf = bytearray()
-    # Read into one buffer made once: os.read would allocate (and the allocator map, shrink
-    # and unmap) a fresh 1 MiB object at every wake-up.
-    into = bytearray(1 << 20)
-    got = memoryview(into)
-    readv = os.readv
-    poller = select.poll()
-    poller.register(fd, select.POLLIN)
-    last_tick = time.monotonic()
-    while True:
-        due = pipeline.tick_due()
-        if due is None:  # nothing to commit until the next frame: no tick wake-ups
-            timeout = -1
-        else:
-            wait = due - time.monotonic()
-            timeout = max(0, int(wait * 1000) + 1) if wait > 0 else 0
-        if not poller.poll(timeout):
-            last_tick = time.monotonic()
-            pipeline.tick(time.time(), last_tick)
-            continue
-        n = readv(fd, [into])
-        if not n:
-            return None
-        buf += got[:n]
-        frames: list[tuple[int, float, float, int, int]] = []
-        pos = 0
-        size = len(buf)
-        while size - pos >= header:
-            kind, length, wall, mono = unpack(buf, pos)
-            end = pos + header + length
-            if end > size:
-                break
-            frames.append((kind, wall, mono, pos + header, end))
-            pos = end
-        i, n = 0, len(frames)
-        while i < n:
-            kind, wall, mono, start, end = frames[i]
-            if kind == FRAME_END:
-                return dict(json.loads(bytes(buf[start:end])))
-            if mono - last_tick >= TICK:
-                # The reader's clock moved on by a tick or more since the last one: tick as
-                # it would have (after a few ticks more change nothing: idled streams stay so).
-                steps = 0
-                while last_tick + TICK <= mono:
-                    last_tick = last_tick + TICK if steps < 4 else mono
-                    steps += 1
-                    pipeline.tick(wall - (mono - last_tick), last_tick)
-            stream = kind & ~ROUND_END
-            j = i + 1
-            while j < n and frames[j][0] & ~ROUND_END == stream and frames[j][1] - wall <= COALESCE:
-                j += 1
-            if j == i + 1:
-                pipeline.feed(FRAME_STREAMS[stream], bytes(buf[start:end]), wall, mono,
-                              [(end - start, wall, kind != stream)])
-            else:
-                group = frames[i:j]
-                chunk = b"".join([buf[f[3]:f[4]] for f in group])
-                marks = []
-                at = 0
-                for f in group:
-                    at += f[4] - f[3]
-                    marks.append((at, f[1], f[0] != stream))
-                _, wall, mono, _, _ = group[-1]
-                pipeline.feed(FRAME_STREAMS[stream], chunk, wall, mono, marks)
-            i = j
-        del buf[:pos]
-
-
-def _start_sampler(run_id: str, interval: float, env: dict[str, str], spool: SpoolWriter,
-                   problems: list[str], enabled: bool,
-                   root_pid: int | None = None) -> tuple[Any, dict[str, Any]]:
-    """The resource sampler of this node (SPEC.md §5) and the hardware inventory for the start
-    record. Returns (None, inventory) when sampling is off; never raises. Its problems (no
-    NVML on a CPU node, say) go to the log only: they are not the user's to fix."""
-    from .sampling.gpu import GpuCollector, job_gpus_from_env
-    from .sampling.job import JobCollector, cpus_allocated_from_env, find_job_cgroup
-    from .sampling.sampler import Sampler
-    from .sampling.sampler import inventory as take_inventory
-
-    inventory_warnings: list[str] = []
-    try:
-        # The job is the wrapper's child; the wrapper and this capture worker are not the job.
-        root = root_pid if root_pid is not None else os.getpid()
-        job = JobCollector(root_pid=root, cgroup_path=find_job_cgroup(root),
-                           exclude_pids={root, os.getpid()},
-                           cpus_allocated=cpus_allocated_from_env(env))
-        gpu = GpuCollector(job_gpus=job_gpus_from_env(env), pids_fn=job.pids)
-        inventory = take_inventory(env=env, gpu=gpu, warn=inventory_warnings.append)
-    except Exception as e:  # noqa: BLE001
-        problems.append(f"resource sampling unavailable ({type(e).__name__})")
-        return None, {}
-    if inventory_warnings:  # kept with the inventory, not as log notes: a CPU node has no NVML
-        inventory = {**inventory, "warnings": inventory_warnings}
-    if not enabled:
-        gpu.close()
-        return None, inventory
-    node = (env.get("SLURMD_NODENAME") or _hostname()).split(".")[0]
-    sampler = Sampler(run_id, node=node, gpu=gpu, job=job, interval=interval,
-                      emit=lambda rec: spool.write([rec]))
-    return sampler, inventory
-
-
-def _hostname() -> str:
-    """``socket.gethostname()`` without importing socket (the wrapper's start-up cost): on
-    Linux both are uname's nodename."""
-    return os.uname().nodename
-
-
-def _user_name() -> str:
-    try:
-        return pwd.getpwuid(os.getuid()).pw_name
-    except KeyError:
-        return str(os.getuid())
-
-
-def slurm_identity(env: dict[str, str]) -> dict[str, str]:
-    """The job's Slurm identity from its environment (when run inside a Slurm job)."""
-    keys = {
-        "cluster": "SLURM_CLUSTER_NAME", "job_id": "SLURM_JOB_ID",
-        "array_job_id": "SLURM_ARRAY_JOB_ID", "array_task_id": "SLURM_ARRAY_TASK_ID",
-        "step": "SLURM_STEP_ID", "node": "SLURMD_NODENAME", "job_name": "SLURM_JOB_NAME",
-        "partition": "SLURM_JOB_PARTITION", "nodelist": "SLURM_JOB_NODELIST",
-        "restart_count": "SLURM_RESTART_COUNT",
-        # what the job asked for (insights.efficiency.slurm_request)
-        "cpus": "SLURM_CPUS_ON_NODE", "mem_per_node_mb": "SLURM_MEM_PER_NODE",
-        "mem_per_cpu_mb": "SLURM_MEM_PER_CPU", "gpus": "SLURM_GPUS_ON_NODE",
-        "num_nodes": "SLURM_JOB_NUM_NODES", "end_time": "SLURM_JOB_END_TIME",
-    }
-    return {k: env[v] for k, v in keys.items() if env.get(v)}
-
-
-def default_run_id(env: dict[str, str]) -> str:
-    """The Slurm job id inside a Slurm job (array tasks have their own), else
-    ``<time>-<host>-<pid>``."""
-    if env.get("SLURM_JOB_ID"):
-        return env["SLURM_JOB_ID"]
-    host = _hostname().split(".")[0] or "host"
-    return f"{time.strftime('%Y%m%dT%H%M%S')}-{host}-{os.getpid()}"

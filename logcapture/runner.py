@@ -11,23 +11,23 @@ Entry point: ``run(argv, sink, options) -> Outcome``.
   by one reader cannot keep (a write to stderr right after one to stdout may be read first).
   That one stream is ``stdout``: it is copied to the caller's stdout and fed as ``stdout``.
 - Output post-processing is switched off on both ptys (no ``\\n`` -> ``\\r\\n``), so what is
-  copied to the real stdout/stderr is byte-identical to what the command wrote (SPEC.md §3).
+  copied to the real stdout/stderr is byte-identical to what the command wrote.
 - The window size is the caller's terminal's, else ``LOGCAPTURE_COLUMNS`` x ``LOGCAPTURE_LINES``,
-  else 80 x 24 (a pty left at 0 x 0 makes tqdm print nothing: PTY-RENDER.md). SIGWINCH on the
+  else 80 x 24 (a pty left at 0 x 0 makes tqdm print nothing). SIGWINCH on the
   wrapper re-reads the caller's size, applies it to both ptys and is forwarded to the command.
 - The command runs in its own session and process group, without a controlling terminal, as
   a batch job has none: a background process it leaves behind is not sent SIGHUP when it
   exits, and reading an interactive stdin never stops it with SIGTTIN. TERM,
   INT, HUP, QUIT, USR1, USR2, CONT, TSTP, ALRM and WINCH received by the wrapper are forwarded
   to the command's process group: Slurm's proctrack/cgroup signals only the step's first
-  process, the wrapper (SLURM-DEV.md). A repeated TERM is forwarded again; the wrapper itself
+  process, the wrapper. A repeated TERM is forwarded again; the wrapper itself
   exits only after the command, with its status.
 - Every chunk read is first copied to the real output, then handed to ``sink.feed``. A sink
   that raises is disabled with one ``logcapture:`` warning; the command and its output go on.
 - The sink may be a ``Worker``: a capture process forked by ``fork_worker`` before the command
   is spawned and before any thread starts, so that rendering runs on another core and never
-  holds the GIL of this reader. Chunks then go to it as frames ``(stream, wall time,
-  monotonic time, data)`` over a pipe written without blocking; what the pipe cannot take at
+  holds the GIL of this reader. Chunks then go to it as frames (``frame.py``: stream, wall
+  time, monotonic time, data) over a pipe written without blocking; what the pipe cannot take at
   once waits in a buffer of at most ``Options.worker_buffer`` bytes. When that buffer is
   full the reader stops reading the ptys until the worker catches up: the job is then slowed
   by the terminal's own flow control, and nothing is lost. The reader never sleeps and never
@@ -38,6 +38,10 @@ Entry point: ``run(argv, sink, options) -> Outcome``.
 - After the command exits the ptys are drained until every writer has closed them (EIO), or
   they have been quiet for ``drain_idle`` seconds, or ``drain_timeout`` seconds have passed: a
   background grandchild that holds the pty open cannot hang the wrapper.
+
+``run`` opens the ptys, installs the signal handlers and spawns the command; ``_ReadLoop``
+reads until the drain is over, one round per wake-up (linger, read the ptys, copy, send to
+the worker), and ``run`` reaps the command and hands the worker the outcome.
 """
 
 from __future__ import annotations
@@ -45,7 +49,6 @@ from __future__ import annotations
 import errno
 import fcntl
 import gc
-import json
 import os
 import resource  # up front: a job that used every descriptor leaves none to load it
 import select
@@ -61,6 +64,7 @@ from collections.abc import Callable, Mapping, Sequence
 from itertools import islice
 from types import MappingProxyType
 
+from . import frame
 from .records import STDERR, STDOUT
 
 TYPE_CHECKING = False  # not typing's: importing typing costs every job ~8 ms (records.py)
@@ -71,21 +75,16 @@ FORWARDED_SIGNALS = (
     signal.SIGUSR2, signal.SIGCONT, signal.SIGTSTP, signal.SIGALRM,
 )
 READ_SIZE = 65536
-FULL_READ = 4095  # what one read of a pty returns at most (PTY-RENDER.md: ~4 KB)
+FULL_READ = 4095  # what one read of a Linux pty master returns at most (its tty buffer)
 DEFAULT_COLUMNS = 80
 DEFAULT_LINES = 24
 TICK = 0.2  # seconds between sink.tick() calls while the command is quiet
 TICK_MS = int(TICK * 1000)
 QUIET_MS = 5000  # the reader's poll timeout while nothing is due (a worker takes the ticks)
 
-# Frames to a capture worker: kind, payload length, time.time(), time.monotonic() of the read.
-# A frame holds what one round of the reader read from one stream (its reads share the round's
-# times); the last frame of a round has ROUND_END in its kind: the worker then knows every read
-# up to that time (pipeline.Pipeline orders the two streams' lines by their read times).
-FRAME = struct.Struct("=BIdd")
-FRAME_STREAMS = (STDOUT, STDERR)  # kind 0 and 1: data of that stream
-FRAME_END = 2  # payload: the Outcome as JSON; no frame follows
-ROUND_END = 0x80
+# Frames to a capture worker: the format is frame.py's. A frame holds what one round of the
+# reader read from one stream (its reads share the round's times); the last frame of a round
+# has ROUND_END in its kind (pipeline.Pipeline orders the two streams' lines by read time).
 WORKER_PIPE_BYTES = 1 << 20  # asked of F_SETPIPE_SZ; the kernel may grant less
 WORKER_BUFFER = 16 << 20  # bytes the reader holds for a worker before it stops reading
 WORKER_TIMEOUT = 20.0  # seconds a worker may accept nothing before it is given up
@@ -113,23 +112,23 @@ COALESCE = 0.005
 # waits LINGER before reading, so a job printing line by line is read a burst at a time instead
 # of one read per line (each round of poll, read, copy and frame costs the reader 50-150 us of
 # CPU here), and the round's reads reach the real output in one write: a training job's burst
-# costs poll, sleep, two reads and a write (session 4 read once before the wait: twice the
+# costs poll, sleep, two reads and a write (a read before the wait as well would double the
 # system calls). Output reaches the real stdout at most LINGER later, below what a person
 # notices; a flood, which never empties the pty, is not held back at all. The pty holds
 # ~17 KB: a job writing faster than that per LINGER fills it during the wait, and the reads
 # after it take LINGER_FULL or more; the job may then have blocked for up to LINGER, so
 # lingering stops for LINGER_BACKOFF seconds and a flood is read without any wait (at most
-# 0.2 % of its time blocked; PTY-RENDER.md: a sleep after every short read, without that
-# back-off, slows a flood down 5-20 times). None after the command exits.
+# 0.2 % of its time blocked; a sleep after every short read, without that back-off, slows a
+# flood down 5-20 times). None after the command exits.
 # While nothing is due (no frames held back, no drain) the reader's poll waits QUIET_MS: a
-# quiet job costs it a wake-up every 5 s (every 0.2 s until session 4); SIGCHLD and the other
+# quiet job costs it a wake-up every 5 s; SIGCHLD and the other
 # signals wake it through wake_r, and the timeout finds the command's exit when SIGCHLD never
 # comes (a wrapper started with it blocked).
 LINGER = 0.01
 LINGER_FULL = 12 * 1024
 LINGER_BACKOFF = 5.0
-_KIND = {STDOUT: 0, STDERR: 1}
 PASSES = 4  # read passes over the ptys in one round, at most (two streams flooding at once)
+READS_IN_A_ROW = 16  # full reads of one pty in a pass before the next pty's turn
 _IOV_MAX = 512  # pieces per writev (Linux allows 1024)
 
 
@@ -236,15 +235,16 @@ class Worker:
         self._parts = parts
         self._len = n
         self._wall, self._mono = wall, mono
-        self.size += FRAME.size + n
+        self.size += frame.HEADER.size + n
 
     def end_round(self) -> None:
         """The round that sent the open frame has ended: mark it so."""
-        self._close_frame(ROUND_END)
+        self._close_frame(frame.ROUND_END)
 
     def _close_frame(self, flag: int = 0) -> None:
         if self._parts:
-            self.pieces.append(FRAME.pack(self._kind | flag, self._len, self._wall, self._mono))
+            self.pieces.append(frame.header(self._kind | flag, self._len, self._wall,
+                                            self._mono))
             self.pieces.extend(self._parts)
             self._parts = []
             self._len = 0
@@ -347,13 +347,13 @@ class Worker:
         killed with one warning."""
         if self.gone:
             return
-        payload = json.dumps({
+        payload = frame.encode_end({
             "exit_status": outcome.exit_status, "signal": outcome.signal, "pid": outcome.pid,
             "started": outcome.started, "ended": outcome.ended, "bytes": dict(outcome.bytes),
             "spawn_error": outcome.spawn_error, "usage": dict(outcome.usage),
             "reader": {**own_usage(), "reads": outcome.reads,
-                       "lingers": outcome.lingers}}).encode()
-        self.send(FRAME_END, [payload], time.time(), time.monotonic())
+                       "lingers": outcome.lingers}})
+        self.send(frame.END, [payload], time.time(), time.monotonic())
         poller = select.poll()
         poller.register(self.fd, select.POLLOUT)
         try:
@@ -367,7 +367,7 @@ class Worker:
                     poller.poll(200)
                 self.pump()
         except OSError:
-            self._died(warn)
+            self.lost(warn)
             return
         self._close()  # end of file for the worker, whatever it makes of the end frame
         status = self.reap(timeout)
@@ -380,7 +380,9 @@ class Worker:
         if status != 0:
             self._report(status, warn)
 
-    def _died(self, warn: Callable[[str], None]) -> None:
+    def lost(self, warn: Callable[[str], None]) -> None:
+        """The worker exited on its own (its pipe broke): reap it (kill it if it has not
+        exited after all) and say how it ended, once."""
         self.drop()
         self._close()
         status = self.reap(1.0)
@@ -608,17 +610,15 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[n:]
 
 
-def run(argv: Sequence[str], sink: Sink | Worker | None,
-        options: Options | None = None) -> Outcome:
-    opts = options or Options()
-    warn = opts.warn or (lambda msg: None)
-    worker = sink if isinstance(sink, Worker) else None
-    plain: Sink | None = None if isinstance(sink, Worker) else sink  # fed in-process (tests)
-    rows, cols = opts.winsize or caller_winsize()
+def _open_terminals(rows: int, cols: int, merge: bool) -> tuple[int, int, int, int, int, int]:
+    """The ptys (one for both streams with ``merge``, as the job's two descriptors then share
+    one place) and the wake-up pipe: (out master, out slave, err master, err slave, wake read
+    end, wake write end). Nothing has started yet: a failure is the caller's to handle, as
+    ``NoTerminal``."""
     opened: list[int] = []
-    try:  # nothing has started yet: a failure here is the caller's to handle (NoTerminal)
+    try:
         out_m, out_s = _open_pty(rows, cols, opened)
-        if opts.merge:  # one terminal for both, as the job's two descriptors share one place
+        if merge:
             err_m, err_s = out_m, out_s
         else:
             err_m, err_s = _open_pty(rows, cols, opened)
@@ -627,35 +627,75 @@ def run(argv: Sequence[str], sink: Sink | Worker | None,
         for fd in opened:
             os.close(fd)
         raise NoTerminal(e.errno, e.strerror) from e
-    masters = {out_m: STDOUT} if opts.merge else {out_m: STDOUT, err_m: STDERR}
-    real = {STDOUT: opts.stdout_fd, STDERR: opts.stderr_fd}
-    counts = {STDOUT: 0, STDERR: 0}
+    return out_m, out_s, err_m, err_s, wake_r, wake_w
 
-    child: subprocess.Popen[bytes] | None = None
-    previous: dict[int, object] = {}
 
-    def forward(signum: int, frame: object) -> None:
+class _Forwarder:
+    """The wrapper's handler for ``FORWARDED_SIGNALS`` and SIGWINCH: each goes on to the
+    command's process group once the command exists. SIGWINCH first re-reads the caller's size
+    and applies it to the ptys; they are no controlling terminal, so the kernel tells nobody of
+    the new size, and the signal is forwarded like the others."""
+
+    def __init__(self, masters: Mapping[int, str]):
+        self.masters = masters
+        self.child: subprocess.Popen[bytes] | None = None
+
+    def __call__(self, signum: int, stack: object) -> None:
         if signum == signal.SIGWINCH:
             try:
                 r, c = caller_winsize()
-                for fd in masters:
+                for fd in self.masters:
                     set_winsize(fd, r, c)
             except OSError:
                 pass
-            # The ptys are no controlling terminal, so the kernel tells nobody of the new
-            # size: forward the signal like the others.
+        child = self.child
         if child is not None and child.returncode is None:
             try:
                 os.killpg(child.pid, signum)
             except (ProcessLookupError, PermissionError):
                 pass
 
-    # Handlers go in before the child exists, so a signal arriving during spawn is not lost
-    # to the default action (which would kill the wrapper and hang up the job's pty).
-    for sig in (*FORWARDED_SIGNALS, signal.SIGWINCH):
-        previous[sig] = signal.signal(sig, forward)
-    previous[signal.SIGCHLD] = signal.signal(signal.SIGCHLD, lambda s, f: None)
-    old_wakeup = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+    def install(self, wake_w: int) -> tuple[dict[int, object], int]:
+        """Put the handlers in (before the child exists, so that a signal arriving during the
+        spawn is not lost to the default action, which would kill the wrapper and hang up the
+        job's pty) and make every signal wake the reader through ``wake_w``. Returns what
+        ``restore`` needs."""
+        previous: dict[int, object] = {}
+        for sig in (*FORWARDED_SIGNALS, signal.SIGWINCH):
+            previous[sig] = signal.signal(sig, self)
+        previous[signal.SIGCHLD] = signal.signal(signal.SIGCHLD, lambda s, f: None)
+        return previous, signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+
+    @staticmethod
+    def restore(previous: dict[int, object], old_wakeup: int) -> None:
+        signal.set_wakeup_fd(old_wakeup)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)  # type: ignore[arg-type]
+
+
+def _spawn_failed(argv: Sequence[str], e: OSError, started: float,
+                  counts: Mapping[str, int]) -> Outcome:
+    """The outcome of a command that could not be started: 127 when it was not found, 126
+    when it could not be executed, as a shell says."""
+    code = 127 if isinstance(e, (FileNotFoundError, NotADirectoryError)) else 126
+    what = "command not found" if code == 127 else (e.strerror or str(e))
+    return Outcome(code, None, 0, started, time.time(), counts, spawn_error=f"{argv[0]}: {what}")
+
+
+def run(argv: Sequence[str], sink: Sink | Worker | None,
+        options: Options | None = None) -> Outcome:
+    """Run ``argv`` under ptys, copy its output to the real outputs and hand it to ``sink``
+    (a ``Worker``, or a sink fed in this process); return how it ended. Raises
+    ``NoTerminal`` when nothing could be started."""
+    opts = options or Options()
+    warn = opts.warn or (lambda msg: None)
+    worker = sink if isinstance(sink, Worker) else None
+    rows, cols = opts.winsize or caller_winsize()
+    out_m, out_s, err_m, err_s, wake_r, wake_w = _open_terminals(rows, cols, opts.merge)
+    masters = {out_m: STDOUT} if opts.merge else {out_m: STDOUT, err_m: STDERR}
+    counts = {STDOUT: 0, STDERR: 0}
+    forward = _Forwarder(masters)
+    previous, old_wakeup = forward.install(wake_w)
     started = time.time()
     floor_kib = _resident_kib()
     try:
@@ -668,273 +708,359 @@ def run(argv: Sequence[str], sink: Sink | Worker | None,
                 os.close(fd)
             if e.errno in _RESOURCE_ERRNOS:
                 raise NoTerminal(e.errno, e.strerror) from e
-            code = 127 if isinstance(e, (FileNotFoundError, NotADirectoryError)) else 126
-            what = "command not found" if code == 127 else (e.strerror or str(e))
-            outcome = Outcome(code, None, 0, started, time.time(), counts,
-                              spawn_error=f"{argv[0]}: {what}")
+            outcome = _spawn_failed(argv, e, started, counts)
             if worker is not None:
                 worker.finish(outcome, opts.worker_timeout, warn)
             return outcome
+        forward.child = child
         for fd in {out_s, err_s}:
             os.close(fd)
         if opts.on_start:
             opts.on_start(child.pid)
-
-        broken: set[str] = set()
-
-        def copy(stream: str, data: bytes) -> None:
-            if stream not in broken:
-                try:
-                    _write_all(real[stream], data)
-                except OSError as e:
-                    # The reader of our own stdout/stderr went away (EPIPE) or the output file
-                    # failed: stop copying that stream but keep capturing and keep the job
-                    # running.
-                    broken.add(stream)
-                    warn(f"cannot copy the command's {stream} to its output: {e.strerror}")
-
-        def deliver(stream: str, data: bytes, now: float) -> None:
-            nonlocal plain
-            if plain is not None:
-                try:
-                    plain.feed(stream, data, now)
-                except Exception as e:  # noqa: BLE001 - never break the job
-                    # Type name only: the message may quote job text a mode has dropped.
-                    warn(f"capture stopped after an internal error ({type(e).__name__});"
-                         " the command goes on and its output still reaches its files")
-                    plain = None
-
-        def tick(now: float) -> None:
-            nonlocal plain
-            if plain is not None:
-                try:
-                    plain.tick(now)
-                except Exception as e:  # noqa: BLE001
-                    warn(f"capture stopped after an internal error ({type(e).__name__})")
-                    plain = None
-
-        # poll(2) with a registration kept across iterations: the loop runs once per read,
-        # up to ~100k times a second, so it does as few system calls as it can.
-        POLLIN = select.POLLIN | select.POLLHUP | select.POLLERR
-        poller = select.poll()
-        for fd in masters:
-            poller.register(fd, POLLIN)
-        poller.register(wake_r, select.POLLIN)
-        open_fds = set(masters)
-        reading = True  # the ptys are registered (False: the worker's buffer is full)
-        pumping = False  # the worker's pipe is registered for POLLOUT
-        worker_fd = worker.fd if worker is not None else -1
-        check_child = True  # a SIGCHLD (or a quiet spell) since the last look
-        exited_at: float | None = None
-        last_data = time.monotonic()
-        last_tick = last_data
-        no_linger_until = 0.0
-        drained = True  # the last round read every pty it was woken for empty
-        lead = list(masters)  # the order of the next round's first pass
-        reads = lingers = 0
-        read = os.read
-        while open_fds:
-            now_m = time.monotonic()
-            if check_child and exited_at is None:
-                check_child = False
-                if child.poll() is not None:
-                    exited_at = now_m
-                    last_data = now_m  # the drain's idle clock starts at the exit
-            if exited_at is not None:
-                if now_m - last_data >= opts.drain_idle or now_m - exited_at >= opts.drain_timeout:
-                    break
-            timeout = TICK_MS
-            if worker is not None:
-                if worker.gone:
-                    gone_fd, worker = worker_fd, None
-                    if pumping:
-                        pumping = False
-                        try:
-                            poller.unregister(gone_fd)
-                        except KeyError:
-                            pass
-                    if not reading:
-                        reading = True
-                        for fd in open_fds:
-                            poller.register(fd, POLLIN)
-                else:
-                    full = worker.size >= opts.worker_buffer
-                    if full == reading:  # stop reading the ptys while the buffer is full
-                        reading = not full
-                        for fd in open_fds:
-                            if reading:
-                                poller.register(fd, POLLIN)
-                            else:
-                                poller.unregister(fd)
-                    if worker.blocked != pumping:  # POLLOUT only while the pipe is full
-                        pumping = not pumping
-                        if pumping:
-                            poller.register(worker.fd, select.POLLOUT)
-                        else:
-                            poller.unregister(worker.fd)
-                    elif worker.size and not pumping:
-                        timeout = max(0, int((worker.pump_at() - now_m) * 1000) + 1)
-                    if pumping and now_m - worker.last_progress > opts.worker_timeout:
-                        warn("the capture process stopped responding; capture stopped, the "
-                             "command goes on and its output still reaches its files")
-                        poller.unregister(worker.fd)
-                        pumping = False
-                        worker.give_up()
-                        continue
-                    if not reading:
-                        last_data = now_m  # not reading is not being quiet
-            if (timeout == TICK_MS and worker is not None and exited_at is None and reading
-                    and not pumping):
-                # Nothing is due before the next output or signal (SIGCHLD wakes the poll
-                # through wake_r): a quiet job costs the reader a wake-up every few seconds,
-                # only to look for the command's exit in case SIGCHLD never comes (a wrapper
-                # started with it blocked).
-                timeout = QUIET_MS
-            try:
-                events = poller.poll(timeout)
-            except InterruptedError:  # pragma: no cover - PEP 475 retries
-                continue
-            now_m = time.monotonic()
-            if not events:
-                check_child = True
-            lingered = False
-            if (drained and exited_at is None and now_m >= no_linger_until
-                    and any(fd in open_fds for fd, _ in events)):
-                # Output after a quiet spell: the start of a burst, most likely. Wait LINGER
-                # for the rest of it, then read it all in one round.
-                lingered = True
-                lingers += 1
-                time.sleep(LINGER)
-                now_m = time.monotonic()
-            now = time.time()
-            emptied = None  # whether this round's pty reads all ended short (None: no pty read)
-            sent = False  # this round gave the worker output
-            woken = False  # a pty has output
-            for fd, _ in events:
-                if fd == wake_r:
-                    try:
-                        while True:
-                            got = read(wake_r, 512)
-                            if not got:
-                                break
-                            if signal.SIGCHLD in got:
-                                check_child = True
-                    except BlockingIOError:
-                        pass
-                elif fd in open_fds:
-                    woken = True
-            if woken:
-                # Every pty is read, in passes, until a pass finds output only on the pty it
-                # read first (at most PASSES): a write the command made before another is then
-                # read in the same round as that one or an earlier round, whichever streams
-                # they went to (the pass that ends the round read each pty after the last
-                # read that found output). The worker orders the two streams' lines by
-                # their rounds (pipeline.Pipeline._release): a /LOGCOMMAND is never read in
-                # a later round than the other stream's text written after it. Each pass
-                # starts with the pty that last had output.
-                order = [fd for fd in lead if fd in open_fds]
-                bursts: dict[int, list[bytes]] = {}
-                for _ in range(PASSES):
-                    later = -1  # a pty after the pass's first that had output
-                    for i, fd in enumerate(order):
-                        stream = masters[fd]
-                        burst = bursts.setdefault(fd, [])
-                        had = len(burst)
-                        empty = False  # a short read: the pty had no more
-                        # A full read (the pty hands out at most 4095 bytes) means more is
-                        # waiting: read again at once instead of asking poll(), up to 64 KiB
-                        # in a row.
-                        for _ in range(16):
-                            try:
-                                data = read(fd, READ_SIZE)
-                            except BlockingIOError:
-                                empty = True
-                                break
-                            except OSError as e:
-                                if e.errno != errno.EIO:
-                                    warn(f"reading the command's {stream} failed: {e.strerror}")
-                                data = b""
-                            if not data:  # EIO: every writer has closed the pty
-                                open_fds.discard(fd)
-                                if reading:
-                                    poller.unregister(fd)
-                                empty = True
-                                break
-                            reads += 1
-                            burst.append(data)
-                            if not lingered:  # a flood: each read out at once, as written
-                                copy(stream, data)
-                            if worker is not None and \
-                                    worker.size + len(burst) * READ_SIZE >= opts.worker_buffer:
-                                break  # flow control: the loop above stops reading
-                            if len(data) < FULL_READ:
-                                empty = True
-                                break
-                        emptied = empty and emptied is not False
-                        if i and len(burst) > had:
-                            later = fd
-                    if later < 0 or len(order) < 2:
-                        break
-                    order.remove(later)
-                    order.insert(0, later)
-                    order = [fd for fd in order if fd in open_fds]
-                lead = order or lead
-                for fd, burst in bursts.items():
-                    if not burst:
-                        continue
-                    stream = masters[fd]
-                    taken = sum(map(len, burst))
-                    counts[stream] += taken
-                    if lingered or worker is None:
-                        data = burst[0] if len(burst) == 1 else b"".join(burst)
-                    if lingered:
-                        # A burst read after the wait: one copy for the round's reads. (A
-                        # flood's reads are copied one by one above: the writes between them
-                        # pace the reads, which then find more in the pty; reading 16 times
-                        # before one copy took ~10 % more, smaller, reads on 200 MB of bulk
-                        # output.)
-                        copy(stream, data)
-                    last_data = now_m
-                    if lingered and taken >= LINGER_FULL:  # the pty (nearly) filled up while
-                        no_linger_until = now_m + LINGER_BACKOFF  # we waited: stop a while
-                    if worker is not None:
-                        worker.send(_KIND[stream], burst, now, now_m)
-                        sent = True
-                    elif plain is not None:
-                        deliver(stream, data, now)
-            if emptied is not None:  # (a round that read no pty leaves it as it was)
-                drained = emptied
-            if worker is not None:
-                if sent:
-                    worker.end_round()
-                if worker.due(now_m, read=sent):
-                    try:
-                        worker.pump()
-                    except OSError:
-                        if pumping:
-                            poller.unregister(worker.fd)
-                            pumping = False
-                        worker._died(warn)
-            elif plain is not None and now_m - last_tick >= TICK:
-                last_tick = now_m
-                tick(now)
+        loop = _ReadLoop(child, masters, wake_r, sink, opts, warn, counts)
+        loop.run()
         status = child.wait()
-        ended = time.time()
         outcome = Outcome(status if status >= 0 else None, -status if status < 0 else None,
-                          child.pid, started, ended, counts, reads=reads, lingers=lingers,
+                          child.pid, started, time.time(), counts, reads=loop.reads,
+                          lingers=loop.lingers,
                           usage=children_usage(max(floor_kib, _resident_kib())))
-        if worker is not None:
-            worker.finish(outcome, opts.worker_timeout, warn)
+        if loop.worker is not None:
+            loop.worker.finish(outcome, opts.worker_timeout, warn)
         return outcome
     finally:
-        signal.set_wakeup_fd(old_wakeup)
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)  # type: ignore[arg-type]
+        forward.restore(previous, old_wakeup)
         for fd in (wake_r, wake_w, *masters):
             try:
                 os.close(fd)
             except OSError:
                 pass
+
+
+_POLLIN = select.POLLIN | select.POLLHUP | select.POLLERR
+
+
+class _ReadLoop:
+    """The reader while the command runs and while its ptys drain. Each turn of ``run``:
+    look for the command's exit, stop once the drain is over, follow the worker (flow control,
+    a hung or dead worker), wait in poll(2), then one round: linger, read the signals that woke
+    it, read the ptys, copy and hand over what they gave, send the worker its frames.
+
+    poll(2) keeps its registrations across turns: the loop turns once per read, up to ~100k
+    times a second, so it does as few system calls as it can. The ptys are registered while
+    ``reading`` (not while the worker's buffer is full) and the worker's pipe for POLLOUT while
+    ``pumping`` (only while the pipe is full)."""
+
+    def __init__(self, child: subprocess.Popen[bytes], masters: dict[int, str], wake_r: int,
+                 sink: Sink | Worker | None, opts: Options, warn: Callable[[str], None],
+                 counts: dict[str, int]):
+        self.child = child
+        self.masters = masters
+        self.wake_r = wake_r
+        self.worker = sink if isinstance(sink, Worker) else None
+        self.plain: Sink | None = None if isinstance(sink, Worker) else sink  # fed in-process
+        self.opts = opts
+        self.warn = warn
+        self.counts = counts
+        self.real = {STDOUT: opts.stdout_fd, STDERR: opts.stderr_fd}
+        self.broken: set[str] = set()  # streams whose copy to the real output failed
+        self.poller = select.poll()
+        for fd in masters:
+            self.poller.register(fd, _POLLIN)
+        self.poller.register(wake_r, select.POLLIN)
+        self.open_fds = set(masters)
+        self.reading = True  # the ptys are registered
+        self.pumping = False  # the worker's pipe is registered for POLLOUT
+        self.worker_fd = self.worker.fd if self.worker is not None else -1
+        self.check_child = True  # a SIGCHLD (or a quiet spell) since the last look
+        self.exited_at: float | None = None
+        self.last_data = time.monotonic()
+        self.last_tick = self.last_data
+        self.no_linger_until = 0.0
+        self.drained = True  # the last round read every pty it was woken for empty
+        self.lead = list(masters)  # the order of the next round's first pass
+        self.reads = 0  # pty reads that returned data
+        self.lingers = 0  # LINGER waits
+
+    def run(self) -> None:
+        while self.open_fds:
+            now = time.monotonic()
+            self._look_for_exit(now)
+            if self._drain_over(now):
+                break
+            timeout = self._follow_worker(now)
+            if timeout is None:
+                continue  # the worker was given up: look again without it
+            try:
+                events = self.poller.poll(self._quiet(timeout))
+            except InterruptedError:  # pragma: no cover - PEP 475 retries
+                continue
+            self._round(events)
+
+    # --- before the wait -----------------------------------------------------------------
+    def _look_for_exit(self, now: float) -> None:
+        if self.check_child and self.exited_at is None:
+            self.check_child = False
+            if self.child.poll() is not None:
+                self.exited_at = now
+                self.last_data = now  # the drain's idle clock starts at the exit
+
+    def _drain_over(self, now: float) -> bool:
+        """After the exit: have the ptys been quiet for ``drain_idle``, or has the drain taken
+        ``drain_timeout``? (A background grandchild that holds a pty open cannot hang the
+        wrapper.)"""
+        if self.exited_at is None:
+            return False
+        return (now - self.last_data >= self.opts.drain_idle
+                or now - self.exited_at >= self.opts.drain_timeout)
+
+    def _follow_worker(self, now: float) -> int | None:
+        """Flow control with the worker; the poll timeout (ms) until its frames are due, or
+        None when it was just given up for accepting nothing for ``worker_timeout``."""
+        worker = self.worker
+        if worker is None:
+            return TICK_MS
+        if worker.gone:
+            self._forget_worker()
+            return TICK_MS
+        self._watch_ptys(worker.size < self.opts.worker_buffer)  # not while the buffer is full
+        timeout = TICK_MS
+        if worker.blocked != self.pumping:  # POLLOUT only while the pipe is full
+            self._watch_pipe(worker.blocked)
+        elif worker.size and not self.pumping:
+            timeout = max(0, int((worker.pump_at() - now) * 1000) + 1)
+        if self.pumping and now - worker.last_progress > self.opts.worker_timeout:
+            self.warn("the capture process stopped responding; capture stopped, the "
+                      "command goes on and its output still reaches its files")
+            self._watch_pipe(False)
+            worker.give_up()
+            return None
+        if not self.reading:
+            self.last_data = now  # not reading is not being quiet
+        return timeout
+
+    def _quiet(self, timeout: int) -> int:
+        """QUIET_MS when nothing is due before the next output or signal (SIGCHLD wakes the
+        poll through the wake-up pipe): a quiet job costs the reader a wake-up every few
+        seconds, only to look for the command's exit in case SIGCHLD never comes (a wrapper
+        started with it blocked)."""
+        if (timeout == TICK_MS and self.worker is not None and self.exited_at is None
+                and self.reading and not self.pumping):
+            return QUIET_MS
+        return timeout
+
+    def _watch_ptys(self, on: bool) -> None:
+        if on != self.reading:
+            self.reading = on
+            for fd in self.open_fds:
+                if on:
+                    self.poller.register(fd, _POLLIN)
+                else:
+                    self.poller.unregister(fd)
+
+    def _watch_pipe(self, on: bool) -> None:
+        if on != self.pumping:
+            self.pumping = on
+            if on:
+                self.poller.register(self.worker_fd, select.POLLOUT)
+            else:
+                self.poller.unregister(self.worker_fd)
+
+    def _forget_worker(self) -> None:
+        """The worker is gone (given up, or it died): read the ptys again, pump no more."""
+        self.worker = None
+        if self.pumping:
+            self.pumping = False
+            try:
+                self.poller.unregister(self.worker_fd)
+            except KeyError:
+                pass
+        self._watch_ptys(True)
+
+    # --- one round -----------------------------------------------------------------------
+    def _round(self, events: list[tuple[int, int]]) -> None:
+        now_m = time.monotonic()
+        if not events:
+            self.check_child = True  # a quiet spell: look for the exit, SIGCHLD or not
+        lingered = self._linger(events, now_m)
+        if lingered:
+            now_m = time.monotonic()
+        now = time.time()
+        sent = False
+        if self._wake_up(events):
+            bursts = self._read_ptys(lingered)
+            sent = self._hand_over(bursts, lingered, now, now_m)
+        self._pass_on(sent, now, now_m)
+
+    def _linger(self, events: list[tuple[int, int]], now: float) -> bool:
+        """Output after a quiet spell is the start of a burst, most likely: wait LINGER for
+        the rest of it, so that one round reads it all (see LINGER)."""
+        if (self.drained and self.exited_at is None and now >= self.no_linger_until
+                and any(fd in self.open_fds for fd, _ in events)):
+            self.lingers += 1
+            time.sleep(LINGER)
+            return True
+        return False
+
+    def _wake_up(self, events: list[tuple[int, int]]) -> bool:
+        """Read the signals that woke the poll (a SIGCHLD: look for the exit); does a pty
+        have output?"""
+        woken = False
+        for fd, _ in events:
+            if fd == self.wake_r:
+                try:
+                    while True:
+                        got = os.read(fd, 512)
+                        if not got:
+                            break
+                        if signal.SIGCHLD in got:
+                            self.check_child = True
+                except BlockingIOError:
+                    pass
+            elif fd in self.open_fds:
+                woken = True
+        return woken
+
+    def _read_ptys(self, lingered: bool) -> dict[int, list[bytes]]:
+        """Read every pty, in passes, until a pass finds output only on the pty it read first
+        (at most PASSES): a write the command made before another is then read in the same
+        round as that one or an earlier round, whichever streams they went to (the pass that
+        ends the round read each pty after the last read that found output). The worker orders
+        the two streams' lines by their rounds (pipeline.Pipeline._release): a /LOGCOMMAND is
+        never read in a later round than the other stream's text written after it. Each pass
+        starts with the pty that last had output. Returns each pty's reads."""
+        open_fds = self.open_fds
+        order = [fd for fd in self.lead if fd in open_fds]
+        bursts: dict[int, list[bytes]] = {}
+        emptied = None  # whether every pty read ended short (None: no pty read)
+        for _ in range(PASSES):
+            later = -1  # a pty after the pass's first that had output
+            for i, fd in enumerate(order):
+                burst = bursts.setdefault(fd, [])
+                had = len(burst)
+                empty = self._read_pty(fd, burst, lingered)
+                emptied = empty and emptied is not False
+                if i and len(burst) > had:
+                    later = fd
+            if later < 0 or len(order) < 2:
+                break
+            order.remove(later)
+            order.insert(0, later)
+            order = [fd for fd in order if fd in open_fds]
+        self.lead = order or self.lead
+        if emptied is not None:  # (a round that read no pty leaves it as it was)
+            self.drained = emptied
+        return bursts
+
+    def _read_pty(self, fd: int, burst: list[bytes], lingered: bool) -> bool:
+        """Read ``fd`` into ``burst``. A full read (the pty hands out at most FULL_READ bytes)
+        means more is waiting: read again at once instead of asking poll(), up to
+        READS_IN_A_ROW reads. Returns whether the last read ended short (the pty had no more).
+        Outside a lingered round, each read is copied out at once, as written (a flood)."""
+        stream = self.masters[fd]
+        worker = self.worker
+        read = os.read
+        for _ in range(READS_IN_A_ROW):
+            try:
+                data = read(fd, READ_SIZE)
+            except BlockingIOError:
+                return True
+            except OSError as e:
+                if e.errno != errno.EIO:
+                    self.warn(f"reading the command's {stream} failed: {e.strerror}")
+                data = b""
+            if not data:  # EIO: every writer has closed the pty
+                self.open_fds.discard(fd)
+                if self.reading:
+                    self.poller.unregister(fd)
+                return True
+            self.reads += 1
+            burst.append(data)
+            if not lingered:
+                self._copy(stream, data)
+            if worker is not None and \
+                    worker.size + len(burst) * READ_SIZE >= self.opts.worker_buffer:
+                return False  # flow control: the loop stops reading the ptys
+            if len(data) < FULL_READ:
+                return True
+        return False
+
+    def _hand_over(self, bursts: dict[int, list[bytes]], lingered: bool, now: float,
+                   now_m: float) -> bool:
+        """Count each pty's reads, copy a lingered round's reads out in one write, and give
+        them to the worker as one frame (or to the in-process sink). Returns whether the
+        worker was given output.
+
+        A burst read after the wait is copied once for the round's reads. A flood's reads are
+        copied one by one as they are read: the writes between them pace the reads, which then
+        find more in the pty (reading 16 times before one copy took ~10 % more, smaller, reads
+        on 200 MB of bulk output)."""
+        sent = False
+        worker = self.worker
+        for fd, burst in bursts.items():
+            if not burst:
+                continue
+            stream = self.masters[fd]
+            taken = sum(map(len, burst))
+            self.counts[stream] += taken
+            if lingered or worker is None:
+                data = burst[0] if len(burst) == 1 else b"".join(burst)
+            if lingered:
+                self._copy(stream, data)
+            self.last_data = now_m
+            if lingered and taken >= LINGER_FULL:  # the pty (nearly) filled up while
+                self.no_linger_until = now_m + LINGER_BACKOFF  # we waited: stop a while
+            if worker is not None:
+                worker.send(frame.KIND[stream], burst, now, now_m)
+                sent = True
+            elif self.plain is not None:
+                self._feed_plain(stream, data, now)
+        return sent
+
+    def _pass_on(self, sent: bool, now: float, now_m: float) -> None:
+        """End the round's frames and pump them to the worker when they are due (a worker
+        that has exited is reported and forgotten); an in-process sink gets its ticks."""
+        worker = self.worker
+        if worker is not None:
+            if sent:
+                worker.end_round()
+            if worker.due(now_m, read=sent):
+                try:
+                    worker.pump()
+                except OSError:
+                    self._watch_pipe(False)
+                    worker.lost(self.warn)
+        elif self.plain is not None and now_m - self.last_tick >= TICK:
+            self.last_tick = now_m
+            self._tick_plain(now)
+
+    # --- the outputs -----------------------------------------------------------------------
+    def _copy(self, stream: str, data: bytes) -> None:
+        if stream not in self.broken:
+            try:
+                _write_all(self.real[stream], data)
+            except OSError as e:
+                # The reader of our own stdout/stderr went away (EPIPE) or the output file
+                # failed: stop copying that stream but keep capturing and keep the job running.
+                self.broken.add(stream)
+                self.warn(f"cannot copy the command's {stream} to its output: {e.strerror}")
+
+    def _feed_plain(self, stream: str, data: bytes, now: float) -> None:
+        if self.plain is not None:
+            try:
+                self.plain.feed(stream, data, now)
+            except Exception as e:  # noqa: BLE001 - never break the job
+                # Type name only: the message may quote job text a mode has dropped.
+                self.warn(f"capture stopped after an internal error ({type(e).__name__});"
+                          " the command goes on and its output still reaches its files")
+                self.plain = None
+
+    def _tick_plain(self, now: float) -> None:
+        if self.plain is not None:
+            try:
+                self.plain.tick(now)
+            except Exception as e:  # noqa: BLE001
+                self.warn(f"capture stopped after an internal error ({type(e).__name__})")
+                self.plain = None
 
 
 def exec_command(argv: Sequence[str], env: dict[str, str],

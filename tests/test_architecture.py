@@ -1,9 +1,10 @@
 """The one-way rule: a stage never imports a stage after it.
 
-Order: runner -> render -> filter -> classify -> spool -> store -> query (the read layer) ->
-reader (the read service). The sampler is a source beside the runner: it knows nothing of
-spool or store either. ``pipeline`` (runner to spool)
-and ``ship`` (spool to store) are the wiring modules; ``cli`` sits on top of everything.
+Order: frame (the reader <-> worker format) -> runner -> render -> filter -> classify -> spool ->
+store -> query (the read layer) -> reader (the read service). The sampler is a source beside
+the runner: it knows nothing of spool or store either. ``pipeline`` (runner to spool, its
+processes in ``capture``) and ``ship`` (spool to store) are the wiring modules; ``cli`` sits
+on top of everything.
 """
 
 from __future__ import annotations
@@ -14,13 +15,13 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "logcapture"
-ORDER = ["runner", "render", "filter", "classify", "spool", "store", "query", "reader"]
+ORDER = ["frame", "runner", "render", "filter", "classify", "spool", "store", "query", "reader"]
 SOURCES_BESIDE = {"sampling": ORDER[ORDER.index("spool"):]}
 # Libraries every reader and the shipper use, below all of them: pure functions of records.
 # ``insights`` (diagnosis, efficiency notes, live checks) is handed lines, samples and a store
 # object by its callers and imports none of the stages, readers or wiring.
-LIBRARIES = {"insights": [*ORDER, "pipeline", "ship", "query", "reader", "web", "cli", "runs",
-                          "entry", "slurm"]}
+LIBRARIES = {"insights": [*ORDER, "pipeline", "capture", "ship", "query", "reader", "web",
+                          "cli", "runs", "entry", "slurm"]}
 
 
 def _module_files(name: str) -> list[Path]:
@@ -86,7 +87,8 @@ def test_the_checker_sees_imports() -> None:
 # records, spool and store, and never reaches into the capture path; nothing on the capture
 # path imports it. (logview, like xaxis, is a rule every reader applies, the store included.)
 READERS = ["query", "web", "grafana"]
-CAPTURE = ["runner", "render", "filter", "classify", "pipeline", "sampling"]
+CAPTURE = ["frame", "runner", "render", "filter", "classify", "pipeline", "capture",
+           "sampling"]
 # sampling.summary.summarize (a run's resource figures, a pure function of Sample records) is
 # read by describe; the collectors and the sampler thread are not.
 READ_FROM_CAPTURE = {"sampling.summary"}

@@ -25,11 +25,12 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from logcapture import frame, runner
 from logcapture import pipeline as pipeline_module
-from logcapture import runner
+from logcapture.capture import _discard, serve
 from logcapture.classify import Classifier
 from logcapture.filter import LineFilter
-from logcapture.pipeline import Pipeline, _discard, serve
+from logcapture.pipeline import Pipeline
 from logcapture.records import (
     NOTE_BLANK,
     NOTE_REPEAT,
@@ -222,16 +223,13 @@ def test_a_slow_worker_slows_the_command_and_loses_nothing(tmp_path: Path) -> No
             data = os.read(fd, 4096)
             assert data
             buf += data
-            while len(buf) >= runner.FRAME.size:
-                kind, n, _, _ = runner.FRAME.unpack_from(buf, 0)
-                if len(buf) < runner.FRAME.size + n:
+            frames, pos = frame.split(buf)
+            for kind, _, _, _, start, stop in frames:
+                if kind == frame.END:
+                    end = frame.decode_end(buf[start:stop])
                     break
-                payload = bytes(buf[runner.FRAME.size:runner.FRAME.size + n])
-                del buf[:runner.FRAME.size + n]
-                if kind == runner.FRAME_END:
-                    end = json.loads(payload)
-                    break
-                seen[kind & ~runner.ROUND_END] += payload
+                seen[kind] += buf[start:stop]
+            del buf[:pos]
         got.write_bytes(bytes(seen[0]))
         (tmp_path / "end").write_text(json.dumps(end))
         return 0
@@ -309,9 +307,8 @@ def test_a_backlog_is_ticked_on_the_readers_clock() -> None:
     base = time.monotonic()
     frames = [(0, b"a\n", 100.0, base), (1, b"b\n", 100.1, base + 0.1),
               (0, b"c\n", 102.0, base + 2.0)]
-    data = b"".join(runner.FRAME.pack(k, len(d), wall, mono) + d for k, d, wall, mono in frames)
-    end = json.dumps({"exit_status": 0}).encode()
-    data += runner.FRAME.pack(runner.FRAME_END, len(end), 0.0, 0.0) + end
+    data = b"".join(frame.encode(k, d, wall, mono) for k, d, wall, mono in frames)
+    data += frame.encode(frame.END, frame.encode_end({"exit_status": 0}), 0.0, 0.0)
     os.write(w, data)
     calls = _Calls()
     assert serve(r, calls) == {"exit_status": 0}  # type: ignore[arg-type]
@@ -460,7 +457,7 @@ def test_end_of_file_without_an_end_frame_keeps_the_lines(tmp_path: Path) -> Non
     p = Pipeline("r", spool, mode="enabled", columns=80, rows=24)
     r, w = os.pipe()
     d = b"one\ntwo"
-    os.write(w, runner.FRAME.pack(0, len(d), time.time(), time.monotonic()) + d)
+    os.write(w, frame.encode(0, d, time.time(), time.monotonic()))
     os.close(w)
     assert serve(r, p) is None
     os.close(r)
@@ -502,7 +499,7 @@ def _splits(items: list[Any], cuts: list[int]) -> list[list[Any]]:
        mode=st.sampled_from(["enabled", "metadata", "disabled"]),
        streams=st.lists(st.sampled_from(["stdout", "stderr"]), min_size=1, max_size=7))
 @example(items=[Rendered('/LOGCOMMAND {"mode": "enabled"}')] * 2 + [Rendered("a")], cuts=[1],
-         mode="metadata", streams=["stdout", "stderr"])  # found by this test (session 5)
+         mode="metadata", streams=["stdout", "stderr"])
 def test_classifier_feed_many_equals_feed_one_by_one(items: list[Any], cuts: list[int],
                                                      mode: str, streams: list[str]) -> None:
     one, many = Classifier("r", mode), Classifier("r", mode)

@@ -1,4 +1,4 @@
-"""The runner with real ptys: the command's outcome never changes (SPEC.md §3, issue 2)."""
+"""The runner with real ptys: the command's outcome never changes."""
 
 from __future__ import annotations
 

@@ -144,8 +144,8 @@ def job_script() -> None:
 def _captured(job: list[str], opts: dict[str, str]) -> int:
     from pathlib import Path
 
+    from ..capture import capture_command
     from ..errors import Warner
-    from ..pipeline import capture_command
     from ..spool import default_root
     from .jobrecords import DEFAULT_SPOOL_ROOT, PUBLIC_CONFIG
     from .jobs import run_id_for
