@@ -39,6 +39,19 @@ if TYPE_CHECKING:
     from typing import Any
 
 
+def run_command(spool: Path | None, run_id: str | None, mode: str | None, sample: bool,
+                command: tuple[str, ...]) -> int:
+    """``logcapture run``: capture ``command`` into the spool (``spool`` or the default);
+    returns the exit status to end with (the command's; a command killed by a signal has had it
+    re-raised here already)."""
+    from .errors import Warner
+    from .spool import default_root
+
+    return capture_command(list(command), spool_root=spool if spool is not None else
+                           default_root(), run_id=run_id, mode=mode, warn=Warner(),
+                           sample=sample)
+
+
 def capture_command(argv: list[str], *, spool_root: Path, run_id: str | None = None,
                     mode: str | None = None, warn: Callable[[str], None],
                     env: dict[str, str] | None = None,

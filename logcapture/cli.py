@@ -17,8 +17,7 @@ from typing import Any
 import click
 
 from . import __version__
-from .entry import failure
-from .errors import LogcaptureError, Warner
+from .errors import LogcaptureError, Warner, failure
 from .records import (
     MODES,
     NOTE_MODE,
@@ -109,7 +108,7 @@ def run(spool: Path | None, run_id: str | None, mode: str | None, sample: bool,
     (spool unwritable, disk full, internal error) the command still runs and its output
     still flows; one `logcapture:` warning says what went wrong.
     """
-    from .entry import run_command  # also reached without click: entry.main
+    from .capture import run_command  # also reached without click: entry.main
 
     sys.exit(run_command(spool, run_id, mode, sample, command))
 
@@ -850,7 +849,7 @@ def main(argv: list[str] | None = None) -> None:
         except OSError:
             pass
         sys.exit(0)
-    except (LogcaptureError, OSError) as e:  # one line and an exit code (entry.failure)
+    except (LogcaptureError, OSError) as e:  # one line and an exit code (errors.failure)
         said, code = failure(e)  # type: ignore[misc]
         click.echo(said, err=True)
         sys.exit(code)

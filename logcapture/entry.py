@@ -8,7 +8,8 @@ each with a plain value, is parsed here and the command started at once; everyth
 goes to the click CLI in ``cli.py``, which prints the help or the error. Parsing here never
 decides anything click would decide differently: ``tests/test_entry.py`` compares
 ``parse_run`` with click's parse of the same arguments. Errors are reported as ``cli.main``
-reports them (``failure``, shared by both).
+reports them (``errors.failure``, shared by both). The capture itself is
+``capture.run_command``, which ``cli.run`` calls too.
 """
 
 from __future__ import annotations
@@ -62,43 +63,21 @@ def parse_run(args: list[str]) -> dict | None:
     return params
 
 
-def run_command(spool: Path | None, run_id: str | None, mode: str | None, sample: bool,
-                command: tuple[str, ...]) -> int:
-    """``logcapture run``: capture ``command``; returns the exit status to end with (the
-    command's; a command killed by a signal has had it re-raised here already)."""
-    from .errors import Warner
-
-    warn = Warner()
+def _run_command(params: dict) -> int:
+    """``capture.run_command(**params)``; a broken install (capture cannot be imported) must not
+    break the job, so then the command runs without it."""
     try:
-        from .capture import capture_command
-        from .spool import default_root
+        from .capture import run_command
     except Exception as e:  # noqa: BLE001 - a broken install must not break the job
-        warn(f"capture unavailable ({type(e).__name__}: {e}); running the command without it")
+        command = params["command"]
+        os.write(2, f"logcapture: capture unavailable ({type(e).__name__}: {e}); running the "
+                 "command without it\n".encode("utf-8", "replace"))
         try:
             os.execvp(command[0], command)
         except OSError as err:
-            warn(f"{command[0]}: {err.strerror}")
+            os.write(2, f"logcapture: {command[0]}: {err.strerror}\n".encode())
             return 127 if isinstance(err, (FileNotFoundError, NotADirectoryError)) else 126
-
-    return capture_command(list(command), spool_root=spool if spool is not None else
-                           default_root(), run_id=run_id, mode=mode, warn=warn, sample=sample)
-
-
-def failure(e: BaseException) -> tuple[str, int] | None:
-    """The CLI's one line for an error that ends a command, and its exit code (``cli.main``
-    and ``main`` below say the same); None for anything else (a bug: the traceback)."""
-    from .errors import LogcaptureError
-
-    if isinstance(e, LogcaptureError):
-        return f"logcapture: error: {e.message}", e.exit_code
-    if isinstance(e, KeyboardInterrupt):
-        return "logcapture: aborted", 130
-    if isinstance(e, OSError):
-        # A file or folder we may not read (another user's store or spool, say): one line,
-        # naming it, not a traceback.
-        where = f": {e.filename}" if e.filename else ""
-        return f"logcapture: error: {e.strerror or e}{where}", 2
-    return None
+    return run_command(**params)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -109,8 +88,10 @@ def main(argv: list[str] | None = None) -> None:
         cli_main(argv)
         return
     try:
-        code = run_command(**params)
+        code = _run_command(params)
     except (Exception, KeyboardInterrupt) as e:
+        from .errors import failure
+
         said = failure(e)
         if said is None:
             raise

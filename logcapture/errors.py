@@ -1,4 +1,5 @@
-"""One exception tree for logcapture. Only ``cli.py`` turns these into messages and exit codes.
+"""One exception tree for logcapture, and ``failure``: the one place that turns an error into
+the line a command ends with and its exit code (the click CLI and ``logcapture run`` both use it).
 
 ::
 
@@ -6,8 +7,8 @@
     ├── ConfigError                 a config file (.logoptin, admin config) is invalid;
     │                               carries path, line, column, key
     ├── RecordError                 a spool line is not a valid record
-    ├── SpoolError                  the spool cannot be read or written (stage: spooling)
-    ├── StoreError                  the store failed (stage: sending)
+    ├── SpoolError                  the spool cannot be read or written
+    ├── StoreError                  the store failed
     │   ├── StoreUnavailable        transient: connection refused, timeout, locked chDB folder
     │   ├── StoreDataError          the store refused the data (ClickHouse codes 117, 53, ...)
     │   └── StoreAuthError          401/403, authentication failed: stop at once
@@ -28,12 +29,6 @@ import os
 
 class LogcaptureError(Exception):
     exit_code = 2
-    stage = ""
-
-    def __init__(self, message: str, *, stage: str | None = None):
-        super().__init__(message)
-        if stage is not None:
-            self.stage = stage
 
     @property
     def message(self) -> str:
@@ -47,7 +42,7 @@ class ConfigError(LogcaptureError):
     def __init__(self, message: str, *, path: str = "", line: int | None = None,
                  column: int | None = None, key: str | None = None,
                  problems: list[str] | None = None):
-        super().__init__(message, stage="configuring")
+        super().__init__(message)
         self.path = path
         self.line = line
         self.column = column
@@ -56,15 +51,15 @@ class ConfigError(LogcaptureError):
 
 
 class RecordError(LogcaptureError):
-    stage = "reading"
+    """See the tree above."""
 
 
 class SpoolError(LogcaptureError):
-    stage = "spooling"
+    """See the tree above."""
 
 
 class StoreError(LogcaptureError):
-    stage = "sending"
+    """See the tree above."""
 
 
 class StoreUnavailable(StoreError):
@@ -85,7 +80,7 @@ class NoEngine(StoreAuthError):
 
 
 class ServiceError(LogcaptureError):
-    stage = "reading"
+    """See the tree above."""
 
 
 class ServiceUnavailable(ServiceError):
@@ -98,6 +93,21 @@ class NotFound(LogcaptureError):
 
 class UsageError(LogcaptureError):
     exit_code = 2
+
+
+def failure(e: BaseException) -> tuple[str, int] | None:
+    """The one line a command ends with for an error, and its exit code; None for anything
+    else (a bug: the traceback)."""
+    if isinstance(e, LogcaptureError):
+        return f"logcapture: error: {e.message}", e.exit_code
+    if isinstance(e, KeyboardInterrupt):
+        return "logcapture: aborted", 130
+    if isinstance(e, OSError):
+        # A file or folder we may not read (another user's store or spool, say): one line,
+        # naming it, not a traceback.
+        where = f": {e.filename}" if e.filename else ""
+        return f"logcapture: error: {e.strerror or e}{where}", 2
+    return None
 
 
 class Warner:

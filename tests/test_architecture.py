@@ -1,4 +1,5 @@
-"""The one-way rule: a stage never imports a stage after it.
+"""The one-way rule: a stage never imports a stage after it; every module has a layer and
+imports only from its own and those below; no import cycles.
 
 Order: frame (the reader <-> worker format) -> runner -> render -> filter -> classify -> spool ->
 store -> query (the read layer) -> reader (the read service). The sampler is a source beside
@@ -158,3 +159,89 @@ def test_the_slurm_modules_import_only_os_and_sys_at_module_level(path: Path) ->
         else:
             continue
         assert names <= SLURM_MODULE_LEVEL, f"{path.name}:{node.lineno} imports {sorted(names)}"
+
+
+# Every module has a place, and imports only from its own layer or the layers below it. A
+# package name places all its modules; a dotted name places one module of a package whose
+# modules are run by different callers (the Slurm job wrapper on every job start, the hooks
+# by slurmd, the node sampler as a daemon).
+LAYERS: list[tuple[str, list[str]]] = [
+    ("records and rules", ["", "errors", "records", "config", "jobref", "search", "logview",
+                           "xaxis", "views"]),
+    ("capture stages and sources", ["frame", "runner", "render", "filter", "classify", "spool",
+                                    "sampling"]),
+    ("libraries over records", ["insights", "store", "runs", "grafana", "slurm.jobrecords",
+                                "slurm.jobs", "slurm.rootsafe"]),
+    ("wiring", ["pipeline", "capture", "ship", "slurm.nodesampler"]),
+    ("reading", ["query", "reader", "web"]),
+    ("entry points", ["cli", "entry", "__main__", "slurm", "slurm.wrapper", "slurm.hooks",
+                      "slurm.__main__"]),
+]
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _layer(module: str) -> int | None:
+    """The index in LAYERS of the longest placed name that is ``module`` or a package of it."""
+    parts = module.split(".")
+    for n in range(len(parts), 0, -1):  # "" (the package's __init__) is only itself
+        name = ".".join(parts[:n])
+        for i, (_, names) in enumerate(LAYERS):
+            if name in names:
+                return i
+    return None
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Module -> the package's modules it imports (anywhere in it: at the top, in a function,
+    for type annotations), each import resolved to the longest existing module it names."""
+    graph: dict[str, set[str]] = {}
+    for name, path in MODULES.items():
+        targets = set()
+        for imported in _imported_modules(path):
+            parts = imported.split(".")
+            while parts and ".".join(parts) not in MODULES:
+                parts.pop()
+            target = ".".join(parts)
+            if parts and target != name:
+                targets.add(target)
+        graph[name] = targets
+    return graph
+
+
+def test_every_module_is_placed_in_a_layer() -> None:
+    unplaced = [m for m in MODULES if _layer(m) is None]
+    assert not unplaced, f"place these modules in LAYERS: {unplaced}"
+
+
+def test_a_module_imports_only_its_layer_and_below() -> None:
+    bad = [f"{m} ({LAYERS[_layer(m) or 0][0]}) imports {t} ({LAYERS[_layer(t) or 0][0]})"
+           for m, targets in _import_graph().items() for t in sorted(targets)
+           if (_layer(t) or 0) > (_layer(m) or 0)]
+    assert not bad, "\n".join(bad)
+
+
+def test_no_import_cycles() -> None:
+    import graphlib
+
+    try:
+        tuple(graphlib.TopologicalSorter(_import_graph()).static_order())
+    except graphlib.CycleError as e:
+        pytest.fail(f"import cycle: {' -> '.join(e.args[1])}")
+
+
+def test_the_layer_checks_can_fail() -> None:
+    graph = _import_graph()
+    assert "store" in graph["query"] and "capture" in graph["cli"]
+    assert _layer("store.queries") == _layer("store") < _layer("query") < _layer("cli")
+    assert _layer("nonexistent") is None and _layer("slurm.new") == _layer("slurm")
+    import graphlib
+
+    with pytest.raises(graphlib.CycleError):
+        tuple(graphlib.TopologicalSorter({**graph, "records": {"cli"}}).static_order())

@@ -119,11 +119,11 @@ def test_out_of_file_descriptors_the_command_still_runs(tmp_path: Path) -> None:
 def test_an_error_in_the_fast_path_is_one_line_and_an_exit_code(tmp_path: Path) -> None:
     """``logcapture run`` without click reports errors as the click CLI does."""
     code = ("import sys\n"
-            "from logcapture import entry\n"
+            "from logcapture import capture, entry\n"
             "from logcapture.errors import LogcaptureError\n"
             "def boom(**kw):\n"
             "    raise {exc}\n"
-            "entry.run_command = boom\n"
+            "capture.run_command = boom\n"
             "entry.main(['run', '--', 'true'])\n")
     for exc, rc, said in [
             ("LogcaptureError('the spool is on fire')", 2,

@@ -32,6 +32,7 @@ from collections import deque
 from itertools import repeat
 
 from ..records import Rendered, rendered_many
+from .patterns import PATTERNS
 
 TYPE_CHECKING = False  # not typing's: importing typing costs every job ~8 ms (records.py)
 if TYPE_CHECKING:
@@ -51,64 +52,11 @@ LINE_LIMIT = 65536
 # An escape sequence (CSI/OSC parameters) longer than this is abandoned: the parser is reset,
 # so a hostile "ESC [ 1111..." without end cannot grow memory.
 _MAX_SEQUENCE = 4096
-# DECSC savepoints kept (pyte's list is unbounded).
-_MAX_SAVEPOINTS = 64
 # Escape tail that may be the start of a sequence the fast path knows: held back for the next
 # chunk instead of handing the screen to pyte for one split sequence.
 _PARTIAL = re.compile(r"\x1b(?:\[[0-9;]{0,64})?\Z")
 
 
-def _width1_class() -> str:
-    """A regex character class of the characters the fast path draws: printable, one cell
-    wide (wcwidth 1). Everything else (wide, zero-width, combining, controls) goes to pyte."""
-    import unicodedata
-
-    from wcwidth import wcwidth
-
-    parts = [r"\x20-\x7e"]
-    start = prev = -2
-    for cp in list(range(0xA0, 0x3000)) + list(range(0xFF61, 0xFFDD)) + [0xFFFD]:
-        if wcwidth(chr(cp)) == 1 and unicodedata.category(chr(cp)) not in ("Cs", "Co", "Cn"):
-            if cp != prev + 1:
-                if start >= 0:
-                    parts.append(_range(start, prev))
-                start = cp
-            prev = cp
-    parts.append(_range(start, prev))
-    return "".join(parts)
-
-
-def _range(a: int, b: int) -> str:
-    return f"\\u{a:04x}" if a == b else f"\\u{a:04x}-\\u{b:04x}"
-
-
-class _Patterns:
-    """Compiled on first use, not at import: building the class of one-cell characters asks
-    wcwidth about 12,000 code points, and a stream of plain ASCII never needs it (nor
-    wcwidth's import: ``fast_ascii`` is the same pattern for text without other characters)."""
-
-    simple_run: re.Pattern[str]
-    fast: re.Pattern[str]
-    fast_ascii: re.Pattern[str]
-
-    @staticmethod
-    def _fast(one_cell: str) -> re.Pattern[str]:
-        # The fast path's whole vocabulary: text (with newlines), carriage returns, SGR,
-        # erase-line.
-        return re.compile(
-            f"([{one_cell}\\n]+)|(\\r+)|\\x1b\\[([0-9;]{{0,64}})m|\\x1b\\[([012]?)K")
-
-    def __getattr__(self, name: str) -> re.Pattern[str]:
-        if name == "fast_ascii":
-            self.fast_ascii = self._fast(r"\x20-\x7e")
-            return self.fast_ascii
-        one_cell = _width1_class()
-        self.simple_run = re.compile(f"[{one_cell}]+")
-        self.fast = self._fast(one_cell)
-        return getattr(self, name)
-
-
-_PATTERNS = _Patterns()
 
 # ASCII bytes outside the pattern's text run: controls other than newline, and DEL.
 _NOT_PLAIN_ASCII = bytes([*range(0x0a), *range(0x0b, 0x20), 0x7f])
@@ -297,7 +245,7 @@ class Renderer:
             if len(raw.translate(None, _NOT_PLAIN_ASCII)) == len(raw):
                 self._plain(text)
                 return len(text)
-        match = (_PATTERNS.fast_ascii if text.isascii() else _PATTERNS.fast).match
+        match = (PATTERNS.fast_ascii if text.isascii() else PATTERNS.fast).match
         columns = self.columns
         screen = columns * self.rows
         while True:

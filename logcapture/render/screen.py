@@ -21,7 +21,10 @@ from pyte.screens import Char, StaticDefaultDict
 from wcwidth import wcwidth
 
 from ..records import Rendered
-from . import _MAX_SAVEPOINTS, _PATTERNS
+from .patterns import PATTERNS
+
+# DECSC savepoints kept (pyte's list is unbounded).
+_MAX_SAVEPOINTS = 64
 
 log = logging.getLogger("logcapture.render")
 
@@ -313,7 +316,7 @@ class Screen(pyte.Screen):
         base = self.line_offset(self.cursor.y)  # cells of the logical line before this row
         i, n = 0, len(data)
         while i < n:
-            m = None if insert else _PATTERNS.simple_run.match(data, i)
+            m = None if insert else PATTERNS.simple_run.match(data, i)
             if m is not None:
                 i = m.end()
                 row, base = self._draw_run(m.group(), row, base, autowrap)

@@ -358,16 +358,15 @@ def epilog(env: dict[str, str] | os._Environ[str], *, now: float | None = None,
 def _hook_main(which: str, env: dict[str, str] | os._Environ[str] | None = None) -> int:
     """``logcapture slurm prolog|epilog``: messages on stderr (the thin scripts send them to
     syslog with the job id); 0 when all went well, 1 otherwise. Never raises."""
-    from ..errors import LogcaptureError
+    from ..errors import LogcaptureError, failure
 
     env = os.environ if env is None else env
     try:
         messages = prolog(env) if which == "prolog" else epilog(env)
         code = 0
-    except LogcaptureError as e:
-        messages, code = [f"error: {e.message}"], 1
-    except OSError as e:
-        messages, code = [f"error: {e.strerror or e} ({type(e).__name__})"], 1
+    except (LogcaptureError, OSError) as e:  # said as every command says it, exit 1 (a hook's)
+        said = failure(e)
+        messages, code = [said[0].removeprefix("logcapture: ") if said else str(e)], 1
     except Exception as e:  # noqa: BLE001 - the job must go on whatever happens here
         messages, code = [f"internal error: {type(e).__name__}"], 1
     for m in messages:

@@ -4,9 +4,10 @@ One client library, one schema, one code path for both targets: the embedded eng
 ``chdb:///PATH``, the default) and a ClickHouse server (``http(s)://USER:PASS@HOST:8123/DB``).
 ``open_store`` opens one as a ``Store``; the package is split by concern:
 
-- ``connection``: the DSN (``resolve_dsn``), opening (``open_store``), the embedded store's lock
-  and turns (one process per store folder), the connection's lifecycle, and the mapping of
-  engine errors to the store's error classes (``classify``).
+- ``connection``: the DSN (``resolve_dsn``), connecting (``connect``; ``open_store``, here where
+  ``Store`` is composed, wraps it in one), the embedded store's lock and turns (one process per
+  store folder), the connection's lifecycle, and the mapping of engine errors to the store's
+  error classes (``classify``).
 - ``schema``: tables, views, row policies and the versioned migrations (``MIGRATIONS``).
 - ``ingest``: spool records into the tables as the rows of a trusted ``Identity``.
 - ``queries``: every read (runs, a run's records and log, metadata, samples, insights, search).
@@ -22,15 +23,18 @@ f-strings (``queries``).
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
+
 from ..errors import NoEngine, StoreAuthError, StoreDataError, StoreError, StoreUnavailable
 from .connection import (
     DEFAULT_DATABASE,
     NO_ENGINE,
     check_engine,
     classify,
+    connect,
     default_store_path,
     flock_within,
-    open_store,
     redact,
     resolve_dsn,
     store_wanted,
@@ -60,6 +64,26 @@ from .schema import (
 
 class Store(_Schema, _Ingest, _Export, _Queries):
     """A clickhouse-connect client on the logcapture schema. Use ``open_store``."""
+
+
+def open_store(dsn: str | None = None, *, wait: float = 0.0, create: bool = True,
+               must_exist: bool = False,
+               connect_timeout: float = 5.0, env: Mapping[str, str] = os.environ) -> Store:
+    """Open the store named by ``dsn`` (``resolve_dsn`` when None). A context manager: leaving
+    it closes the client and releases the chDB lock. ``wait``: seconds to wait for an embedded
+    store held by another process. ``create``: for the embedded store, create or migrate the
+    schema when it is missing or old (a server needs ``logcapture db init``). ``must_exist``:
+    raise NotFound instead of creating an embedded store that is not there (readers)."""
+    store = Store(*connect(dsn, wait=wait, must_exist=must_exist,
+                           connect_timeout=connect_timeout, env=env))
+    if create and store.embedded:
+        try:
+            if store.schema_version() < SCHEMA_VERSION:
+                store.init_schema()
+        except BaseException:
+            store.close()
+            raise
+    return store
 
 
 __all__ = [

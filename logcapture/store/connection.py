@@ -23,7 +23,7 @@ import re
 import threading
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Self
+from typing import Any, Self
 from urllib.parse import urlparse, urlunparse
 
 from ..errors import (
@@ -35,9 +35,6 @@ from ..errors import (
     StoreUnavailable,
     UsageError,
 )
-
-if TYPE_CHECKING:
-    from . import Store
 
 DEFAULT_DATABASE = "logcapture"
 
@@ -365,18 +362,12 @@ def _chdb_path(dsn: str) -> Path:
     return Path(os.path.realpath(p.path))
 
 
-def open_store(dsn: str | None = None, *, wait: float = 0.0, create: bool = True,
-               must_exist: bool = False,
-               connect_timeout: float = 5.0, env: Mapping[str, str] = os.environ) -> Store:
-    """Open the store named by ``dsn`` (``resolve_dsn`` when None). A context manager: leaving
-    it closes the client and releases the chDB lock. ``wait``: seconds to wait for an embedded
-    store held by another process. ``create``: for the embedded store, create or migrate the
-    schema when it is missing or old (a server needs ``logcapture db init``). ``must_exist``:
-    raise NotFound instead of creating an embedded store that is not there (readers)."""
+def connect(dsn: str | None, *, wait: float, must_exist: bool, connect_timeout: float,
+            env: Mapping[str, str]) -> tuple[Any, str, Path | None]:
+    """A clickhouse-connect client on the store named by ``dsn`` (``resolve_dsn`` when None),
+    its resolved DSN, and for the embedded store the lock file now held (None for a server).
+    ``open_store`` (the package's) wraps them in a ``Store``; the parameters are its."""
     import clickhouse_connect
-
-    # the schema and the class of every part together: both import this module
-    from . import SCHEMA_VERSION, Store
 
     dsn = resolve_dsn(dsn, env)
     scheme = urlparse(dsn).scheme
@@ -403,15 +394,7 @@ def open_store(dsn: str | None = None, *, wait: float = 0.0, create: bool = True
         except BaseException:
             _StoreLock.release(lock)
             raise
-        store = Store(client, dsn, lock)
-        if create:
-            try:
-                if store.schema_version() < SCHEMA_VERSION:
-                    store.init_schema()
-            except BaseException:
-                store.close()
-                raise
-        return store
+        return client, dsn, lock
     if scheme in ("http", "https"):
         p = urlparse(dsn)
         database = p.path.strip("/") or DEFAULT_DATABASE
@@ -428,7 +411,7 @@ def open_store(dsn: str | None = None, *, wait: float = 0.0, create: bool = True
                 client = _create_database(p, database, connect_timeout)
             else:
                 raise err from None
-        return Store(client, dsn)
+        return client, dsn, None
     raise UsageError(f"unsupported store DSN {redact(dsn)!r}: use chdb:///PATH or "
                      "http(s)://USER:PASS@HOST:8123/DB")
 
