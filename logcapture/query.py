@@ -74,6 +74,7 @@ from .spool import (
     Segment,
     find_run_dirs,
     iter_run,
+    lines_of_kinds,
     parse_lines,
     read_lines,
     segments,
@@ -771,16 +772,14 @@ class SpoolRun:
         got = self._scanned.get(seg.index) if seg.closed else None
         if got is not None:
             return got
-        lines = self._read(seg) if seg.closed and seg.index in self._lines else None
-        if lines is None:
-            try:
-                lines, _torn = read_lines(seg)
-            except SpoolError:
-                return [], []
-        meta = [r.to_dict() for r in parse_lines(seg.path.name, (
-            x for x in lines if x.endswith(b'"kind":"metadata"}')), 0, ReadStats())]
-        samples = [r.to_dict() for r in parse_lines(seg.path.name, (
-            x for x in lines if x.endswith(b'"kind":"sample"}')), 0, ReadStats())]
+        try:
+            found = lines_of_kinds(seg, ("metadata", "sample"))
+        except SpoolError:
+            return [], []
+        meta = [r.to_dict() for r in parse_lines(seg.path.name, found["metadata"], 0,
+                                                 ReadStats())]
+        samples = [r.to_dict() for r in parse_lines(seg.path.name, found["sample"], 0,
+                                                    ReadStats())]
         if seg.closed:
             self._scanned[seg.index] = (meta, samples)
         return meta, samples

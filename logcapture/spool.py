@@ -316,6 +316,26 @@ def read_lines(seg: Segment, skip: int = 0) -> tuple[list[bytes], bool]:
     return parts[skip:], bool(tail)
 
 
+def lines_of_kinds(seg: Segment, kinds: Iterable[str]) -> dict[str, list[bytes]]:
+    """The complete lines of a segment whose record is of one of ``kinds``, in order, found by
+    the ``"kind":"..."}`` that ends such a record's line (``to_json`` writes ``kind`` last; a
+    quote inside a string is escaped, so the text of a line cannot end one) without splitting
+    the segment into lines: the graphs' metadata and samples of a 2M-line run take the
+    segments' decompression and little more."""
+    data, _ = segment_data(seg)
+    found: dict[str, list[bytes]] = {}
+    for kind in kinds:
+        tail = b'"kind":"' + kind.encode() + b'"}\n'
+        out: list[bytes] = []
+        end = data.find(tail)
+        while end >= 0:
+            stop = end + len(tail) - 1
+            out.append(data[data.rfind(b"\n", 0, end) + 1:stop])
+            end = data.find(tail, stop)
+        found[kind] = out
+    return found
+
+
 def parse_lines(name: str, lines: Iterable[bytes], first_lineno: int,
                 stats: ReadStats) -> Iterator[Record]:
     for i, raw in enumerate(lines, start=first_lineno):

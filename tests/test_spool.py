@@ -22,6 +22,7 @@ from logcapture.spool import (
     SpoolWriter,
     create_run_dir,
     iter_run,
+    lines_of_kinds,
     segments,
 )
 
@@ -92,6 +93,28 @@ def test_a_torn_last_line_is_skipped_and_counted(tmp_path: Path) -> None:
     stats = ReadStats()
     assert list(iter_run(run_dir, stats)) == good
     assert stats.torn == 1
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_lines_of_kinds_finds_records_by_kind_not_text_that_looks_like_one(tmp_path: Path,
+                                                                           gz: bool) -> None:
+    run_dir = create_run_dir(tmp_path, "r")
+    records: list[Record] = [
+        Line(run="r", stream="stdout", seq=0, ts=1.0, text='x "kind":"metadata"}'),
+        Metadata(run="r", stream="stdout", seq=1, ts=1.0, fields={"loss": 0.5}),
+        Line(run="r", stream="stdout", seq=2, ts=1.0, text='{"kind":"sample"}'),
+        Metadata(run="r", stream="stdout", seq=3, ts=2.0, fields={"loss": 0.25}),
+    ]
+    data = "".join(r.to_json() + "\n" for r in records).encode()
+    torn = Metadata(run="r", stream="stdout", seq=4, ts=3.0, fields={"loss": 0.1}).to_json()
+    data += torn.encode()  # no newline: still being written, not a line yet
+    if gz:
+        (run_dir / "seg-000000.ndjson.gz").write_bytes(gzip.compress(data))
+    else:
+        (run_dir / "seg-000000.ndjson").write_bytes(data)
+    found = lines_of_kinds(segments(run_dir)[0], ["metadata", "sample", "end"])
+    assert [from_dict(json.loads(x)) for x in found["metadata"]] == [records[1], records[3]]
+    assert found["sample"] == [] and found["end"] == []
 
 
 def test_a_segment_closed_between_listing_and_reading_is_read_closed(
