@@ -229,6 +229,9 @@ def logs(spool: Path | None, stream: str, follow: bool, store_dsn: str | None, s
         records: Any = (reader.follow(run) if follow
                         else reader.lines(run, None if stream == "all" else stream))
         printed = False
+        # Written a thousand lines at a time (one echo a line is a third of a 10,000-line
+        # log's whole command); a follower's lines as they come.
+        batch: list[str] = []
         for d in records:
             rec = from_dict(d)
             if rec.stream not in streams and not (rec.stream == "run"
@@ -239,8 +242,13 @@ def logs(spool: Path | None, stream: str, follow: bool, store_dsn: str | None, s
                 continue  # a mode change is noted in both streams; show it once
             text = _format_record(rec, show_stream=False)
             if text is not None:
-                click.echo(text)
+                batch.append(text)
                 printed = True
+                if follow or len(batch) >= 1000:
+                    click.echo("\n".join(batch))
+                    batch.clear()
+        if batch:
+            click.echo("\n".join(batch))
         if stream == STDERR and not printed and not follow and str(
                 reader.describe(run).get("streams", "")).startswith(STREAMS_MERGED):
             click.echo("logcapture: stdout and stderr of this run went to the same place and "
