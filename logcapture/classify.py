@@ -33,6 +33,7 @@ import re
 import threading
 from collections.abc import Callable
 
+from .errors import typo_of
 from .records import (
     DISABLED,
     ENABLED,
@@ -158,17 +159,6 @@ def _is_command_attempt(text: str) -> bool:
     return not rest or not (rest[0].isalnum() or rest[0] in "_-/.")
 
 
-def _typo_of(value: Any, choices: tuple[str, ...]) -> str | None:
-    """The choice ``value`` is plainly a typo of, or None. Only such values are quoted back."""
-    if not isinstance(value, str) or len(value) > 24 or not value.isascii() \
-            or not value.replace("_", "").replace("-", "").isalpha():
-        return None  # digits or symbols look like a secret, not a typo
-    import difflib  # only for a message about a typo
-
-    match = difflib.get_close_matches(value.lower(), choices, n=1, cutoff=0.7)
-    return match[0] if match else None
-
-
 def _json_kind(value: Any) -> str:
     if value is None:
         return "null"
@@ -223,7 +213,7 @@ def parse_command(text: str) -> dict[str, Any]:
                          f"not {_json_kind(options)}")
     unknown = [key for key in options if key not in COMMAND_OPTIONS]
     if unknown:
-        typos = [(key, _typo_of(key, COMMAND_OPTIONS)) for key in unknown]
+        typos = [(key, typo_of(key, COMMAND_OPTIONS)) for key in unknown]
         shown = [f"{key!r} (did you mean {typo!r}?)" for key, typo in typos if typo]
         hidden = len(unknown) - len(shown)
         parts = []
@@ -238,7 +228,7 @@ def parse_command(text: str) -> dict[str, Any]:
         if not isinstance(mode, str):
             raise _Malformed(f"'mode' must be one of {listed}, not {_json_kind(mode)}")
         if mode not in MODES:
-            typo = _typo_of(mode, MODES)
+            typo = typo_of(mode, MODES)
             if typo:
                 raise _Malformed(f"'mode' must be one of {listed}, not {mode!r} "
                                  f"(did you mean {typo!r}?)")

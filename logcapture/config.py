@@ -29,7 +29,7 @@ from collections import namedtuple
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from .errors import ConfigError
+from .errors import ConfigError, typo_of
 from .records import DISABLED, ENABLED, MODES
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: this module is on every job's start path
@@ -280,24 +280,6 @@ def _where(name: str, node: yaml.Node | None) -> str:
     return f"{name}:{mark.line + 1}:{mark.column + 1}"
 
 
-def _typo_of(value: str, choices: tuple[str, ...]) -> str | None:
-    """The choice ``value`` is plainly a typo of, if any. Only then is ``value`` quoted back:
-    anything else may be a secret pasted in the wrong place."""
-    if not isinstance(value, str) or len(value) > 24 or not value.isascii() \
-            or not value.strip().replace("_", "").replace("-", "").isalpha():
-        return None  # digits or symbols look like a secret, not a typo
-    lowered = value.strip().lower()
-    import difflib  # only for a message about a typo
-
-    match = difflib.get_close_matches(lowered, choices, n=1, cutoff=0.7)
-    if match:
-        return match[0]
-    for choice in choices:
-        if lowered and (choice.startswith(lowered) and len(lowered) >= 3):
-            return choice
-    return None
-
-
 def _node_kind(node: yaml.Node) -> str:
     if isinstance(node, yaml.MappingNode):
         return "a mapping"
@@ -333,7 +315,7 @@ def _choice(choices: tuple[str, ...]) -> Callable[[yaml.Node], Any]:
             raise _Problem(f"must be one of {listed}, not {_node_kind(node)}{hint}")
         if node.value in choices:
             return node.value
-        typo = _typo_of(node.value, choices)
+        typo = typo_of(node.value, choices)
         if typo is not None:
             raise _Problem(f"must be one of {listed}, not {node.value!r} (did you mean {typo}?)")
         raise _Problem(f"must be one of {listed}; the value given is not one of them "
@@ -421,7 +403,7 @@ def _events(node: yaml.Node) -> Any:
             raise _Problem(f"must be a list of events ({listed}), not a list holding "
                            f"{_node_kind(item)}")
         if item.value not in NOTIFY_EVENTS:
-            typo = _typo_of(item.value, NOTIFY_EVENTS)
+            typo = typo_of(item.value, NOTIFY_EVENTS)
             said = f" {item.value!r} (did you mean {typo}?)" if typo else ""
             raise _Problem(f"unknown event{said}; the events are {listed}")
         if item.value not in out:
@@ -563,7 +545,7 @@ def _parse(name: str, data: bytes, schema: Schema,
             continue
         key = key_node.value
         if key not in schema:
-            typo = _typo_of(key, known)
+            typo = typo_of(key, known)
             if typo is not None:
                 add(f"unknown key {key!r} (did you mean {typo!r}?)", kline, kcol, key)
             elif quote_names and _NAME.fullmatch(key):

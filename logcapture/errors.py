@@ -110,6 +110,25 @@ def failure(e: BaseException) -> tuple[str, int] | None:
     return None
 
 
+def typo_of(value: object, choices: tuple[str, ...]) -> str | None:
+    """The choice ``value`` is plainly a typo of, if any. Only then is ``value`` quoted back in
+    a message (a config file's, a ``/LOGCOMMAND``'s): anything else may be a secret pasted in
+    the wrong place."""
+    if not isinstance(value, str) or len(value) > 24 or not value.isascii() \
+            or not value.strip().replace("_", "").replace("-", "").isalpha():
+        return None  # digits or symbols look like a secret, not a typo
+    lowered = value.strip().lower()
+    import difflib  # only for a message about a typo
+
+    match = difflib.get_close_matches(lowered, choices, n=1, cutoff=0.7)
+    if match:
+        return match[0]
+    for choice in choices:
+        if lowered and (choice.startswith(lowered) and len(lowered) >= 3):
+            return choice
+    return None
+
+
 class Warner:
     """``logcapture:`` warnings on the real stderr (here, not in cli.py, so the Slurm job
     wrapper need not import the CLI and click): each distinct message once, at most
