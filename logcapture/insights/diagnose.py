@@ -14,11 +14,11 @@ from __future__ import annotations
 import signal as _signal
 from collections import deque
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from . import matchers as M
 from .model import FAILURE, Evidence, Insight
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 

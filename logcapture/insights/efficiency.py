@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from collections import namedtuple
 from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
 from ..sampling.summary import summarize
 from .matchers import duration_text
 from .model import EFFICIENCY, Insight
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 

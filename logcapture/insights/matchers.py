@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import re
 from collections import namedtuple
+from typing import TYPE_CHECKING
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
