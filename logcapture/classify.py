@@ -363,6 +363,31 @@ class Classifier:
             fast = self._all_plain(stream, items, ts)
             return fast if fast is not None else self._run_by_run(stream, items, ts)
 
+    def feed_plain(self, stream: str, items: list[Rendered | Dropped],
+                   spans: list[tuple[float, int]]) -> list[Record] | None:
+        """The records of ``items`` read at several times (``spans``: ``(ts, count)`` runs of
+        them, in order) when they are all plain lines in mode ``enabled`` with no hold on
+        ``stream``: one ``Lines`` record, each line keeping its read time, exactly what
+        ``feed_many`` would give for each run at its time, joined. None otherwise (nothing
+        is changed): then the caller feeds each run to ``feed_many``."""
+        self._check_stream(stream)
+        with self._lock:
+            if self.mode != ENABLED or stream in self._hold:
+                return None
+            if not all([type(item) is Rendered and not item.cut for item in items]):
+                return None
+            texts = [item.text for item in items]  # type: ignore[union-attr]
+            joined = "\n".join(texts)
+            if COMMAND_PREFIX in joined or (
+                    stream == STDOUT and (joined[:1] == "{" or "\n{" in joined)):
+                return None
+            if not texts:
+                return []
+            record = self._lines(stream, texts, spans[0][0])
+            if isinstance(record, Lines) and len(spans) > 1:
+                record = record._replace(spans=tuple(spans))
+            return [record]
+
     def _all_plain(self, stream: str, items: list[Rendered | Dropped],
                    ts: float) -> list[Record] | None:
         """The usual batch in mode enabled: all lines, all plain (or plain and metadata), found

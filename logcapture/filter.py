@@ -9,6 +9,8 @@ lines become one. One ``LineFilter`` per stream, so the rules never mix stdout a
 - A blank line (empty after ``rstrip()``) following a blank line is dropped the same way and
   noted as ``Dropped(NOTE_BLANK, n)``; blank lines that differ only in whitespace are one run.
 - Lines are never held back: the first of a run goes out at once; only the count waits.
+- The lines kept are the very objects given, in their order (``pipeline._by_group`` cuts a
+  batch of several reads back into the reads by identity).
 """
 
 from __future__ import annotations

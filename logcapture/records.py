@@ -150,20 +150,32 @@ class Line(_record_tuple("Line", "text", defaults=("",)), Record):
                 f'"kind":"line"}}')
 
 
-class Lines(_record_tuple("Lines", "texts", defaults=((),)), Record):
-    """Consecutive ``Line`` records of one stream, ``seq``, ``seq + 1``, ... sharing one ``ts``:
-    the classifier's batch output (``Classifier.feed_many``), so that a burst of plain lines
-    costs no object per line. Never in the spool as such: ``to_json`` gives exactly the NDJSON
-    lines of ``lines()``, joined by newlines (a test holds them equal)."""
+class Lines(_record_tuple("Lines", "texts", "spans", defaults=((), ())), Record):
+    """Consecutive ``Line`` records of one stream, ``seq``, ``seq + 1``, ...: the classifier's
+    batch output (``Classifier.feed_many``), so that a burst of plain lines costs no object per
+    line. They share one ``ts``, unless ``spans`` gives their read times as ``(ts, count)``
+    runs in order (the lines of several reads classified as one: ``Classifier.feed_plain``;
+    ``ts`` is then the first span's). Never in the
+    spool as such: ``to_json`` gives exactly the NDJSON lines of ``lines()``, joined by
+    newlines (a test holds them equal)."""
 
     __slots__ = ()
     kind = "lines"
     if TYPE_CHECKING:
         texts: tuple[str, ...]
+        spans: tuple[tuple[float, int], ...]
+
+    def times(self) -> list[float]:
+        """Each line's read time."""
+        if not self.spans:
+            return [self.ts] * len(self.texts)
+        return [ts for ts, k in self.spans for _ in range(k)]
 
     def lines(self) -> list[Line]:
-        return [Line(self.run, self.stream, seq, self.ts, text)
-                for seq, text in enumerate(self.texts, self.seq)]
+        return [Line(self.run, self.stream, seq, ts, text)
+                for seq, (ts, text) in enumerate(zip(self.times(), self.texts, strict=True),
+                                                 self.seq)]
+
     def to_json(self) -> str:
         texts = self.texts
         n = len(texts)
@@ -182,14 +194,15 @@ class Lines(_record_tuple("Lines", "texts", defaults=((),)), Record):
         end = f'{quote},"kind":"line"}}'
         # [seq, tail, body, end + newline + head] per line, joined once.
         parts = [f',"ts":{float(self.ts)!r},"text":{quote}'] * (4 * n)
+        if self.spans:
+            parts[1::4] = [tail for t, k in self.spans
+                           for tail in [f',"ts":{float(t)!r},"text":{quote}'] * k]
         seq = int(self.seq)
         parts[0::4] = map(str, range(seq, seq + n))
         parts[2::4] = bodies
         parts[3::4] = [f"{end}\n{head}"] * n
         parts[-1] = end
         return head + "".join(parts)
-
-
 
 
 class Note(_record_tuple("Note", "note", "count", "text", defaults=(NOTE_WARNING, 0, "")),

@@ -737,3 +737,82 @@ def test_a_redraw_that_moves_the_cursor_up_cannot_date_later_lines_earlier(
     texts = [getattr(x, "text", "") for x in iter_run(tmp_path / "r")]
     assert not any("TOKEN" in x for x in texts), texts
 
+
+
+# --- several reads of one stream classified as one (Pipeline._emit_run) -----------------------
+
+shared_line = Rendered("same")  # the renderer shares one object for a burst of one line
+lines_st = st.lists(st.one_of(st.builds(Rendered, texts_st), st.just(shared_line),
+                              st.just(Rendered("")), st.just(Rendered("  "))), max_size=8)
+
+
+@settings(max_examples=300, deadline=None)
+@given(groups=st.lists(lines_st, min_size=1, max_size=6), primed=lines_st)
+def test_filtering_reads_at_once_cut_back_gives_what_each_read_alone_gives(
+        groups: list[list[Rendered]], primed: list[Rendered]) -> None:
+    alone, at_once = LineFilter(), LineFilter()
+    alone.feed(list(primed))
+    at_once.feed(list(primed))
+    expected = [alone.feed(list(g)) for g in groups]
+    everything = [line for g in groups for line in g]
+    got = pipeline_module._by_group(at_once.feed(everything), everything,
+                                    [len(g) for g in groups])
+    assert got == expected
+    assert [[type(x) for x in g] for g in got] == [[type(x) for x in g] for g in expected]
+
+
+plain_st = st.text(alphabet=st.characters(blacklist_categories=["Cs"]), min_size=1, max_size=10)
+
+
+@settings(max_examples=300, deadline=None)
+@given(reads=st.lists(st.lists(st.one_of(plain_st, st.sampled_from(SPECIAL)), min_size=1,
+                               max_size=5), min_size=2, max_size=6),
+       stream=st.sampled_from(["stdout", "stderr"]), mode=st.sampled_from(
+           ["enabled", "metadata", "disabled"]))
+def test_plain_reads_classified_as_one_are_the_records_of_each_read(
+        reads: list[list[str]], stream: str, mode: str) -> None:
+    """feed_plain gives one record whose lines are feed_many's for each read at its time, or
+    None when any of them is not a plain line in mode enabled (a command, a metadata line on
+    stdout, another mode): then nothing has changed."""
+    times = [1000.0 + 0.25 * i for i in range(len(reads))]
+    one, each = Classifier("r", mode=mode), Classifier("r", mode=mode)
+    got = one.feed_plain(stream, [Rendered(t) for r in reads for t in r],
+                         [(ts, len(r)) for ts, r in zip(times, reads, strict=True)])
+    expected = [rec for ts, r in zip(times, reads, strict=True)
+                for rec in each.feed_many(stream, [Rendered(t) for t in r], ts)]
+    if got is None:
+        assert one.counts == Classifier("r", mode=mode).counts
+        return
+    lines = [x for rec in got for x in (rec.lines() if isinstance(rec, Lines) else [rec])]
+    assert lines == [x for rec in expected
+                     for x in (rec.lines() if isinstance(rec, Lines) else [rec])]
+    assert "\n".join(r.to_json() for r in got) == "\n".join(r.to_json() for r in expected)
+    assert one.counts == each.counts
+
+
+def test_plain_reads_under_a_hold_are_not_classified_as_one() -> None:
+    """A relaxing command holds the other stream's lines read just after it in the old mode:
+    such reads go one by one (feed_many, each at its time), never as plain lines."""
+    c = Classifier("r", mode="disabled")
+    c.feed("stdout", Rendered('/LOGCOMMAND {"mode": "enabled"}'), 1.0)
+    assert c.mode == "enabled"
+    assert c.feed_plain("stderr", [Rendered("secret"), Rendered("b")],
+                        [(1.01, 1), (1.2, 1)]) is None
+    assert c.feed_many("stderr", [Rendered("secret")], 1.01) == []  # held: disabled
+    assert c.feed_plain("stdout", [Rendered("a"), Rendered("b")], [(1.2, 1), (1.3, 1)])
+
+
+def test_a_flood_of_short_reads_keeps_each_line_read_time(tmp_path: Path) -> None:
+    """Many reads of a few lines each, coalesced into one chunk: every line keeps the time of
+    the read that brought it, and the spool holds one record per line as always."""
+    spool = SpoolWriter(create_run_dir(tmp_path, "r"), fsync=False)
+    p = Pipeline("r", spool, mode="enabled", columns=120, rows=24)
+    chunk, marks = b"", []
+    for i in range(50):
+        chunk += b"".join(b"line %d.%d\r\n" % (i, k) for k in range(3))
+        marks.append((len(chunk), 100.0 + i / 100, True))
+    p.feed("stdout", chunk, 100.5, 100.5, marks)
+    p.finish(exit_status=0, signal=None, state="COMPLETED", duration=1.0, bytes_read={})
+    got = [r for r in iter_run(spool.run_dir) if r.kind == "line"]
+    assert [r.text for r in got] == [f"line {i}.{k}" for i in range(50) for k in range(3)]
+    assert [r.ts for r in got] == [100.0 + i / 100 for i in range(50) for k in range(3)]
