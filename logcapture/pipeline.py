@@ -20,7 +20,8 @@ import re
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
+from itertools import groupby
 
 from .classify import COMMAND_PREFIX, strictness
 from .records import (
@@ -316,12 +317,8 @@ class Pipeline:
         try:
             self._release_into(released, final)
         finally:
-            start = 0
-            for i in range(1, len(released) + 1):
-                if i == len(released) or released[i][0] != released[start][0]:
-                    self._emit_run(released[start][0],
-                                   [(ts, lines) for _, ts, lines in released[start:i]])
-                    start = i
+            for stream, run in groupby(released, key=operator.itemgetter(0)):
+                self._emit_run(stream, [(ts, lines) for _, ts, lines in run])
 
     def _release_into(self, released: list[tuple[str, float, list[Rendered]]],
                       final: bool) -> None:
@@ -352,10 +349,13 @@ class Pipeline:
                 self._released = ts
             released.append((first, ts, lines))
 
-    def _emit_run(self, stream: str, groups: list[tuple[float, list[Rendered]]]) -> None:
+    def _emit_run(self, stream: str, groups: list[tuple[float, list[Rendered]]],
+                  final: bool = False) -> None:
         """Filter ``stream``'s groups of lines as one batch, then classify them together when
         they are all plain lines (``Classifier.feed_plain``: one record, a read time per
-        line), else group by group at each group's read time; spool the records in one write."""
+        line), else group by group at each group's read time; spool the records in one write.
+        ``final``: the filter's last note (a run of repeats at the end) goes with the last
+        group."""
         try:
             if len(groups) == 1:
                 ts, lines = groups[0]
@@ -366,6 +366,8 @@ class Pipeline:
                 fed = list(zip([ts for ts, _ in groups],
                                _by_group(items, everything, [len(g) for _, g in groups]),
                                strict=True))
+            if final:
+                fed[-1][1].extend(self.filters[stream].finish())
             fed = [(ts, items) for ts, items in fed if items]
             records = None
             if len(fed) > 1:
@@ -375,19 +377,6 @@ class Pipeline:
             if records is None:
                 records = [rec for ts, items in fed
                            for rec in self.classifier.feed_many(stream, items, ts)]
-        except Exception as e:  # noqa: BLE001
-            self._fault(stream, "classifying", e)
-            return
-        if records:
-            self.spool.write(records)
-
-    def _emit(self, stream: str, now: float, lines: Iterable[Rendered],
-              final: bool = False) -> None:
-        try:
-            items = self.filters[stream].feed(list(lines))
-            if final:
-                items += self.filters[stream].finish()
-            records = self.classifier.feed_many(stream, items, now) if items else []
         except Exception as e:  # noqa: BLE001
             self._fault(stream, "classifying", e)
             return
@@ -412,7 +401,7 @@ class Pipeline:
                 self._through(stream, lambda r: r.finish(), final=True)
         self._release(final=True)
         for stream in OUTPUT_STREAMS:
-            self._emit(stream, max(now, self._released), [], final=True)
+            self._emit_run(stream, [(max(now, self._released), [])], final=True)
 
     def close_unfinished(self) -> None:
         """The wrapper went away without an outcome (killed): keep every line rendered so far
