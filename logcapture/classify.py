@@ -374,13 +374,10 @@ class Classifier:
         with self._lock:
             if self.mode != ENABLED or stream in self._hold:
                 return None
-            if not all([type(item) is Rendered and not item.cut for item in items]):
+            found = self._uncut_texts(stream, items)
+            if found is None or found[2]:
                 return None
-            texts = [item.text for item in items]  # type: ignore[union-attr]
-            joined = "\n".join(texts)
-            if COMMAND_PREFIX in joined or (
-                    stream == STDOUT and (joined[:1] == "{" or "\n{" in joined)):
-                return None
+            texts = found[0]
             if not texts:
                 return []
             record = self._lines(stream, texts, spans[0][0])
@@ -388,12 +385,13 @@ class Classifier:
                 record = record._replace(spans=tuple(spans))
             return [record]
 
-    def _all_plain(self, stream: str, items: list[Rendered | Dropped],
-                   ts: float) -> list[Record] | None:
-        """The usual batch in mode enabled: all lines, all plain (or plain and metadata), found
-        with C-level operations on the joined texts (a command prefix or a "{" opening a line
-        cannot hide from these checks); None sends the batch through ``_run_by_run`` (a false
-        alarm costs only that)."""
+    @staticmethod
+    def _uncut_texts(stream: str, items: list[Rendered | Dropped]
+                     ) -> tuple[list[str], str, bool] | None:
+        """The texts of ``items`` and their join by newlines when all are uncut lines without
+        a command prefix, found with C-level operations on the joined texts (a command prefix
+        or a "{" opening a line cannot hide from these checks), and whether one opens a
+        metadata candidate (``{`` on stdout); None otherwise."""
         try:
             uncut = not any([item.cut for item in items])  # type: ignore[union-attr]
         except AttributeError:  # a Dropped among them
@@ -404,7 +402,18 @@ class Classifier:
         joined = "\n".join(texts)
         if COMMAND_PREFIX in joined:
             return None
-        if not (stream == STDOUT and (joined[:1] == "{" or "\n{" in joined)):
+        return texts, joined, stream == STDOUT and (joined[:1] == "{" or "\n{" in joined)
+
+    def _all_plain(self, stream: str, items: list[Rendered | Dropped],
+                   ts: float) -> list[Record] | None:
+        """The usual batch in mode enabled: all lines, all plain (or plain and metadata)
+        (``_uncut_texts``); None sends the batch through ``_run_by_run`` (a false alarm costs
+        only that)."""
+        found = self._uncut_texts(stream, items)
+        if found is None:
+            return None
+        texts, joined, metadata = found
+        if not metadata:
             return [self._lines(stream, texts, ts)] if texts else []
         if joined.count("\n") == len(texts) - 1:  # (a line holds no newline)
             return self._with_metadata(stream, texts, joined, ts)
