@@ -34,22 +34,8 @@ def _module_files(name: str) -> list[Path]:
 
 
 def _imported_stages(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text(), filename=str(path))
-    found: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom):
-            mod = node.module or ""
-            parts = mod.split(".")
-            if node.level >= 1:  # from .x import y / from . import x
-                found.update(parts[:1] if mod else [a.name for a in node.names])
-            elif parts[0] == "logcapture":
-                found.update(parts[1:2] or [a.name for a in node.names])
-        elif isinstance(node, ast.Import):
-            for alias in node.names:
-                parts = alias.name.split(".")
-                if parts[0] == "logcapture" and len(parts) > 1:
-                    found.add(parts[1])
-    return found
+    """The top-level logcapture modules and packages a file imports (``_imported_modules``)."""
+    return {name.split(".")[0] for name in _imported_modules(path)}
 
 
 @pytest.mark.parametrize("stage", ORDER)
