@@ -66,16 +66,18 @@ def parse_run(args: list[str]) -> dict | None:
 def _run_command(params: dict) -> int:
     """``capture.run_command(**params)``; a broken install (capture cannot be imported) must not
     break the job, so then the command runs without it."""
+    from .errors import Warner
+
     try:
         from .capture import run_command
     except Exception as e:  # noqa: BLE001 - a broken install must not break the job
+        warn = Warner()
         command = params["command"]
-        os.write(2, f"logcapture: capture unavailable ({type(e).__name__}: {e}); running the "
-                 "command without it\n".encode("utf-8", "replace"))
+        warn(f"capture unavailable ({type(e).__name__}: {e}); running the command without it")
         try:
             os.execvp(command[0], command)
         except OSError as err:
-            os.write(2, f"logcapture: {command[0]}: {err.strerror}\n".encode())
+            warn(f"{command[0]}: {err.strerror}")
             return 127 if isinstance(err, (FileNotFoundError, NotADirectoryError)) else 126
     return run_command(**params)
 
