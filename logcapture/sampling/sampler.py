@@ -195,6 +195,17 @@ class Sampler:
         except Exception:
             pass
 
+    def _collect(self, collector: Any, what: str, empty: Any) -> Any:
+        """``collector.collect()``, or ``empty`` after a warning when it fails; then the
+        collector's own warnings."""
+        try:
+            got = collector.collect()
+        except Exception as e:
+            self._warn(f"{what} sampling failed: {type(e).__name__}: {e}")
+            got = empty
+        self._drain(collector)
+        return got
+
     def sample_once(self) -> Sample | None:
         """Collect, emit and return one Sample; None when the job has no process now (before
         it started or after it ended: such a sample would describe no job, an RSS of 0 and a
@@ -204,19 +215,11 @@ class Sampler:
             gpus: list[dict[str, Any]] = []
             # job first: the GPU collector attributes process memory through job.pids()
             if self.job is not None:
-                try:
-                    job = self.job.collect()
-                except Exception as e:
-                    self._warn(f"job sampling failed: {type(e).__name__}: {e}")
-                self._drain(self.job)
+                job = self._collect(self.job, "job", job)
                 if job.get("processes") == 0:
                     return None
             if self.gpu is not None:
-                try:
-                    gpus = self.gpu.collect()
-                except Exception as e:
-                    self._warn(f"GPU sampling failed: {type(e).__name__}: {e}")
-                self._drain(self.gpu)
+                gpus = self._collect(self.gpu, "GPU", gpus)
             try:
                 ts = float(self.clock())
             except Exception:
