@@ -99,7 +99,8 @@ echo '{"epoch": 7, "u2_metric": 0.25}'
 """
 
 
-def test_each_user_reads_only_their_own_jobs_through_every_command(rd: Cluster) -> None:
+def one_job_each(rd: Cluster) -> tuple[Job, Job]:
+    """Both users opted in, JOB1 run by U1 and JOB2 by U2, each completed and in the store."""
     rd.optin(U1, "")
     rd.optin(U2, "")
     j1 = rd.submit(U1, JOB1, name="mine")
@@ -107,6 +108,11 @@ def test_each_user_reads_only_their_own_jobs_through_every_command(rd: Cluster) 
     assert rd.wait(j1, j2) == {j1.id: ("COMPLETED", "0:0"), j2.id: ("COMPLETED", "0:0")}
     wait_in_store(rd, U1, j1)
     wait_in_store(rd, U2, j2)
+    return j1, j2
+
+
+def test_each_user_reads_only_their_own_jobs_through_every_command(rd: Cluster) -> None:
+    j1, j2 = one_job_each(rd)
 
     for me, mine, theirs, my_text, their_texts in (
             (U1, j1, j2, "u1 visible line", ("u2 private", "u2_metric")),
@@ -264,13 +270,7 @@ def test_serve_as_a_user_shows_their_jobs_through_the_read_service(rd: Cluster) 
     through the read service, so it shows that user's jobs and nothing of another's."""
     import httpx
 
-    rd.optin(U1, "")
-    rd.optin(U2, "")
-    j1 = rd.submit(U1, JOB1, name="mine")
-    j2 = rd.submit(U2, JOB2, name="theirs")
-    assert rd.wait(j1, j2) == {j1.id: ("COMPLETED", "0:0"), j2.id: ("COMPLETED", "0:0")}
-    wait_in_store(rd, U1, j1)
-    wait_in_store(rd, U2, j2)
+    j1, j2 = one_job_each(rd)
     pw = pwd.getpwnam(U1)
     with subprocess.Popen(
             ["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--init-groups",
