@@ -492,6 +492,11 @@ def test_job_ids_states_and_views_as_the_user_reads_them(lc: Cluster) -> None:
     while lc.state(requeued.id) != "PENDING":
         assert time.monotonic() < deadline, lc.show(requeued.id)
         time.sleep(0.2)
+    # slurmd refuses to launch a job whose credential was made in (or before) the second in
+    # which it revoked the job's last one, as it did when it killed run 0 (slurm_cred_revoked
+    # compares whole seconds), and Slurm then ends the job FAILED: the requeue's BeginTime
+    # is there to avoid that. Start run 1 in a later second.
+    time.sleep(1.05 - time.time() % 1)
     subprocess.run(["scontrol", "update", f"JobId={requeued.id}", "StartTime=now"],
                    env=lc.env, check=True, timeout=30)
     states = lc.wait(cancelled, requeued, *[Job(j, U1, array.out) for j in tasks.values()],
