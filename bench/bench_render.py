@@ -3,7 +3,7 @@
     .venv/bin/python bench/bench_render.py [--mb 4] [--repeat 3] [--before DIR]
 
 Two workloads, fed in 4 KiB chunks, as a reader of a Linux pty typically gets them:
-- plain: 80-byte log lines, ended by ``\\r\\n`` as a pty's ONLCR writes them;
+- plain: 80-byte log lines;
 - progress: tqdm-style ``\\r`` redraws with colours and erase-line, a newline every 50 redraws.
 Baselines: ``pyte`` is pyte.Screen(80, 24) + pyte.ByteStream with LNM set and an ``index``
 override collecting the rows that scroll off (the least a log renderer must do); ``pure`` is
@@ -42,9 +42,8 @@ CHUNK = 4096
 def plain_lines(size: int) -> bytes:
     out, i = [], 0
     while sum(map(len, out)) < size:
-        text = (f"2024-05-01 12:00:{i % 60:02d} INFO step {i:>8} loss 0.{i % 9973:04d} "
-                f"lr 3e-4 tokens/s 1234.5")
-        out.append(f"{text.ljust(78)}\r\n".encode())  # a pty's ONLCR makes "\n" "\r\n"
+        out.append(f"2024-05-01 12:00:{i % 60:02d} INFO step {i:>8} loss 0.{i % 9973:04d} "
+                   f"lr 3e-4 tokens/s 1234.5\n".ljust(80).encode())
         i += 1
     return b"".join(out)[:size]
 

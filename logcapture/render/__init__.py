@@ -238,20 +238,12 @@ class Renderer:
 
     def _fast(self, text: str, pos: int) -> int:
         """Consume what the fast path models; return where it stopped."""
-        if not pos:
-            # The usual chunk: lines of text, each ended by the "\r\n" a pty's ONLCR makes of
-            # "\n". Here "\r\n" is "\n": the newline, too, puts the cursor at column 0 of a
-            # new line. What is left must be one run of the pattern's text, checked at C speed
-            # for ASCII.
-            plain = text.replace("\r\n", "\n")
-            if plain.isascii():
-                raw = plain.encode("ascii")
-                whole = len(raw.translate(None, _NOT_PLAIN_ASCII)) == len(raw)
-            else:
-                m = PATTERNS.fast.match(plain)
-                whole = m is not None and m.lastindex == 1 and m.end() == len(plain)
-            if whole:
-                self._plain(plain)
+        if not pos and text.isascii():
+            # The usual chunk: printable ASCII and newlines only, which the pattern below
+            # would match as one run of text; checked at C speed instead of by the pattern.
+            raw = text.encode("ascii")
+            if len(raw.translate(None, _NOT_PLAIN_ASCII)) == len(raw):
+                self._plain(text)
                 return len(text)
         match = (PATTERNS.fast_ascii if text.isascii() else PATTERNS.fast).match
         columns = self.columns
