@@ -18,6 +18,7 @@ import select
 import time
 from collections import namedtuple
 from collections.abc import Callable
+from itertools import accumulate
 from pathlib import Path
 
 from . import frame, runner
@@ -332,11 +333,8 @@ def serve(fd: int, pipeline: Pipeline) -> dict[str, Any] | None:
             else:
                 group = frames[i:j]
                 chunk = b"".join([buf[f[4]:f[5]] for f in group])
-                marks = []
-                at = 0
-                for f in group:
-                    at += f[5] - f[4]
-                    marks.append((at, f[2], f[1]))
+                marks = list(zip(accumulate([f[5] - f[4] for f in group]),
+                                 [f[2] for f in group], [f[1] for f in group], strict=True))
                 _, _, wall, mono, _, _ = group[-1]
                 pipeline.feed(streams[stream], chunk, wall, mono, marks)
             i = j

@@ -21,7 +21,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from itertools import groupby
+from itertools import accumulate, compress, groupby, repeat
 
 from .classify import COMMAND_PREFIX, strictness
 from .records import (
@@ -203,15 +203,25 @@ class Pipeline:
         n = self._newlines[stream]
         if marks is None:
             marks = [(len(data), now, True)]
-        begin = 0
-        for end, wall, round_end in marks:
-            k = data.count(b"\n", begin, end)
+        if len(marks) == 1:
+            end, wall, round_end = marks[0]
+            k = data.count(b"\n", 0, end)
             if k:
                 n += k
                 clock.append((n, wall))
             if round_end and wall > self._known:
                 self._known = wall
-            begin = end
+        else:
+            # A flood's chunk joins dozens of reads: each pass over them at C level.
+            ends, walls, rounds = zip(*marks, strict=True)
+            counts = list(map(data.count, repeat(b"\n"), (0, *ends[:-1]), ends))
+            totals = accumulate(counts, initial=n)
+            next(totals)
+            clock.extend(compress(zip(totals, walls, strict=True), counts))
+            n += sum(counts)
+            ended = max(compress(walls, rounds), default=self._known)
+            if ended > self._known:
+                self._known = ended
         self._newlines[stream] = n
         self._fed[stream] = now
         self._through(stream, lambda r: r.feed(data))
@@ -284,7 +294,9 @@ class Pipeline:
             timed = self._timed[stream]
             while i < n and clock:
                 upto, wall = clock[0]
-                k = min(n - i, upto - timed)
+                k = upto - timed
+                if k > n - i:
+                    k = n - i
                 if k > 0:
                     waiting.append((wall, lines[i:i + k] if k < n else lines))
                     i += k
@@ -325,6 +337,21 @@ class Pipeline:
         """``_release``'s choice of what goes next, appended to ``released`` in order."""
         waiting = self._waiting
         out, err = waiting[STDOUT], waiting[STDERR]
+        if not final and bool(out) != bool(err):
+            # One stream has lines waiting and the other none to come before them (one pty
+            # for both, or a quiet stream): what the reader's rounds have completed goes,
+            # without the checks that order two streams.
+            first, other = (STDOUT, STDERR) if out else (STDERR, STDOUT)
+            if self._horizon(other) == _NEVER:
+                queue, known, last = waiting[first], self._known, self._released
+                while queue and queue[0][0] <= known:
+                    ts, lines = queue.popleft()
+                    if ts < last:
+                        ts = last
+                    last = ts
+                    released.append((first, ts, lines))
+                self._released = last
+                return
         while out or err:
             if out and err:
                 first, other = (STDOUT, STDERR) if out[0][0] <= err[0][0] else (STDERR, STDOUT)
@@ -360,23 +387,25 @@ class Pipeline:
             if len(groups) == 1:
                 ts, lines = groups[0]
                 fed = [(ts, self.filters[stream].feed(list(lines)))]
+                if final:
+                    fed[0][1].extend(self.filters[stream].finish())
+                records = self.classifier.feed_many(stream, fed[0][1], ts) if fed[0][1] else []
             else:
                 everything = [line for _, lines in groups for line in lines]
                 items = self.filters[stream].feed(everything)
-                fed = list(zip([ts for ts, _ in groups],
-                               _by_group(items, everything, [len(g) for _, g in groups]),
-                               strict=True))
-            if final:
-                fed[-1][1].extend(self.filters[stream].finish())
-            fed = [(ts, items) for ts, items in fed if items]
-            records = None
-            if len(fed) > 1:
-                records = self.classifier.feed_plain(
-                    stream, [item for _, items in fed for item in items],
-                    [(ts, len(items)) for ts, items in fed])
-            if records is None:
-                records = [rec for ts, items in fed
-                           for rec in self.classifier.feed_many(stream, items, ts)]
+                if final:
+                    items += self.filters[stream].finish()
+                records = None
+                if len(items) == len(everything) and all(map(operator.is_, items, everything)):
+                    # Every line kept (the usual burst): the groups' spans, as they are.
+                    records = self.classifier.feed_plain(
+                        stream, items, [(ts, len(lines)) for ts, lines in groups if lines])
+                if records is None:
+                    records = [rec for ts, part in zip([ts for ts, _ in groups],
+                                                       _by_group(items, everything,
+                                                                 [len(g) for _, g in groups]),
+                                                       strict=True) if part
+                               for rec in self.classifier.feed_many(stream, part, ts)]
         except Exception as e:  # noqa: BLE001
             self._fault(stream, "classifying", e)
             return
