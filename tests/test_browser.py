@@ -178,7 +178,9 @@ def test_new_lines_arrive_without_reloading(site, browser, shots):
                            stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.monotonic() + 30
-        while not (Path(env["LOGCAPTURE_SPOOL"]) / "ticker").exists():
+        # A run is a directory with a segment: the worker opens its first one a moment after
+        # the wrapper made the directory, and the page asks for the run at once.
+        while not any((Path(env["LOGCAPTURE_SPOOL"]) / "ticker").glob("seg-*")):
             assert time.monotonic() < deadline, "the ticker run never started"
             time.sleep(0.1)
         d.get(s.base + "/job/ticker")

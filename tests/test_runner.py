@@ -200,8 +200,9 @@ def test_a_burst_of_short_lines_is_read_in_a_few_reads(tmp_path: Path) -> None:
     assert outcome.exit_status == 0
     assert out.count(b"\n") == 400 and bytes(rec.data["stdout"]) == out
     assert outcome.lingers >= 1
-    # ~5 here (a burst a read), 10 when the reader read once before lingering; ~90 without
-    assert outcome.reads <= 40, outcome.reads
+    # ~5 here (a burst a read), 10 when the reader read once before lingering, more when the
+    # job was descheduled within a burst; ~90 without
+    assert outcome.reads <= 60, outcome.reads
 
 
 def test_a_flood_stops_the_linger(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -645,7 +646,16 @@ def test_a_cgroup_that_appears_after_the_sampler_started_is_picked_up(tmp_path: 
 
 
 def _samples(run_dir: Path) -> list[Sample]:
-    return [r for r in iter_run(run_dir) if isinstance(r, Sample)]
+    return [r for r in iter_run(run_dir) if isinstance(r, Sample)] if run_dir.exists() else []
+
+
+def _wait_for_samples(run_dir: Path, enough: Callable[[list[Sample]], bool]) -> None:
+    """Until the samples on disk are ``enough`` (a sampler thread on a loaded machine may take
+    its time)."""
+    deadline = time.monotonic() + 20
+    while not enough(_samples(run_dir)):
+        assert time.monotonic() < deadline, _samples(run_dir)
+        time.sleep(0.05)
 
 
 @root_only
@@ -668,12 +678,9 @@ def test_node_sampler_samples_the_jobs_cgroup_and_gpus_until_stopped(
         env, "4242", stop=stop, cgroup_root=str(cgroups), nvml=nvml)))
     t.start()
     run_dir = root / jobrecords.SAMPLES_DIR / "4242" / "4242"
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and not list(run_dir.glob("seg-*")):
-        time.sleep(0.05)
-    time.sleep(0.3)
+    _wait_for_samples(run_dir, lambda got: len(got) >= 2)
     (cg / "cpuacct.usage").write_text("4000000000\n")
-    time.sleep(0.2)
+    _wait_for_samples(run_dir, lambda got: got[-1].job["cpu_seconds_total"] == 4.0)
     stop.set()
     t.join(10)
     assert codes == [0]
@@ -707,7 +714,7 @@ def test_node_sampler_stops_by_itself_when_the_jobs_cgroup_is_gone(
     t = threading.Thread(target=nodesampler.node_sampler, args=(env, "4242"),
                          kwargs={"cgroup_root": str(cgroups)})
     t.start()
-    time.sleep(0.5)
+    _wait_for_samples(root / jobrecords.SAMPLES_DIR / "4242" / "4242", bool)
     shutil.rmtree(cgroups / "cpuacct")
     t.join(10)
     assert not t.is_alive()
