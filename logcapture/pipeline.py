@@ -379,17 +379,19 @@ class Pipeline:
     def _emit_run(self, stream: str, groups: list[tuple[float, list[Rendered]]],
                   final: bool = False) -> None:
         """Filter ``stream``'s groups of lines as one batch, then classify them together when
-        they are all plain lines (``Classifier.feed_plain``: one record, a read time per
-        line), else group by group at each group's read time; spool the records in one write.
+        the filter kept every line and they are all plain lines (``Classifier.feed_plain``:
+        one record, a read time per line), else group by group at each group's read time
+        (the filter's output cut back into the groups: ``_by_group``); spool the records in
+        one write.
         ``final``: the filter's last note (a run of repeats at the end) goes with the last
         group."""
         try:
             if len(groups) == 1:
                 ts, lines = groups[0]
-                fed = [(ts, self.filters[stream].feed(list(lines)))]
+                items = self.filters[stream].feed(list(lines))
                 if final:
-                    fed[0][1].extend(self.filters[stream].finish())
-                records = self.classifier.feed_many(stream, fed[0][1], ts) if fed[0][1] else []
+                    items += self.filters[stream].finish()
+                records = self.classifier.feed_many(stream, items, ts) if items else []
             else:
                 everything = [line for _, lines in groups for line in lines]
                 items = self.filters[stream].feed(everything)
