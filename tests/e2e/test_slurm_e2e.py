@@ -17,6 +17,8 @@ import time
 
 import pytest
 
+from logcapture.views import duration
+
 from .conftest import Cluster, Job
 
 pytestmark = pytest.mark.slurm
@@ -549,8 +551,13 @@ def test_job_ids_states_and_views_as_the_user_reads_them(lc: Cluster) -> None:
     assert all(" " not in k for k in info)
     cancel_info = json.loads(_as_reader(lc, U1, "show", "--json", cancelled.id, *spool).stdout)
     assert cancel_info["state"] == "CANCELLED" and cancel_info["signal"] == 15
+    timed_info = json.loads(_as_reader(lc, U1, "show", "--json", timed.id, *spool).stdout)
+    assert timed_info["state"] == "TIMEOUT", timed_info
+    # Slurm ends it a minute or more after it started (its time-limit check runs every ~30
+    # s); the wrapper's own clock starts a moment after Slurm's.
+    assert timed_info["duration"] > 50, timed_info
     text = _as_reader(lc, U1, "show", timed.id, *spool).stdout
-    assert "state:" in text and "TIMEOUT" in text and "min" in text  # a minute and more
+    assert "TIMEOUT" in text and duration(timed_info["duration"]) in text, text
     # The other user finds none of it.
     r = _as_reader(lc, U2, "logs", f"{t}_1", *spool)
     assert r.returncode != 0 and "task 1" not in r.stdout + r.stderr
