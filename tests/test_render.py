@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from logcapture.records import Rendered
@@ -373,6 +373,14 @@ def test_fast_path_equals_pure_pyte(data: bytes, kw: dict[str, int], cuts: list[
 
 @prop
 @given(data=inputs, kw=sizes, cuts=st.lists(st.integers(0, 10_000), max_size=8))
+# Found by this test: a wide character past the line limit at the margin is cut on the row it
+# would wrap onto (so that ESC[K there takes the count back); line mode does not take over a
+# row that carries a cut; a row that scrolls out of a scrolling region leaves the rest of its
+# line counted from the rows still there.
+@example(data=b"alqk\xe4\xb8\xada\x1b[K", kw={"columns": 4, "rows": 1, "line_limit": 5},
+         cuts=[7])
+@example(data=b"aaa\x1b[1Ja\x1b[K", kw={"columns": 1, "rows": 1, "line_limit": 2}, cuts=[4])
+@example(data=b"\x1b[2;3r\naaaa", kw={"columns": 1, "rows": 3, "line_limit": 3}, cuts=[8])
 def test_chunk_boundary_independence(data: bytes, kw: dict[str, int], cuts: list[int]) -> None:
     whole = _feed_all(Renderer(**kw), [data])
     assert _feed_all(Renderer(**kw), _split(data, cuts)) == whole

@@ -408,7 +408,11 @@ class Renderer:
             if y > cy and (row.cut or cells_text(row).strip(" ")):
                 return
         at_cursor = buf.get(cy)
-        if (at_cursor is not None and at_cursor.wrapped) or s.chain_start(cy) != cy:
+        if (at_cursor is not None and (at_cursor.wrapped or at_cursor.cut)) \
+                or s.chain_start(cy) != cy:
+            # Line mode keeps one cut count for the cursor's line, counted on its last row
+            # when it hands the screen back: a cut already on the cursor's row (an erase left
+            # it there) would move to the row the line grows onto.
             return
         texts = []
         for y in range(cy + 1):

@@ -297,14 +297,16 @@ class Screen(pyte.Screen):
             self.cursor.x = 0
             self.break_above(y0)
 
-    def _wrap(self, base: int) -> tuple[_Row, int]:
-        """Autowrap: the cursor row goes on in the next row (scrolling at the bottom)."""
+    def _wrap(self) -> tuple[_Row, int]:
+        """Autowrap: the cursor row goes on in the next row (scrolling at the bottom); that row
+        and its offset in its logical line, as ``line_offset`` counts it (not the offset
+        before plus the row left: a row that scrolled out of a scrolling region went as a
+        line of its own, and the line goes on from the rows still there)."""
         cursor = self.cursor
-        x = cursor.x
-        self.buffer[cursor.y].wrapped = x
+        self.buffer[cursor.y].wrapped = cursor.x
         self.index()
         cursor.x = 0
-        return self.buffer[cursor.y], base + x
+        return self.buffer[cursor.y], self.line_offset(cursor.y)
 
     def draw(self, data: str) -> None:
         charset = self.g1_charset if self.charset else self.g0_charset
@@ -333,7 +335,7 @@ class Screen(pyte.Screen):
             x = cursor.x
             if x >= columns:
                 if autowrap and base + x < limit:
-                    row, base = self._wrap(base)
+                    row, base = self._wrap()
                     x = 0
                 elif not autowrap:
                     x = cursor.x = columns - 1
@@ -355,20 +357,19 @@ class Screen(pyte.Screen):
         w = wcwidth(ch)
         x = cursor.x
         if w > 0:
-            if base + x + w > limit:
-                row.cut += 1
-                return row, base
             if x + w > columns:
                 if w > columns:
                     return row, base  # wider than the screen: no terminal can show it
-                if autowrap:
-                    row, base = self._wrap(base)
-                    x = 0
-                    if base + w > limit:
-                        row.cut += 1
-                        return row, base
-                else:
+                if not autowrap:
                     x = cursor.x = columns - w
+                elif base + x < limit:  # as a terminal would: on the next row
+                    row, base = self._wrap()
+                    x = 0
+            # Past the line limit where it would be drawn: counted on that row, so that
+            # erasing the row (ESC[K after it) takes it back, as for one-cell characters.
+            if base + x + w > limit:
+                row.cut += 1
+                return row, base
             if insert:
                 self.insert_characters(w)
             row[x] = _CELL[ch]
