@@ -106,9 +106,7 @@ def test_cancelled_time_limit_and_crash_are_diagnosed_and_mailed(lc: Cluster) ->
         assert text.count(f"To: {U1}\n") == 3
         assert "ValueError: bad batch 7 at <stdin>:2 in step" in text
         # show, for the user, from the store's insights (the epilog shipped the runs)
-        r = subprocess.run([lc.env["LOGCAPTURE_BIN"] + "/logcapture", "show", "--json",
-                            "--store", lc.env["LOGCAPTURE_STORE"], late.id],
-                           capture_output=True, text=True, env=lc.env, timeout=120)
+        r = lc.root_cli("show", "--json", late.id)
         assert r.returncode == 0, r.stderr
         assert json.loads(r.stdout)["insights"][0]["kind"] == "time-limit"
     finally:

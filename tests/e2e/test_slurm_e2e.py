@@ -335,9 +335,7 @@ def test_the_epilog_ships_to_the_store_with_the_trusted_identity(lc: Cluster) ->
     for job in (j1, j2):
         assert not (lc.spool_root / job.id).exists(), lc.slurm_log()
     # A job id is a run id for `logcapture logs`, from the store.
-    r = subprocess.run([lc.env["LOGCAPTURE_BIN"] + "/logcapture", "logs", "--store",
-                        lc.env["LOGCAPTURE_STORE"], j2.id], capture_output=True, text=True,
-                       env=lc.env, timeout=120)
+    r = lc.root_cli("logs", j2.id)
     assert r.returncode == 0 and "shipped line two" in r.stdout, r.stderr
     # The embedded store is root's: users read neither their own nor each other's rows there.
     store_dir = lc.env["LOGCAPTURE_STORE"].removeprefix("chdb://")
@@ -389,9 +387,7 @@ def test_the_prologs_node_sampler_records_the_jobs_cpu_and_ships_it_with_the_job
     j2 = lc.submit(U1, BURN, name="burn")
     assert lc.wait(j2)[j2.id] == ("COMPLETED", "0:0")
     assert not (lc.spool_root / ".samples" / j2.id).exists(), lc.slurm_log()
-    r = subprocess.run([lc.env["LOGCAPTURE_BIN"] + "/logcapture", "export", j2.id, "--what",
-                        "samples", "--format", "ndjson", "--store", lc.env["LOGCAPTURE_STORE"]],
-                       capture_output=True, text=True, env=lc.env, timeout=120)
+    r = lc.root_cli("export", j2.id, "--what", "samples", "--format", "ndjson")
     assert r.returncode == 0, r.stderr
     rows = [json.loads(x) for x in r.stdout.splitlines()]
     assert rows and {row["node"] for row in rows} == {node}
