@@ -98,6 +98,12 @@ def _strictness(lines: list[Rendered]) -> int:
     return strictness([line.text for line in lines])
 
 
+def _all_kept(items: list[Rendered | Dropped], lines: list[Rendered]) -> bool:
+    """Did the filter keep every one of ``lines`` (its output ``items`` is those very
+    objects)?"""
+    return len(items) == len(lines) and all(map(operator.is_, items, lines))
+
+
 def _by_group(items: list[Rendered | Dropped], lines: list[Rendered],
               sizes: list[int]) -> list[list[Rendered | Dropped]]:
     """The filter's output ``items`` for ``lines`` (groups of ``sizes`` lines, joined), cut
@@ -105,7 +111,7 @@ def _by_group(items: list[Rendered | Dropped], lines: list[Rendered],
     line is one of the objects it was given, in order; a note of dropped lines goes with the
     line that ended their run (the group whose feed would have returned it), or with the last
     group when nothing follows it."""
-    if len(items) == len(lines) and all(map(operator.is_, items, lines)):
+    if _all_kept(items, lines):
         kept: list[list[Rendered | Dropped]] = []
         at = 0  # the usual burst: every line kept
         for n in sizes:
@@ -203,25 +209,17 @@ class Pipeline:
         n = self._newlines[stream]
         if marks is None:
             marks = [(len(data), now, True)]
-        if len(marks) == 1:
-            end, wall, round_end = marks[0]
-            k = data.count(b"\n", 0, end)
-            if k:
-                n += k
-                clock.append((n, wall))
-            if round_end and wall > self._known:
-                self._known = wall
-        else:
-            # A flood's chunk joins dozens of reads: each pass over them at C level.
-            ends, walls, rounds = zip(*marks, strict=True)
-            counts = list(map(data.count, repeat(b"\n"), (0, *ends[:-1]), ends))
-            totals = accumulate(counts, initial=n)
-            next(totals)
-            clock.extend(compress(zip(totals, walls, strict=True), counts))
-            n += sum(counts)
-            ended = max(compress(walls, rounds), default=self._known)
-            if ended > self._known:
-                self._known = ended
+        # A flood's chunk joins dozens of reads: each pass over them at C level. A clock
+        # entry for each read with newlines: (newlines so far, its read time).
+        ends, walls, rounds = zip(*marks, strict=True)
+        counts = list(map(data.count, repeat(b"\n"), (0, *ends[:-1]), ends))
+        totals = accumulate(counts, initial=n)
+        next(totals)
+        clock.extend(compress(zip(totals, walls, strict=True), counts))
+        n += sum(counts)
+        ended = max(compress(walls, rounds), default=self._known)
+        if ended > self._known:
+            self._known = ended
         self._newlines[stream] = n
         self._fed[stream] = now
         self._through(stream, lambda r: r.feed(data))
@@ -294,9 +292,7 @@ class Pipeline:
             timed = self._timed[stream]
             while i < n and clock:
                 upto, wall = clock[0]
-                k = upto - timed
-                if k > n - i:
-                    k = n - i
+                k = min(n - i, upto - timed)
                 if k > 0:
                     waiting.append((wall, lines[i:i + k] if k < n else lines))
                     i += k
@@ -398,7 +394,7 @@ class Pipeline:
                 if final:
                     items += self.filters[stream].finish()
                 records = None
-                if len(items) == len(everything) and all(map(operator.is_, items, everything)):
+                if _all_kept(items, everything):
                     # Every line kept (the usual burst): the groups' spans, as they are.
                     records = self.classifier.feed_plain(
                         stream, items, [(ts, len(lines)) for ts, lines in groups if lines])

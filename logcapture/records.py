@@ -155,9 +155,8 @@ class Lines(_record_tuple("Lines", "texts", "spans", defaults=((), ())), Record)
     batch output (``Classifier.feed_many``), so that a burst of plain lines costs no object per
     line. They share one ``ts``, unless ``spans`` gives their read times as ``(ts, count)``
     runs in order (the lines of several reads classified as one: ``Classifier.feed_plain``;
-    ``ts`` is then the first span's). Never in the
-    spool as such: ``to_json`` gives exactly the NDJSON lines of ``lines()``, joined by
-    newlines (a test holds them equal)."""
+    ``ts`` is then the first span's). Never in the spool as such: ``to_json`` gives exactly
+    the NDJSON lines of ``lines()``, joined by newlines (a test holds them equal)."""
 
     __slots__ = ()
     kind = "lines"
