@@ -16,9 +16,10 @@ import os
 import pwd
 import select
 import time
+from array import array
 from collections import namedtuple
 from collections.abc import Callable
-from itertools import accumulate
+from itertools import accumulate, chain
 from pathlib import Path
 
 from . import frame, runner
@@ -280,7 +281,7 @@ def serve(fd: int, pipeline: Pipeline) -> dict[str, Any] | None:
     is a backlog (so a backlog renders as it would have when it was read); when the pipe is
     empty, when the pipeline says a stream has been quiet long enough (``tick_due``), by this
     process's clock, and not at all while it is settled. Consecutive frames of one stream read
-    within COALESCE seconds of each other are rendered as one chunk, each frame's lines keeping
+    within COALESCE seconds of each other are rendered as one chunk, each read's lines keeping
     its read time: a worker that fell behind catches up in large chunks instead of paying the
     per-chunk cost for every short read (docs/performance.md)."""
     coalesce, tick_s = runner.COALESCE, runner.TICK
@@ -313,9 +314,10 @@ def serve(fd: int, pipeline: Pipeline) -> dict[str, Any] | None:
         frames, pos = split(buf)
         i, n = 0, len(frames)
         while i < n:
-            stream, round_end, wall, mono, start, end = frames[i]
+            stream, lengths, walls, ends, mono, last_mono, start, end = frames[i]
             if stream == frame.END:
                 return frame.decode_end(buf[start:end])
+            wall = walls[0]
             if mono - last_tick >= tick_s:
                 # The reader's clock moved on by a tick or more since the last one: tick as
                 # it would have (after a few ticks more change nothing: idled streams stay so).
@@ -325,18 +327,19 @@ def serve(fd: int, pipeline: Pipeline) -> dict[str, Any] | None:
                     steps += 1
                     pipeline.tick(wall - (mono - last_tick), last_tick)
             j = i + 1
-            while j < n and frames[j][0] == stream and frames[j][2] - wall <= coalesce:
+            while j < n and frames[j][0] == stream and frames[j][2][0] - wall <= coalesce:
                 j += 1
             if j == i + 1:
-                pipeline.feed(streams[stream], bytes(buf[start:end]), wall, mono,
-                              [(end - start, wall, round_end)])
+                chunk = bytes(buf[start:end])
             else:
                 group = frames[i:j]
-                chunk = b"".join([buf[f[4]:f[5]] for f in group])
-                marks = list(zip(accumulate([f[5] - f[4] for f in group]),
-                                 [f[2] for f in group], [f[1] for f in group], strict=True))
-                _, _, wall, mono, _, _ = group[-1]
-                pipeline.feed(streams[stream], chunk, wall, mono, marks)
+                chunk = b"".join([buf[f[6]:f[7]] for f in group])
+                lengths = array("I", chain.from_iterable([f[1] for f in group]))
+                walls = array("d", chain.from_iterable([f[2] for f in group]))
+                ends = b"".join([f[3] for f in group])
+                last_mono = group[-1][5]
+            pipeline.feed(streams[stream], chunk, walls[-1], last_mono,
+                          list(zip(accumulate(lengths), walls, ends, strict=True)))
             i = j
         del buf[:pos]
 

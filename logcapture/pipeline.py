@@ -197,12 +197,12 @@ class Pipeline:
 
     # --- the sink ------------------------------------------------------------------------
     def feed(self, stream: str, data: bytes, now: float, mono: float | None = None,
-             marks: list[tuple[int, float, bool]] | None = None) -> None:
+             marks: list[tuple[int, float, int]] | None = None) -> None:
         """``data`` read from ``stream`` at ``now`` (epoch seconds) and ``mono``
         (time.monotonic(), default: now). The capture worker passes the reader's times, so a
         backlog is rendered as if it had been rendered when it was read. ``marks``: the reads
-        ``data`` joins, as (end offset in ``data``, read time, whether the reader's round
-        ended with it); default: one read at ``now`` that ended its round."""
+        ``data`` joins, as (end offset in ``data``, read time, nonzero when the reader's
+        round ended with it); default: one read at ``now`` that ended its round."""
         self._last_data[stream] = time.monotonic() if mono is None else mono
         self._idled[stream] = False
         clock = self._clock[stream]

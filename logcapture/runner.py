@@ -82,9 +82,10 @@ TICK = 0.2  # seconds between sink.tick() calls while the command is quiet
 TICK_MS = int(TICK * 1000)
 QUIET_MS = 5000  # the reader's poll timeout while nothing is due (a worker takes the ticks)
 
-# Frames to a capture worker: the format is frame.py's. A frame holds what one round of the
-# reader read from one stream (its reads share the round's times); the last frame of a round
-# has ROUND_END in its kind (pipeline.Pipeline orders the two streams' lines by read time).
+# Frames to a capture worker: the format is frame.py's. A frame holds what consecutive rounds
+# of the reader read from one stream within COALESCE, each round's reads with the round's
+# time and whether the round ended there (pipeline.Pipeline orders the two streams' lines by
+# read time).
 WORKER_PIPE_BYTES = 1 << 20  # asked of F_SETPIPE_SZ; the kernel may grant less
 WORKER_BUFFER = 16 << 20  # bytes the reader holds for a worker before it stops reading
 WORKER_TIMEOUT = 20.0  # seconds a worker may accept nothing before it is given up
@@ -103,10 +104,11 @@ PUMP_MAX = 0.5
 # regular bursts (a training loop, ten a second) then never wakes the reader just to pump at
 # PUMP_MAX (five system calls a pump here).
 PUMP_ROUND = 0.35
-# The worker renders consecutive frames of one stream read within COALESCE seconds of the
-# first as one chunk (keeping each frame's read time for its lines): a flood read ~400 bytes at
-# a time would otherwise cost it a renderer call per read (40 % of its CPU for 1M print()
-# lines).
+# The reader joins one stream's rounds read within COALESCE seconds of the first into one
+# frame, and the worker renders consecutive frames of one stream read within COALESCE as one
+# chunk (each round's lines keep its read time): a flood read ~400 bytes at a time would
+# otherwise cost the worker a renderer call per read (40 % of its CPU for 1M print() lines)
+# and both processes a frame header per read.
 COALESCE = 0.005
 # When output comes after the reader emptied the ptys (the start of a burst, most likely), it
 # waits LINGER before reading, so a job printing line by line is read a burst at a time instead
@@ -217,36 +219,62 @@ class Worker:
         self.blocked = False  # the pipe was full at the last write
         self.since = 0.0  # monotonic time the oldest unsent frame was read
         self.last_progress = time.monotonic()
-        # The frame still open: its kind, reads, bytes and times. Its header goes into
-        # ``pieces`` when it is closed (at the next frame, the round's end or a pump).
+        # The frame still open: its kind, its reads' pieces, and per round its bytes, wall
+        # time and whether the round ended with it; its bytes; its first and last monotonic
+        # time. Its header goes into ``pieces`` when it is closed (at another stream's frame,
+        # after COALESCE, or at a pump).
         self._kind = -1
         self._parts: list[bytes] = []
+        self._lens: list[int] = []
+        self._walls: list[float] = []
+        self._ends: list[bool] = []
         self._len = 0
-        self._wall = self._mono = 0.0
+        self._first = self._mono = 0.0
 
     def send(self, kind: int, parts: list[bytes], wall: float, mono: float) -> None:
         """``parts`` (consecutive reads of one stream) read in one round at ``wall``/``mono``:
-        one frame."""
+        one read of the open frame when that is of this stream and began within COALESCE,
+        else of a new frame (one frame a round made a flood of short prints cost the reader
+        and the worker a header per read)."""
         if not self.size:
             self.since = mono
-        self._close_frame()
-        self._kind = kind
+        if kind != self._kind or not self._lens or wall - self._walls[0] > COALESCE:
+            self._close_frame()
+            self._kind = kind
+            self._first = mono
+            self.size += frame.HEADER.size
         n = sum(map(len, parts))
-        self._parts = parts
-        self._len = n
-        self._wall, self._mono = wall, mono
-        self.size += frame.HEADER.size + n
+        self._parts += parts
+        self._lens.append(n)
+        self._walls.append(wall)
+        self._ends.append(False)
+        self._len += n
+        self._mono = mono
+        self.size += frame.READ_ENTRY + n
+
+    def send_end(self, payload: bytes) -> None:
+        """The end frame, carrying the outcome (``frame.encode_end``)."""
+        self._close_frame()
+        data = frame.encode(frame.END, payload, time.time(), time.monotonic())
+        if not self.size:
+            self.since = time.monotonic()
+        self.pieces.append(data)
+        self.size += len(data)
 
     def end_round(self) -> None:
-        """The round that sent the open frame has ended: mark it so."""
-        self._close_frame(frame.ROUND_END)
+        """The round that sent the open frame's last read has ended: mark it so."""
+        if self._ends:
+            self._ends[-1] = True
 
-    def _close_frame(self, flag: int = 0) -> None:
-        if self._parts:
-            self.pieces.append(frame.header(self._kind | flag, self._len, self._wall,
-                                            self._mono))
+    def _close_frame(self) -> None:
+        if self._lens:
+            self.pieces.append(frame.header(self._kind, self._len, self._lens, self._walls,
+                                            self._ends, self._first, self._mono))
             self.pieces.extend(self._parts)
             self._parts = []
+            self._lens = []
+            self._walls = []
+            self._ends = []
             self._len = 0
 
     def due(self, now: float, read: bool = False) -> bool:
@@ -285,7 +313,7 @@ class Worker:
 
     def drop(self) -> None:
         self.pieces.clear()
-        self._parts = []
+        self._parts, self._lens, self._walls, self._ends = [], [], [], []
         self._len = 0
         self.size = 0
 
@@ -353,7 +381,7 @@ class Worker:
             "spawn_error": outcome.spawn_error, "usage": dict(outcome.usage),
             "reader": {**own_usage(), "reads": outcome.reads,
                        "lingers": outcome.lingers}})
-        self.send(frame.END, [payload], time.time(), time.monotonic())
+        self.send_end(payload)
         poller = select.poll()
         poller.register(self.fd, select.POLLOUT)
         try:

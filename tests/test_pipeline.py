@@ -224,7 +224,7 @@ def test_a_slow_worker_slows_the_command_and_loses_nothing(tmp_path: Path) -> No
             assert data
             buf += data
             frames, pos = frame.split(buf)
-            for kind, _, _, _, start, stop in frames:
+            for kind, *_, start, stop in frames:
                 if kind == frame.END:
                     end = frame.decode_end(buf[start:stop])
                     break
