@@ -220,15 +220,14 @@ class Worker:
         self.since = 0.0  # monotonic time the oldest unsent frame was read
         self.last_progress = time.monotonic()
         # The frame still open: its kind, its reads' pieces, and per round its bytes, wall
-        # time and whether the round ended with it; its bytes; its first and last monotonic
-        # time. Its header goes into ``pieces`` when it is closed (at another stream's frame,
-        # after COALESCE, or at a pump).
+        # time and whether the round ended with it; its first and last monotonic time. Its
+        # header goes into ``pieces`` when it is closed (at another stream's frame, after
+        # COALESCE, or at a pump).
         self._kind = -1
         self._parts: list[bytes] = []
         self._lens: list[int] = []
         self._walls: list[float] = []
         self._ends: list[bool] = []
-        self._len = 0
         self._first = self._mono = 0.0
 
     def send(self, kind: int, parts: list[bytes], wall: float, mono: float) -> None:
@@ -248,16 +247,16 @@ class Worker:
         self._lens.append(n)
         self._walls.append(wall)
         self._ends.append(False)
-        self._len += n
         self._mono = mono
         self.size += frame.READ_ENTRY + n
 
     def send_end(self, payload: bytes) -> None:
         """The end frame, carrying the outcome (``frame.encode_end``)."""
         self._close_frame()
-        data = frame.encode(frame.END, payload, time.time(), time.monotonic())
+        mono = time.monotonic()
+        data = frame.encode_reads(frame.END, [], mono, mono, payload)
         if not self.size:
-            self.since = time.monotonic()
+            self.since = mono
         self.pieces.append(data)
         self.size += len(data)
 
@@ -268,14 +267,10 @@ class Worker:
 
     def _close_frame(self) -> None:
         if self._lens:
-            self.pieces.append(frame.header(self._kind, self._len, self._lens, self._walls,
-                                            self._ends, self._first, self._mono))
+            self.pieces.append(frame.header(self._kind, sum(self._lens), self._lens,
+                                            self._walls, self._ends, self._first, self._mono))
             self.pieces.extend(self._parts)
-            self._parts = []
-            self._lens = []
-            self._walls = []
-            self._ends = []
-            self._len = 0
+            self._parts, self._lens, self._walls, self._ends = [], [], [], []
 
     def due(self, now: float, read: bool = False) -> bool:
         """Are the unsent frames to go now? ``read``: this round read output."""
@@ -312,9 +307,8 @@ class Worker:
         self.blocked = self.size > 0
 
     def drop(self) -> None:
+        self._close_frame()
         self.pieces.clear()
-        self._parts, self._lens, self._walls, self._ends = [], [], [], []
-        self._len = 0
         self.size = 0
 
     def give_up(self) -> None:
