@@ -274,20 +274,27 @@ def cluster() -> Iterator[Cluster]:
     base.chmod(0o755)
     directory = base / "cluster"
     env = dict(os.environ)
-    # Free ports of our own: another cluster on this machine (a person's dev cluster, another
-    # test session) must never answer our sbatch.
-    ctld_port, slurmd_port = _free_ports(2)
     env.update({"LOGCAPTURE_DEV_DIR": str(directory),
-                "LOGCAPTURE_DEV_CTLD_PORT": str(ctld_port),
-                "LOGCAPTURE_DEV_SLURMD_PORT": str(slurmd_port),
                 "LOGCAPTURE_DEV_CLUSTER": "e2e",
                 # Runs stay in the spool unless a test turns the store on (set_store); a test
                 # that wants the agent starts one.
                 "LOGCAPTURE_DEV_AGENT": "0"})
-    r = subprocess.run([str(DEV_CLUSTER), "up"], env=env, capture_output=True, text=True,
-                       timeout=120)
-    if r.returncode != 0:
-        pytest.fail(f"dev-cluster up failed:\n{r.stdout}\n{r.stderr}")
+    # Free ports of our own: another cluster on this machine (a person's dev cluster, another
+    # test session) must never answer our sbatch. A port found free can be taken before the
+    # daemons bind it: then the cluster is started again on other ports.
+    failures = []
+    for _ in range(3):
+        ctld_port, slurmd_port = _free_ports(2)
+        env.update({"LOGCAPTURE_DEV_CTLD_PORT": str(ctld_port),
+                    "LOGCAPTURE_DEV_SLURMD_PORT": str(slurmd_port)})
+        r = subprocess.run([str(DEV_CLUSTER), "up"], env=env, capture_output=True, text=True,
+                           timeout=120)
+        if r.returncode == 0:
+            break
+        failures.append(f"ports {ctld_port}, {slurmd_port}:\n{r.stdout}\n{r.stderr}")
+        subprocess.run([str(DEV_CLUSTER), "down"], env=env, capture_output=True, timeout=60)
+    else:
+        pytest.fail("dev-cluster up failed three times:\n" + "\n".join(failures))
     out = subprocess.run([str(DEV_CLUSTER), "status", "--env"], env=env, capture_output=True,
                          text=True, timeout=30, check=True).stdout
     for line in out.splitlines():
