@@ -110,7 +110,7 @@ def capture_command(argv: list[str], *, spool_root: Path, run_id: str | None = N
         settings = WorkerSettings(
             run_id=rid, run_dir=run_dir, admin=admin, mode=effective_mode, rows=rows,
             columns=cols, env=dict(base_env), problems=problems, sample=sample,
-            start_fields=start_fields, wrapper_pid=os.getpid(), warn=warn)
+            start_fields=start_fields, wrapper_pid=os.getpid(), warn=warn, merged=merge)
         worker = runner.fork_worker(lambda fd: _capture_worker(fd, settings))
         base_env["LOGCAPTURE_RUN_ID"] = rid
         winsize: tuple[int, int] | None = (rows, cols)
@@ -158,7 +158,7 @@ def _remove_if_empty(run_dir: Path) -> None:
 
 class WorkerSettings(namedtuple("WorkerSettings", (
         "run_id", "run_dir", "admin", "mode", "rows", "columns", "env", "problems", "sample",
-        "start_fields", "wrapper_pid", "warn"))):
+        "start_fields", "wrapper_pid", "warn", "merged"))):
     """What the capture worker needs from the wrapper (it is forked, so this is a plain copy).
     Every field is required and a misspelt one is a TypeError: a named tuple, as the records
     are (records.py says why not a dataclass)."""
@@ -177,6 +177,7 @@ class WorkerSettings(namedtuple("WorkerSettings", (
         start_fields: dict[str, Any]
         wrapper_pid: int
         warn: Callable[[str], None]
+        merged: bool  # one pty for stdout and stderr
 
 
 def _capture_worker(fd: int, s: WorkerSettings) -> int:
@@ -189,7 +190,7 @@ def _capture_worker(fd: int, s: WorkerSettings) -> int:
                             flush_interval=s.admin.flush_interval,
                             flush_records=s.admin.flush_records, warn=warn)
         pipeline = Pipeline(s.run_id, spool, mode=s.mode, columns=s.columns, rows=s.rows,
-                            warn=warn)
+                            warn=warn, merged=s.merged)
         quiet: list[str] = []  # notes for the log only, not the user's stderr
         sampler, inventory = _start_sampler(s.run_id, s.admin.sample_interval, s.env, spool,
                                             quiet, s.sample, root_pid=s.wrapper_pid)

@@ -262,11 +262,14 @@ class Classifier:
     dropped. Safe to call from several threads.
     """
 
-    def __init__(self, run: str, mode: str = ENABLED):
+    def __init__(self, run: str, mode: str = ENABLED, noted: tuple[str, ...] = OUTPUT_STREAMS):
+        """``noted``: the streams the run's output has, where mode changes are noted (stdout
+        alone when both streams share one terminal: there is no stderr to note it in)."""
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
         self.run = run
         self.mode = mode
+        self._noted = noted
         self.counts: dict[str, dict[str, int]] = {
             stream: dict.fromkeys(COUNT_KEYS, 0) for stream in OUTPUT_STREAMS
         }
@@ -596,7 +599,7 @@ class Classifier:
             old = before
             # The mode applies to both streams: say so in both, so a reader of either stream
             # (dashboards show stdout only) sees why output stops or starts.
-            for target in (stream, *(s for s in OUTPUT_STREAMS if s != stream)):
+            for target in (stream, *(s for s in self._noted if s != stream)):
                 out.append(self._note(target, NOTE_MODE, (
                     f"mode changed from {old} to {new} by /LOGCOMMAND on {where}: "
                     f"{_MODE_MEANS[new]}"), ts))

@@ -106,7 +106,8 @@ def run(spool: Path | None, run_id: str | None, mode: str | None, sample: bool,
     The command's exit status, signals, stdin, environment (plus LOGCAPTURE_RUN_ID) and
     output are unchanged; `logcapture run` exits the way the command did. If capture fails
     (spool unwritable, disk full, internal error) the command still runs and its output
-    still flows; one `logcapture:` warning says what went wrong.
+    still flows; a `logcapture:` warning on stderr says what went wrong (at most five
+    distinct ones a run).
     """
     from .capture import run_command  # also reached without click: entry.main
 
@@ -243,7 +244,8 @@ def logs(spool: Path | None, stream: str, follow: bool, store_dsn: str | None, s
             text = _format_record(rec, show_stream=False)
             if text is not None:
                 batch.append(text)
-                printed = True
+                # (a mode change noted in stderr is no output of stderr's)
+                printed = printed or not (isinstance(rec, Note) and rec.note == NOTE_MODE)
                 if follow or len(batch) >= 1000:
                     click.echo("\n".join(batch))
                     batch.clear()

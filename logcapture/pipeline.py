@@ -139,7 +139,8 @@ class Pipeline:
     """Sink for ``runner.run``: ``feed(stream, data, now)``, ``tick(now)``; then ``finish``."""
 
     def __init__(self, run_id: str, spool: SpoolWriter, *, mode: str, columns: int, rows: int,
-                 warn: Callable[[str], None] | None = None):
+                 warn: Callable[[str], None] | None = None, merged: bool = False):
+        """``merged``: stdout and stderr share one terminal, fed as stdout."""
         from .classify import Classifier
         from .filter import LineFilter
         from .render import Renderer
@@ -150,7 +151,8 @@ class Pipeline:
         self.renderers: dict[str, Renderer | _PlainLines] = {
             s: Renderer(columns=columns, rows=rows) for s in OUTPUT_STREAMS}
         self.filters: dict[str, LineFilter] = {s: LineFilter() for s in OUTPUT_STREAMS}
-        self.classifier: Classifier = Classifier(run_id, mode)
+        self.classifier: Classifier = Classifier(
+            run_id, mode, (STDOUT,) if merged else OUTPUT_STREAMS)
         self._new_filter = LineFilter
         # Read times (docs/architecture.md, "Read times and order"). Per stream: the newlines
         # fed, as (count so far, read time) of each read that had any; how many lines have

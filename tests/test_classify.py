@@ -298,6 +298,16 @@ def test_every_mode_by_every_command(start, target, stream):
     assert c.mode == target
     assert c.counts[stream]["commands"] == 1
 
+
+@pytest.mark.parametrize("target", ["metadata", "disabled"])
+def test_a_mode_change_is_noted_only_in_the_streams_the_run_has(target):
+    """One terminal for both streams: everything is stdout, and a note in stderr would be a
+    line of a stream the run does not have."""
+    c = Classifier("r", "enabled", ("stdout",))
+    out = feed(c, ("stdout", cmd({"mode": target})))
+    assert [(r.stream, r.kind) for r in out] == [("stdout", "command"), ("stdout", "note")]
+    assert out[1].note == NOTE_MODE and f"to {target}" in out[1].text
+
     # Read a second later: past the hold on the other stream after a relaxing command.
     after = feed(c, ("stdout", "text"), ("stderr", "err"), ("stdout", '{"epoch": 3}'),
                  ts=TS + 1)

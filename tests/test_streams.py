@@ -21,8 +21,9 @@ from click.testing import CliRunner
 from logcapture import runner
 from logcapture.cli import cli
 from logcapture.config import load_optin
-from logcapture.records import Line, Start
-from logcapture.spool import find_run_dirs, iter_run
+from logcapture.pipeline import Pipeline
+from logcapture.records import NOTE_MODE, Line, Note, Start
+from logcapture.spool import SpoolWriter, create_run_dir, find_run_dirs, iter_run
 
 from .conftest import LOGCAPTURE
 
@@ -136,6 +137,44 @@ def test_the_merged_log_holds_both_streams_in_the_order_written(
     assert b"captured as one stream" in logs.stderr and b"#SBATCH -e" in logs.stderr
     show = subprocess.run([*LOGCAPTURE, "show"], env=lc_env, capture_output=True, timeout=60)
     assert any(ln.split()[:2] == [b"streams:", b"merged"] for ln in show.stdout.splitlines())
+
+
+def test_a_merged_run_with_a_mode_change_has_no_stderr(tmp_path: Path, lc_env: dict[str, str],
+                                                       spool: Path) -> None:
+    """The mode change is noted in the one stream there is, and ``logs --stream stderr``
+    still says where stderr went."""
+    argv = [PY, "-c", "import sys\nprint('before', flush=True)\n"
+            "print('/LOGCOMMAND {\"mode\": \"metadata\"}', file=sys.stderr, flush=True)\n"
+            "print('hidden', flush=True)"]
+    assert _run([*LOGCAPTURE, "run", "--", *argv], lc_env, tmp_path / "lc", None) == 0
+    (run_dir,) = find_run_dirs(spool)
+    records = list(iter_run(run_dir))
+    assert [r.stream for r in records if r.stream == "stderr"] == []
+    assert [r.note for r in records if isinstance(r, Note) and r.stream == "stdout"] == [
+        NOTE_MODE]
+    logs = subprocess.run([*LOGCAPTURE, "logs", "--stream", "stderr"], env=lc_env,
+                          capture_output=True, timeout=60)
+    assert logs.returncode == 0 and logs.stdout == b""
+    assert b"captured as one stream" in logs.stderr
+
+
+def test_logs_stream_stderr_explains_a_merged_run_whose_stderr_has_a_mode_note(
+        tmp_path: Path, spool: Path) -> None:
+    """A run whose mode note went to both streams though they were one (as runs were written
+    before the note went to stdout alone): the note is no output of stderr's, and the
+    explanation is still given."""
+    run_dir = create_run_dir(spool, "old-merged")
+    pipeline = Pipeline("old-merged", SpoolWriter(run_dir), mode="enabled", columns=80, rows=24)
+    pipeline.start(command=["job"], config={"streams": "merged"})
+    pipeline.feed("stdout", b'/LOGCOMMAND {"mode": "metadata"}\n', 1.0)
+    pipeline.finish(exit_status=0, signal=None, state="COMPLETED", duration=1.0,
+                    bytes_read={})
+    assert any(r.stream == "stderr" for r in iter_run(run_dir))
+    result = CliRunner().invoke(cli, ["logs", "--spool", str(spool), "--stream", "stderr",
+                                      "old-merged"])
+    assert result.exit_code == 0, result.output
+    assert "mode changed" in result.stdout
+    assert "captured as one stream" in result.stderr
 
 
 def test_both_appending_to_one_file_is_one_place(tmp_path: Path, lc_env: dict[str, str],
