@@ -71,6 +71,7 @@ def capture_command(argv: list[str], *, spool_root: Path, run_id: str | None = N
     is reported through ``warn`` and the command runs without capture (or in the most private
     mode): the job's outcome never depends on logcapture.
     """
+    closed = runner.reserve_std_fds()  # before any file is opened here
     base_env = dict(os.environ if env is None else env)
     worker: runner.Worker | None = None
     problems: list[str] = []
@@ -126,7 +127,8 @@ def capture_command(argv: list[str], *, spool_root: Path, run_id: str | None = N
 
     try:
         outcome = runner.run(argv, worker, runner.Options(env=base_env, warn=warn,
-                                                          winsize=winsize, merge=bool(merge)))
+                                                          winsize=winsize, merge=bool(merge),
+                                                          closed=closed))
     except runner.NoTerminal as e:
         # No pty or no file descriptor left: the command runs as if logcapture were not
         # there, in this process, so its exit status and signals are the
@@ -137,7 +139,7 @@ def capture_command(argv: list[str], *, spool_root: Path, run_id: str | None = N
         if worker is not None:
             worker.give_up()
             _remove_if_empty(run_dir)
-        return runner.exec_command(argv, base_env, warn)
+        return runner.exec_command(argv, base_env, warn, closed)
     if outcome.spawn_error:
         warn(outcome.spawn_error)
     return runner.exit_like(outcome)

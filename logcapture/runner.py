@@ -147,12 +147,14 @@ if TYPE_CHECKING:
 
 class Options(namedtuple("Options", (
         "env", "stdin_fd", "stdout_fd", "stderr_fd", "winsize", "drain_idle", "drain_timeout",
-        "warn", "on_start", "worker_buffer", "worker_timeout", "merge"),
+        "warn", "on_start", "worker_buffer", "worker_timeout", "merge", "closed"),
         defaults=(None, 0, 1, 2, None, 0.5, 5.0, None, None, WORKER_BUFFER, WORKER_TIMEOUT,
-                  False))):
+                  False, frozenset()))):
     """How ``run`` runs a command. ``winsize``: (rows, columns), None for the caller's;
     ``on_start``: called with the child's pid; ``merge``: one pty for stdout and stderr,
-    copied to ``stdout_fd`` and fed as stream ``stdout`` (``same_destination`` says when)."""
+    copied to ``stdout_fd`` and fed as stream ``stdout`` (``same_destination`` says when);
+    ``closed``: which of 0, 1, 2 the caller had closed (``reserve_std_fds``), closed again in
+    the command."""
 
     __slots__ = ()
     if TYPE_CHECKING:
@@ -168,6 +170,7 @@ class Options(namedtuple("Options", (
         worker_buffer: int
         worker_timeout: float
         merge: bool
+        closed: frozenset[int]
 
 
 class Outcome(namedtuple("Outcome", (
@@ -515,6 +518,34 @@ def fork_worker(target: Callable[[int], int]) -> Worker:
     return Worker(pid, w)
 
 
+def reserve_std_fds() -> frozenset[int]:
+    """Open /dev/null on whichever of 0, 1 and 2 is closed, and return which were: else the
+    first files opened here (a pty's master, the worker's pipe) would take those numbers, and
+    the command would read its own output as its stdin (or the reader copy it back into the
+    pty). The command gets them closed again (``Options.closed``, ``exec_command``), as it
+    would have without logcapture."""
+    closed = []
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            closed.append(fd)
+    for fd in closed:  # in order: the lowest free number is ``fd`` itself
+        null = os.open(os.devnull, os.O_RDWR)
+        if null != fd:  # pragma: no cover - only if another thread opened a file meanwhile
+            os.dup2(null, fd)
+            os.close(null)
+    return frozenset(closed)
+
+
+def _closer(fds: frozenset[int]) -> Callable[[], None]:
+    """The child's last step before exec: close ``fds`` (``reserve_std_fds``)."""
+    def close() -> None:
+        for fd in fds:
+            os.close(fd)
+    return close
+
+
 def same_destination(fd1: int = 1, fd2: int = 2) -> bool:
     """Do ``fd1`` and ``fd2`` write to the same place, so that the order of writes across them
     is part of what ends up there? True for one open file description (``2>&1``, Slurm's
@@ -722,9 +753,12 @@ def run(argv: Sequence[str], sink: Sink | Worker | None,
     floor_kib = _resident_kib()
     try:
         try:
+            # (preexec_fn only where the caller had a standard descriptor closed: the
+            # wrapper has no threads, which is what makes it safe)
             child = subprocess.Popen(
                 list(argv), stdin=opts.stdin_fd, stdout=out_s, stderr=err_s,
-                env=opts.env, start_new_session=True, restore_signals=True, close_fds=True)
+                env=opts.env, start_new_session=True, restore_signals=True, close_fds=True,
+                preexec_fn=_closer(opts.closed) if opts.closed else None)
         except OSError as e:
             for fd in {out_m, out_s, err_m, err_s}:
                 os.close(fd)
@@ -785,6 +819,7 @@ class _ReadLoop:
         self.counts = counts
         self.real = {STDOUT: opts.stdout_fd, STDERR: opts.stderr_fd}
         self.broken: set[str] = set()  # streams whose copy to the real output failed
+        self.hang_up: set[str] = set()  # streams whose output's reader went away (EPIPE)
         self.poller = select.poll()
         for fd in masters:
             self.poller.register(fd, _POLLIN)
@@ -912,6 +947,8 @@ class _ReadLoop:
             bursts = self._read_ptys(lingered)
             sent = self._hand_over(bursts, lingered, now, now_m)
         self._pass_on(sent, now, now_m)
+        if self.hang_up:
+            self._hang_up_broken()
 
     def _linger(self, events: list[tuple[int, int]], now: float) -> bool:
         """Output after a quiet spell is the start of a burst, most likely: wait LINGER for
@@ -1061,10 +1098,32 @@ class _ReadLoop:
             try:
                 _write_all(self.real[stream], data)
             except OSError as e:
-                # The reader of our own stdout/stderr went away (EPIPE) or the output file
-                # failed: stop copying that stream but keep capturing and keep the job running.
                 self.broken.add(stream)
+                if e.errno == errno.EPIPE:  # the pipe's reader went away (``| head``)
+                    self.hang_up.add(stream)
+                    return
+                # The output file failed (a full disk): stop copying that stream but keep
+                # capturing and keep the job running.
                 self.warn(f"cannot copy the command's {stream} to its output: {e.strerror}")
+
+    def _hang_up_broken(self) -> None:
+        """The reader of a stream's output went away: without logcapture the command's next
+        write there would have raised SIGPIPE (or failed with EPIPE where SIGPIPE is ignored,
+        as Python does). The same here, at the end of the round that found it: SIGPIPE to the
+        command's process group, and the stream's pty closed, so that a write to it fails
+        (EIO). What was read before is captured; nothing is written there any more."""
+        try:
+            os.killpg(self.child.pid, signal.SIGPIPE)
+        except (ProcessLookupError, PermissionError):
+            pass
+        for fd in [fd for fd, s in self.masters.items() if s in self.hang_up]:
+            if fd in self.open_fds:
+                self.open_fds.discard(fd)
+                if self.reading:
+                    self.poller.unregister(fd)
+            del self.masters[fd]  # closed here, not again by ``run``
+            os.close(fd)
+        self.hang_up.clear()
 
     def _feed_plain(self, stream: str, data: bytes, now: float) -> None:
         if self.plain is not None:
@@ -1086,9 +1145,12 @@ class _ReadLoop:
 
 
 def exec_command(argv: Sequence[str], env: dict[str, str],
-                 warn: Callable[[str], None]) -> int:
+                 warn: Callable[[str], None], closed: frozenset[int] = frozenset()) -> int:
     """Replace this process with the command (the fallback when capture cannot run); only
-    returns after a failed exec, with the status a shell gives for it."""
+    returns after a failed exec, with the status a shell gives for it. ``closed``: the
+    standard descriptors the caller had closed (``reserve_std_fds``), closed again first."""
+    for fd in closed:
+        os.close(fd)
     try:
         os.execvpe(argv[0], list(argv), env)
     except OSError as e:

@@ -241,6 +241,56 @@ def test_stdin_passes_through(lc_env: dict[str, str]) -> None:
     assert res.stdout == b"hi\nthere"
 
 
+def _status_into_a_closed_pipe(argv: list[str], env: dict[str, str], merged: bool) -> int:
+    """``argv | head -c 10``: the exit status of ``argv`` (negative: killed by that signal)
+    once the pipe's reader has read 10 bytes and gone."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, env=env, stdin=subprocess.DEVNULL,
+                            stderr=subprocess.STDOUT if merged else subprocess.DEVNULL)
+    assert proc.stdout is not None
+    assert len(proc.stdout.read(10)) == 10
+    proc.stdout.close()
+    return proc.wait(timeout=60)
+
+
+@pytest.mark.parametrize("merged", [True, False])
+@pytest.mark.parametrize("name, argv, bare", [
+    # A program with SIGPIPE's default action dies of it; Python ignores SIGPIPE and ends
+    # with an error (status 1) at its next write; a command that never stops printing too.
+    ("yes", ["yes"], -signal.SIGPIPE),
+    ("python", [PY, "-c", "for i in range(10**6): print(i)"], 1),
+    ("python forever", [PY, "-c", "while True: print('x' * 100)"], 1),
+])
+def test_output_whose_reader_went_away_ends_the_command_as_without(
+        lc_env: dict[str, str], name: str, argv: list[str], bare: int, merged: bool) -> None:
+    assert _status_into_a_closed_pipe(argv, lc_env, merged) == bare
+    got = _status_into_a_closed_pipe([*LOGCAPTURE, "run", "--", *argv], lc_env, merged)
+    assert got == bare
+
+
+def test_closed_standard_descriptors_stay_closed_for_the_command(lc_env: dict[str, str]) -> None:
+    """Closed stdin (or stdout) is closed in the command too: no pty of logcapture's takes
+    its number, so the command cannot read its own output from its stdin."""
+    job = ("echo hello; if read -r line; then echo read:$line; else echo no stdin; fi; "
+           "ls -l /proc/self/fd/0 2>&1 | grep -c ptmx")
+    outputs = []
+    for prefix in ([], [*LOGCAPTURE, "run", "--"]):
+        script = 'exec 0<&- ; exec "$@"'
+        res = subprocess.run(["sh", "-c", script, "sh", *prefix, "sh", "-c", job],
+                             env=lc_env, capture_output=True, timeout=60)
+        outputs.append((res.returncode, res.stdout))
+    assert outputs[0] == outputs[1]
+    assert b"hello\nno stdin\n0\n" == outputs[0][1]
+    closed_out = 'exec 1>&- ; exec "$@"'
+    res = subprocess.run(["sh", "-c", closed_out, "sh", *LOGCAPTURE, "run", "--", "sh", "-c",
+                          "echo out || echo write failed >&2"],
+                         env=lc_env, capture_output=True, timeout=60)
+    bare = subprocess.run(["sh", "-c", closed_out, "sh", "sh", "-c",
+                           "echo out || echo write failed >&2"],
+                          env=lc_env, capture_output=True, timeout=60)
+    assert (res.returncode, res.stdout) == (bare.returncode, bare.stdout) == (0, b"")
+    assert b"write failed" in res.stderr and b"write failed" in bare.stderr
+
+
 def test_an_interactive_program_driven_by_pexpect(lc_env: dict[str, str]) -> None:
     child = pexpect.spawn(LOGCAPTURE[0], [*LOGCAPTURE[1:], "run", "--", PY, "-c",
                                           "n = input('name? '); print('hello', n)"],
