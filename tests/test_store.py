@@ -483,6 +483,27 @@ def test_export_metadata(db: S.Store, fmt: str, tmp_path: Path) -> None:
         db.export("nope", "metadata", fmt, io.BytesIO())
 
 
+def test_export_metadata_keys_named_like_its_own_columns_or_empty(db: S.Store) -> None:
+    """A line's own "ts" and "seq" keys do not overwrite when and where it was printed, and an
+    empty key (valid JSON) gets a column: each as metadata.KEY."""
+    run = "exp-clash"
+    recs = [Metadata(run=run, stream="stdout", seq=7 + i, ts=T0 + i,
+                     fields={"step": i, "ts": 5, "seq": 9, "": 1, "metadata.ts": "x"})
+            for i in range(2)]
+    db.insert_records(recs, ident(run))
+    out = io.BytesIO()
+    assert db.export(run, "metadata", "csv", out) == 2
+    rows = list(csv.reader(io.StringIO(out.getvalue().decode())))
+    header = rows[0]
+    assert header[:2] == ["ts", "seq"]
+    assert sorted(header[2:]) == sorted(["step", "metadata.metadata.ts", "metadata.seq",
+                                         "metadata.", "metadata.ts"])
+    got = [dict(zip(header, r, strict=True)) for r in rows[1:]]
+    assert [(float(r["ts"]), r["seq"]) for r in got] == [(T0, "7"), (T0 + 1, "8")]
+    assert got[1]["metadata.metadata.ts"] == "5" and got[1]["metadata.seq"] == "9"
+    assert got[1]["metadata."] == "1" and got[1]["metadata.ts"] == "x"
+
+
 def test_write_rows_without_a_store_uses_the_engine_this_process_has(db: S.Store,
                                                                      tmp_path: Path) -> None:
     """chDB runs one engine per process: with a store open here (``db``), rows written

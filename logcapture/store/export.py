@@ -34,7 +34,9 @@ def export_rows(what: str, records: list[dict[str, Any]]) -> list[dict[str, Any]
                  "text": _line_text(d)} for d in records]
     if what == "metadata":
         recs = sorted(records, key=lambda d: (d["ts"], d["seq"]))
-        return [{"ts": d["ts"], "seq": d["seq"], **d["fields"]} for d in recs]
+        column = _metadata_columns({k for d in recs for k in d["fields"]})
+        return [{"ts": d["ts"], "seq": d["seq"],
+                 **{column.get(k, k): v for k, v in d["fields"].items()}} for d in recs]
     rows = []
     for d in records:
         row: dict[str, Any] = {"ts": d["ts"], "node": d["node"]}
@@ -122,6 +124,20 @@ def write_rows(rows: list[dict[str, Any]], fmt: str, out: BinaryIO,
         raise
     except Exception as e:  # noqa: BLE001
         raise classify(e, "exporting") from None
+
+
+def _metadata_columns(keys: set[str]) -> dict[str, str]:
+    """The column of each metadata key that cannot be its own name: the empty key (no
+    column can be named so) and the export's own ``ts`` and ``seq`` (a line's own ``"ts"``
+    must not overwrite when it was printed): ``metadata.KEY``, made longer while another key
+    has that name."""
+    renamed = {}
+    for key in keys & {"", "ts", "seq"}:
+        name = f"metadata.{key}"
+        while name in keys:
+            name = f"metadata.{name}"
+        renamed[key] = name
+    return renamed
 
 
 def _escape_ident(name: str) -> str:
