@@ -241,11 +241,19 @@ def test_stdin_passes_through(lc_env: dict[str, str]) -> None:
     assert res.stdout == b"hi\nthere"
 
 
+def _sigpipe_as_a_shell_gives_it() -> None:
+    """SIGPIPE's default action, not blocked: what a shell starts a pipeline with (whatever
+    this test process has done to it, which a child would inherit)."""
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGPIPE])
+
+
 def _status_into_a_closed_pipe(argv: list[str], env: dict[str, str], merged: bool) -> int:
     """``argv | head -c 10``: the exit status of ``argv`` (negative: killed by that signal)
     once the pipe's reader has read 10 bytes and gone."""
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, env=env, stdin=subprocess.DEVNULL,
-                            stderr=subprocess.STDOUT if merged else subprocess.DEVNULL)
+                            stderr=subprocess.STDOUT if merged else subprocess.DEVNULL,
+                            preexec_fn=_sigpipe_as_a_shell_gives_it)
     assert proc.stdout is not None
     assert len(proc.stdout.read(10)) == 10
     proc.stdout.close()
