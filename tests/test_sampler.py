@@ -258,10 +258,29 @@ def test_busy_child_tree_cpu_is_the_jobs_and_stays_after_it_ends(busy):
     p.stdin.flush()
     p.wait()  # reaped by us, outside the job: its counters must not vanish
     ended = col.collect()
-    assert ended["processes"] == 0 and ended["memory_rss_bytes"] == 0
+    assert ended["processes"] == 0 and ended["memory_rss_bytes"] is None
     assert ended["cpu_seconds_total"] >= running["cpu_seconds_total"]
     assert ended["io_read_bytes"] >= running["io_read_bytes"]
     assert col.pop_warnings() == []
+
+
+def test_a_sample_of_only_an_exited_process_has_no_memory_figure():
+    """A command shorter than a sample interval: the one sample may find it exited but not
+    yet reaped (a zombie, no memory left). That is no measurement, not a peak of 0 B."""
+    p = subprocess.Popen(["true"])
+    try:
+        stat = Path(f"/proc/{p.pid}/stat")
+        deadline = time.monotonic() + 10
+        while stat.read_text().rsplit(")", 1)[1].split()[0] != "Z":
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        sample = JobCollector(root_pid=p.pid).collect()
+        assert sample["processes"] == 1
+        assert sample["memory_rss_bytes"] is None and sample["memory_pss_bytes"] is None
+        assert summarize([{"kind": "sample", "node": "n", "ts": 1.0, "job": sample,
+                           "gpus": []}])["memory_rss_peak_bytes"] is None
+    finally:
+        p.wait()
 
 
 def test_a_process_ending_mid_sample_is_counted_not_warned_about(tmp_path, busy):

@@ -328,8 +328,10 @@ class JobCollector:
         return {
             "cpu_seconds_total": peak["cpu"],
             "cpu_percent": cpu_percent,
-            "memory_rss_bytes": rss,
-            "memory_pss_bytes": pss if have_pss else None,
+            # No resident page in any process: none is alive (no process, or only exited
+            # ones not reaped yet, zombies): nothing was measured, not "0 B".
+            "memory_rss_bytes": rss or None,
+            "memory_pss_bytes": pss if have_pss and rss else None,
             "io_read_bytes": peak["read"],
             "io_write_bytes": peak["write"],
             "threads": threads,
