@@ -195,14 +195,17 @@ def ls_cmd(spool: Path | None, store_dsn: str | None, source: str, as_json: bool
         summaries = reader.runs()
     if job is not None:
         wanted = {d["run"] for d in jobref.select(job, summaries)}
+        if not wanted:  # as logs and show say it
+            from .errors import NotFound
+
+            raise NotFound(f"no job or run {job!r} of yours (see `logcapture ls`)")
         summaries = [d for d in summaries if d["run"] in wanted]
     if as_json:
         for d in summaries:
             click.echo(json.dumps(d))
         return
     if not summaries:
-        click.echo(f"no job {job!r} of yours" if job is not None
-                   else f"no runs in {_root(spool)} or in the store", err=True)
+        click.echo(f"no runs in {_root(spool)} or in the store", err=True)
         return
     for line in table(ls_rows(summaries)):
         click.echo(line)
