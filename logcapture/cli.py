@@ -460,8 +460,10 @@ def check(uid: int | None, file: Path | None) -> None:
     path = file if file is not None else optin_path()
     result = load_optin(path, uid=uid)
     if not result.opted_in and not result.problems:
+        import shlex
+
         click.echo(f"{path}: does not exist: logging is off for your jobs "
-                   "(opt in with: touch ~/.logoptin)")
+                   f"(opt in with: touch {shlex.quote(str(path))})")
         sys.exit(1)
     if result.problems:
         for problem in result.problems:

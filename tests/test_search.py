@@ -254,6 +254,13 @@ def test_context_blocks_merge_and_gaps_are_marked(dsn: str) -> None:
     assert [d["gap"] for d in both] == [False, True]  # lines 2 and 6: not next to each other
 
 
+def test_every_state_a_run_can_end_in_can_be_searched_for() -> None:
+    from logcapture.search import STATES
+    from logcapture.slurm.jobs import END_STATES
+
+    assert set(STATES) == {"RUNNING", "SIGNALED", *END_STATES}
+
+
 def test_since_until_stream_state_and_job(dsn: str) -> None:
     assert {g["run"] for g in ask(dsn, "alice", "NCCL", since=T0 + DAY)["groups"]} == {
         "a-new"}
