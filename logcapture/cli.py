@@ -836,7 +836,13 @@ def export_cmd(spool: Path | None, store_dsn: str | None, source: str, run_ref: 
                 out.flush()
             else:
                 tmp = output.with_name(output.name + ".tmp")
-                with open(tmp, "wb") as f:
+                try:
+                    f = open(tmp, "wb")  # noqa: SIM115 - closed below, its error named first
+                except OSError as e:  # the file the user named, not our temporary one
+                    from .errors import UsageError
+
+                    raise UsageError(f"-o {output}: {e.strerror}") from None
+                with f:
                     write_rows(rows, fmt, f, store)
                 os.replace(tmp, output)
     click.echo(f"logcapture: {len(rows)} {what} row(s) of run {run}"

@@ -163,6 +163,10 @@ def test_export_formats(capsys: pytest.CaptureFixture[str], env: Path, tmp_path:
     assert [r["text"] for r in rows[:2]] == ["step 0", "step 1"]
     code, _, err = lc(capsys, "export", "nope", "--what", "lines")
     assert code == 1 and "not in the store" in err
+    missing = tmp_path / "no-such-dir" / "f.csv"
+    code, _, err = lc(capsys, "export", "exp1", "-o", str(missing))
+    assert code == 2 and f"-o {missing}: No such file or directory" in err
+    assert ".tmp" not in err
 
 
 def test_export_of_an_unshipped_run_without_a_store(capsys: pytest.CaptureFixture[str],
