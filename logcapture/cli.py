@@ -706,7 +706,9 @@ def upload(spool: Path | None, store_dsn: str | None, run_arg: str | None,
                    err=True)
     for w in res.warnings[:20]:
         click.echo(f"logcapture: warning: {w}", err=True)
-    click.echo(f"logcapture: {res.summary()} to {describe_dsn(store_dsn)}", err=True)
+    # A failure that shipped nothing says only what failed.
+    if not res.exit_code or res.runs or res.records:
+        click.echo(f"logcapture: {res.summary()} to {describe_dsn(store_dsn)}", err=True)
     if res.exit_code:
         err = LogcaptureError(res.error or ("partly shipped; see the warnings above"
                                             if res.exit_code == 1 else "upload failed"))

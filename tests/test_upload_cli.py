@@ -113,6 +113,7 @@ def test_upload_exit_codes_and_messages(capsys: pytest.CaptureFixture[str], env:
     assert code == 2 and "mutually exclusive" in err
     code, _, err = lc(capsys, "upload", "--run", "nope", "--spool", str(env))
     assert code == 2 and "no run 'nope'" in err
+    assert "shipped" not in err  # a failure that shipped nothing says only what failed
     # corrupt lines: skipped, counted, reported; exit 1
     make_run(env, "cli3", extra=b"not json at all\n")
     code, _, err = lc(capsys, "upload", "cli3", "--spool", str(env))
