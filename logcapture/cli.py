@@ -196,9 +196,7 @@ def ls_cmd(spool: Path | None, store_dsn: str | None, source: str, as_json: bool
     if job is not None:
         wanted = {d["run"] for d in jobref.select(job, summaries)}
         if not wanted:  # as logs and show say it
-            from .errors import NotFound
-
-            raise NotFound(f"no job or run {job!r} of yours (see `logcapture ls`)")
+            raise jobref.not_found(job)
         summaries = [d for d in summaries if d["run"] in wanted]
     if as_json:
         for d in summaries:

@@ -108,12 +108,17 @@ def select(text: str, summaries: Iterable[Mapping[str, Any]]) -> list[Mapping[st
     return found
 
 
+def not_found(text: str) -> NotFound:
+    """The error for ``text`` naming none of the user's runs (``choose``, ``ls JOB``)."""
+    return NotFound(f"no job or run {text!r} of yours (see `logcapture ls`)")
+
+
 def choose(text: str, summaries: Iterable[Mapping[str, Any]]) -> str:
     """The run id of the one run ``text`` names: the latest run of its job. NotFound when
     none; a UsageError naming the tasks when ``text`` is an array job of several tasks."""
     found = select(text, summaries)
     if not found:
-        raise NotFound(f"no job or run {text!r} of yours (see `logcapture ls`)")
+        raise not_found(text)
     jobs = sorted({s["job"] for s in found}, key=_job_order)
     if len(jobs) > 1:
         shown = ", ".join(jobs[:10]) + (", ..." if len(jobs) > 10 else "")
