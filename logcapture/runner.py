@@ -1016,6 +1016,8 @@ class _ReadLoop:
         READS_IN_A_ROW reads. Returns whether the last read ended short (the pty had no more).
         Outside a lingered round, each read is copied out at once, as written (a flood)."""
         stream = self.masters[fd]
+        if stream in self.hang_up:
+            return True  # its output's reader went away: read no more (_hang_up_broken)
         worker = self.worker
         read = os.read
         for _ in range(READS_IN_A_ROW):
@@ -1036,6 +1038,8 @@ class _ReadLoop:
             burst.append(data)
             if not lingered:
                 self._copy(stream, data)
+                if stream in self.hang_up:
+                    return True  # read no more: the job would have been stopped here
             if worker is not None and \
                     worker.size + len(burst) * READ_SIZE >= self.opts.worker_buffer:
                 return False  # flow control: the loop stops reading the ptys
