@@ -15,6 +15,7 @@ import gc
 import os
 import pwd
 import select
+import threading
 import time
 from array import array
 from collections import namedtuple
@@ -217,8 +218,9 @@ def _capture_worker(fd: int, s: WorkerSettings) -> int:
     # Everything made so far lives as long as this process: out of the collector's sight,
     # so its collections scan only what rendering allocates.
     gc.freeze()
+    sched: dict[str, int] = {}
     try:
-        end = serve(fd, pipeline)
+        end, sched = serve_in_idle_time(fd, pipeline, spool)
     except Exception as e:  # noqa: BLE001 - a bug here must not reach the job
         warn(f"capture stopped after an internal error ({type(e).__name__}); the command "
              "goes on and its output still reaches its files")
@@ -260,7 +262,7 @@ def _capture_worker(fd: int, s: WorkerSettings) -> int:
                             "reader_cpu_ms": reader.get("cpu_ms", 0),
                             "reader_reads": reader.get("reads", 0),
                             "reader_lingers": reader.get("lingers", 0),
-                            "worker_cpu_ms": mine["cpu_ms"]},
+                            "worker_cpu_ms": mine["cpu_ms"], **sched},
                             **({"sampling": sampler.counts()} if sampler is not None else {})})
     except Exception as e:  # noqa: BLE001
         warn(f"could not finish the spool ({type(e).__name__})")
@@ -275,10 +277,124 @@ def _discard(fd: int) -> None:
         pass
 
 
+# The worker renders in the CPU's idle time: its rendering thread runs under SCHED_IDLE, so a
+# CPU that runs only it counts as idle when the kernel places the job and the reader as they
+# wake (sched(7)), and the two, which hand every write over through the pty, are not queued
+# behind it. A worker that cannot keep up there (every CPU busy: the job's own threads, or
+# other jobs on a shared node) hands its work to a thread at the normal policy for the rest of
+# the run: once it renders a frame read more than LAG_MAX seconds before (the reader holds a
+# frame for at most runner.PUMP_MAX), or when frames waited through LAG_CHECK seconds in which
+# it ran less than STARVED of a CPU (while the job prints without pause on a 2-CPU node it
+# gets ~15 %; beside a busy process on its CPU, ~0.3 %). Its other thread checks only while
+# frames wait. An unprivileged thread cannot leave SCHED_IDLE (sched(7), RLIMIT_NICE), hence
+# a second thread, not a change of policy. The spool's flusher thread moves with the
+# rendering; the sampler's keeps the normal policy (samples are taken on time).
+LAG_MAX = 1.0
+LAG_CHECK = 0.25
+STARVED = 0.05
+
+
 def serve(fd: int, pipeline: Pipeline) -> dict[str, Any] | None:
     """Feed ``pipeline`` the frames (frame.py) read from ``fd`` until the end frame; return
     its payload (the outcome), or None at end of file without one (the wrapper was killed;
-    a frame it had not finished writing is dropped).
+    a frame it had not finished writing is dropped). ``_Server.run`` says how."""
+    return _Server(fd, pipeline).run()
+
+
+def serve_in_idle_time(fd: int, pipeline: Pipeline, spool: SpoolWriter | None = None, *,
+                       lag_max: float = LAG_MAX, check: float = LAG_CHECK,
+                       starved: float = STARVED,
+                       ) -> tuple[dict[str, Any] | None, dict[str, int]]:
+    """``serve``, rendering in a thread under SCHED_IDLE until it falls behind (LAG_MAX,
+    STARVED), then in this thread at its own policy, from the frame where the other stopped
+    (the frame it was rendering is finished first). ``spool``'s flusher thread moves with
+    the rendering (``SpoolWriter.restart_flusher``): it writes what the rendering makes, and
+    at the normal policy it would take a CPU from the job for every flush. Returns the
+    outcome and counts for the end record: ``worker_sched_idle`` (1 when the policy was set),
+    ``worker_handovers`` (1 when this thread took over)."""
+    server = _Server(fd, pipeline)
+    done = threading.Event()
+    ended_r, ended_w = os.pipe()  # wakes this thread when the rendering thread returns
+    result: list[Any] = []
+    counts = {"worker_sched_idle": 0, "worker_handovers": 0}
+    clock: list[int] = []
+
+    def render() -> None:
+        try:
+            clock.append(time.pthread_getcpuclockid(threading.get_ident()))
+            try:
+                os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # this thread's
+                counts["worker_sched_idle"] = 1
+            except (AttributeError, OSError):  # not Linux, or refused: the normal policy
+                pass
+            else:
+                if spool is not None:
+                    spool.restart_flusher()
+            result.append(server.run())
+        except BaseException as e:  # noqa: BLE001 - raised again in the caller's thread
+            result.append(e)
+        finally:
+            os.write(ended_w, b"x")
+            done.set()
+
+    threading.Thread(target=render, name="logcapture-render", daemon=True).start()
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    poller.register(ended_r, select.POLLIN)
+    handover = False
+    idle_checks = 0
+    while not done.is_set() and not handover:
+        if idle_checks >= 4:
+            # Nothing waited at the last checks: sleep until frames come (or the rendering
+            # thread returns), then check on the timer again. Waking for each frame would
+            # take a CPU and the GIL from the others at every frame of a flood.
+            poller.poll()
+            idle_checks = 0
+        waited = server.pending()
+        ran = _cpu_ns(clock)
+        done.wait(check)
+        if done.is_set():
+            break
+        if waited and server.pending():
+            idle_checks = 0
+            handover = server.late >= lag_max or (
+                _cpu_ns(clock) - ran < starved * check * 1e9)
+        else:
+            idle_checks += 1
+    if handover:
+        server.stop = True  # honoured at the next frame: the rendering thread returns
+    done.wait()
+    os.close(ended_r)
+    os.close(ended_w)
+    outcome = _outcome(result[0])
+    if not server.stopped:
+        return outcome, counts  # it ended first
+    counts["worker_handovers"] = 1
+    if spool is not None:
+        spool.restart_flusher()
+    server.stop = server.stopped = False
+    return server.run(), counts
+
+
+def _cpu_ns(clock: list[int]) -> int:
+    """The CPU time of the thread whose CPU-time clock ``clock`` holds (0 when unknown)."""
+    try:
+        return time.clock_gettime_ns(clock[0]) if clock else 0
+    except OSError:
+        return 0
+
+
+def _outcome(value: Any) -> dict[str, Any] | None:
+    if isinstance(value, BaseException):
+        raise value
+    return value
+
+
+class _Server:
+    """``serve``'s loop, resumable: ``run`` returns early, with ``stopped`` set, between two
+    frames once ``stop`` is set (from another thread), and a later ``run`` goes on from
+    there. ``late`` is how long before its rendering the last frame rendered was read
+    (seconds).
 
     Ticks: every TICK seconds of the reader's clock, taken from the frames' times while there
     is a backlog (so a backlog renders as it would have when it was read); when the pipe is
@@ -287,64 +403,103 @@ def serve(fd: int, pipeline: Pipeline) -> dict[str, Any] | None:
     within COALESCE seconds of each other are rendered as one chunk, each read's lines keeping
     its read time: a worker that fell behind catches up in large chunks instead of paying the
     per-chunk cost for every short read (docs/performance.md)."""
-    coalesce, tick_s = runner.COALESCE, runner.TICK
-    split = frame.split
-    streams = frame.STREAMS
-    buf = bytearray()
-    # Read into one buffer made once: os.read would allocate (and the allocator map, shrink
-    # and unmap) a fresh 1 MiB object at every wake-up.
-    into = bytearray(1 << 20)
-    got = memoryview(into)
-    readv = os.readv
-    poller = select.poll()
-    poller.register(fd, select.POLLIN)
-    last_tick = time.monotonic()
-    while True:
-        due = pipeline.tick_due()
-        if due is None:  # nothing to commit until the next frame: no tick wake-ups
-            timeout = -1
-        else:
-            wait = due - time.monotonic()
-            timeout = max(0, int(wait * 1000) + 1) if wait > 0 else 0
-        if not poller.poll(timeout):
-            last_tick = time.monotonic()
-            pipeline.tick(time.time(), last_tick)
-            continue
-        n = readv(fd, [into])
-        if not n:
-            return None
-        buf += got[:n]
-        frames, pos = split(buf)
-        i, n = 0, len(frames)
-        while i < n:
-            stream, lengths, walls, ends, mono, last_mono, start, end = frames[i]
-            if stream == frame.END:
-                return frame.decode_end(buf[start:end])
-            wall = walls[0]
-            if mono - last_tick >= tick_s:
-                # The reader's clock moved on by a tick or more since the last one: tick as
-                # it would have (after a few ticks more change nothing: idled streams stay so).
-                steps = 0
-                while last_tick + tick_s <= mono:
-                    last_tick = last_tick + tick_s if steps < 4 else mono
-                    steps += 1
-                    pipeline.tick(wall - (mono - last_tick), last_tick)
-            j = i + 1
-            while j < n and frames[j][0] == stream and frames[j][2][0] - wall <= coalesce:
-                j += 1
-            if j == i + 1:
-                chunk = bytes(buf[start:end])
+
+    def __init__(self, fd: int, pipeline: Pipeline) -> None:
+        self.fd = fd
+        self.pipeline = pipeline
+        self.buf = bytearray()  # whole frames not rendered yet, then part of the next one
+        # Read into one buffer made once: os.read would allocate (and the allocator map,
+        # shrink and unmap) a fresh 1 MiB object at every wake-up.
+        self.into = bytearray(1 << 20)
+        self.last_tick = time.monotonic()
+        self.stop = False
+        self.stopped = False
+        self.rendering = False
+        self.late = 0.0
+        self._peek = select.poll()
+        self._peek.register(fd, select.POLLIN)
+
+    def pending(self) -> bool:
+        """Frames wait: being rendered, or not read yet (or the end of file is)."""
+        return self.rendering or bool(self._peek.poll(0))
+
+    def run(self) -> dict[str, Any] | None:
+        pipeline = self.pipeline
+        buf = self.buf
+        got = memoryview(self.into)
+        readv = os.readv
+        poller = select.poll()
+        poller.register(self.fd, select.POLLIN)
+        # Frames read before a stop and not rendered yet go first.
+        done, end = self._render(buf)
+        while not done:
+            due = pipeline.tick_due()
+            if due is None:  # nothing to commit until the next frame: no tick wake-ups
+                timeout = -1
             else:
-                group = frames[i:j]
-                chunk = b"".join([buf[f[6]:f[7]] for f in group])
-                lengths = array("I", chain.from_iterable([f[1] for f in group]))
-                walls = array("d", chain.from_iterable([f[2] for f in group]))
-                ends = b"".join([f[3] for f in group])
-                last_mono = group[-1][5]
-            pipeline.feed(streams[stream], chunk, walls[-1], last_mono,
-                          list(zip(accumulate(lengths), walls, ends, strict=True)))
-            i = j
+                wait = due - time.monotonic()
+                timeout = max(0, int(wait * 1000) + 1) if wait > 0 else 0
+            if not poller.poll(timeout):
+                self.last_tick = time.monotonic()
+                pipeline.tick(time.time(), self.last_tick)
+                continue
+            self.rendering = True  # before the read empties the pipe: pending() stays true
+            n = readv(self.fd, [self.into])
+            if not n:
+                return None
+            buf += got[:n]
+            done, end = self._render(buf)
+            self.rendering = False
+        return end
+
+    def _render(self, buf: bytearray) -> tuple[bool, dict[str, Any] | None]:
+        """Render the whole frames at the start of ``buf`` and remove them; (True, outcome)
+        at the end frame or a stop, (False, None) when more must be read."""
+        pipeline = self.pipeline
+        coalesce, tick_s = runner.COALESCE, runner.TICK
+        streams = frame.STREAMS
+        frames, pos = frame.split(buf)
+        i, n = 0, len(frames)
+        last_tick = self.last_tick
+        try:
+            while i < n:
+                if self.stop:
+                    del buf[:frames[i - 1][7] if i else 0]  # frame i's header starts there
+                    self.stopped = True
+                    return True, None
+                stream, lengths, walls, ends, mono, last_mono, start, end = frames[i]
+                if stream == frame.END:
+                    return True, frame.decode_end(buf[start:end])
+                wall = walls[0]
+                if mono - last_tick >= tick_s:
+                    # The reader's clock moved on by a tick or more since the last one: tick
+                    # as it would have (after a few ticks more change nothing: idled streams
+                    # stay so).
+                    steps = 0
+                    while last_tick + tick_s <= mono:
+                        last_tick = last_tick + tick_s if steps < 4 else mono
+                        steps += 1
+                        pipeline.tick(wall - (mono - last_tick), last_tick)
+                j = i + 1
+                while j < n and frames[j][0] == stream and frames[j][2][0] - wall <= coalesce:
+                    j += 1
+                if j == i + 1:
+                    chunk = bytes(buf[start:end])
+                else:
+                    group = frames[i:j]
+                    chunk = b"".join([buf[f[6]:f[7]] for f in group])
+                    lengths = array("I", chain.from_iterable([f[1] for f in group]))
+                    walls = array("d", chain.from_iterable([f[2] for f in group]))
+                    ends = b"".join([f[3] for f in group])
+                    last_mono = group[-1][5]
+                pipeline.feed(streams[stream], chunk, walls[-1], last_mono,
+                              list(zip(accumulate(lengths), walls, ends, strict=True)))
+                self.late = time.monotonic() - last_mono
+                i = j
+        finally:
+            self.last_tick = last_tick
         del buf[:pos]
+        return False, None
 
 
 def _start_sampler(run_id: str, interval: float, env: dict[str, str], spool: SpoolWriter,

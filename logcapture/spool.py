@@ -461,6 +461,20 @@ class SpoolWriter:
                 self._compress(self._index)
 
     # --- flusher thread ------------------------------------------------------------------
+    def restart_flusher(self) -> None:
+        """Hand the flushing to a new thread, which takes the scheduling policy of the thread
+        calling this (capture.serve_in_idle_time: SCHED_IDLE while the worker renders in idle
+        time, the normal policy once it cannot keep up there). The old thread touches nothing
+        more: it ends at its next wake-up, which this gives it."""
+        thread = threading.Thread(target=self._run, name="logcapture-spool", daemon=True)
+        with self._lock:
+            if self._closed:
+                return
+            old_wake, self._wake = self._wake, threading.Event()
+            self._thread = thread
+        thread.start()
+        old_wake.set()
+
     def _run(self) -> None:
         # Asleep while nothing is pending (a quiet job costs no wake-ups); woken by the first
         # record, it writes every flush_interval (sooner when flush_records wait) for as long
@@ -472,24 +486,32 @@ class SpoolWriter:
         # sync is flush_interval old: a flood syncs twice a second, not once per batch, and
         # what a node crash can lose stays bounded by flush_interval (a crash of the process
         # loses nothing written).
+        # A thread that restart_flusher replaced returns at its next wake-up, before it
+        # touches anything (its own Event: clearing it cannot swallow the new thread's wake).
+        me = threading.current_thread()
+        wake = self._wake
         synced = time.monotonic()
         unsynced = False
         sleep = True
         while not self._closed:
             if sleep:
                 with self._lock:
+                    if self._thread is not me:
+                        return
                     self._asleep = sleep = not self._pending
                 if sleep:
                     if unsynced:  # going quiet: make what the last flushes wrote durable
                         with self._io_lock:
                             self._sync()
                         unsynced = False
-                    self._wake.wait()
-                    self._wake.clear()
-                    if self._closed:
+                    wake.wait()
+                    wake.clear()
+                    if self._closed or self._thread is not me:
                         break
-            self._wake.wait(self.flush_interval)
-            self._wake.clear()
+            wake.wait(self.flush_interval)
+            wake.clear()
+            if self._thread is not me:
+                return
             now = time.monotonic()
             sync = now - synced >= self.flush_interval
             wrote = self._drain(sync=sync)

@@ -490,3 +490,62 @@ def test_ls_lists_a_run_holding_a_huge_segment_within_bounded_memory(tmp_path: P
     # and the rest of the run reads as ever
     r = run_lc(["logs", "r1", "--source", "spool"], env)
     assert (r.returncode, r.stdout) == (0, b"line 0\nline 1\nline 2\n"), r.stderr
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="Linux scheduling policies")
+def test_a_restarted_flusher_takes_the_callers_policy_and_loses_nothing(
+        tmp_path: Path) -> None:
+    # The capture worker moves the flusher under SCHED_IDLE with its rendering thread, and
+    # back to the normal policy when the rendering falls behind (capture.serve_in_idle_time).
+    import threading
+    import time
+
+    run_dir = create_run_dir(tmp_path, "r")
+    w = SpoolWriter(run_dir, flush_interval=0.05, fsync=False)
+    seq = iter(range(10_000))
+
+    def write(n: int) -> None:
+        w.write([Line(run="r", stream="stdout", seq=i, ts=1.0, text=f"x{i}")
+                 for i in [next(seq) for _ in range(n)]])
+
+    def on_disk() -> list[str]:
+        return [x.text for x in iter_run(run_dir) if x.kind == "line"]  # type: ignore[attr-defined]
+
+    def wait_for(text: str) -> None:  # written by the flusher, without close()
+        deadline = time.monotonic() + 10
+        while text not in on_disk():
+            assert time.monotonic() < deadline, on_disk()[-3:]
+            time.sleep(0.02)
+
+    first = w._thread
+    write(5)
+    flushers: list[threading.Thread] = []
+
+    def idle_caller() -> None:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        write(5)
+        w.restart_flusher()
+        flushers.append(w._thread)
+        write(5)
+
+    t = threading.Thread(target=idle_caller)
+    t.start()
+    t.join()
+    idle = flushers[0]
+    first.join(5)
+    assert not first.is_alive()  # the replaced thread ended
+    assert idle.is_alive() and idle.native_id is not None
+    assert os.sched_getscheduler(idle.native_id) == os.SCHED_IDLE
+    wait_for("x14")  # the new flusher writes on its own
+    write(5)
+    w.restart_flusher()  # from this thread: back to the normal policy
+    normal = w._thread
+    assert normal.native_id is not None
+    assert os.sched_getscheduler(normal.native_id) == os.SCHED_OTHER
+    idle.join(5)
+    assert not idle.is_alive()
+    write(5)
+    wait_for("x24")
+    w.close()
+    w.restart_flusher()  # after close: nothing to restart
+    assert on_disk() == [f"x{i}" for i in range(25)]  # each once, in order
