@@ -321,7 +321,10 @@ def serve_in_idle_time(fd: int, pipeline: Pipeline, spool: SpoolWriter | None = 
 
     def render() -> None:
         try:
-            clock.append(time.pthread_getcpuclockid(threading.get_ident()))
+            try:
+                clock.append(time.pthread_getcpuclockid(threading.get_ident()))
+            except (AttributeError, OSError):  # no thread CPU clock: the LAG_MAX rule only
+                pass
             try:
                 os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # this thread's
                 counts["worker_sched_idle"] = 1
@@ -357,7 +360,7 @@ def serve_in_idle_time(fd: int, pipeline: Pipeline, spool: SpoolWriter | None = 
             break
         if waited and server.pending():
             idle_checks = 0
-            handover = server.late >= lag_max or (
+            handover = server.late >= lag_max or bool(clock) and (
                 _cpu_ns(clock) - ran < starved * check * 1e9)
         else:
             idle_checks += 1

@@ -111,6 +111,21 @@ def test_the_worker_renders_under_sched_idle_in_a_thread_of_its_own() -> None:
     os.close(w)
 
 
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="Linux scheduling policies")
+def test_without_a_thread_cpu_clock_the_worker_still_renders_in_idle_time(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delattr(time, "pthread_getcpuclockid")
+    r, w = os.pipe()
+    os.write(w, _frames(4))
+    feeds = _Feeds()
+    end, counts = serve_in_idle_time(r, feeds, check=0.01)  # type: ignore[arg-type]
+    assert end == {"exit_status": 3}
+    assert counts["worker_sched_idle"] == 1
+    assert [f[1] for f in feeds.feeds] == [f"line {i}\n".encode() for i in range(4)]
+    os.close(r)
+    os.close(w)
+
+
 _STARVED = r"""
 import json, os, subprocess, sys, time
 from tests.test_capture import _Feeds, _frames
