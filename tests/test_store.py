@@ -555,6 +555,19 @@ def test_classify_error_codes() -> None:
                                        "`multiMatchAny` does not exist")), StoreUnavailable)
 
 
+def test_a_server_that_cannot_be_reached_is_named_with_the_sockets_error() -> None:
+    # Not the HTTP client's retry report (pool, query id, attempt number): what the operating
+    # system said, after the store's address.
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(StoreUnavailable) as got:
+        S.open_store(f"http://127.0.0.1:{port}", create=False)
+    assert str(got.value) == f"connecting to http://127.0.0.1:{port}: Connection refused"
+
+
 def test_resolve_dsn(tmp_path: Path) -> None:
     env = {"HOME": str(tmp_path), "LOGCAPTURE_CONFIG": str(tmp_path / "missing.yaml")}
     assert S.resolve_dsn(None, env) == f"chdb://{tmp_path}/.local/state/logcapture/store"

@@ -264,7 +264,23 @@ def classify(exc: BaseException, what: str = "") -> StoreError:
     if code in SCHEMA_ERROR_CODES:
         return StoreError(f"{prefix}the store has no logcapture schema (run `logcapture db "
                           f"init`): {short}")
+    cause = _network_cause(exc)
+    if cause is not None:  # the socket's own words, not the HTTP client's retry report
+        short = cause.strerror or str(cause) or type(cause).__name__
     return StoreUnavailable(f"{prefix}{short}")
+
+
+def _network_cause(exc: BaseException) -> OSError | None:
+    """The operating system's error under a connection failure (refused, no such host, timed
+    out), found through the exceptions the HTTP client chained on it; None if there is none."""
+    seen = 0
+    cause = exc.__cause__ or exc.__context__
+    while cause is not None and seen < 16:
+        if isinstance(cause, OSError):
+            return cause
+        cause = cause.__cause__ or cause.__context__
+        seen += 1
+    return None
 
 
 # --- the connection --------------------------------------------------------------------------
