@@ -88,8 +88,33 @@ def cli() -> None:
 # ------------------------------------------------------------------------------ run
 
 
-@cli.command(context_settings={"ignore_unknown_options": True,
-                               "allow_interspersed_args": False})
+class _RunCommand(click.Command):
+    """``run``: the command's own options pass through unparsed (``ignore_unknown_options``),
+    so click alone would run ``logcapture run --bogus -- true`` as a command named
+    ``--bogus``. An option word before ``--`` and before the command's name is ``run``'s, or
+    an error here; after ``--``, or once the command's name is given, every word is the
+    command's."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        takes_value: dict[str, bool] = {}
+        for param in self.get_params(ctx):
+            if isinstance(param, click.Option):
+                for name in (*param.opts, *param.secondary_opts):
+                    takes_value[name] = not param.is_flag
+        i = 0
+        while i < len(args) and args[i] != "--" and args[i].startswith("-"):
+            name, eq, _ = args[i].partition("=")
+            if name not in takes_value:
+                import difflib
+
+                raise click.NoSuchOption(name, possibilities=difflib.get_close_matches(
+                    name, list(takes_value)), ctx=ctx)
+            i += 2 if takes_value[name] and not eq else 1
+        return super().parse_args(ctx, args)
+
+
+@cli.command(cls=_RunCommand, context_settings={"ignore_unknown_options": True,
+                                                "allow_interspersed_args": False})
 @_spool_option
 @click.option("--run-id", default=None, help="Id of this run (default: the Slurm job id, or "
               "a time-host-pid id). Letters, digits, '.', '_' and '-'.")

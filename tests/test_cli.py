@@ -184,3 +184,20 @@ def test_ls_json_of_a_start_record_without_optional_fields(tmp_path: Path) -> No
     rows = {r["run"]: r for r in map(json.loads, res.output.splitlines())}
     for run in ("bare", "nulls"):
         assert rows[run]["command"] == [] and rows[run]["slurm"] == {}
+
+
+def test_an_unknown_option_of_run_is_an_error_not_a_command(lc_env: dict[str, str]) -> None:
+    # Before `--` and before the command's name, an option word is run's own; after either,
+    # it is the command's (so `run -- --bogus` runs a program named --bogus).
+    res = run_lc(["run", "--bogus", "--", "true"], lc_env)
+    assert res.returncode == 2
+    assert b"No such option '--bogus'" in res.stderr
+    res = run_lc(["run", "--mdoe", "enabled", "--", "true"], lc_env)
+    assert res.returncode == 2 and b"Did you mean '--mode'?" in res.stderr
+    res = run_lc(["run", "--", "--bogus"], lc_env)
+    assert res.returncode == 127 and b"--bogus" in res.stderr
+    res = run_lc(["run", "--mode", "enabled", "--no-sample", "echo", "-x", "--bogus"], lc_env)
+    assert res.returncode == 0 and res.stdout.replace(b"\r", b"") == b"-x --bogus\n"
+    res = run_lc(["run", "--mode=enabled", "--spool", lc_env["LOGCAPTURE_SPOOL"], "--",
+                  "echo", "ok"], lc_env)
+    assert res.returncode == 0 and res.stdout.strip() == b"ok"
