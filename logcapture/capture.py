@@ -314,7 +314,9 @@ def serve_in_idle_time(fd: int, pipeline: Pipeline, spool: SpoolWriter | None = 
     ``worker_handovers`` (1 when this thread took over)."""
     server = _Server(fd, pipeline)
     done = threading.Event()
+    ready = threading.Event()  # the rendering thread has tried its policy
     ended_r, ended_w = os.pipe()  # wakes this thread when the rendering thread returns
+    stop_r, stop_w = os.pipe()  # wakes the rendering thread to stop
     result: list[Any] = []
     counts = {"worker_sched_idle": 0, "worker_handovers": 0}
     clock: list[int] = []
@@ -331,22 +333,48 @@ def serve_in_idle_time(fd: int, pipeline: Pipeline, spool: SpoolWriter | None = 
             except (AttributeError, OSError):  # not Linux, or refused: the normal policy
                 pass
             else:
-                if spool is not None:
-                    spool.restart_flusher()
-            result.append(server.run())
+                _move_flusher(spool)
+            ready.set()
+            result.append(server.run(stop_r))
         except BaseException as e:  # noqa: BLE001 - raised again in the caller's thread
             result.append(e)
         finally:
+            ready.set()
             os.write(ended_w, b"x")
             done.set()
 
-    threading.Thread(target=render, name="logcapture-render", daemon=True).start()
+    try:
+        threading.Thread(target=render, name="logcapture-render", daemon=True).start()
+    except RuntimeError:  # no thread to be had: render here, at this thread's policy
+        for pipe_fd in (ended_r, ended_w, stop_r, stop_w):
+            os.close(pipe_fd)
+        return server.run(), counts
+    ready.wait()
+    if counts["worker_sched_idle"]:
+        _watch(server, done, ended_r, clock, lag_max, check, starved)
+    if server.stop:
+        os.write(stop_w, b"x")  # out of a poll without a timeout
+    done.wait()
+    for pipe_fd in (ended_r, ended_w, stop_r, stop_w):
+        os.close(pipe_fd)
+    outcome = _outcome(result[0])
+    if not server.stopped:
+        return outcome, counts  # it ended first
+    counts["worker_handovers"] = 1
+    _move_flusher(spool)
+    server.stop = server.stopped = False
+    return server.run(), counts
+
+
+def _watch(server: _Server, done: threading.Event, ended_fd: int, clock: list[int],
+           lag_max: float, check: float, starved: float) -> None:
+    """Until the rendering thread returns (``done``): set ``server.stop`` once it falls
+    behind (serve_in_idle_time)."""
     poller = select.poll()
-    poller.register(fd, select.POLLIN)
-    poller.register(ended_r, select.POLLIN)
-    handover = False
+    poller.register(server.fd, select.POLLIN)
+    poller.register(ended_fd, select.POLLIN)
     idle_checks = 0
-    while not done.is_set() and not handover:
+    while not done.is_set():
         if idle_checks >= 4:
             # Nothing waited at the last checks: sleep until frames come (or the rendering
             # thread returns), then check on the timer again. Waking for each frame would
@@ -354,29 +382,29 @@ def serve_in_idle_time(fd: int, pipeline: Pipeline, spool: SpoolWriter | None = 
             poller.poll()
             idle_checks = 0
         waited = server.pending()
-        ran = _cpu_ns(clock)
+        ran, since = _cpu_ns(clock), time.monotonic()
         done.wait(check)
         if done.is_set():
-            break
+            return
         if waited and server.pending():
             idle_checks = 0
-            handover = server.late >= lag_max or bool(clock) and (
-                _cpu_ns(clock) - ran < starved * check * 1e9)
+            elapsed = time.monotonic() - since
+            if server.late >= lag_max or bool(clock) and (
+                    _cpu_ns(clock) - ran < starved * elapsed * 1e9):
+                server.stop = True  # honoured between two frames: the thread returns
+                return
         else:
             idle_checks += 1
-    if handover:
-        server.stop = True  # honoured at the next frame: the rendering thread returns
-    done.wait()
-    os.close(ended_r)
-    os.close(ended_w)
-    outcome = _outcome(result[0])
-    if not server.stopped:
-        return outcome, counts  # it ended first
-    counts["worker_handovers"] = 1
+
+
+def _move_flusher(spool: SpoolWriter | None) -> None:
+    """The spool's flusher thread to the calling thread's policy; where no thread can be
+    started, the flusher goes on where it is."""
     if spool is not None:
-        spool.restart_flusher()
-    server.stop = server.stopped = False
-    return server.run(), counts
+        try:
+            spool.restart_flusher()
+        except RuntimeError:
+            pass
 
 
 def _cpu_ns(clock: list[int]) -> int:
@@ -426,26 +454,37 @@ class _Server:
         """Frames wait: being rendered, or not read yet (or the end of file is)."""
         return self.rendering or bool(self._peek.poll(0))
 
-    def run(self) -> dict[str, Any] | None:
+    def run(self, stop_fd: int | None = None) -> dict[str, Any] | None:
+        """Render until the end frame (its payload), the end of file (None) or a stop (None,
+        ``stopped`` set); ``stop_fd`` turning readable ends a wait for frames to check
+        ``stop``."""
         pipeline = self.pipeline
         buf = self.buf
         got = memoryview(self.into)
         readv = os.readv
         poller = select.poll()
         poller.register(self.fd, select.POLLIN)
+        if stop_fd is not None:
+            poller.register(stop_fd, select.POLLIN)
         # Frames read before a stop and not rendered yet go first.
         done, end = self._render(buf)
         while not done:
+            if self.stop:  # every whole frame read is rendered: go on from the next read
+                self.stopped = True
+                return None
             due = pipeline.tick_due()
             if due is None:  # nothing to commit until the next frame: no tick wake-ups
                 timeout = -1
             else:
                 wait = due - time.monotonic()
                 timeout = max(0, int(wait * 1000) + 1) if wait > 0 else 0
-            if not poller.poll(timeout):
+            ready = poller.poll(timeout)
+            if not ready:
                 self.last_tick = time.monotonic()
                 pipeline.tick(time.time(), self.last_tick)
                 continue
+            if all(fd != self.fd for fd, _ in ready):
+                continue  # only the stop pipe: checked at the top
             self.rendering = True  # before the read empties the pipe: pending() stays true
             n = readv(self.fd, [self.into])
             if not n:

@@ -465,14 +465,23 @@ class SpoolWriter:
         """Hand the flushing to a new thread, which takes the scheduling policy of the thread
         calling this (capture.serve_in_idle_time: SCHED_IDLE while the worker renders in idle
         time, the normal policy once it cannot keep up there). The old thread touches nothing
-        more: it ends at its next wake-up, which this gives it."""
-        thread = threading.Thread(target=self._run, name="logcapture-spool", daemon=True)
+        more: it ends at its next wake-up, which this gives it. Raises RuntimeError, and
+        changes nothing, when no thread can be started."""
+        go = threading.Event()
+
+        def flusher() -> None:
+            go.wait()
+            self._run()
+
+        thread = threading.Thread(target=flusher, name="logcapture-spool", daemon=True)
+        thread.start()  # before anything changes: a failure leaves the old flusher in place
         with self._lock:
             if self._closed:
+                go.set()  # it finds the spool closed and returns
                 return
             old_wake, self._wake = self._wake, threading.Event()
             self._thread = thread
-        thread.start()
+        go.set()
         old_wake.set()
 
     def _run(self) -> None:
@@ -514,7 +523,7 @@ class SpoolWriter:
                 return
             now = time.monotonic()
             sync = now - synced >= self.flush_interval
-            wrote = self._drain(sync=sync)
+            wrote = self._drain(sync=sync, flusher=me)
             if sync:
                 if unsynced and not wrote:  # an early flush's data, and nothing since
                     with self._io_lock:
@@ -525,9 +534,12 @@ class SpoolWriter:
                 unsynced = True
             sleep = not wrote
 
-    def _drain(self, sync: bool) -> bool:
-        """Write what is pending (and fdatasync it when ``sync``); False if nothing was."""
+    def _drain(self, sync: bool, flusher: threading.Thread | None = None) -> bool:
+        """Write what is pending (and fdatasync it when ``sync``); False if nothing was, or
+        if ``flusher`` is a flusher thread that restart_flusher has replaced."""
         with self._io_lock:
+            if flusher is not None and self._thread is not flusher:
+                return False
             with self._lock:
                 batch, self._pending = self._pending, []
                 self._npending = 0

@@ -95,6 +95,35 @@ def test_a_stopped_server_goes_on_from_the_frame_where_it_stopped() -> None:
     os.close(w)
 
 
+def test_a_stop_reaches_a_server_waiting_for_frames() -> None:
+    # The rendering thread has caught up and waits for frames without a timeout: the stop
+    # pipe wakes it, and the next frames go to whoever runs the server next.
+    r, w = os.pipe()
+    stop_r, stop_w = os.pipe()
+    data = _frames(2)
+    end_frame = frame.encode(frame.END, frame.encode_end({"exit_status": 3}), 0.0, 0.0)
+    os.write(w, data[:-len(end_frame)])
+    feeds = _Feeds()
+    server = _Server(r, feeds)  # type: ignore[arg-type]
+    out: list[object] = []
+    t = threading.Thread(target=lambda: out.append(server.run(stop_r)))
+    t.start()
+    deadline = time.monotonic() + 10
+    while len(feeds.feeds) < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    server.stop = True
+    os.write(stop_w, b"x")
+    t.join(10)
+    assert not t.is_alive() and out == [None] and server.stopped
+    os.write(w, end_frame)
+    server.stop = server.stopped = False
+    assert server.run() == {"exit_status": 3}
+    assert [f[1] for f in feeds.feeds] == [b"line 0\n", b"line 1\n"]
+    for fd in (r, w, stop_r, stop_w):
+        os.close(fd)
+
+
 @pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="Linux scheduling policies")
 def test_the_worker_renders_under_sched_idle_in_a_thread_of_its_own() -> None:
     r, w = os.pipe()

@@ -549,3 +549,28 @@ def test_a_restarted_flusher_takes_the_callers_policy_and_loses_nothing(
     w.close()
     w.restart_flusher()  # after close: nothing to restart
     assert on_disk() == [f"x{i}" for i in range(25)]  # each once, in order
+
+
+def test_a_flusher_that_cannot_be_restarted_stays_where_it_was(tmp_path: Path) -> None:
+    import threading
+    import time
+
+    run_dir = create_run_dir(tmp_path, "r")
+    w = SpoolWriter(run_dir, flush_interval=0.05, fsync=False)
+    first = w._thread
+
+    def no_thread(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(threading.Thread, "start", no_thread)
+        with pytest.raises(RuntimeError):
+            w.restart_flusher()
+    assert w._thread is first and first.is_alive()
+    w.write([Line(run="r", stream="stdout", seq=0, ts=1.0, text="kept")])
+    deadline = time.monotonic() + 10
+    while not any(x.kind == "line" for x in iter_run(run_dir)):  # the old flusher wrote it
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    w.close()
+    assert [x.text for x in iter_run(run_dir) if x.kind == "line"] == ["kept"]  # type: ignore[attr-defined]
