@@ -883,6 +883,11 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Abort:
         click.echo("logcapture: aborted", err=True)
         sys.exit(130)
+    except click.UsageError as e:  # one line, as every other error (docs/cli.md)
+        command = e.ctx.command_path if e.ctx is not None else "logcapture"
+        message = " ".join(e.format_message().split())
+        click.echo(f"logcapture: error: {message} (see '{command} --help')", err=True)
+        sys.exit(e.exit_code)
     except click.ClickException as e:
         e.show()
         sys.exit(e.exit_code)

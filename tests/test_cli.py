@@ -191,7 +191,9 @@ def test_an_unknown_option_of_run_is_an_error_not_a_command(lc_env: dict[str, st
     # it is the command's (so `run -- --bogus` runs a program named --bogus).
     res = run_lc(["run", "--bogus", "--", "true"], lc_env)
     assert res.returncode == 2
-    assert b"No such option '--bogus'" in res.stderr
+    # One line, as every error of the CLI (docs/cli.md), naming the help to read.
+    assert res.stderr == (b"logcapture: error: No such option '--bogus'. "
+                          b"(see 'logcapture run --help')\n")
     res = run_lc(["run", "--mdoe", "enabled", "--", "true"], lc_env)
     assert res.returncode == 2 and b"Did you mean '--mode'?" in res.stderr
     res = run_lc(["run", "--", "--bogus"], lc_env)
@@ -201,3 +203,13 @@ def test_an_unknown_option_of_run_is_an_error_not_a_command(lc_env: dict[str, st
     res = run_lc(["run", "--mode=enabled", "--spool", lc_env["LOGCAPTURE_SPOOL"], "--",
                   "echo", "ok"], lc_env)
     assert res.returncode == 0 and res.stdout.strip() == b"ok"
+
+
+def test_usage_errors_are_one_line(lc_env: dict[str, str]) -> None:
+    for args, said in [(["lss"], b"No such command 'lss'. Did you mean 'ls'?"),
+                       (["logs", "--bogus"], b"No such option '--bogus'."),
+                       (["run"], b"Missing argument 'COMMAND...'.")]:
+        res = run_lc(args, lc_env)
+        assert res.returncode == 2, args
+        assert res.stderr.startswith(b"logcapture: error: " + said), res.stderr
+        assert res.stderr.count(b"\n") == 1, res.stderr
