@@ -4,9 +4,9 @@
 forks the capture worker (``runner.fork_worker``) with its ``WorkerSettings`` and runs the
 command under ``runner.run``, which sends the worker what the ptys give as frames
 (``frame.py``). ``_capture_worker`` (in the worker) owns the spool, the ``Pipeline`` and the
-resource sampler; ``serve`` feeds the pipeline the frames until the end frame, whose outcome
-becomes the run's end record. Whatever fails here costs a ``logcapture:`` warning, never the
-job: the command runs without capture if it must.
+resource sampler; ``serve_in_idle_time`` feeds the pipeline the frames until the end frame,
+whose outcome becomes the run's end record. Whatever fails here costs a ``logcapture:``
+warning, never the job: the command runs without capture if it must.
 """
 
 from __future__ import annotations
@@ -294,18 +294,11 @@ LAG_CHECK = 0.25
 STARVED = 0.05
 
 
-def serve(fd: int, pipeline: Pipeline) -> dict[str, Any] | None:
-    """Feed ``pipeline`` the frames (frame.py) read from ``fd`` until the end frame; return
-    its payload (the outcome), or None at end of file without one (the wrapper was killed;
-    a frame it had not finished writing is dropped). ``_Server.run`` says how."""
-    return _Server(fd, pipeline).run()
-
-
 def serve_in_idle_time(fd: int, pipeline: Pipeline, spool: SpoolWriter | None = None, *,
                        lag_max: float = LAG_MAX, check: float = LAG_CHECK,
                        starved: float = STARVED,
                        ) -> tuple[dict[str, Any] | None, dict[str, int]]:
-    """``serve``, rendering in a thread under SCHED_IDLE until it falls behind (LAG_MAX,
+    """``_Server.run``, rendering in a thread under SCHED_IDLE until it falls behind (LAG_MAX,
     STARVED), then in this thread at its own policy, from the frame where the other stopped
     (the frame it was rendering is finished first). ``spool``'s flusher thread moves with
     the rendering (``SpoolWriter.restart_flusher``): it writes what the rendering makes, and
@@ -422,10 +415,12 @@ def _outcome(value: Any) -> dict[str, Any] | None:
 
 
 class _Server:
-    """``serve``'s loop, resumable: ``run`` returns early, with ``stopped`` set, between two
-    frames once ``stop`` is set (from another thread), and a later ``run`` goes on from
-    there. ``late`` is how long before its rendering the last frame rendered was read
-    (seconds).
+    """Feed ``pipeline`` the frames (frame.py) read from ``fd``: ``run`` returns the end
+    frame's payload (the outcome), or None at end of file without one (the wrapper was
+    killed; a frame it had not finished writing is dropped). Resumable: ``run`` returns
+    early, with ``stopped`` set, between two frames once ``stop`` is set (from another
+    thread), and a later ``run`` goes on from there. ``late`` is how long before its
+    rendering the last frame rendered was read (seconds).
 
     Ticks: every TICK seconds of the reader's clock, taken from the frames' times while there
     is a backlog (so a backlog renders as it would have when it was read); when the pipe is

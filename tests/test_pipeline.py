@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from logcapture import frame, runner
 from logcapture import pipeline as pipeline_module
-from logcapture.capture import _discard, serve
+from logcapture.capture import _discard, _Server
 from logcapture.classify import Classifier
 from logcapture.filter import LineFilter
 from logcapture.pipeline import Pipeline
@@ -311,7 +311,7 @@ def test_a_backlog_is_ticked_on_the_readers_clock() -> None:
     data += frame.encode(frame.END, frame.encode_end({"exit_status": 0}), 0.0, 0.0)
     os.write(w, data)
     calls = _Calls()
-    assert serve(r, calls) == {"exit_status": 0}  # type: ignore[arg-type]
+    assert _Server(r, calls).run() == {"exit_status": 0}  # type: ignore[arg-type]
     os.close(r)
     os.close(w)
     names = [c[0] for c in calls.calls]
@@ -327,7 +327,7 @@ def test_a_backlog_is_ticked_on_the_readers_clock() -> None:
 
 
 def test_a_settled_pipeline_needs_no_ticks(tmp_path: Path) -> None:
-    # serve() polls without a timeout while the pipeline is settled: a quiet job costs the
+    # _Server.run polls without a timeout while the pipeline is settled: a quiet job costs the
     # capture worker no wake-ups (docs/performance.md).
     p = Pipeline("r", SpoolWriter(create_run_dir(tmp_path, "r"), fsync=False), mode="enabled",
                  columns=80, rows=24)
@@ -341,7 +341,7 @@ def test_a_settled_pipeline_needs_no_ticks(tmp_path: Path) -> None:
     p.tick(100.0 + idle_commit, 10.0 + idle_commit)
     assert p.tick_due() is None
     # A stream that never goes quiet is committed every IDLE_EVERY by the ticks between its
-    # frames (serve); the timer waits for it to go quiet.
+    # frames (_Server.run); the timer waits for it to go quiet.
     for k in range(1, 5):
         p.feed("stdout", b"more\n", 101.0, 20.0 + k * idle_commit / 2)
     assert p.tick_due() == pytest.approx(20.0 + 2 * idle_commit + idle_commit)
@@ -438,7 +438,7 @@ def test_in_one_round_the_stricter_command_goes_first(tmp_path: Path) -> None:
 
 def test_lines_carry_their_own_read_times_and_both_streams_go_out_in_that_order(
         tmp_path: Path) -> None:
-    # One chunk joining three reads (as serve() joins frames), committed together at the end:
+    # One chunk joining three reads (as _Server.run joins frames), committed together at the end:
     # each line keeps the time its read had; the two streams' lines reach the spool in read
     # order, whichever stream was fed or committed first.
     p = Pipeline("r", SpoolWriter(create_run_dir(tmp_path, "r"), fsync=False), mode="enabled",
@@ -459,7 +459,7 @@ def test_end_of_file_without_an_end_frame_keeps_the_lines(tmp_path: Path) -> Non
     d = b"one\ntwo"
     os.write(w, frame.encode(0, d, time.time(), time.monotonic()))
     os.close(w)
-    assert serve(r, p) is None
+    assert _Server(r, p).run() is None
     os.close(r)
     p.close_unfinished()
     records = list(iter_run(root / "r"))
