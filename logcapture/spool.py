@@ -10,10 +10,19 @@ buffer; a flusher thread writes the buffer on a time trigger (``flush_interval``
 trigger (``flush_records``), on demand (``flush()``) and at ``close()``, and fdatasyncs at most
 every ``flush_interval`` (and when the job goes quiet), so the job never waits on disk sync
 (fsync per line would throttle the job: the pty fills while the disk syncs) and a flood does
-not sync per batch. A segment that reaches ``segment_bytes`` is closed and gzip-compressed. A
-failed write (disk full, RLIMIT_FSIZE, I/O error) is reported once through ``warn``, what was
-not written stays buffered (up to ``max_pending`` records; past that new records are counted as
-lost), and the write is retried on the next trigger.
+not sync per batch. A segment that reaches ``segment_bytes`` is closed and gzip-compressed.
+
+Flow control, not loss: a writer that finds ``max_pending`` records waiting writes them to disk
+itself before adding its own, so a producer faster than the disk is slowed to the disk's pace
+(in the capture worker that stops it reading frames, the reader stops reading the pty, and the
+job waits on its terminal as on a slow one). Records are dropped only when the disk refuses
+them: a failed write (disk full, the ``keep_free`` reserve reached, RLIMIT_FSIZE, I/O error) is
+reported once through ``warn``, keeps the complete lines that fit, compresses the open segment
+to make room, and leaves the rest buffered (up to ``max_pending`` records; past that output
+records are counted in ``lost``, never a record about the run: ``stream`` ``run``), retrying on
+the next trigger. ``loss`` says how many were lost since the caller last took it, and why, so
+the caller can put a note where it happened. A small reserve file (``RESERVE_NAME``) holds
+room for the run's last records on a full disk: ``close`` gives it back first.
 
 Reading (``read_segment``, ``iter_run``): a torn last line (no newline after a crash) is skipped
 and counted; a line that is not a valid record is skipped, counted and reported by line number.
@@ -21,6 +30,7 @@ and counted; a line that is not a valid record is skipped, counted and reported 
 
 from __future__ import annotations
 
+import errno
 import gzip
 import json
 import os
@@ -42,6 +52,11 @@ SEGMENT_BYTES = 8 * 1024 * 1024
 FLUSH_INTERVAL = 1.0
 FLUSH_RECORDS = 1000
 MAX_PENDING = 200_000
+# Room kept on disk for a run's last records (its end record, the note of a loss): a file
+# of this size made when the run starts and removed at close, before the last write, as
+# journald keeps SystemKeepFree= (journald.conf(5)). An end record with every count is ~2 KiB.
+RESERVE_BYTES = 64 * 1024
+RESERVE_NAME = ".reserve"
 
 _SEGMENT_RE = re.compile(r"^seg-(\d{6,})\.ndjson(\.gz)?$")
 _RUN_ID_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
@@ -63,6 +78,10 @@ def gzip_compress(data: bytes) -> bytes:
     except ImportError:  # pragma: no cover - a platform without isal's wheels
         return gzip.compress(data, compresslevel=COMPRESS_LEVEL, mtime=0)
     return isal_zlib.compress(data, COMPRESS_LEVEL, wbits=31)  # 16 + 15: a gzip member
+
+
+def _size(n: int) -> str:
+    return f"{n / 1048576:.1f} MiB" if n >= 1048576 else f"{n} bytes"
 
 
 def default_root(env: dict[str, str] | os._Environ[str] = os.environ) -> Path:
@@ -380,13 +399,14 @@ class SpoolWriter:
 
     def __init__(self, run_dir: Path, *, segment_bytes: int = SEGMENT_BYTES,
                  flush_interval: float = FLUSH_INTERVAL, flush_records: int = FLUSH_RECORDS,
-                 max_pending: int = MAX_PENDING,
+                 max_pending: int = MAX_PENDING, keep_free: int = 0,
                  warn: Callable[[str], None] | None = None, fsync: bool = True):
         self.run_dir = run_dir
         self.segment_bytes = max(1024, segment_bytes)
         self.flush_interval = flush_interval
         self.flush_records = max(1, flush_records)
         self.max_pending = max_pending
+        self.keep_free = max(0, keep_free)  # bytes the spool leaves free on its filesystem
         self._warn = warn or (lambda msg: None)
         self._fsync = fsync
         # Encoded batches waiting for the flusher, each whole NDJSON lines, and how many lines
@@ -394,7 +414,7 @@ class SpoolWriter:
         # joining them again cost ~0.25 us a line on a flood).
         self._pending: list[bytes] = []
         self._npending = 0
-        self._lock = threading.Lock()  # guards _pending and _npending
+        self._lock = threading.Lock()  # guards _pending, _npending and the loss counts
         self._io_lock = threading.Lock()  # guards the segment file
         self._wake = threading.Event()
         self._asleep = False  # the flusher waits for a record (guarded by _lock)
@@ -403,15 +423,63 @@ class SpoolWriter:
         self._fd = -1
         self._size = 0
         self._failing = False
+        self._reason = ""  # why the last write failed
+        self._unreported = 0  # records lost since ``loss`` last took them
+        self._unreported_reason = ""
         self.written = 0  # records written to disk
-        self.lost = 0  # records dropped because the spool failed and the buffer was full
+        self.lost = 0  # records dropped because the disk refused them and the buffer was full
         self.errors = 0
+        self._reserve = self._make_reserve()
         self._open_next()
         self._thread = threading.Thread(target=self._run, name="logcapture-spool", daemon=True)
         self._thread.start()
 
+    def _make_reserve(self) -> bool:
+        """Hold ``RESERVE_BYTES`` of real blocks (not a sparse file) for the run's last records;
+        False when the disk has not even that (the run then starts without it)."""
+        path = self.run_dir / RESERVE_NAME
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+                         | os.O_NOFOLLOW, 0o600)
+        except OSError:
+            return False
+        try:
+            os.posix_fallocate(fd, 0, RESERVE_BYTES)
+        except OSError:
+            os.close(fd)
+            self._drop_reserve(path)
+            return False
+        os.close(fd)
+        return True
+
+    def _drop_reserve(self, path: Path | None = None) -> None:
+        self._reserve = False
+        try:
+            os.unlink(path or self.run_dir / RESERVE_NAME)
+        except OSError:
+            pass
+
+    @property
+    def loss(self) -> tuple[int, str] | None:
+        """Records lost since the last call, and why, once the spool writes again (or the run
+        is closing): None when there is nothing to report yet. A cheap read while none was."""
+        if not self._unreported or (self._failing and not self._closed):
+            return None
+        with self._lock:
+            n, why = self._unreported, self._unreported_reason
+            self._unreported = 0
+        return (n, why) if n else None
+
+    def take_loss(self) -> tuple[int, str] | None:
+        """What ``loss`` gives, whether or not the spool writes again (a run's last word)."""
+        with self._lock:
+            n, why = self._unreported, self._unreported_reason
+            self._unreported = 0
+        return (n, why) if n else None
+
     # --- producer side -------------------------------------------------------------------
     def write(self, records: Iterable[Record]) -> None:
+        records = records if isinstance(records, list) else list(records)
         texts = [r.to_json() for r in records]
         if not texts:
             return
@@ -421,13 +489,13 @@ class SpoolWriter:
         # record alone.
         blob = ("\n".join(texts) + "\n").encode("utf-8", "surrogatepass")
         n = blob.count(b"\n")
+        if self._npending + n > self.max_pending and not self._failing:
+            # Flow control: the backlog goes to disk in this thread before more is taken.
+            self._drain(sync=False)
         with self._lock:
             first = not self._pending
-            room = self.max_pending - self._npending
-            if room < n:
-                self.lost += n - max(room, 0)
-                n = max(room, 0)
-                blob = b"".join(blob.splitlines(True)[:n])
+            if self._npending + n > self.max_pending and self._failing:
+                blob, n = self._keep_run_records(records, texts, n)
             if n:
                 self._pending.append(blob)
                 self._npending += n
@@ -442,6 +510,18 @@ class SpoolWriter:
         if wake and not self._wake.is_set():
             self._wake.set()
 
+    def _keep_run_records(self, records: list[Record], texts: list[str],
+                          n: int) -> tuple[bytes, int]:
+        """The disk refuses records and the buffer is full: keep the records about the run
+        (start, warnings, the end: a handful), count the others as lost (with ``_lock``)."""
+        kept = [t for r, t in zip(records, texts, strict=True) if r.stream == "run"]
+        blob = ("\n".join(kept) + "\n").encode("utf-8", "surrogatepass") if kept else b""
+        k = blob.count(b"\n")
+        self.lost += n - k
+        self._unreported += n - k
+        self._unreported_reason = self._reason
+        return blob, k
+
     def flush(self) -> None:
         """Write everything buffered and sync it, now, in the caller's thread."""
         self._drain(sync=True)
@@ -454,6 +534,12 @@ class SpoolWriter:
         self._wake.set()
         self._thread.join()
         self._drain(sync=True)
+        if self._reserve:
+            # The reserve's room is for these last records; a run that ends on a full disk
+            # writes them into it.
+            self._drop_reserve()
+            if self._failing:
+                self._drain(sync=True)
         with self._io_lock:
             if self._fd >= 0:
                 os.close(self._fd)
@@ -566,9 +652,12 @@ class SpoolWriter:
 
     def _write_batch(self, data: bytes) -> int:
         """Write ``data`` (whole lines) into segments; returns how many bytes were written, at
-        a line end. A segment is filled up to its size limit with whole lines, at least one;
-        a short write is rolled back so no torn line is left behind a later successful write."""
+        a line end. A segment is filled up to its size limit with whole lines, at least one.
+        When the disk refuses a write, the complete lines that reached it are kept (the torn
+        rest is cut off, so no torn line is left behind a later write), and once per failure
+        the open segment is closed and compressed to make room before giving up."""
         pos = 0
+        freed = False
         while pos < len(data):
             if self._fd < 0 and not self._open_next():
                 return pos
@@ -580,29 +669,65 @@ class SpoolWriter:
                 end = data.rfind(b"\n", pos, pos + room) + 1
                 if end <= pos:
                     end = data.index(b"\n", pos) + 1
+            end = self._within_keep_free(data, pos, end)
             chunk = data[pos:end] if pos or end < len(data) else data
+            n = 0
             try:
+                if not chunk:
+                    raise OSError(errno.ENOSPC, self._reason)
                 n = os.write(self._fd, chunk)
                 while n < len(chunk):
                     n += os.write(self._fd, chunk[n:])
             except OSError as e:
+                keep = chunk.rfind(b"\n", 0, n) + 1  # the complete lines that got there
                 try:
-                    os.ftruncate(self._fd, self._size)
+                    os.ftruncate(self._fd, self._size + keep)
                 except OSError:
                     pass
-                self._fault(f"cannot write spool segment in {self.run_dir}: {e.strerror}")
+                self._wrote(chunk[:keep])
+                pos += keep
+                if not freed and self._size and e.errno in (errno.ENOSPC, errno.EDQUOT):
+                    freed = True  # gzip gives back ~90 % of an NDJSON segment
+                    self._rotate()
+                    continue
+                if not chunk:
+                    self._fault(f"spool_keep_free reached in {self.run_dir} ({self._reason})")
+                else:
+                    self._reason = e.strerror or str(e)
+                    self._fault(f"cannot write spool segment in {self.run_dir}: {self._reason}")
                 return pos
-            self._size += len(chunk)
+            self._wrote(chunk)
             pos = end
-            self.written += chunk.count(b"\n")
-            if self._failing:
-                self._failing = False
-                self._warn(f"spool writable again in {self.run_dir}; nothing was lost"
-                           if not self.lost else
-                           f"spool writable again in {self.run_dir}; {self.lost} records lost")
             if self._size >= self.segment_bytes:
                 self._rotate()
         return pos
+
+    def _within_keep_free(self, data: bytes, pos: int, end: int) -> int:
+        """``end``, or the end of the last line that leaves ``keep_free`` bytes free on the
+        spool's filesystem (``pos`` when not even one fits; ``_reason`` then says why)."""
+        if not self.keep_free:
+            return end
+        try:
+            st = os.fstatvfs(self._fd)
+        except OSError:
+            return end
+        room = st.f_bavail * st.f_frsize - self.keep_free
+        if end - pos <= room:
+            return end
+        free = max(0, room + self.keep_free)
+        self._reason = f"{_size(free)} free, {_size(self.keep_free)} kept free"
+        return data.rfind(b"\n", pos, pos + max(0, room)) + 1 if room > 0 else pos
+
+    def _wrote(self, chunk: bytes) -> None:
+        if not chunk:
+            return
+        self._size += len(chunk)
+        self.written += chunk.count(b"\n")
+        if self._failing:
+            self._failing = False
+            self._warn(f"spool writable again in {self.run_dir}; nothing was lost"
+                       if not self.lost else
+                       f"spool writable again in {self.run_dir}; {self.lost} records lost")
 
     def _fault(self, message: str) -> None:
         self.errors += 1

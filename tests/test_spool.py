@@ -359,19 +359,71 @@ def test_segments_end_at_line_ends_within_their_size(tmp_path_factory: pytest.Te
     assert b"".join(bodies) == want
 
 
-def test_past_max_pending_new_records_are_counted_lost_and_the_rest_kept(
-        tmp_path: Path) -> None:
+def test_past_max_pending_the_writer_writes_the_backlog_itself(tmp_path: Path) -> None:
+    """Flow control, not loss: a producer faster than the flusher (here a flusher that would
+    wait an hour) writes the backlog in its own thread once max_pending records wait, so it
+    is slowed to the disk's pace and nothing is dropped."""
     run_dir = create_run_dir(tmp_path, "r")
-    w = SpoolWriter(run_dir, max_pending=10, flush_records=1000, fsync=False)
+    w = SpoolWriter(run_dir, max_pending=10, flush_records=1000, flush_interval=3600,
+                    fsync=False)
     recs = [Line(run="r", stream="stdout", seq=i, ts=1.0, text=f"line {i}") for i in range(25)]
-    with w._io_lock:  # the flusher cannot write meanwhile: everything waits in memory
-        w.write(recs[:4])
-        w.write(recs[4:12])  # 2 of these 8 fit
-        w.write(recs[12:])  # none fits
-        assert w.lost == 15
+    for i in range(0, 25, 4):
+        w.write(recs[i:i + 4])
+    assert w.written >= 15  # by the writer, while the flusher slept
+    assert w.lost == 0 and w.loss is None
     w.close()
-    assert list(iter_run(run_dir)) == recs[:10]
-    assert w.written == 10
+    assert list(iter_run(run_dir)) == recs
+
+
+_REFUSING_DISK = """
+import errno, os, sys
+sys.path.insert(0, {src!r})
+from pathlib import Path
+from logcapture.records import End, Line, Note
+from logcapture.spool import SpoolWriter, create_run_dir
+warnings = []
+w = SpoolWriter(create_run_dir(Path({tmp!r}), "r"), fsync=False, max_pending=10,
+                flush_interval=3600, warn=warnings.append)
+real_write = os.write
+refuse = True
+def write(fd, data):
+    if refuse and fd == w._fd:
+        raise OSError(errno.EIO, "Input/output error")
+    return real_write(fd, data)
+os.write = write
+line = lambda i: Line(run="r", stream="stdout", seq=i, ts=1.0, text=f"line {{i}}")
+for i in range(0, 40, 4):
+    w.write([line(j) for j in range(i, i + 4)])
+    w.flush()
+assert w.loss is None  # still failing: nothing to report yet
+w.write([Note(run="r", stream="run", seq=0, ts=1.0, text="a warning")])  # kept though full
+refuse = False
+w.write([line(40)])
+w.flush()
+lost = w.loss
+w.write([End(run="r", stream="run", seq=1, ts=2.0, exit_status=0, signal=None,
+             state="COMPLETED", duration=1.0)])
+w.close()
+print(w.lost, lost[0], lost[1], len(warnings), sep="|")
+"""
+
+
+def test_records_are_lost_only_when_the_disk_refuses_them_and_the_loss_is_reported(
+        tmp_path: Path) -> None:
+    """While every write fails, max_pending output records wait and the rest are counted
+    lost; records about the run are kept whatever the buffer holds; once the disk takes
+    writes again, ``loss`` says how many were lost and why (the caller's note)."""
+    script = _REFUSING_DISK.format(src=str(Path(__file__).parent.parent), tmp=str(tmp_path))
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 0, res.stderr
+    lost, reported, why, warnings = res.stdout.strip().split("|")
+    assert lost == reported == "32" and why == "Input/output error" and warnings == "2"
+    recs = list(iter_run(tmp_path / "r"))
+    kinds = [(r.kind, r.seq) for r in recs]
+    # The batches that found room in max_pending (a batch is kept or dropped whole).
+    assert kinds[:8] == [("line", i) for i in range(8)] and ("line", 8) not in kinds
+    assert ("note", 0) in kinds and kinds[-2:] == [("line", 40), ("end", 1)]
 
 
 def test_a_busy_spool_flushes_on_its_own_clock(tmp_path: Path) -> None:
@@ -436,7 +488,7 @@ def test_an_early_flush_is_synced_when_the_job_goes_quiet(tmp_path: Path,
         time.sleep(0.45)  # flushed and synced at ~0.3 s
         w.write([Line(run="r", stream="stdout", seq=i, ts=1.0, text="y") for i in range(5, 20)])
         time.sleep(1.0)  # flushed early at once (15 >= flush_records), then quiet
-        size = sum(p.stat().st_size for p in run_dir.iterdir())
+        size = sum(seg.path.stat().st_size for seg in segments(run_dir))
         assert synced and synced[-1] == size, (synced, size)
     finally:
         w.close()
