@@ -987,6 +987,7 @@ class Agent:
         self._retry_at = 0.0
         self._done: set[str] = set()  # runs fully shipped
         self._sweep_at = 0.0  # agent clock of the next sweep (``sweep``)
+        self._said: set[str] = set()  # refused files warned of (``_say_refused``)
 
     def stop(self) -> None:
         self._stop.set()
@@ -1106,6 +1107,7 @@ class Agent:
             if rc is None:
                 self._dirty_since = self._dirty_since or self.clock()
                 continue
+            self._say_refused(rc)
             if rc.cursor.shipped_at:
                 self._done.add(str(run_dir))
                 continue
@@ -1116,6 +1118,18 @@ class Agent:
             except (LogcaptureError, OSError) as e:
                 self.warn(f"run {run_dir.name}: {e}")
         return jobs
+
+    def _say_refused(self, rc: RunCursor) -> None:
+        """Warn of the files ``rc`` refused (``userfiles``) now, whatever is done with the run
+        next (a run already shipped, or not begun, goes no further)."""
+        for w in rc.warnings:
+            said = f"run {rc.run_dir.name}: {w}"
+            if said not in self._said:  # a file refused by the sweep and then by a flush
+                self._said.add(said)
+                self.warn(said)
+        rc.warnings.clear()
+        if len(self._said) > 10_000:  # said again after a while, not remembered forever
+            self._said.clear()
 
     def _finish(self, store: Store, jobs: list[_RunJob], done: list[bool],
                 result: UploadResult) -> None:
@@ -1206,9 +1220,11 @@ class Agent:
         for run_dir in self.run_dirs():
             try:
                 with lock_cursor(run_dir, wait=0) as rc:
-                    if rc is None or not rc.cursor.shipped_at:
+                    if rc is None:
                         continue
-                    _take_warnings(rc, result)
+                    self._say_refused(rc)
+                    if not rc.cursor.shipped_at:
+                        continue
                     if retire_shipped(rc, self.retention_days, result):
                         rc.save()
             except (SpoolError, OSError) as e:  # removed meanwhile, or unreadable
