@@ -11,6 +11,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -176,8 +177,8 @@ def format_note(note: Note) -> str:
 
 def _reader(spool: Path | None, store_dsn: str | None, source: str = "auto") -> Any:
     """The Reader a reading command asks (``query.Reader``): the caller's own spool, and the
-    read service where there is one (``reader.client.service_socket``; not with ``--store``),
-    else the caller's own store."""
+    read service where this machine has one (``reader.client.expected_socket``; not with
+    ``--store``), else the caller's own store."""
     from .query import LocalReader
 
     def warn(message: str) -> None:
@@ -185,18 +186,33 @@ def _reader(spool: Path | None, store_dsn: str | None, source: str = "auto") -> 
 
     remote = None
     if store_dsn is None and source != "spool":
-        from .errors import ServiceUnavailable
-        from .reader.client import ServiceReader, service_socket
+        from .reader.client import expected_socket
 
-        path = service_socket()
+        path = expected_socket()
         if path is not None:
-            remote = ServiceReader(path)
-            try:
-                remote.whoami()
-            except ServiceUnavailable as e:
-                warn(f"{e.message}; reading your own spool and store")
-                remote = None
+            remote = _service(path, own_spool=spool is not None, warn=warn)
     return LocalReader(_root(spool), store_dsn, source=source, warn=warn, remote=remote)
+
+
+def _service(path: Path, own_spool: bool, warn: Callable[[str], None]) -> Any:
+    """The read service on ``path``, once it answered. Where it does not, the command cannot
+    do its work (the service alone reads this machine's store and the job spools): the error
+    says so (``reader.client.unreachable``) and nothing else is read in its place, unless the
+    caller named a spool of their own (``--spool``): then that and their own store, with a
+    warning."""
+    from .errors import ServiceUnavailable
+    from .reader.client import ServiceReader
+
+    remote = ServiceReader(path)
+    try:
+        remote.whoami()
+    except ServiceUnavailable as e:
+        if not own_spool:
+            raise ServiceUnavailable(f"{e.message}. To read a spool or store of your own "
+                                     "instead: --spool DIR, --store DSN") from None
+        warn(f"{e.message}; reading your own spool and store")
+        return None
+    return remote
 
 
 @cli.command(name="ls")
@@ -604,9 +620,9 @@ def reader_whoami() -> None:
     """Ask the read service who you are to it (user, uid, whether you read every user's
     runs): a check that it runs and that you reach it."""
     from .errors import ServiceUnavailable
-    from .reader.client import ServiceReader, service_socket
+    from .reader.client import ServiceReader, expected_socket
 
-    path = service_socket()
+    path = expected_socket()
     if path is None:
         raise ServiceUnavailable("no read service socket here (set LOGCAPTURE_READER_SOCKET "
                                  "or the admin config's reader_socket)")

@@ -21,8 +21,9 @@ Failures (as Vector's ClickHouse sink and gpufl sort them):
 A segment is deleted only after the store accepted all its lines, once it is closed, and then
 per ``retention_days`` (0: at once; None: never).
 
-Reading: a whole closed segment bound for the embedded store is opened here (no symlink
-followed, a regular file) and read by the engine itself (``_ship_direct``); the open segment,
+Reading: a whole closed segment bound for the embedded store is opened here (as every file
+of a user's run directory is: ``userfiles``, no link followed, a regular file of the
+directory's owner with one link) and read by the engine itself (``_ship_direct``); the open segment,
 what is left of a partly shipped one, and anything the engine cannot read or refuses are read
 here as bytes (``read_segment_bytes``) and sent as they are.
 
@@ -77,6 +78,7 @@ from .spool import (
     mtime as _mtime,
 )
 from .store import Identity, SegmentProbe, Store, flock_within, open_store, redact
+from .userfiles import RefusedFile, UserDir
 
 CURSOR_LOCK_NAME = ".logcapture-cursor.lock"
 BATCH_BYTES = 64 * 1024 * 1024  # bench_store: 16 MiB inserts ran 20-30 % slower, 4 MiB at half
@@ -93,6 +95,7 @@ STORE_WAIT = 5.0
 # How often the agent looks for segments of shipped runs that have outlived the retention
 # (a run is shipped while its segments are young; nothing else comes back to it).
 SWEEP_EVERY = 3600.0
+MAX_CURSOR_BYTES = 16 * 1024 * 1024  # a cursor holds a few numbers per segment
 _END_MARK = b'"kind":"end"'  # a string value can never contain this unescaped
 SAMPLES_DIR = ".samples"  # slurm.SAMPLES_DIR: the node samplers' spool, inside the spool root
 SAMPLES_IDLE = 900.0  # seconds without a new sample after which a samples-only run is done
@@ -242,79 +245,97 @@ class Cursor:
 
 def is_shipped(run_dir: Path) -> bool:
     """Whether the whole run (through its end record) is in the store, by its cursor; an
-    unreadable or corrupt cursor says no (the spool is then the place to read it)."""
+    unreadable, refused (``userfiles``) or corrupt cursor says no (the spool is then the place
+    to read it)."""
     try:
-        return bool(Cursor.from_json((run_dir / CURSOR_NAME).read_text()).shipped_at)
-    except (OSError, ValueError, TypeError, AttributeError):
+        with UserDir(run_dir) as d:
+            cursor, _ = _read_cursor(d)
+        return bool(cursor.shipped_at)
+    except (OSError, SpoolError):
         return False
 
 
-class RunCursor:
-    """The locked cursor of one run directory (use ``lock_cursor``)."""
+def _read_cursor(d: UserDir) -> tuple[Cursor, str | None]:
+    """The cursor in run directory ``d``, and a warning when the file there was refused
+    (``userfiles.UserDir.open``: not a plain file of the directory's owner): then the run
+    starts from an empty cursor, its lines are sent again (the store drops the copies) and
+    the next save replaces that name. SpoolError when it cannot be read or is corrupt."""
+    try:
+        fd = d.open(CURSOR_NAME)
+    except FileNotFoundError:
+        return Cursor(), None
+    except RefusedFile as e:
+        return Cursor(), f"{e.message}: not read (the run's lines are sent again)"
+    with os.fdopen(fd, "rb") as f:
+        text = f.read(MAX_CURSOR_BYTES + 1)
+    path = d.path / CURSOR_NAME
+    try:
+        if len(text) > MAX_CURSOR_BYTES:
+            raise ValueError(f"over {MAX_CURSOR_BYTES} bytes")
+        return Cursor.from_json(text.decode()), None
+    except (ValueError, TypeError, AttributeError) as e:
+        raise SpoolError(f"cursor {path} is corrupt ({e}); delete it to re-ship the "
+                         "run (the store drops duplicates)") from None
 
-    def __init__(self, run_dir: Path):
+
+class RunCursor:
+    """The locked cursor of one run directory (use ``lock_cursor``, which opens the directory
+    as ``userfiles.UserDir`` and holds it while the cursor is). ``warnings``: the files
+    refused on the way (``userfiles``), for the caller's result."""
+
+    def __init__(self, run_dir: Path, d: UserDir, warnings: list[str] | None = None):
         self.run_dir = run_dir
+        self.dir = d
         self.path = run_dir / CURSOR_NAME
+        self.warnings: list[str] = warnings if warnings is not None else []
         self.cursor = self._load()
 
     def _load(self) -> Cursor:
-        try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except FileNotFoundError:
-            return Cursor()
-        except OSError as e:
-            raise SpoolError(f"cannot read cursor {self.path}: {e.strerror}") from None
-        with os.fdopen(fd, "r") as f:
-            text = f.read()
-        try:
-            return Cursor.from_json(text)
-        except (ValueError, TypeError, AttributeError) as e:
-            raise SpoolError(f"cursor {self.path} is corrupt ({e}); delete it to re-ship the "
-                             "run (the store drops duplicates)") from None
+        cursor, refused = _read_cursor(self.dir)
+        if refused is not None and refused not in self.warnings:
+            self.warnings.append(refused)
+        return cursor
 
     def save(self) -> None:
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o600)
+        """Write the cursor to a temporary file made anew (``UserDir.create``: exclusive, no
+        link followed, the directory owner's) and rename it over the cursor."""
+        tmp = CURSOR_NAME + ".tmp"
+        fd = self.dir.create(tmp)
         try:
             os.write(fd, self.cursor.to_json().encode())
             os.fsync(fd)
-            _chown_like_dir(fd, self.run_dir)
         finally:
             os.close(fd)
-        os.rename(tmp, self.path)
-
-
-def _chown_like_dir(fd: int, run_dir: Path) -> None:
-    """When root ships a user's spool, the cursor stays the user's (their own upload reads it)."""
-    if os.geteuid() != 0:
-        return
-    st = os.stat(run_dir, follow_symlinks=False)
-    try:
-        os.fchown(fd, st.st_uid, st.st_gid)
-    except OSError:
-        pass
+        self.dir.replace(tmp, CURSOR_NAME)
 
 
 @contextmanager
 def lock_cursor(run_dir: Path, wait: float | None = None) -> Iterator[RunCursor | None]:
     """Hold the run's cursor lock. ``wait`` None blocks; otherwise gives up after ``wait``
-    seconds and yields None (another shipper is working on this run)."""
+    seconds and yields None (another shipper is working on this run). The lock file is the
+    directory owner's (their own ``upload`` takes it too); one that is not a plain file of
+    theirs (``userfiles``) is replaced, and the cursor's ``warnings`` say so."""
     path = run_dir / CURSOR_LOCK_NAME
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    except OSError as e:
+        d = UserDir(run_dir)
+    except FileNotFoundError as e:
         raise SpoolError(f"cannot open cursor lock {path}: {e.strerror}") from None
+    warnings: list[str] = []
     try:
-        _chown_like_dir(fd, run_dir)
-        if wait is None:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        elif not flock_within(fd, wait, poll=0.02):
-            yield None
-            return
-        yield RunCursor(run_dir)
+        fd, refused = d.open_or_create(CURSOR_LOCK_NAME)
+        if refused is not None:
+            warnings.append(f"{refused.message}: replaced by a new lock file")
+        try:
+            if wait is None:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            elif not flock_within(fd, wait, poll=0.02):
+                yield None
+                return
+            yield RunCursor(run_dir, d, warnings)
+        finally:
+            os.close(fd)
     finally:
-        os.close(fd)
+        d.close()
 
 
 # --- results -----------------------------------------------------------------------------------
@@ -413,8 +434,9 @@ def _read_pending(run_dir: Path, cur: Cursor, p: _Pending, result: UploadResult)
     try:
         p.data, p.count, p.torn, p.seg = read_segment_bytes(p.seg, p.skip)
     except SpoolError as e:
-        cur.aside[p.seg.index] = str(e)
-        result.set_aside.append((run_dir.name, p.seg.path.name, str(e)))
+        why = f"{e.message}: not shipped" if isinstance(e, RefusedFile) else e.message
+        cur.aside[p.seg.index] = why
+        result.set_aside.append((run_dir.name, p.seg.path.name, why))
         return False
     p.direct = False
     return True
@@ -520,10 +542,10 @@ def _ship_direct(store: Store, group: list[tuple[_RunJob, _Pending]],
                  result: UploadResult) -> None:
     """Ship whole closed segments that the store reads itself (``Store.probe_segments``,
     ``Store.insert_segments``): no decompressing or copying here. Each segment is opened here
-    (no symlink followed, a regular file: ``spool.open_segment``) and the store reads that
-    descriptor. A segment the store cannot read, one whose last line is torn, and a group the
-    store refuses as data are read here instead and go the bytes way (``_ship_batch``, which
-    skips and reports bad lines, or sets the segment aside)."""
+    (``spool.open_segment``: refused unless a plain file of the run directory's owner) and
+    the store reads that descriptor. A segment the store cannot read, one whose last line is
+    torn, and a group the store refuses as data are read here instead and go the bytes way
+    (``_ship_batch``, which skips and reports bad lines, or sets the segment aside)."""
     opened: dict[int, tuple[_RunJob, _Pending]] = {}
 
     def fall_back(job: _RunJob, p: _Pending) -> None:
@@ -603,7 +625,7 @@ def _finish(job: _RunJob, result: UploadResult, retention_days: float | None) ->
     if done and not cur.shipped_at:
         cur.shipped_at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         job.newly_done = True
-    _retire(job.run_dir, job.pending, cur, retention_days, result)
+    _retire(job.rc, job.pending, retention_days, result)
     job.rc.save()
     return done
 
@@ -667,6 +689,7 @@ def ship_runs(store: Store, jobs: list[_RunJob], result: UploadResult, *,
     ready = []
     direct = store.reads_files
     for job in jobs:
+        _take_warnings(job.rc, result)
         try:
             _prepare(job, result, force, direct)
             ready.append(job)
@@ -701,11 +724,14 @@ def ship_run(store: Store, run_dir: Path, identity: Identity, rc: RunCursor,
                      notifier=notifier)[0]
 
 
-def _retire(run_dir: Path, pending: list[_Pending], cur: Cursor,
-            retention_days: float | None, result: UploadResult) -> None:
-    """Delete closed segments the store fully accepted, once older than the retention."""
+def _retire(rc: RunCursor, pending: list[_Pending], retention_days: float | None,
+            result: UploadResult) -> None:
+    """Delete closed segments the store fully accepted, once older than the retention. The
+    names are looked at and removed in the run directory's descriptor (``rc.dir``); removing
+    a name never changes the file it named, whatever the user put there."""
     if retention_days is None:
         return
+    cur = rc.cursor
     now = time.time()
     for p in pending:
         if not p.seg.closed or p.seg.index in cur.aside:
@@ -713,34 +739,40 @@ def _retire(run_dir: Path, pending: list[_Pending], cur: Cursor,
         if cur.lines.get(p.seg.index, 0) < p.skip + p.count:
             continue
         try:
-            if now - os.stat(p.seg.path, follow_symlinks=False).st_mtime < retention_days * 86400:
+            if now - rc.dir.lstat(p.seg.path.name).st_mtime < retention_days * 86400:
                 continue
-            os.unlink(p.seg.path)
+            rc.dir.unlink(p.seg.path.name)
         except FileNotFoundError:
             pass
-        except OSError as e:
-            result.warnings.append(f"cannot delete shipped segment {p.seg.path}: {e.strerror}")
+        except (OSError, SpoolError) as e:
+            why = e.message if isinstance(e, SpoolError) else e.strerror
+            result.warnings.append(f"cannot delete shipped segment {p.seg.path}: {why}")
             continue
         cur.deleted.append(p.seg.index)
         result.deleted += 1
 
 
-def retire_shipped(run_dir: Path, cur: Cursor, retention_days: float,
-                   result: UploadResult) -> bool:
-    """Delete the closed segments of a shipped run (``cur.shipped_at``: every line of it is in
-    the store) once older than the retention; whether any went, so that the caller, who holds
-    the cursor lock, saves the cursor."""
-    if not cur.shipped_at:
+def retire_shipped(rc: RunCursor, retention_days: float, result: UploadResult) -> bool:
+    """Delete the closed segments of a shipped run (``rc.cursor.shipped_at``: every line of
+    it is in the store) once older than the retention; whether any went, so that the caller,
+    who holds the cursor lock, saves the cursor."""
+    if not rc.cursor.shipped_at:
         return False
     try:
-        segs = segments(run_dir)
+        segs = segments(rc.run_dir)
     except SpoolError as e:
-        result.warnings.append(f"run {run_dir.name}: {e.message}")
+        result.warnings.append(f"run {rc.run_dir.name}: {e.message}")
         return False
     done = [_Pending(seg, 0, b"", 0, False) for seg in segs if seg.closed]
     deleted = result.deleted
-    _retire(run_dir, done, cur, retention_days, result)
+    _retire(rc, done, retention_days, result)
     return result.deleted != deleted
+
+
+def _take_warnings(rc: RunCursor, result: UploadResult) -> None:
+    """The files ``rc`` refused (``userfiles``), once each in ``result``."""
+    result.warnings += [f"run {rc.run_dir.name}: {w}" for w in rc.warnings
+                        if f"run {rc.run_dir.name}: {w}" not in result.warnings]
 
 
 # --- retrying ---------------------------------------------------------------------------------
@@ -866,8 +898,8 @@ def _upload_one(run_dir: Path, get_store: Callable[[], Store], result: UploadRes
                     f"run {name} was already uploaded on {rc.cursor.shipped_at} "
                     f"({rc.cursor.records} records). Pass --force to re-upload.")
             result.skipped.append(name)
-            if retention_days is not None and retire_shipped(run_dir, rc.cursor,
-                                                             retention_days, result):
+            _take_warnings(rc, result)
+            if retention_days is not None and retire_shipped(rc, retention_days, result):
                 rc.save()
             return
         identity = identify(run_dir)
@@ -955,6 +987,7 @@ class Agent:
         self._retry_at = 0.0
         self._done: set[str] = set()  # runs fully shipped
         self._sweep_at = 0.0  # agent clock of the next sweep (``sweep``)
+        self._said: set[str] = set()  # refused files warned of (``_say_refused``)
 
     def stop(self) -> None:
         self._stop.set()
@@ -1074,6 +1107,7 @@ class Agent:
             if rc is None:
                 self._dirty_since = self._dirty_since or self.clock()
                 continue
+            self._say_refused(rc)
             if rc.cursor.shipped_at:
                 self._done.add(str(run_dir))
                 continue
@@ -1084,6 +1118,18 @@ class Agent:
             except (LogcaptureError, OSError) as e:
                 self.warn(f"run {run_dir.name}: {e}")
         return jobs
+
+    def _say_refused(self, rc: RunCursor) -> None:
+        """Warn of the files ``rc`` refused (``userfiles``) now, whatever is done with the run
+        next (a run already shipped, or not begun, goes no further)."""
+        for w in rc.warnings:
+            said = f"run {rc.run_dir.name}: {w}"
+            if said not in self._said:  # a file refused by the sweep and then by a flush
+                self._said.add(said)
+                self.warn(said)
+        rc.warnings.clear()
+        if len(self._said) > 10_000:  # said again after a while, not remembered forever
+            self._said.clear()
 
     def _finish(self, store: Store, jobs: list[_RunJob], done: list[bool],
                 result: UploadResult) -> None:
@@ -1174,9 +1220,12 @@ class Agent:
         for run_dir in self.run_dirs():
             try:
                 with lock_cursor(run_dir, wait=0) as rc:
-                    if rc is None or not rc.cursor.shipped_at:
+                    if rc is None:
                         continue
-                    if retire_shipped(run_dir, rc.cursor, self.retention_days, result):
+                    self._say_refused(rc)
+                    if not rc.cursor.shipped_at:
+                        continue
+                    if retire_shipped(rc, self.retention_days, result):
                         rc.save()
             except (SpoolError, OSError) as e:  # removed meanwhile, or unreadable
                 if os.path.isdir(run_dir):

@@ -35,7 +35,6 @@ import gzip
 import json
 import os
 import re
-import stat
 import threading
 import time
 import zlib
@@ -45,6 +44,7 @@ from pathlib import Path
 
 from .errors import RecordError, SpoolError
 from .records import Record, from_dict
+from .userfiles import UserDir
 
 TYPE_CHECKING = False  # not typing's: importing typing costs every job ~8 ms (records.py)
 
@@ -248,23 +248,18 @@ def _closed_meanwhile(seg: Segment) -> Segment | None:
 
 
 def open_segment(seg: Segment) -> tuple[int, Segment]:
-    """Open a segment for reading: the descriptor and the segment opened. Never follows a
-    symlink and refuses anything but a regular file (root reads user-owned spools). An open
-    segment that the writer closed since it was listed is opened under its ``.gz`` name
+    """Open a segment for reading: the descriptor and the segment opened. The one way any
+    reader opens a segment (root reads user-owned spools): ``userfiles.UserDir.open``, so a
+    symlink, a FIFO, a file of someone else or a hard link is refused (``RefusedFile``). An
+    open segment that the writer closed since it was listed is opened under its ``.gz`` name
     (``_closed_meanwhile``)."""
     try:
-        fd = os.open(seg.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as e:
-        if isinstance(e, FileNotFoundError) and (closed := _closed_meanwhile(seg)) is not None:
+        with UserDir(seg.path.parent) as d:
+            return d.open(seg.path.name), seg
+    except FileNotFoundError as e:
+        if (closed := _closed_meanwhile(seg)) is not None:
             return open_segment(closed)
         raise SpoolError(f"cannot open segment {seg.path}: {e.strerror}") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise SpoolError(f"segment {seg.path} is not a regular file")
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd, seg
 
 
 # The most a segment may hold (raw, and decompressed): the writer closes a segment once it

@@ -153,7 +153,7 @@ def test_the_slurm_modules_import_only_os_and_sys_at_module_level(path: Path) ->
 # by slurmd, the node sampler as a daemon).
 LAYERS: list[tuple[str, list[str]]] = [
     ("records and rules", ["", "errors", "records", "config", "jobref", "search", "logview",
-                           "xaxis", "views"]),
+                           "xaxis", "views", "userfiles"]),
     ("capture stages and sources", ["frame", "runner", "render", "filter", "classify", "spool",
                                     "sampling"]),
     ("libraries over records", ["insights", "store", "runs", "grafana", "slurm.jobrecords",

@@ -467,6 +467,69 @@ def test_the_cli_falls_back_to_its_own_store_without_a_service(tmp_path: Path) -
     assert "reading your own spool and store" in res.stderr
 
 
+def test_a_command_says_the_service_is_down_and_reads_nothing_in_its_place(
+        base: Path) -> None:
+    """The read service killed (its socket left behind: connection refused) or stopped (no
+    socket, its directory kept): each reading command, as an ordinary user whose default
+    spool is one they cannot read, says the service is not running and how to check it, and
+    reads nothing else (no "cannot list spool ...: Permission denied"). Naming a spool of
+    one's own still reads it, with a warning."""
+    down = base / "down"
+    down.mkdir(mode=0o755, exist_ok=True)
+    killed = down / "killed.sock"
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(str(killed))
+    s.close()  # a socket file nobody answers on, as a killed service leaves it
+    killed.chmod(0o666)  # as the service makes it: anyone may connect
+    stopped = down / "stopped.sock"  # a stopped service removes its socket
+    unreadable = down / "not-yours"  # a spool root the user may not list
+    unreadable.mkdir(mode=0o700, exist_ok=True)
+    for sock, why in ((killed, "Connection refused"), (stopped, "No such file or directory")):
+        for args in (["ls"], ["logs", "101"], ["show", "101"], ["reader", "whoami"]):
+            res = as_user("lcuser1", f"""
+import subprocess
+r = subprocess.run([sys.executable, "-m", "logcapture", *{args!r}], capture_output=True,
+                   text=True)
+print(json.dumps([r.returncode, r.stdout, r.stderr]))
+""", sock, extra_env={"LOGCAPTURE_READER_SOCKET": str(sock),
+                      "LOGCAPTURE_SPOOL": str(unreadable), "PYTHONPATH": str(REPO)})
+            assert res.returncode == 0, res.stderr
+            code, out, err = json.loads(res.stdout)
+            assert code != 0 and out == "", (args, err)
+            assert f"no read service answers on {sock} ({why}): the read service is not " \
+                   "running; `systemctl status logcapture-reader` says why" in err, (args, err)
+            assert "Permission denied" not in err and "cannot list" not in err, (args, err)
+            assert len(err.splitlines()) == 1, (args, err)  # one line, the error
+    own = base / "own-spool"
+    own.mkdir(mode=0o777, exist_ok=True)
+    res = as_user("lcuser1", """
+import subprocess
+r = subprocess.run([sys.executable, "-m", "logcapture", "ls", "--spool", sys.argv[1]],
+                   capture_output=True, text=True)
+print(json.dumps([r.returncode, r.stdout, r.stderr]))
+""".replace("sys.argv[1]", repr(str(own))), killed,
+                  extra_env={"LOGCAPTURE_READER_SOCKET": str(killed), "PYTHONPATH": str(REPO),
+                             "XDG_STATE_HOME": str(own)})
+    code, _, err = json.loads(res.stdout)
+    assert code == 0 and "reading your own spool and store" in err, err
+
+
+def test_where_a_read_service_is_expected(tmp_path: Path) -> None:
+    """A socket set for it, or the default's directory (the unit keeps it while stopped):
+    expected, answering or not; nothing of the kind: no service (a laptop)."""
+    from logcapture.reader.client import expected_socket
+
+    none = {"LOGCAPTURE_CONFIG": "/nonexistent"}
+    default = tmp_path / "run" / "reader.sock"
+    assert expected_socket(none, str(default)) is None
+    default.parent.mkdir()
+    assert expected_socket(none, str(default)) == default  # stopped: no socket, its folder
+    assert expected_socket({**none, "LOGCAPTURE_READER_SOCKET": "/x.sock"},
+                           str(default)) == Path("/x.sock")
+    assert expected_socket({**none, "LOGCAPTURE_READER_SOCKET": ""}, str(default)) is None
+    assert service_socket({"LOGCAPTURE_READER_SOCKET": "/x.sock"}) is None  # none there
+
+
 def test_a_page_of_the_log_through_the_service_is_the_stores(service: ReadService,
                                                               dsn: str) -> None:
     from logcapture.query import StoreReader

@@ -9,10 +9,13 @@ import gzip
 import http.server
 import json
 import os
+import pwd
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -685,3 +688,121 @@ def test_agent_ships_the_samples_spool_and_finishes_samples_runs(tmp_path: Path,
     assert json.loads((ended / ship.CURSOR_NAME).read_text())["shipped_at"]
     again = agent.flush()
     assert again.records == 0 and not again.runs
+
+
+# --- root in a user's run directory ----------------------------------------------------------
+PLANTERS = ("lcuser1", "lcuser2")
+
+
+def _no_planters() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root: root ships, the test users plant"
+    for user in PLANTERS:
+        try:
+            pwd.getpwnam(user)
+        except KeyError:
+            return f"no user {user}: run slurm/ci-setup.sh"
+    return None
+
+
+def _as_user(user: str, code: str) -> None:
+    """Python ``code`` run as ``user`` (no extra groups), which must succeed."""
+    pw = pwd.getpwnam(user)
+    res = subprocess.run([sys.executable, "-c", code], user=pw.pw_uid, group=pw.pw_gid,
+                         extra_groups=[], env={"PATH": "/usr/bin:/bin"}, cwd="/",
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+
+
+def _lines_of(run: str, text: str, n: int) -> bytes:
+    return b"".join(Line(run=run, stream="stdout", seq=1000 + i, ts=T0 + 10 + i,
+                         text=f"{text} {i}").to_json().encode() + b"\n" for i in range(n))
+
+
+@pytest.mark.skipif(_no_planters() is not None, reason=str(_no_planters()))
+@pytest.mark.parametrize("shipper", ["upload", "agent"])
+def test_root_ships_and_writes_nothing_a_user_planted_in_their_run_directory(
+        dsn: str, shipper: str) -> None:
+    """The attack as a user makes it: lcuser1, in its job directory under a root-owned spool
+    root, hard-links root's files as the cursor lock, the cursor, the cursor's temporary
+    file and two segments (one closed, which the engine would read itself, one open), and
+    lcuser2 leaves a segment of its own there; then root runs the real shipper (``upload``,
+    or the agent's flush). Root's files keep their owner, mode and content, nothing of them
+    or of lcuser2's file is shipped, each refused file gets one warning naming it and why,
+    and the run's own lines are shipped all the same.
+
+    The links are made by lcuser1 itself, so the kernel's rules hold: with
+    ``fs.protected_hardlinks = 1`` (the default, and this machine's) a user may hard-link
+    only files they own or may read and write, so root's files here are 0666. The shipper
+    never looks at a mode: it refuses by ``fstat`` after opening (owner, link count), so this
+    is the same path a 0600 file of root takes on a node where that setting is 0."""
+    base = Path(tempfile.mkdtemp(prefix="logcapture-plant-", dir="/tmp"))
+    try:
+        base.chmod(0o755)
+        u1, u2 = pwd.getpwnam("lcuser1"), pwd.getpwnam("lcuser2")
+        root = base / "spool"
+        job = root / "4242"
+        job.mkdir(parents=True)
+        rd = make_run(job, "4242", 20, segment_bytes=1 << 20)
+        for path in (job, rd, *rd.iterdir()):
+            os.chown(path, u1.pw_uid, u1.pw_gid)
+        job.chmod(0o711)  # lcuser1 lets lcuser2 in, to leave a file of lcuser2's
+        rd.chmod(0o777)
+        theirs = base / "root-files"
+        theirs.mkdir(mode=0o755)
+        victims = {
+            ship.CURSOR_LOCK_NAME: b"root's lock-like file\n",
+            ship.CURSOR_NAME: json.dumps({"version": 1, "lines": {"0": 10 ** 6},
+                                          "shipped_at": "2020-01-01T00:00:00Z"}).encode(),
+            ship.CURSOR_NAME + ".tmp": b"root's file that a cursor save would truncate\n",
+            "seg-000001.ndjson.gz": gzip.compress(_lines_of("4242", "ROOT-GZ", 5)),
+            "seg-000002.ndjson": _lines_of("4242", "ROOT-PLAIN", 5),
+        }
+        for name, data in victims.items():
+            (theirs / name).write_bytes(data)
+            (theirs / name).chmod(0o666)
+        before = {name: (theirs / name).stat() for name in victims}
+        _as_user("lcuser1", "import os\n" + "".join(
+            f"os.link({str(theirs / name)!r}, {str(rd / name)!r})\n" for name in victims))
+        _as_user("lcuser2", f"import gzip\nopen({str(rd / 'seg-000003.ndjson.gz')!r}, 'wb')"
+                 f".write(gzip.compress({_lines_of('4242', 'LCUSER2', 5)!r}))\n")
+        assert (rd / "seg-000003.ndjson.gz").stat().st_uid == u2.pw_uid
+
+        warnings: list[str] = []
+        if shipper == "upload":
+            res = ship.upload(job, run="4242", dsn=dsn, retention_days=0)
+            said = [f"run {r}: {s} set aside: {w}" for r, s, w in res.set_aside] + res.warnings
+            records = res.records
+        else:
+            agent = ship.Agent(root, dsn, retention_days=0, warn=warnings.append)
+            agent.sweep()  # it takes the run's lock first: the refused one is said there
+            res = agent.flush()
+            said, records = warnings, res.records
+
+        for name, data in victims.items():
+            st = (theirs / name).stat()
+            assert (theirs / name).read_bytes() == data, name
+            assert (st.st_uid, st.st_gid, st.st_mode) == (0, 0, before[name].st_mode), name
+            assert st.st_nlink == 1 or name.startswith("seg-"), name  # names replaced
+        assert records == 20 + 4  # the run's own lines, and only them
+        with S.open_store(dsn) as st:
+            texts = [d.get("text", "") for d in st.records("4242", "lcuser1")]
+        assert sum("line" in t for t in texts) == 20
+        assert not [t for t in texts if "ROOT-" in t or "LCUSER2" in t]
+        for name in (ship.CURSOR_LOCK_NAME, ship.CURSOR_NAME):
+            mine = (rd / name).stat()
+            assert (mine.st_uid, mine.st_nlink) == (u1.pw_uid, 1), name
+        assert not (rd / (ship.CURSOR_NAME + ".tmp")).exists()
+        text = "\n".join(said)
+        roots = (f"owned by uid 0, not by the directory's owner (uid {u1.pw_uid}); "
+                 "2 links (a hard link)")
+        assert f"refused {rd / ship.CURSOR_LOCK_NAME}: {roots}: replaced" in text
+        assert f"refused {rd / ship.CURSOR_NAME}: {roots}: not read" in text
+        for name in ("seg-000001.ndjson.gz", "seg-000002.ndjson"):
+            assert f"refused {rd / name}: {roots}: not shipped" in text
+        assert (f"refused {rd / 'seg-000003.ndjson.gz'}: owned by uid {u2.pw_uid}, not by "
+                f"the directory's owner (uid {u1.pw_uid}): not shipped") in text
+        assert len(said) == 5, said  # one warning a file
+        assert "root's" not in text and "ROOT-" not in text
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

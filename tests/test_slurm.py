@@ -454,6 +454,48 @@ def test_epilog_ships_with_the_trusted_identity_and_removes_the_spool(root: Path
     assert found["lines"] == ["hello", "second"]
 
 
+@root_only
+def test_epilog_reads_and_ships_nothing_of_a_hard_link_and_says_so(root: Path,
+                                                                    tmp_path: Path) -> None:
+    """Hard links in the job's run directory (made here by root for the user: a link is the
+    same file whoever makes it; tests/test_ship.py has the user make them): one to a root
+    file, one more name of a file of the user's own. Neither is read for the End record nor
+    shipped; the epilog's log names each, and root's file is as it was."""
+    env = _hook_env(root, store=True)
+    hooks.prolog(env)
+    run_dir = _captured_run(root, "4242", exit_status=0)
+
+    def end_and_line(status: int, text: str) -> bytes:
+        return (json.dumps({"kind": "line", "run": "4242", "stream": "stdout", "seq": 50,
+                            "ts": 1.5, "text": text}) + "\n" + json.dumps({
+            "kind": "end", "run": "4242", "stream": "run", "seq": 9, "ts": 3.0,
+            "exit_status": status}) + "\n").encode()
+
+    secret = tmp_path / "secret"
+    secret.write_bytes(end_and_line(99, "TOP-SECRET"))
+    secret.chmod(0o600)
+    os.link(secret, run_dir / "seg-000001.ndjson")
+    own = run_dir / "seg-000002.ndjson"
+    own.write_bytes(end_and_line(98, "TWICE"))
+    os.chown(own, NOBODY.pw_uid, NOBODY.pw_gid)
+    os.link(own, root / "4242" / "elsewhere")
+    r = subprocess.run([sys.executable, "-m", "logcapture.slurm", "epilog"], env={
+        **os.environ, **env}, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    rec = jobrecords.read_job_record(str(root), "4242")
+    assert rec is not None and rec["exit_status"] == 0  # the wrapper's End, not a planted one
+    assert (f"refused {run_dir / 'seg-000001.ndjson'}: owned by uid 0, not by the directory's "
+            f"owner (uid {NOBODY.pw_uid}); 2 links (a hard link): not shipped") in r.stderr
+    assert f"refused {own}: 2 links (a hard link): not shipped" in r.stderr
+    assert "left in" in r.stderr and "TOP-SECRET" not in r.stderr  # for the agent, as is
+    assert secret.read_bytes() == end_and_line(99, "TOP-SECRET")
+    assert (secret.stat().st_uid, stat.S_IMODE(secret.stat().st_mode)) == (0, 0o600)
+    q = subprocess.run([sys.executable, "-c", QUERY, f"chdb://{root.parent / 'store'}"],
+                       capture_output=True, text=True, timeout=120)
+    assert q.returncode == 0, q.stderr
+    assert json.loads(q.stdout.strip().splitlines()[-1])["lines"] == ["hello"]
+
+
 def test_epilog_removes_the_spool_of_a_run_the_agent_shipped_first(root: Path) -> None:
     # The agent tails the spool root and may ship the job's run before the epilog gets to it
     # (the epilog first waits for the node sampler). The run is in the store: the epilog

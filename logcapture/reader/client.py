@@ -22,30 +22,49 @@ from ..query import LOG_PAGE
 from .protocol import request_line
 
 DEFAULT_SOCKET = "/run/logcapture/reader.sock"
+SERVICE_UNIT = "logcapture-reader"  # slurm/logcapture-reader.service
 CONNECT_TIMEOUT = 5.0
 READ_TIMEOUT = 120.0  # a question's answer, or a follower's keep-alive, comes well within it
 READ_BUFFER = 1 << 18  # an answer line holds up to 2,000 records (protocol.BATCH)
 _KINDS: dict[str, type[LogcaptureError]] = {"NotFound": NotFound, "UsageError": UsageError}
 
 
-def service_socket(env: Mapping[str, str] = os.environ) -> Path | None:
-    """The read service's socket when one is there: ``$LOGCAPTURE_READER_SOCKET`` (empty:
-    none), else the admin config's ``reader_socket`` where this user may read the config,
-    else ``/run/logcapture/reader.sock``. None when no socket exists at that path (a laptop,
-    a cluster without the service: read your own spool and store)."""
+def expected_socket(env: Mapping[str, str] = os.environ, default: str = DEFAULT_SOCKET
+                    ) -> Path | None:
+    """Where this machine's read service answers, or would if it ran:
+    ``$LOGCAPTURE_READER_SOCKET`` (empty: none), else the admin config's ``reader_socket``
+    where this user may read the config, else ``default`` when it or its directory is there
+    (slurm/logcapture-reader.service makes ``/run/logcapture`` and keeps it while the service
+    is stopped: RuntimeDirectoryPreserve=yes). None where no service is set up (a laptop)."""
     if "LOGCAPTURE_READER_SOCKET" in env:
         value = env["LOGCAPTURE_READER_SOCKET"]
-        return Path(value) if value and _is_socket(Path(value)) else None
-    path = Path(DEFAULT_SOCKET)
+        return Path(value) if value else None
     try:
         from ..config import load_admin
 
         configured = load_admin(env=env).reader_socket
         if configured:
-            path = Path(configured)
+            return Path(configured)
     except ConfigError:
         pass  # root's config (it may hold the store's credentials): the default path
-    return path if _is_socket(path) else None
+    path = Path(default)
+    return path if os.path.lexists(path) or path.parent.is_dir() else None
+
+
+def service_socket(env: Mapping[str, str] = os.environ) -> Path | None:
+    """The read service's socket when one is there (``expected_socket``); None when no
+    socket exists at that path (a laptop, a cluster without the service, a service
+    stopped)."""
+    path = expected_socket(env)
+    return path if path is not None and _is_socket(path) else None
+
+
+def unreachable(path: Path | str, why: str) -> ServiceUnavailable:
+    """The error of every command that needs the read service and finds none answering: what
+    failed, and where an administrator looks (the unit's status and log)."""
+    return ServiceUnavailable(
+        f"no read service answers on {path} ({why}): the read service is not running; "
+        f"`systemctl status {SERVICE_UNIT}` says why (or ask your administrator)")
 
 
 def _is_socket(path: Path) -> bool:
@@ -75,8 +94,7 @@ class ServiceReader:
             sock.connect(str(self.socket_path))
         except OSError as e:
             sock.close()
-            raise ServiceUnavailable(f"no read service answers on {self.socket_path}: "
-                                     f"{e.strerror or e}") from None
+            raise unreachable(self.socket_path, e.strerror or str(e)) from None
         return sock
 
     def _ask(self, op: str, **args: Any) -> Iterator[tuple[str, Any]]:

@@ -58,6 +58,7 @@ if TYPE_CHECKING:
 
 OPTIN_CHECK_TIMEOUT = 2.0  # seconds the prolog waits for ~/.logoptin (a hung NFS home)
 SHIP_DEADLINE = 15.0  # seconds the epilog tries the store before leaving runs to the agent
+MAX_NOTES = 10  # the shipper's warnings an epilog logs a run (a planted run may make thousands)
 
 
 def optin_for_uid(uid: int, timeout: float = OPTIN_CHECK_TIMEOUT,
@@ -212,12 +213,13 @@ def _rediagnose(record: dict[str, object], job_id: str) -> None:
 
 
 def _ship(root: str, job_id: str, runs: list[str], admin: object, record: dict[str, object],
-          deadline: float = SHIP_DEADLINE, samples: list[str] | None = None
-          ) -> tuple[bool, str]:
+          deadline: float = SHIP_DEADLINE, samples: list[str] | None = None,
+          notes: list[str] | None = None) -> tuple[bool, str]:
     """Ship the job's runs now when a store is configured, with the trusted identity of the
     job record, and say how it went. False leaves them to the agent: no store configured,
     the store unreachable or busy past ``deadline`` (an embedded chDB store is held by the
-    agent while it runs), or anything not accepted."""
+    agent while it runs), or anything not accepted. ``notes`` gets the shipper's warnings
+    (segments set aside, files refused: paths and reasons only), ``MAX_NOTES`` a run."""
     store = getattr(admin, "store", None)
     if not store:
         return False, "no store configured"
@@ -263,6 +265,9 @@ def _ship(root: str, job_id: str, runs: list[str], admin: object, record: dict[s
             continue
         if result.exit_code != 0:
             ok, why = False, f"upload exit {result.exit_code}"
+        if notes is not None:
+            said = [f"run {r}: segment {seg} set aside: {w}" for r, seg, w in result.set_aside]
+            notes += (said + result.warnings)[:MAX_NOTES]
     return ok, why
 
 
@@ -303,7 +308,8 @@ def epilog(env: dict[str, str] | os._Environ[str], *, now: float | None = None,
         if not runs:
             # A node without the wrapper's run (not the batch node, or the wrapper decided
             # against capture): only this node's samples, under the prolog's record.
-            shipped, why = _ship(root, job.job_id, [], admin, record, samples=samples)
+            shipped, why = _ship(root, job.job_id, [], admin, record, samples=samples,
+                                 notes=messages)
             _remove_job(root_fd, job.job_id)
             if shipped:
                 _remove_samples(root_fd, job.job_id)
@@ -340,7 +346,8 @@ def epilog(env: dict[str, str] | os._Environ[str], *, now: float | None = None,
         _write_job_record(root_fd, job.job_id, record)
         if info and record["slurm_state"] in ("", "COMPLETING") and not callable(state_of):
             _record_final_state_later(root, job.job_id, record=dict(record))
-        shipped, why = _ship(root, job.job_id, runs, admin, record, samples=samples)
+        shipped, why = _ship(root, job.job_id, runs, admin, record, samples=samples,
+                             notes=messages)
         if shipped:
             _remove_job(root_fd, job.job_id)
             _remove_samples(root_fd, job.job_id)

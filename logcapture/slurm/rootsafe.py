@@ -1,9 +1,9 @@
 """Reading a user's files as root, in the epilog: the job's End record.
 
 Root never trusts the user's directory: everything root opens below ``<job id>/`` is opened
-relative to a directory descriptor with ``O_NOFOLLOW``, must be a regular file (or directory)
-owned by the job's user, is read with a size bound, and its content never appears in root's
-messages (which name only paths and numbers).
+as ``logcapture.userfiles`` says (relative to a directory descriptor, ``O_NOFOLLOW``, a
+directory or a regular file of the job's user with one link), is read with a size bound,
+and its content never appears in root's messages (which name only paths and numbers).
 """
 
 from __future__ import annotations
@@ -25,19 +25,15 @@ _END_STATES = (*END_STATES, "SIGNALED")
 
 
 def _open_user_dir(name: str, dir_fd: int, uid: int) -> int | None:
-    """A directory in a user's tree, not followed if it is a symlink, owned by ``uid``."""
-    import stat
+    """A directory in a user's tree, not followed if it is a symlink, owned by ``uid``
+    (``userfiles.open_dir``); None when it is not such a directory."""
+    from ..errors import SpoolError
+    from ..userfiles import open_dir
 
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     dir_fd=dir_fd)
-    except OSError:
+        return open_dir(name, uid, dir_fd)[0]
+    except (OSError, SpoolError):
         return None
-    st = os.fstat(fd)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid:
-        os.close(fd)
-        return None
-    return fd
 
 
 def _is_user_dir(name: str, dir_fd: int, uid: int) -> bool:
@@ -60,20 +56,20 @@ def _list_dir(fd: int) -> list[str]:
 
 
 def _open_user_file(name: str, dir_fd: int, uid: int, limit: int) -> tuple[int, int] | None:
-    """(fd, size) of a regular file owned by ``uid`` of at most ``limit`` bytes; never follows
-    a symlink and never blocks on a FIFO."""
-    import stat
+    """(fd, size) of a plain file of ``uid`` (``userfiles.open_file``: regular, one link, no
+    symlink followed, no FIFO blocked on) of at most ``limit`` bytes; None otherwise."""
+    from ..errors import SpoolError
+    from ..userfiles import open_file
 
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
-                     | os.O_CLOEXEC, dir_fd=dir_fd)
-    except OSError:
+        fd = open_file(name, dir_fd, uid)
+    except (OSError, SpoolError):
         return None
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode) or st.st_uid != uid or st.st_size > limit:
+    size = os.fstat(fd).st_size
+    if size > limit:
         os.close(fd)
         return None
-    return fd, st.st_size
+    return fd, size
 
 
 def _tail(fd: int, size: int, compressed: bool) -> bytes:
