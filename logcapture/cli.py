@@ -597,7 +597,10 @@ def reader_serve(socket_path: Path | None, store_dsn: str | None,
     group = admin_group or admin.admin_group
     logging.basicConfig(level=logging.INFO, format="logcapture reader: %(message)s")
     sessions = store_sessions(store_dsn)
-    service = ReadService(path, sessions, admin_group=group)
+    settings = {name: value for name in ("max_clients", "max_clients_per_user",
+                                       "max_follows_per_user", "request_timeout")
+              if (value := getattr(admin, "reader_" + name)) is not None}
+    service = ReadService(path, sessions, admin_group=group, **settings)
     service.bind()
 
     def stop(signum: int, frame: object) -> None:
@@ -605,8 +608,12 @@ def reader_serve(socket_path: Path | None, store_dsn: str | None,
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    limits = service.limits
     click.echo(f"logcapture: read service on {path} for {redact(resolve_dsn(store_dsn))}"
-               + (f", admin group {group}" if group else ""), err=True)
+               + (f", admin group {group}" if group else "")
+               + f"; at most {limits.max_total} clients, {limits.per_user} per user, "
+                 f"{limits.follows_per_user} following per user; requests within "
+                 f"{service.request_timeout:g}s", err=True)
     try:
         service.serve_forever()
     finally:

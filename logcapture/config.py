@@ -596,6 +596,11 @@ _ADMIN_DEFAULTS = {
     "notify_webhook": None,
     "reader_socket": None,  # the read service's socket (None: /run/logcapture/reader.sock)
     "admin_group": None,  # members read every user's runs through the read service
+    # The read service's limits (None: its defaults, logcapture.reader.server's constants).
+    "reader_max_clients": None,  # connections answered at once, in all
+    "reader_max_clients_per_user": None,  # ... from one uid
+    "reader_max_follows_per_user": None,  # ... from one uid following a run (logs -f)
+    "reader_request_timeout": None,  # seconds a connection may take to send its request
 }
 
 
@@ -630,6 +635,10 @@ class AdminConfig(namedtuple("AdminConfig", tuple(_ADMIN_DEFAULTS),  # type: ign
         notify_webhook: str | None
         reader_socket: str | None
         admin_group: str | None
+        reader_max_clients: int | None
+        reader_max_clients_per_user: int | None
+        reader_max_follows_per_user: int | None
+        reader_request_timeout: float | None
 
 
 _ADMIN_SCHEMA: Schema = {
@@ -652,6 +661,10 @@ _ADMIN_SCHEMA: Schema = {
     "notify_webhook": _webhook,
     "reader_socket": _string,
     "admin_group": _string,
+    "reader_max_clients": _positive_int,
+    "reader_max_clients_per_user": _positive_int,
+    "reader_max_follows_per_user": _positive_int,
+    "reader_request_timeout": _positive_number,
 }
 
 

@@ -91,20 +91,26 @@ def write_gpu_run(spool: Path, run: str = "gpu", t0: float | None = None,
 
 
 class Serve:
-    """``logcapture serve --no-browser --port 0`` as a user starts it; ``url`` is its first
-    line, ``base`` the URL without the token."""
+    """``logcapture serve --no-browser --port 0`` as a user starts it (or ``command``, which
+    prints the URL first likewise); ``url`` is its first line, ``base`` the URL without the
+    token, ``port`` its port. ``stderr``: a file for its stderr (else a pipe)."""
 
-    def __init__(self, env: dict[str, str], *args: str) -> None:
-        self.proc = subprocess.Popen([*LOGCAPTURE, "serve", "--no-browser", "--port", "0",
-                                      *args], env=env, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True,
-                                     start_new_session=True)
+    def __init__(self, env: dict[str, str], *args: str, command: list[str] | None = None,
+                 stderr: Path | None = None) -> None:
+        command = command or [*LOGCAPTURE, "serve", "--no-browser", "--port", "0", *args]
+        err: Any = subprocess.PIPE if stderr is None else stderr.open("w")
+        self.proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=err,
+                                     text=True, start_new_session=True)
+        if stderr is not None:
+            err.close()
         assert self.proc.stdout is not None
         self.url = self.proc.stdout.readline().strip()
         if not self.url:
-            raise RuntimeError(f"serve printed no URL: {self.proc.stderr.read()}")  # type: ignore[union-attr]
+            said = self.proc.stderr.read() if self.proc.stderr else ""
+            raise RuntimeError(f"serve printed no URL: {said}")
         self.base = self.url.split("/?")[0]
         self.token = self.url.split("token=")[1]
+        self.port = int(self.base.rsplit(":", 1)[1])
         self._wait_ready()
 
     def _wait_ready(self) -> None:

@@ -264,3 +264,24 @@ def test_search_from_the_runs_page_opens_the_line(site, browser, shots):
     wait(d).until(lambda d: log_texts(d, "#log .row.at") == [])
     assert "done" in log_texts(d)
     assert console_errors(d) == []
+
+
+def test_two_pages_on_one_host_keep_their_own_tokens(site, browser, shots):
+    s, env = site
+    d = browser
+    d.delete_all_cookies()
+    d.get(s.url)
+    with Serve(env) as other:
+        d.get(other.url)
+        wait(d).until(ec.presence_of_element_located((By.CSS_SELECTOR,
+                                                      "#runs-table tr[data-run]")))
+        names = {c["name"] for c in d.get_cookies()}
+        assert {f"logcapture_token_{s.port}", f"logcapture_token_{other.port}"} <= names
+        # Back on the first page without the token in the URL: its own cookie still opens it.
+        d.get(s.base + "/job/train")
+        wait(d).until(lambda d: d.execute_script("return document.body.dataset.ready") == "1")
+        assert "needs the token" not in d.find_element(By.TAG_NAME, "body").text
+        d.get(other.base + "/")
+        wait(d).until(ec.presence_of_element_located((By.CSS_SELECTOR,
+                                                      "#runs-table tr[data-run]")))
+    assert console_errors(d) == []

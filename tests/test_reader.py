@@ -83,7 +83,16 @@ def dsn(base: Path) -> str:
     ship(dsn, "202", "lcuser2", 30_000)  # enough to fill a socket's buffers
     ship(dsn, "shared", "lcuser1", 5)  # one run id, two owners: they stay apart
     ship(dsn, "shared", "lcuser2", 7)
+    ship_unended(dsn, "forever", "lcuser1")
     return dsn
+
+
+def ship_unended(dsn: str, run: str, user: str) -> None:
+    """A run that has not ended (no End record): following it never finishes."""
+    pw = pwd.getpwnam(user)
+    recs = [r for r in records(run, user, 3) if not isinstance(r, End)]
+    with S.open_store(dsn, wait=30) as st:
+        st.insert_records(recs, S.Identity(run=run, user=user, uid=pw.pw_uid, job_id=run))
 
 
 @pytest.fixture
@@ -139,7 +148,8 @@ print(json.dumps(out))
         out = json.loads(res.stdout)
         uid = pwd.getpwnam(me).pw_uid
         assert out["whoami"] == {"user": me, "uid": uid, "admin": False}
-        assert out["runs"] == sorted([mine, "shared"]) and out["owners"] == [me]
+        unended = ["forever"] if me == "lcuser1" else []
+        assert out["runs"] == sorted([mine, "shared", *unended]) and out["owners"] == [me]
         assert out[mine]["resolve"] == mine and out[mine]["lines"]
         assert all(me in d["text"] for d in out[mine]["lines"] if d["kind"] == "line")
         for question, answer in out[theirs].items():
@@ -310,7 +320,7 @@ def test_a_client_that_never_reads_blocks_no_one(service: ReadService) -> None:
             assert time.monotonic() - t0 < 5
         # The slow client is dropped after send_timeout: its connection ends early.
         deadline = time.monotonic() + 15
-        while service._clients._value < service.max_clients:  # type: ignore[attr-defined]
+        while service.clients:
             assert time.monotonic() < deadline, "the silent reader was never dropped"
             time.sleep(0.1)
         slow.settimeout(5)
@@ -548,3 +558,195 @@ def test_a_page_of_the_log_through_the_service_is_the_stores(service: ReadServic
         r.log("101")  # lcuser1's
     [answer] = raw(service.socket_path, b'{"op": "log", "run": "202", "before": "x:y"}\n')
     assert answer["kind"] == "UsageError" and "bad cursor" in answer["error"]
+
+
+# --- fair shares: one user's connections cannot take the service from another
+
+@pytest.fixture
+def fair(base: Path, dsn: str) -> Iterator[ReadService]:
+    """A service with small limits: 8 clients, 3 of them per user, 1 following per user."""
+    sessions = EmbeddedTurns(dsn)
+    svc = ReadService(base / "fair.sock", sessions, max_clients=8, max_clients_per_user=3,
+                      max_follows_per_user=1, request_timeout=1.0, send_timeout=1.0,
+                      follow_poll=0.05, beat_every=0.2)
+    svc.start()
+    yield svc
+    svc.stop()
+    sessions.close()
+
+
+# Holds up to WANT idle connections (more than its share), reopening each one the service
+# closes, like an attacker renewing them, until a line arrives on stdin and the service has
+# closed some of them for saying nothing; then prints what it was told: the refusals and the
+# idle closes (the service's lines).
+HOG = """
+import selectors, socket, time
+WANT = int(sys.argv[1])
+sel = selectors.DefaultSelector()
+sel.register(sys.stdin, selectors.EVENT_READ, "stop")
+held, refused, closed, tries, stop = set(), [], [], 0, None
+def line(s):
+    s.settimeout(10)
+    text = s.makefile("rb").readline()
+    return json.loads(text) if text else None
+while tries < 2000 and not (stop and (closed or time.monotonic() > stop)):
+    while len(held) < WANT and tries < 2000:
+        tries += 1
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(SOCK)
+        held.add(s)
+        sel.register(s, selectors.EVENT_READ, "held")
+    for key, _ in sel.select(5):
+        if key.data == "stop":
+            sel.unregister(sys.stdin)
+            stop = time.monotonic() + 30
+            continue
+        s = key.fileobj
+        sel.unregister(s)
+        held.discard(s)
+        answer = line(s)
+        s.close()
+        if answer is not None and answer.get("kind") == "Busy":
+            refused.append(answer["error"])
+        elif answer is not None:
+            closed.append(answer["error"])
+    time.sleep(0.02)
+print(json.dumps({"refused": refused, "closed": closed, "tries": tries}))
+"""
+
+
+def hog(user: str, sock: Path, want: int) -> subprocess.Popen:
+    pw = pwd.getpwnam(user)
+    prog = f"import json, sys\nSOCK = {str(sock)!r}\n" + HOG
+    return subprocess.Popen([sys.executable, "-c", prog, str(want)], user=pw.pw_uid,
+                            group=pw.pw_gid, extra_groups=[], cwd="/", text=True,
+                            env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+
+
+def lc_as(user: str, sock: Path, *args: str) -> subprocess.CompletedProcess:
+    """The logcapture command ``args`` run as ``user``, reading through the service."""
+    code = (f"import subprocess\nr = subprocess.run({[sys.executable, '-m', 'logcapture']!r}"
+            f" + {list(args)!r}, capture_output=True, text=True)\n"
+            "print(json.dumps([r.returncode, r.stdout, r.stderr]))\n")
+    res = as_user(user, code, sock, extra_env={"LOGCAPTURE_READER_SOCKET": str(sock)},
+                  timeout=120)
+    assert res.returncode == 0, res.stderr
+    return subprocess.CompletedProcess(args, *json.loads(res.stdout))
+
+
+def test_one_users_idle_connections_leave_the_others_served(fair: ReadService) -> None:
+    sock = fair.socket_path
+    attacker = hog("lcuser1", sock, want=fair.max_clients)  # all of them, if it could
+    try:
+        # Its share is taken at once: its next connection is refused.
+        deadline = time.monotonic() + 30
+        while fair.clients < 3:
+            assert time.monotonic() < deadline and attacker.poll() is None
+            time.sleep(0.05)
+        for _ in range(2):  # meanwhile another user reads, and reads again
+            ls = lc_as("lcuser2", sock, "ls", "--json")
+            assert ls.returncode == 0, ls.stderr
+            assert {json.loads(x)["run"] for x in ls.stdout.splitlines()} == {"202", "shared"}
+            assert fair.clients <= 3 + 1  # the attacker's share and this client
+        out, err = attacker.communicate("stop\n", timeout=60)
+    finally:
+        if attacker.poll() is None:
+            attacker.kill()
+            attacker.wait()
+    assert attacker.returncode == 0, err
+    told = json.loads(out)
+    assert told["refused"], told
+    assert all("the most it allows one user (reader_max_clients_per_user)" in m
+               and "3 connections" in m for m in told["refused"])
+    # Its idle connections were closed after the request timeout, and it had to renew them.
+    assert told["closed"] and all("no complete request line within 1s" in m
+                                  for m in told["closed"])
+    deadline = time.monotonic() + 10
+    while fair.clients:
+        assert time.monotonic() < deadline, "a connection outlived its client"
+        time.sleep(0.05)
+
+
+def test_the_cli_prints_the_per_user_limit(fair: ReadService) -> None:
+    sock = fair.socket_path
+    attacker = hog("lcuser1", sock, want=3)
+    try:
+        deadline = time.monotonic() + 30
+        while fair.clients < 3:
+            assert time.monotonic() < deadline and attacker.poll() is None
+            time.sleep(0.05)
+        mine = lc_as("lcuser1", sock, "ls")
+        theirs = lc_as("lcuser2", sock, "ls")
+    finally:
+        attacker.communicate("stop\n", timeout=60)
+    # The attacker renews its connections as the service closes them: the command may slip
+    # into the moment one is gone; if it did not, it failed with the limit in its message.
+    if mine.returncode != 0:
+        assert mine.stderr.startswith("logcapture: error: read service: you already have 3 "
+                                      "connections to the read service"), mine.stderr
+        assert "reader_max_clients_per_user" in mine.stderr and mine.stdout == ""
+    assert theirs.returncode == 0 and "202" in theirs.stdout, theirs.stderr
+
+
+def test_follows_of_runs_that_never_end_are_limited_per_user(fair: ReadService) -> None:
+    sock = fair.socket_path
+    code = """
+import socket, subprocess
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.settimeout(30)
+s.connect(SOCK)
+s.sendall(b'{"op": "follow", "run": "forever"}\\n')
+f = s.makefile("rb")
+first = []  # read until its lines came: it is following
+while not any(d["kind"] == "line" for d in first):
+    first += json.loads(f.readline()).get("items", [])
+r = subprocess.run(sys.argv[1:], capture_output=True, text=True, timeout=60)
+s.close()
+print(json.dumps({"first": first, "second": [r.returncode, r.stdout, r.stderr]}))
+"""
+    lc = [sys.executable, "-m", "logcapture", "logs", "-f", "forever"]
+    pw = pwd.getpwnam("lcuser1")
+    res = subprocess.run([sys.executable, "-c", f"import json, sys\nSOCK = {str(sock)!r}\n"
+                          + code, *lc], user=pw.pw_uid, group=pw.pw_gid, extra_groups=[],
+                         cwd="/", capture_output=True, text=True, timeout=120,
+                         env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8",
+                              "LOGCAPTURE_CONFIG": "/nonexistent",
+                              "LOGCAPTURE_READER_SOCKET": str(sock)})
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    texts = [d["text"] for d in out["first"] if d["kind"] == "line"]
+    assert texts and texts[0].startswith("lcuser1 line 0")
+    code_, stdout, stderr = out["second"]
+    assert code_ != 0 and stdout == ""
+    assert stderr.startswith("logcapture: error: read service: you already follow 1 run(s) "
+                             "through the read service"), stderr
+    assert "reader_max_follows_per_user" in stderr
+    # Another user follows meanwhile, and the first user's follow slot comes back.
+    follow = lc_as("lcuser2", sock, "logs", "-f", "202")
+    assert follow.returncode == 0 and follow.stdout.startswith("lcuser2 line 0"), follow.stderr
+    again = lc_as("lcuser1", sock, "logs", "-f", "101")
+    assert again.returncode == 0 and again.stdout.startswith("lcuser1 line 0"), again.stderr
+
+
+def test_the_limits_come_from_the_admin_config(base: Path, dsn: str, tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text("reader_max_clients_per_user: 1\nreader_request_timeout: 30\n")
+    sock = base / "configured.sock"
+    env = dict(os.environ, LOGCAPTURE_CONFIG=str(config))
+    proc = subprocess.Popen([sys.executable, "-m", "logcapture", "reader", "serve",
+                             "--socket", str(sock), "--store", dsn], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not sock.exists():
+            assert time.monotonic() < deadline and proc.poll() is None, proc.stderr
+            time.sleep(0.05)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as idle:
+            idle.connect(str(sock))
+            [answer] = raw(sock, b'{"op": "whoami"}\n')
+            assert answer["kind"] == "Busy" and "1 connections" in answer["error"]
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)

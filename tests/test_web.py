@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -366,3 +367,147 @@ def test_search_errors_are_400_and_sql_is_only_text(site):
     r = get(site, "/api/search", q="x'; DROP TABLE lines; --")
     assert r.status_code == 200 and r.json()["matches"] == 0
     assert get(site, "/api/search", q="epoch").json()["matches"] > 0  # all still there
+
+
+# --- connections: what another local user can take from the page without the token
+
+# serve() with test limits: RLIMIT_NOFILE (0: unchanged), header timeout, idle timeout, and
+# the bound on open connections.
+LIMITED = """
+import os, resource, sys
+from pathlib import Path
+from logcapture.query import LocalReader
+from logcapture.web import serve
+nofile, header, idle, most = sys.argv[1:5]
+if int(nofile):
+    resource.setrlimit(resource.RLIMIT_NOFILE,
+                       (int(nofile), resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+try:
+    serve(LocalReader(Path(os.environ["LOGCAPTURE_SPOOL"]), None), port=0,
+          open_browser=False, header_timeout=float(header), idle_timeout=int(idle),
+          max_connections=int(most))
+except KeyboardInterrupt:  # the tests stop it with SIGINT
+    pass
+"""
+
+
+def limited(env: dict[str, str], nofile: int = 0, header: float = 30, idle: int = 30,
+            most: int = 100, stderr: Path | None = None) -> Serve:
+    return Serve(env, command=[sys.executable, "-c", LIMITED, str(nofile), str(header),
+                               str(idle), str(most)], stderr=stderr)
+
+
+def connect(port: int, send: bytes = b"", timeout: float = 20) -> Any:
+    import socket
+
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    if send:
+        s.sendall(send)
+    return s
+
+
+def closed_within(s: Any, seconds: float) -> bool:
+    """The server closed ``s`` (EOF or a reset) within ``seconds``."""
+    s.settimeout(seconds)
+    try:
+        while s.recv(4096):
+            pass
+        return True
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("limits")
+    env = env_for(tmp)
+    capture(env, "train")
+    return env, tmp
+
+
+def test_a_connection_that_sends_no_request_head_is_closed(served):
+    env, _ = served
+    with limited(env, header=1, idle=1) as s:
+        silent = connect(s.port)
+        trickle = connect(s.port, b"GET / HTTP/1.1\r\nHost: x\r\n")
+        for _ in range(5):  # a byte now and then: the deadline is for the whole head
+            trickle.sendall(b"X")
+            time.sleep(0.1)
+        assert closed_within(silent, 20) and closed_within(trickle, 20)
+        # An idle keep-alive connection is closed after its response too.
+        kept = connect(s.port, f"GET /api/runs?token={s.token} HTTP/1.1\r\n"
+                               "Host: x\r\n\r\n".encode())
+        assert kept.recv(4096).startswith(b"HTTP/1.1 200")
+        assert closed_within(kept, 20)
+        # A slow response is not cut by the head's deadline: a follow outlasts it.
+        with httpx.stream("GET", s.base + "/api/runs/train/follow",
+                          params={"token": s.token}, timeout=20) as r:
+            assert r.status_code == 200
+            assert "event: entries" in next(r.iter_text())
+        for c in (silent, trickle, kept):
+            c.close()
+
+
+def test_half_open_connections_past_the_bound_leave_the_owner_served(served):
+    env, _ = served
+    with limited(env, most=20) as s:
+        hogs = [connect(s.port, b"GET / HTTP/1.1\r\n" if i % 2 else b"", timeout=5)
+                for i in range(200)]
+        try:
+            r = httpx.get(s.base + "/api/runs", params={"token": s.token}, timeout=20)
+            assert r.status_code == 200 and [d["run"] for d in r.json()] == ["train"]
+            # Past the bound the oldest waiting ones were closed at once, not queued: no
+            # more than the bound stays open.
+            still_open = [h for h in hogs if not closed_within(h, 0.05)]
+            assert len(still_open) <= 20
+        finally:
+            for h in hogs:
+                h.close()
+
+
+def test_connections_that_cannot_be_accepted_are_one_line_now_and_then(served):
+    env, tmp = served
+    err = tmp / "emfile.err"
+    # Few descriptors and a bound above them: accept() fails with EMFILE.
+    with limited(env, nofile=64, most=1000, stderr=err) as s:
+        hogs = []
+        for _ in range(300):
+            try:
+                hogs.append(connect(s.port, timeout=0.5))
+            except OSError:
+                pass  # the listen queue is full: the server is not accepting
+        time.sleep(3)
+        for h in hogs:
+            h.close()
+        # Once descriptors are free again it serves (accepting again within a second).
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                r = httpx.get(s.base + "/api/runs", params={"token": s.token}, timeout=5)
+                break
+            except httpx.HTTPError:
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+        assert r.status_code == 200
+    lines = err.read_text().splitlines()
+    assert lines and "Traceback" not in err.read_text()
+    assert all("accepting a connection failed" in x and "Too many open files" in x
+               for x in lines), lines
+    assert len(lines) <= 3, lines
+
+
+def test_two_pages_on_one_host_keep_their_own_cookies(served):
+    env, _ = served
+    with Serve(env) as a, Serve(env) as b, httpx.Client() as c:
+        assert a.port != b.port
+        for s in (a, b):
+            r = c.get(s.url)
+            assert r.headers["set-cookie"].startswith(f"logcapture_token_{s.port}={s.token};")
+        for s in (a, b):  # each page still has its own token from the cookie jar
+            assert c.get(s.base + "/api/runs").status_code == 200
+        # A cookie of the other page's name, holding that page's token, opens nothing here.
+        c.cookies.clear()
+        c.cookies.set(f"logcapture_token_{b.port}", b.token)
+        assert c.get(a.base + "/api/runs").status_code == 403

@@ -11,7 +11,8 @@ at most ``MAX_REQUEST_BYTES`` with its newline). The service answers with JSON l
 - ``{"beat": true}`` now and then while a ``follow`` waits for new lines (so that a client
   that went away is noticed); clients ignore it;
 - last, ``{"end": true, "count": N}``, or ``{"error": MESSAGE, "kind": KIND}`` where KIND is
-  ``NotFound``, ``UsageError`` (a bad request), ``Busy`` (too many clients), ``TooLarge``
+  ``NotFound``, ``UsageError`` (a bad request), ``Busy`` (too many clients: in all, of this
+  user, or of this user following runs; the message names the limit), ``TooLarge``
   (the answer passed the service's size limit) or another error class's name.
 
 Requests (``op`` and its arguments; any other key is refused, and so is a request that names

@@ -7,12 +7,16 @@ process at the other end, see unix(7)), never anything in the request; the calle
 go to a ``query.StoreReader`` as that user's name, so every query is filtered by owner
 (members of the configured admin group, and root, read every owner's runs).
 
-Robustness: a thread per client, at most ``max_clients`` at once (more are told ``Busy``); a
-request must arrive within ``request_timeout`` seconds and fit in ``MAX_REQUEST_BYTES``; an
-answer must be taken within ``send_timeout`` seconds per write and stay under
-``max_response_bytes``; a client that stops reading is dropped without holding the store
-(answers are read from the store first, then sent). A bad request gets one error line; no
-client can stop the service.
+Robustness: a thread per client, at most ``max_clients`` at once, and of those at most
+``max_clients_per_user`` from one uid, of which at most ``max_follows_per_user`` follow a run
+(``logs -f``): one user's connections, idle or following runs that never end, cannot take
+the slots every other user needs (the idea of systemd's ``MaxConnectionsPerSource=``,
+systemd.socket(5)). A connection past a limit is told ``Busy`` with the limit it passed. A
+request must arrive within ``request_timeout`` seconds (a connection that sends nothing is
+closed then) and fit in ``MAX_REQUEST_BYTES``; an answer must be taken within
+``send_timeout`` seconds per write and stay under ``max_response_bytes``; a client that stops
+reading is dropped without holding the store (answers are read from the store first, then
+sent). A bad request gets one error line; no client can stop the service.
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ import stat
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -36,8 +41,10 @@ from .protocol import BATCH, MAX_REQUEST_BYTES, Request, encode, parse_request
 
 log = logging.getLogger("logcapture.reader")
 
-MAX_CLIENTS = 64
-REQUEST_TIMEOUT = 10.0
+MAX_CLIENTS = 256
+MAX_CLIENTS_PER_USER = 16  # a sixteenth of MAX_CLIENTS: no user fills the service alone
+MAX_FOLLOWS_PER_USER = 8  # of those, connections following a run (they may last for days)
+REQUEST_TIMEOUT = 5.0  # the client sends its request line as soon as it is connected
 SEND_TIMEOUT = 30.0
 MAX_RESPONSE_BYTES = 1 << 30
 BEAT_EVERY = 10.0  # seconds between a quiet follower's keep-alive lines
@@ -81,12 +88,18 @@ def caller_of_uid(uid: int, admin_group: str | None) -> Caller:
 
 class ReadService:
     """The service on ``socket_path``; ``identify(conn) -> Caller`` (the kernel's peer
-    credentials by default; tests pass their own)."""
+    credentials by default; tests pass their own), ``uid_of(conn)``: the uid whose share a
+    connection counts against (the kernel's, read in the accepting thread: no user database
+    look-up there)."""
 
     def __init__(self, socket_path: Path, sessions: StoreSession, *,
                  admin_group: str | None = None,
                  identify: Callable[[socket.socket], Caller] | None = None,
-                 max_clients: int = MAX_CLIENTS, request_timeout: float = REQUEST_TIMEOUT,
+                 uid_of: Callable[[socket.socket], int] = peer_uid,
+                 max_clients: int = MAX_CLIENTS,
+                 max_clients_per_user: int = MAX_CLIENTS_PER_USER,
+                 max_follows_per_user: int = MAX_FOLLOWS_PER_USER,
+                 request_timeout: float = REQUEST_TIMEOUT,
                  send_timeout: float = SEND_TIMEOUT,
                  max_response_bytes: int = MAX_RESPONSE_BYTES, beat_every: float = BEAT_EVERY,
                  follow_poll: float = FOLLOW_POLL):
@@ -94,14 +107,15 @@ class ReadService:
         self.sessions = sessions
         self.admin_group = admin_group
         self.identify = identify or (lambda conn: caller_of_uid(peer_uid(conn), admin_group))
+        self.uid_of = uid_of
         self.max_clients = max_clients
+        self.limits = _Limits(max_clients, max_clients_per_user, max_follows_per_user)
         self.request_timeout = request_timeout
         self.send_timeout = send_timeout
         self.max_response_bytes = max_response_bytes
         self.beat_every = beat_every
         self.follow_poll = follow_poll
         self._listener: socket.socket | None = None
-        self._clients = threading.BoundedSemaphore(max_clients)
         self._busy_replies = threading.BoundedSemaphore(BUSY_REPLIES)
         self._stop = threading.Event()
         self._threads: set[threading.Thread] = set()
@@ -186,38 +200,51 @@ class ReadService:
             t.join(max(0.0, deadline - time.monotonic()))
 
     # --- one client
+    @property
+    def clients(self) -> int:
+        """Connections being answered now."""
+        return self.limits.total
+
     def _start_client(self, conn: socket.socket) -> None:
-        if not self._clients.acquire(blocking=False):
+        try:
+            uid = self.uid_of(conn)
+        except OSError:
+            conn.close()
+            return
+        refusal = self.limits.take_client(uid)
+        if refusal is not None:
             # Told so by a short-lived thread of its own (the answer waits for the request,
             # or the client would lose it: ``_send_error``); past BUSY_REPLIES of those at
             # once, the connection is just closed.
             if self._busy_replies.acquire(blocking=False):
-                threading.Thread(target=self._busy, args=(conn,), daemon=True).start()
+                threading.Thread(target=self._busy, args=(conn, refusal), daemon=True).start()
             else:
                 conn.close()
             return
-        t = threading.Thread(target=self._client, args=(conn,), daemon=True,
+        t = threading.Thread(target=self._client, args=(conn, uid), daemon=True,
                              name="logcapture-reader-client")
         with self._lock:
             self._threads.add(t)
         t.start()
 
-    def _busy(self, conn: socket.socket) -> None:
+    def _busy(self, conn: socket.socket, message: str) -> None:
         try:
-            self._send_error(conn, f"the read service is busy ({self.max_clients} clients); "
-                                   "try again", "Busy")
+            self._send_error(conn, message, "Busy")
         finally:
             conn.close()
             self._busy_replies.release()
 
-    def _client(self, conn: socket.socket) -> None:
+    def _client(self, conn: socket.socket, uid: int) -> None:
         caller: Caller | None = None
         try:
             caller = self.identify(conn)
             request = self._read_request(conn)
-            self._answer(conn, caller, request)
+            with self.limits.follow(uid, request.op == "follow"):
+                self._answer(conn, caller, request)
         except _Gone as e:
             log.info("client %s: %s", caller.user if caller else "?", e)
+        except _Refused as e:
+            self._send_error(conn, str(e), "Busy")
         except LogcaptureError as e:
             self._send_error(conn, e.message, type(e).__name__)
         except Exception:  # noqa: BLE001 - one client's failure never stops the service
@@ -226,7 +253,7 @@ class ReadService:
         finally:
             self.served += 1
             conn.close()
-            self._clients.release()
+            self.limits.give_client(uid)
             with self._lock:
                 self._threads.discard(threading.current_thread())
 
@@ -317,6 +344,72 @@ class ReadService:
 
 class _Gone(Exception):
     """The client went away or stopped reading."""
+
+
+class _Refused(Exception):
+    """A limit refuses the request; the message names it."""
+
+
+class _Limits:
+    """The service's connection counts, in all, per uid, and following per uid, under one
+    lock. ``take_client`` counts a connection or says which limit refuses it (the message the
+    client gets)."""
+
+    def __init__(self, total: int, per_user: int, follows_per_user: int):
+        self.max_total, self.per_user, self.follows_per_user = total, per_user, follows_per_user
+        self.total = 0
+        self._clients: dict[int, int] = {}  # uid -> connections being answered
+        self._follows: dict[int, int] = {}  # uid -> of those, following a run
+        self._lock = threading.Lock()
+
+    def take_client(self, uid: int) -> str | None:
+        with self._lock:
+            mine = self._clients.get(uid, 0)
+            if mine >= self.per_user:
+                return (f"you already have {mine} connections to the read service, the "
+                        "most it allows one user (reader_max_clients_per_user); close some "
+                        "(other logcapture commands, `logs -f`) and try again")
+            if self.total >= self.max_total:
+                return (f"the read service is busy ({self.max_total} clients, its limit "
+                        "reader_max_clients); try again")
+            self._clients[uid] = mine + 1
+            self.total += 1
+            return None
+
+    def give_client(self, uid: int) -> None:
+        with self._lock:
+            self.total -= 1
+            _uncount(self._clients, uid)
+
+    @contextmanager
+    def follow(self, uid: int, following: bool) -> Iterator[None]:
+        """Counts a following connection while it follows; raises ``_Refused`` past the
+        limit."""
+        if not following:
+            yield
+            return
+        with self._lock:
+            mine = self._follows.get(uid, 0)
+            if mine >= self.follows_per_user:
+                raise _Refused(f"you already follow {mine} run(s) through the read service, "
+                               "the most it allows one user (reader_max_follows_per_user); "
+                               "stop a `logs -f` and try again")
+            self._follows[uid] = mine + 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                _uncount(self._follows, uid)
+
+
+def _uncount(counts: dict[int, int], uid: int) -> None:
+    """One fewer for ``uid``; a uid at zero leaves the map (it holds only uids with
+    connections, however many uids come and go)."""
+    left = counts[uid] - 1
+    if left:
+        counts[uid] = left
+    else:
+        del counts[uid]
 
 
 class _Sender:

@@ -46,11 +46,16 @@ def url_of(sock: socket.socket, token: str) -> str:
 
 def serve(reader: Any, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
           open_browser: bool = True, out: TextIO = sys.stdout,
-          token: str | None = None) -> None:
+          token: str | None = None, header_timeout: float | None = None,
+          idle_timeout: int | None = None, max_connections: int | None = None) -> None:
     """Serve ``reader`` (a ``query.Reader``: what the pages may show) until interrupted; the
-    first line on ``out`` is the URL with the token."""
+    first line on ``out`` is the URL with the token. The limits on connections (None: the
+    defaults) are ``connections``'s."""
+    import asyncio
+
     import uvicorn
 
+    from . import connections as C
     from .app import create_app
     from .reads import Pages
 
@@ -66,6 +71,18 @@ def serve(reader: Any, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
         import webbrowser
 
         webbrowser.open(url)
-    config = uvicorn.Config(create_app(Pages(reader), token), log_level="warning", access_log=False,
-                            lifespan="on", timeout_graceful_shutdown=1)
-    uvicorn.Server(config).run(sockets=[sock])
+    protocol = C.guarded_h11(C.HEADER_TIMEOUT if header_timeout is None else header_timeout,
+                             C.MAX_CONNECTIONS if max_connections is None else max_connections)
+    config = uvicorn.Config(create_app(Pages(reader), token, sock.getsockname()[1]),
+                            log_level="warning", access_log=False, lifespan="on",
+                            timeout_graceful_shutdown=1, http=protocol,
+                            timeout_keep_alive=idle_timeout or C.IDLE_TIMEOUT)
+    server = uvicorn.Server(config)
+
+    async def run() -> None:
+        asyncio.get_running_loop().set_exception_handler(C.AcceptErrors())
+        await server.serve(sockets=[sock])
+
+    # asyncio's own loop (not uvloop where installed): AcceptErrors knows how it reports a
+    # failed accept().
+    asyncio.run(run())

@@ -5,9 +5,11 @@ graphs); they ask the JSON endpoints below, which answer from :mod:`.reads`. A r
 new log entries come as server-sent events (``/api/runs/RUN/follow``).
 
 Access: the token is in the URL ``serve`` prints (Jupyter's convention). A request carrying it
-(``?token=``) gets it set as a cookie for this host and port, so later requests and links
-need not repeat it; a request with neither gets 403. Only GET and HEAD exist: nothing here
-changes data.
+(``?token=``) gets it set as a cookie, so later requests and links need not repeat it; a
+request with neither gets 403. Cookies are not kept apart by port (RFC 6265, section 8.5): a
+browser sends a cookie for 127.0.0.1 to every port of it, so the cookie's name carries the
+port (``cookie_name``), and two pages served on one host never overwrite each other's token.
+Only GET and HEAD exist: nothing here changes data.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from ..query import LOG_PAGE, LOG_PAGE_MAX
 from .reads import Pages
 
 STATIC = Path(__file__).with_name("static")
-COOKIE = "logcapture_token"
+COOKIE = "logcapture_token"  # + "_<port>": cookie_name
 FOLLOW_POLL = 0.5  # seconds between reads of a running job's new entries
 HEARTBEAT = 15.0  # seconds: an SSE comment keeps proxies and ssh tunnels from closing
 SECURITY_HEADERS = [
@@ -54,13 +56,19 @@ SECURITY_HEADERS = [
 ]
 
 
-class TokenGate:
-    """403 for any request without the token (query ``token`` or the cookie); 405 for any
-    method but GET and HEAD. A request with ``?token=`` gets the cookie."""
+def cookie_name(port: int | None) -> str:
+    """The token's cookie for the page on ``port`` (None: a page not on a port, in tests)."""
+    return COOKIE if port is None else f"{COOKIE}_{port}"
 
-    def __init__(self, app: ASGIApp, token: str) -> None:
+
+class TokenGate:
+    """403 for any request without the token (query ``token`` or the cookie ``cookie``); 405
+    for any method but GET and HEAD. A request with ``?token=`` gets the cookie."""
+
+    def __init__(self, app: ASGIApp, token: str, cookie: str = COOKIE) -> None:
         self.app = app
         self.token = token
+        self.cookie = cookie
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -69,7 +77,7 @@ class TokenGate:
         request = Request(scope)
         given = request.query_params.get("token")
         if given is None:  # no token in the URL: the cookie an earlier one set
-            given = request.cookies.get(COOKIE)
+            given = request.cookies.get(self.cookie)
             set_cookie = False
         else:  # a token in the URL decides, even beside a valid cookie
             set_cookie = True
@@ -88,8 +96,8 @@ class TokenGate:
             if message["type"] == "http.response.start":
                 headers = list(message.get("headers", [])) + SECURITY_HEADERS
                 if set_cookie:
-                    headers.append((b"set-cookie", f"{COOKIE}={self.token}; Path=/; HttpOnly; "
-                                    "SameSite=Strict".encode()))
+                    cookie = f"{self.cookie}={self.token}; Path=/; HttpOnly; SameSite=Strict"
+                    headers.append((b"set-cookie", cookie.encode()))
                 message = {**message, "headers": headers}
             await send(message)
 
@@ -216,7 +224,8 @@ async def _on_error(request: Request, exc: Exception) -> Response:
     return JSONResponse({"error": message}, status_code=status)
 
 
-def create_app(pages: Pages, token: str) -> Starlette:
+def create_app(pages: Pages, token: str, port: int | None = None) -> Starlette:
+    """The app for ``pages`` behind ``token``, served on ``port`` (its cookie's name)."""
     api = _Api(pages)
 
     @asynccontextmanager
@@ -249,5 +258,6 @@ def create_app(pages: Pages, token: str) -> Starlette:
         Route("/api/search", api.search),
         Mount("/static", StaticFiles(directory=STATIC)),
     ]
-    return Starlette(routes=routes, middleware=[Middleware(TokenGate, token=token)],
+    return Starlette(routes=routes, middleware=[Middleware(TokenGate, token=token,
+                                                           cookie=cookie_name(port))],
                      exception_handlers={LogcaptureError: _on_error}, lifespan=lifespan)
