@@ -799,7 +799,8 @@ def agent(spool: Path | None, store_dsn: str | None, batch_bytes: int, interval:
               identify=_trusted_identity, job_ended=samples_job_ended,
               job_info=_trusted_job_info, notifier=notifier,
               stall_seconds=admin.stall_seconds, live_every=live_every,
-              warn=Warner(limit=1000))
+              warn=Warner(limit=1000),
+              log=lambda m: click.echo(f"logcapture: {m}", err=True))
     a.install_signal_handlers()
     click.echo(f"logcapture: agent shipping {root} to {describe_dsn(store_dsn)}", err=True)
     stats = a.run()

@@ -25,7 +25,9 @@ Reading: a whole closed segment bound for the embedded store is opened here (as 
 of a user's run directory is: ``userfiles``, no link followed, a regular file of the
 directory's owner with one link) and read by the engine itself (``_ship_direct``); the open segment,
 what is left of a partly shipped one, and anything the engine cannot read or refuses are read
-here as bytes (``read_segment_bytes``) and sent as they are.
+here as bytes (``read_segment_bytes``) and sent as they are. Those are read one segment at a
+time as the batches reach them (``_pieces``, a generator): a shipper holds one batch and one
+segment, whatever the backlog after an outage.
 
 Identity (privacy): the owner and run id of shipped rows come from ``identify(run_dir)``,
 a trusted source chosen by the caller. The default, ``identity_from_spool``, takes the owner from
@@ -388,6 +390,7 @@ class _Pending:
     count: int  # how many
     torn: bool
     direct: bool = False  # a closed segment the store reads itself (``_ship_direct``)
+    unread: bool = False  # to be read here when the batches reach it (``_pieces``)
 
 
 _UNKNOWN = 1 << 62  # the lines of a direct segment until the store has read it: never shipped
@@ -413,18 +416,17 @@ class _Piece:
     data: bytes
 
 
-def _pending(run_dir: Path, cur: Cursor, result: UploadResult, direct: bool
-             ) -> list[_Pending]:
-    """What is pending of each segment. ``direct``: a closed segment none of which is shipped
-    yet is left for the store to read itself (``_ship_direct``); its lines are counted then."""
+def _pending(run_dir: Path, cur: Cursor, direct: bool) -> list[_Pending]:
+    """The segments with lines pending, none read yet: their lines are counted when they are
+    read (``_pieces``). ``direct``: a closed segment none of which is shipped yet is left for
+    the store to read itself (``_ship_direct``)."""
     out = []
     for seg in segments(run_dir):
         if seg.index in cur.aside:
             continue
         skip = cur.lines.get(seg.index, 0)
-        p = _Pending(seg, skip, b"", _UNKNOWN, False, direct=direct and seg.closed and not skip)
-        if p.direct or _read_pending(run_dir, cur, p, result):
-            out.append(p)
+        d = direct and seg.closed and not skip
+        out.append(_Pending(seg, skip, b"", _UNKNOWN, False, direct=d, unread=not d))
     return out
 
 
@@ -438,7 +440,19 @@ def _read_pending(run_dir: Path, cur: Cursor, p: _Pending, result: UploadResult)
         cur.aside[p.seg.index] = why
         result.set_aside.append((run_dir.name, p.seg.path.name, why))
         return False
-    p.direct = False
+    p.direct = p.unread = False
+    return True
+
+
+def _load(job: _RunJob, p: _Pending, result: UploadResult) -> bool:
+    """Read ``p`` now (``_read_pending``) and report a torn last line, unless it is the run's
+    open segment still being written; a segment that cannot be read leaves the run's
+    pending list (False)."""
+    if not _read_pending(job.run_dir, job.rc.cursor, p, result):
+        job.pending.remove(p)
+        return False
+    if p.torn and (p.seg.closed or p is not job.pending[-1]):
+        _note_torn(job, p, result)
     return True
 
 
@@ -458,21 +472,23 @@ def _prepare(job: _RunJob, result: UploadResult, force: bool, direct: bool = Fal
         if cur.deleted:
             result.warnings.append(f"run {name}: {len(cur.deleted)} segment(s) were deleted "
                                    "after shipping and are not sent again")
-    job.pending = _pending(job.run_dir, cur, result, direct)
-    for i, p in enumerate(job.pending):
-        if p.torn and (p.seg.closed or i < len(job.pending) - 1):
-            _note_torn(job, p, result)
+    job.pending = _pending(job.run_dir, cur, direct)
 
 
-def _pieces(jobs: list[_RunJob], max_bytes: int) -> Iterator[list[_Piece]]:
-    """Batches of about ``max_bytes``, across segments and runs, in spool order. A segment's
-    bytes are cut at the first line end past the room left (``find``/``count``: no per-line
-    Python loop)."""
+def _pieces(jobs: list[_RunJob], max_bytes: int, result: UploadResult
+            ) -> Iterator[list[_Piece]]:
+    """Batches of about ``max_bytes``, across segments and runs, in spool order. A segment is
+    read only when the batch reaches it and let go once cut, so the caller ships a batch
+    before the next segment is read: memory stays near a batch and a segment however much is
+    pending. Its bytes are cut at the first line end past the room left (``find``/``count``:
+    no per-line Python loop)."""
     batch: list[_Piece] = []
     size = 0
     for job in jobs:
-        for p in job.pending:
-            data = p.data
+        for p in list(job.pending):  # ``_load`` drops a segment that cannot be read
+            if p.direct or (p.unread and not _load(job, p, result)):
+                continue
+            data, p.data = p.data, b""
             start = 0
             line = 0  # lines of p.data before ``start``
             while start < len(data):
@@ -545,14 +561,12 @@ def _ship_direct(store: Store, group: list[tuple[_RunJob, _Pending]],
     (``spool.open_segment``: refused unless a plain file of the run directory's owner) and
     the store reads that descriptor. A segment the store cannot read, one whose last line is
     torn, and a group the store refuses as data are read here instead and go the bytes way
-    (``_ship_batch``, which skips and reports bad lines, or sets the segment aside)."""
+    (``_ship_batch``, which skips and reports bad lines, or sets the segment aside) when
+    ``_pieces`` reaches them."""
     opened: dict[int, tuple[_RunJob, _Pending]] = {}
 
     def fall_back(job: _RunJob, p: _Pending) -> None:
-        if not _read_pending(job.run_dir, job.rc.cursor, p, result):
-            job.pending.remove(p)
-        elif p.torn:
-            _note_torn(job, p, result)
+        p.direct, p.unread = False, True  # read by ``_pieces`` when its batch comes
 
     try:
         for job, p in group:
@@ -682,10 +696,18 @@ def notify_event(notifier: Notifier, event: str, identity: Identity, start: Any,
     return [f"run {identity.run}: {p}" for p in problems]
 
 
+ShippedHook = Callable[[_RunJob, bytes], None]
+
+
 def ship_runs(store: Store, jobs: list[_RunJob], result: UploadResult, *,
               max_bytes: int = BATCH_BYTES, retention_days: float | None = RETENTION_DAYS,
               force: bool = False, job_info: JobInfo | None = None,
-              notifier: Notifier | None = None) -> list[bool]:
+              notifier: Notifier | None = None, until: Callable[[], bool] | None = None,
+              shipped: ShippedHook | None = None) -> list[bool]:
+    """Ship what is pending of ``jobs`` in batches; whether each run is now in the store
+    whole. ``until``: asked between batches; True leaves the rest for the next shipping (the
+    cursors hold what the store took). ``shipped``: shown the bytes of each batch the store
+    took, by run, once it took them (the agent's live watch)."""
     ready = []
     direct = store.reads_files
     for job in jobs:
@@ -698,9 +720,16 @@ def ship_runs(store: Store, jobs: list[_RunJob], result: UploadResult, *,
             result.failed.append(job.run_dir.name)
     jobs_ok = {id(j) for j in ready}
     for group in _direct_groups(ready, max_bytes):  # closed segments: the store reads them
+        if until is not None and until():
+            break
         _ship_direct(store, group, result)
-    for batch in _pieces(ready, max_bytes):  # the rest, and what the store could not read
+    for batch in _pieces(ready, max_bytes, result):  # the rest, and what it could not read
+        if until is not None and until():
+            break
         _ship_batch(store, batch, result)
+        if shipped is not None:
+            for piece in batch:
+                shipped(piece.job, piece.data)
     done = [id(job) in jobs_ok and _finish(job, result, retention_days) for job in jobs]
     for job in jobs:
         if job.newly_done:
@@ -776,11 +805,29 @@ def _take_warnings(rc: RunCursor, result: UploadResult) -> None:
 
 
 # --- retrying ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How long a shipper waits before it tries a failing store again: ``first`` seconds,
+    then twice the last wait, at most ``most`` (Vector's sinks likewise back off exponentially
+    up to ``retry_max_duration_secs``, 30 s by default). The one curve of ``upload`` and the
+    ``Agent``."""
+
+    first: float = 0.5
+    most: float = 30.0
+
+    def after(self, delay: float) -> float:
+        """The wait after a failure, ``delay`` being the wait before it (0: none yet)."""
+        return min(max(delay * 2, self.first), self.most)
+
+
+RETRY = RetryPolicy()
+
+
 def _with_retry(fn: Callable[[], Any], deadline: float, sleep: Callable[[float], None],
-                warn: Warn | None) -> Any:
-    """Run ``fn``; retry StoreUnavailable with exponential backoff until ``deadline``
+                warn: Warn | None, policy: RetryPolicy = RETRY) -> Any:
+    """Run ``fn``; retry StoreUnavailable with ``policy``'s backoff until ``deadline``
     (monotonic). Auth and data errors pass straight through."""
-    delay = 0.2
+    delay = 0.0
     while True:
         try:
             return fn()
@@ -788,10 +835,10 @@ def _with_retry(fn: Callable[[], Any], deadline: float, sleep: Callable[[float],
             left = deadline - time.monotonic()
             if left <= 0:
                 raise
+            delay = policy.after(delay)
             if warn:
                 warn(f"{e.message}; retrying in {min(delay, left):.1f}s")
             sleep(min(delay, left))
-            delay = min(delay * 2, 10.0)
 
 
 # --- upload -----------------------------------------------------------------------------------
@@ -933,6 +980,65 @@ class AgentStats:
     last_error: str = ""
 
 
+# How often the agent says again that the store is still unreachable, and what is waiting.
+REMIND_EVERY = 300.0
+# Seconds a batch in flight gets after TERM before the agent gives it up and exits: within
+# systemd's TimeoutStopSec (slurm/logcapture-agent.service) with room to spare. The store did
+# not take what was given up, or took it and the cursor does not say so: the next start ships
+# it (again; the store drops the copies).
+STOP_GRACE = 5.0
+
+
+class AgentStopped(BaseException):
+    """Raised in the agent's main thread (``Agent.install_signal_handlers``) when a store call
+    outlasts ``STOP_GRACE`` after TERM: a ``BaseException`` like ``KeyboardInterrupt``, so that
+    no ``except Exception`` of the HTTP client holds it."""
+
+
+def _duration(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s // 3600}h{s // 60 % 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+@dataclass
+class _Outage:
+    """The store's state as the agent's log tells it: one line when it fails, a reminder at
+    most every ``remind_every`` seconds while it stays down, one line when it is back."""
+
+    remind_every: float
+    since: float | None = None  # agent clock of the first failure
+    reason: str = ""
+    reminded_at: float = 0.0
+    failures: int = 0
+    shipped: int = 0  # records shipped since the first failure (partial flushes)
+    shipped_bytes: int = 0
+
+    def failed(self, now: float, reason: str, waiting: Callable[[], str]) -> str | None:
+        self.failures += 1
+        self.reason = reason
+        if self.since is None:
+            self.since = self.reminded_at = now
+            return f"store unreachable: {reason}; keeping the spool and retrying"
+        if now - self.reminded_at < self.remind_every:
+            return None
+        self.reminded_at = now
+        return (f"store still unreachable after {_duration(now - self.since)} "
+                f"({self.failures} tries): {reason}; waiting: {waiting()}")
+
+    def shipped_some(self, result: UploadResult) -> None:
+        self.shipped += result.records
+        self.shipped_bytes += result.bytes
+
+    def recovered(self, now: float) -> str | None:
+        if self.since is None:
+            return None
+        line = (f"store reachable again after {_duration(now - self.since)} down "
+                f"({self.failures} failed tries); shipped {self.shipped} records "
+                f"({self.shipped_bytes / 1e6:.1f} MB) since")
+        self.since, self.failures, self.shipped, self.shipped_bytes = None, 0, 0, 0
+        return line
+
+
 class Agent:
     """Tail every run under ``spool_root`` and ship new lines in batches: a flush happens when
     the unshipped bytes reach ``batch_bytes`` or the oldest unshipped data is
@@ -947,8 +1053,12 @@ class Agent:
     segments are closed, or no sample came for ``samples_idle`` seconds; then it is no longer
     watched.
 
-    Transient store failures keep the data and retry on the next flush with backoff; an
-    authentication failure stops the agent (``run()`` raises StoreAuthError)."""
+    Transient store failures keep the data and retry on the next flush with ``retry``'s
+    backoff; ``log`` (every line printed, unlike ``warn``'s, which may print each distinct
+    message once) says when the store failed, every ``remind_every`` seconds what is waiting
+    while it stays down, and when it is back. An authentication failure stops the agent
+    (``run()`` raises StoreAuthError). ``timeouts``: a server's connect and send/receive
+    timeouts (``open_store``)."""
 
     def __init__(self, spool_root: Path, dsn: str | None = None, *,
                  batch_bytes: int = BATCH_BYTES, batch_interval: float = BATCH_INTERVAL,
@@ -959,7 +1069,9 @@ class Agent:
                  job_info: JobInfo | None = None, notifier: Notifier | None = None,
                  stall_seconds: float = 1800.0, live_every: float = LIVE_EVERY,
                  clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time):
+                 wall: Callable[[], float] = time.time, log: Warn | None = None,
+                 retry: RetryPolicy = RETRY, remind_every: float = REMIND_EVERY,
+                 timeouts: tuple[float, float] = (5.0, 60.0), stop_grace: float = STOP_GRACE):
         self.spool_root = Path(spool_root)
         self.job_ended = job_ended
         self.job_info = job_info
@@ -977,6 +1089,14 @@ class Agent:
         self.retention_days = retention_days
         self.identify = identify
         self.warn = warn or (lambda m: None)
+        self.log = log or self.warn
+        self.retry = retry
+        self.timeouts = timeouts
+        self.stop_grace = stop_grace
+        self._outage = _Outage(remind_every)
+        self._stop_by: float | None = None  # agent clock by which a stopping agent exits
+        self._final = False  # in the flush after the loop (``run``)
+        self._alarm = False  # a SIGALRM armed by TERM (``install_signal_handlers``)
         self.clock = clock
         self.stats = AgentStats()
         self._stop = threading.Event()
@@ -990,11 +1110,28 @@ class Agent:
         self._said: set[str] = set()  # refused files warned of (``_say_refused``)
 
     def stop(self) -> None:
+        """Make ``run()`` return: it ships no new batch after ``stop_grace`` seconds."""
+        if self._stop_by is None:
+            self._stop_by = self.clock() + self.stop_grace
         self._stop.set()
 
     def install_signal_handlers(self) -> None:
+        """TERM and INT stop the agent (``stop``); a store call still blocked ``stop_grace``
+        seconds later (a server that accepts and never answers) is broken off by SIGALRM
+        (setitimer(2)), whose handler raises ``AgentStopped``: the blocked system call returns
+        EINTR and Python runs the handler (PEP 475). Main thread only, as every handler."""
+        def term(*_: object) -> None:
+            if not self._stop.is_set():
+                self._alarm = True
+                signal.setitimer(signal.ITIMER_REAL, self.stop_grace)
+            self.stop()
+
+        def alarm(*_: object) -> None:
+            raise AgentStopped
+
+        signal.signal(signal.SIGALRM, alarm)
         for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: self.stop())
+            signal.signal(sig, term)
 
     def run_dirs(self) -> list[Path]:
         """The runs to tail: the spool root's, then the node samplers' (``.samples``, when it
@@ -1063,33 +1200,76 @@ class Agent:
         return (self._dirty_bytes >= self.batch_bytes
                 or now - self._dirty_since >= self.batch_interval)
 
+    def _stopping(self) -> bool:
+        """Between batches: whether to leave the rest for the next start (stopped, and the
+        grace is over) or for the next flush (stopped: the last flush ships what it can)."""
+        return self._stop_by is not None and (self.clock() >= self._stop_by
+                                              or not self._final)
+
     def flush(self) -> UploadResult:
-        """Ship everything pending now (one store session for all runs)."""
+        """Ship everything pending now (one store session for all runs), batch by batch,
+        until the agent stops."""
         result = UploadResult()
         self._dirty_since, self._dirty_bytes = None, 0
         runs = [r for r in self.run_dirs() if str(r) not in self._done]
         if not runs:
             return result
+        found: dict[int, list[Any]] = {}
         try:
-            with open_store(self.dsn, wait=STORE_WAIT) as store, ExitStack() as stack:
+            with open_store(self.dsn, wait=STORE_WAIT, connect_timeout=self.timeouts[0],
+                            send_receive_timeout=self.timeouts[1]) as store, \
+                    ExitStack() as stack:
                 jobs = self._jobs(runs, stack)
                 done = ship_runs(store, jobs, result, max_bytes=self.batch_bytes,
                                  retention_days=self.retention_days, job_info=self.job_info,
-                                 notifier=self.notifier)
-                self._observe(store, jobs, result)
+                                 notifier=self.notifier, until=self._stopping,
+                                 shipped=self._watch(found))
+                self._observe(store, jobs, found, result)
                 self._finish(store, jobs, done, result)
             self._backoff = 0.0
+            self._outage.shipped_some(result)
+            if (line := self._outage.recovered(self.clock())) is not None:
+                self.log(line)
         except StoreAuthError:
             raise
         except StoreError as e:
-            self.stats.failures += 1
-            self.stats.last_error = e.message
-            self._backoff = min(max(self._backoff * 2, 0.5), 30.0)
-            self._retry_at = self.clock() + self._backoff
-            self._dirty_since = self._dirty_since or self.clock()
-            self.warn(f"{e.message}; keeping the spool, retrying in {self._backoff:.1f}s")
+            self._failed(e, result)
         self._warn_and_count(result)
         return result
+
+    def _failed(self, e: StoreError, result: UploadResult) -> None:
+        """A flush the store failed: retry later (``retry``), and say so (``_Outage``)."""
+        self.stats.failures += 1
+        self.stats.last_error = e.message
+        self._backoff = self.retry.after(self._backoff)
+        self._retry_at = self.clock() + self._backoff
+        self._dirty_since = self._dirty_since or self.clock()
+        self._outage.shipped_some(result)
+        line = self._outage.failed(self.clock(), e.message, self.waiting)
+        if line is not None:
+            self.log(line)
+
+    def waiting(self) -> str:
+        """What the spool holds that the store has not taken, for the log: runs, and the
+        bytes on disk of their segments with nothing shipped yet or still open (a segment
+        shipped in part is left out: this is a stat of each segment, no reading)."""
+        runs = size = 0
+        for run_dir in self.run_dirs():
+            if str(run_dir) in self._done:
+                continue
+            try:
+                with UserDir(run_dir) as d:
+                    cur = RunCursor(run_dir, d).cursor
+                if cur.shipped_at:
+                    continue
+                segs = [seg for seg in segments(run_dir)
+                        if seg.index not in cur.aside
+                        and (not seg.closed or seg.index not in cur.lines)]
+                size += sum(os.stat(seg.path, follow_symlinks=False).st_size for seg in segs)
+            except (SpoolError, OSError):
+                continue
+            runs += 1
+        return f"{runs} run(s), {size / 1e6:.1f} MB of spool segments"
 
     def _jobs(self, runs: list[Path], stack: ExitStack) -> list[_RunJob]:
         """The runs to ship now, each with its cursor locked (in ``stack``) and its identity:
@@ -1159,20 +1339,29 @@ class Agent:
         self.stats.records += result.records
 
     # --- while jobs run (logcapture.insights.live)
-    def _observe(self, store: Store, jobs: list[_RunJob], result: UploadResult) -> None:
-        """Show the live watch what was just shipped; store and announce what it finds."""
+    def _watch(self, found: dict[int, list[Any]]) -> ShippedHook:
+        """``ship_runs``' hook: show the live watch each batch the store took (as it goes:
+        the bytes are not kept), gathering what it finds by job (``id``) in ``found``."""
+        now = self.wall()
+
+        def shipped(job: _RunJob, data: bytes) -> None:
+            if data:
+                key = (job.identity.run, job.identity.uid)
+                found.setdefault(id(job), []).extend(self.live.observe(key, data, now))
+        return shipped
+
+    def _observe(self, store: Store, jobs: list[_RunJob], found: dict[int, list[Any]],
+                 result: UploadResult) -> None:
+        """Store and announce what the live watch found in what was just shipped
+        (``_watch``); every run it saw is watched for stalls from now on."""
         now = self.wall()
         for job in jobs:
             key = (job.identity.run, job.identity.uid)
-            found = []
-            for p in job.pending:
-                if p.data:
-                    found += self.live.observe(key, p.data, now)
             if not self._is_samples(job.run_dir):
                 self._live_runs[key] = (job.run_dir, job.identity)
                 self.live.observe(key, b"", now)
-            if found:
-                self._report(store, job.identity, key, found, "nan-metric", result)
+            if found.get(id(job)):
+                self._report(store, job.identity, key, found[id(job)], "nan-metric", result)
 
     def _report(self, store: Store, identity: Identity, key: tuple[str, int],
                 found: list[Any], event: str, result: UploadResult) -> None:
@@ -1201,7 +1390,8 @@ class Agent:
             return 0
         result = UploadResult()
         try:
-            with open_store(self.dsn) as store:
+            with open_store(self.dsn, connect_timeout=self.timeouts[0],
+                            send_receive_timeout=self.timeouts[1]) as store:
                 for key, identity, insight in stalled:
                     self._report(store, identity, key, [insight], "stalled", result)
         except StoreError as e:
@@ -1235,20 +1425,30 @@ class Agent:
         return result
 
     def run(self) -> AgentStats:
-        """Loop until ``stop()``; then flush what is pending (until the store takes it or
-        one more failure) and return."""
-        while not self._stop.is_set():
-            if self.due():
-                self.flush()
-            if self.clock() >= self._live_at:
-                self._live_at = self.clock() + self.live_every
-                self.check_live()
-            if self.clock() >= self._sweep_at:
-                self._sweep_at = self.clock() + SWEEP_EVERY
-                self.sweep()
-            self._stop.wait(self.poll)
-        self.scan()
-        self.flush()
+        """Loop until ``stop()``; then flush what is pending (batch by batch, until the store
+        fails once or ``stop_grace`` is over) and return. A flush in progress at ``stop()``
+        ends after its batch; a store call blocked past the grace is broken off
+        (``install_signal_handlers``)."""
+        try:
+            while not self._stop.is_set():
+                if self.due():
+                    self.flush()
+                if self.clock() >= self._live_at:
+                    self._live_at = self.clock() + self.live_every
+                    self.check_live()
+                if self.clock() >= self._sweep_at:
+                    self._sweep_at = self.clock() + SWEEP_EVERY
+                    self.sweep()
+                self._stop.wait(self.poll)
+            self._final = True
+            self.scan()
+            self.flush()
+        except AgentStopped:
+            self.log(f"stopped after {self.stop_grace:.0f}s with a store call unanswered; "
+                     "the next start ships what is left")
+        finally:
+            if self._alarm:
+                signal.setitimer(signal.ITIMER_REAL, 0)
         return self.stats
 
 

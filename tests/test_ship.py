@@ -62,6 +62,17 @@ if mode == "agent":
     print("ready", flush=True)
     st = a.run()
     print("stopped", st.records, flush=True)
+elif mode == "outage":  # the fake server's DSN until a flag file appears, then the store
+    fake, flag, remind, read_timeout = sys.argv[4], Path(sys.argv[5]), sys.argv[6], sys.argv[7]
+    real_open = ship.open_store
+    ship.open_store = lambda _dsn, **kw: real_open(dsn if flag.exists() else fake, **kw)
+    a = ship.Agent(root, dsn, batch_interval=0.05, poll=0.02, retention_days=None,
+                   log=lambda m: print(m, flush=True), retry=ship.RetryPolicy(0.05, 0.2),
+                   remind_every=float(remind), timeouts=(1, int(read_timeout)))
+    a.install_signal_handlers()
+    print("ready", flush=True)
+    st = a.run()
+    print("stopped", st.records, flush=True)
 elif mode == "hold":
     with store.open_store(dsn):
         print("holding", flush=True)
@@ -806,3 +817,229 @@ def test_root_ships_and_writes_nothing_a_user_planted_in_their_run_directory(
         assert "root's" not in text and "ROOT-" not in text
     finally:
         shutil.rmtree(base, ignore_errors=True)
+@pytest.mark.parametrize("how", ["agent", "upload"])
+def test_a_backlog_is_read_one_segment_at_a_time_as_its_batches_ship(
+        tmp_path: Path, dsn: str, monkeypatch: pytest.MonkeyPatch, how: str) -> None:
+    """A backlog of many batches along a server's path (every segment read here): at each
+    insert, what the shipper has read and not yet sent is at most a batch and a segment, not
+    the backlog; what is shipped is the whole spool, once."""
+    root = tmp_path / "spool"
+    n, seg_bytes, batch = 3000, 64 * 1024, 128 * 1024
+    runs = [f"backlog-{how}-{i}" for i in range(4)]
+    for run in runs:
+        make_run(root, run, n, segment_bytes=seg_bytes)
+    real_open, real_read = ship.open_store, ship.read_segment_bytes
+    read = [0]  # bytes the shipper read from the spool
+    sent = [0]  # bytes the store was given
+    held: list[int] = []  # read and not yet sent, at each insert
+
+    def server_like(*args: object, **kw: object) -> S.Store:
+        st = real_open(*args, **kw)  # type: ignore[arg-type]
+        st.embedded = False  # every record through ingest, the segments read here
+        return st
+
+    def reading(seg: ship.Segment, skip: int = 0) -> tuple[bytes, int, bool, ship.Segment]:
+        out = real_read(seg, skip)
+        read[0] += len(out[0])
+        return out
+
+    real_insert = S.Store.insert_many
+
+    def inserting(self: S.Store, batches: list[tuple[bytes, S.Identity]]) -> int:
+        held.append(read[0] - sent[0])
+        sent[0] += sum(len(b) for b, _ in batches)
+        return real_insert(self, batches)
+
+    monkeypatch.setattr(ship, "open_store", server_like)
+    monkeypatch.setattr(ship, "read_segment_bytes", reading)
+    monkeypatch.setattr(S.Store, "insert_many", inserting)
+    if how == "agent":
+        agent = ship.Agent(root, dsn, batch_bytes=batch, retention_days=None)
+        agent.scan()
+        res = agent.flush()
+    else:
+        res = ship.upload(root, all=True, dsn=dsn, retention_days=None, max_bytes=batch)
+    assert res.records == len(runs) * (n + 4) and not res.failed
+    total = sum(len(data) for run in runs for data in _spool_bytes(root / run))
+    assert read[0] == total == sent[0] and len(held) > 8  # many batches, each byte once
+    assert max(held) <= batch + seg_bytes + 4096, (max(held), total)
+    for run in runs:
+        assert counts(dsn, run)[:2] == (n, n)
+
+
+def _spool_bytes(rd: Path) -> list[bytes]:
+    return [gzip.decompress(seg.path.read_bytes()) if seg.closed else seg.path.read_bytes()
+            for seg in segments(rd)]
+
+
+class _FakeStore(http.server.BaseHTTPRequestHandler):
+    """A ClickHouse HTTP endpoint that fails: ``hang`` accepts and never answers, ``500``
+    answers every request with a server error."""
+
+    def _answer(self) -> None:
+        srv = self.server
+        srv.requests.append(srv.mode)  # type: ignore[attr-defined]
+        if srv.mode == "hang":  # type: ignore[attr-defined]
+            srv.release.wait(120)  # type: ignore[attr-defined]
+            return
+        body = (b"Code: 241. DB::Exception: Memory limit (total) exceeded. "
+                b"(MEMORY_LIMIT_EXCEEDED)")
+        self.send_response(500)
+        self.send_header("X-ClickHouse-Exception-Code", "241")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = _answer
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+class _Faults:
+    """The fake store on one port: closed (connections refused) until ``serve``."""
+
+    def __init__(self) -> None:
+        self.port = _free_port()
+        self.release = threading.Event()
+        self.srv: http.server.ThreadingHTTPServer | None = None
+
+    def serve(self, mode: str) -> None:
+        if self.srv is None:
+            self.srv = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), _FakeStore)
+            self.srv.daemon_threads = True
+            self.srv.requests = []  # type: ignore[attr-defined]
+            self.srv.release = self.release  # type: ignore[attr-defined]
+            threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+        self.srv.mode = mode  # type: ignore[attr-defined]
+
+    def close(self) -> None:
+        self.release.set()
+        if self.srv is not None:
+            self.srv.shutdown()
+            self.srv.server_close()
+            self.srv = None
+
+
+class _Lines:
+    """A subprocess's stdout lines as they come (a reader thread), with when each came."""
+
+    def __init__(self, proc: subprocess.Popen[str]):
+        self.lines: list[tuple[float, str]] = []
+        self._new = threading.Condition()
+        self._proc = proc
+        self._thread = threading.Thread(target=self._read, args=(proc,), daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """After the process ended: every line read, the pipe closed."""
+        self._thread.join(10)
+        assert self._proc.stdout is not None
+        self._proc.stdout.close()
+
+    def _read(self, proc: subprocess.Popen[str]) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            with self._new:
+                self.lines.append((time.monotonic(), line.rstrip("\n")))
+                self._new.notify_all()
+
+    def wait_for(self, *words: str, timeout: float = 60) -> str:
+        end = time.monotonic() + timeout
+        with self._new:
+            while True:
+                for _, line in self.lines:
+                    if all(w in line for w in words):
+                        return line
+                left = end - time.monotonic()
+                assert left > 0, f"no line with {words}: {self.texts()}"
+                self._new.wait(left)
+
+    def texts(self, start: str = "") -> list[str]:
+        return [line for _, line in self.lines if line.startswith(start)]
+
+
+def _outage_agent(root: Path, dsn: str, faults: _Faults, flag: Path, remind: float,
+                  read_timeout: int) -> tuple[subprocess.Popen[str], _Lines]:
+    agent = subprocess.Popen([sys.executable, "-c", HELPER, "outage", str(root), dsn,
+                              f"http://default:x@127.0.0.1:{faults.port}/lc", str(flag),
+                              str(remind), str(read_timeout)], stdout=subprocess.PIPE, text=True)
+    out = _Lines(agent)
+    out.wait_for("ready")
+    return agent, out
+
+
+def test_the_agent_logs_an_outage_once_reminds_at_a_bounded_rate_and_logs_the_recovery(
+        tmp_path: Path, dsn: str) -> None:
+    """A store refused (closed port), then hanging, then answering 500, then back; then
+    refused again: each outage is one line with its reason, reminders come at most every
+    ``remind_every`` seconds with what is waiting, the recovery is one line with how much
+    was shipped."""
+    root, flag, remind = tmp_path / "spool", tmp_path / "up", 0.5
+    make_run(root, "outage1", 200)
+    faults = _Faults()
+    agent, out = _outage_agent(root, dsn, faults, flag, remind, read_timeout=1)
+    try:
+        out.wait_for("store unreachable:", "refused")
+        out.wait_for("still unreachable", "refused", "waiting: 1 run(s)")
+        faults.serve("hang")
+        out.wait_for("still unreachable", "timed out")
+        faults.serve("500")
+        out.wait_for("still unreachable", "241")
+        flag.touch()
+        back = out.wait_for("store reachable again after")
+        assert "shipped 204 records" in back
+        # a second outage is told again
+        flag.unlink()
+        faults.close()
+        make_run(root, "outage2", 10)
+        out.wait_for("store unreachable:", "refused")
+        agent.send_signal(signal.SIGTERM)
+        agent.wait(timeout=10)
+    finally:
+        faults.close()
+        if agent.poll() is None:
+            agent.kill()
+        agent.wait()
+        out.close()
+    assert agent.returncode == 0
+    lines = out.lines
+    down = [t for t, line in lines if line.startswith("store unreachable:")]
+    up = [t for t, line in lines if line.startswith("store reachable again")]
+    reminders = [t for t, line in lines if line.startswith("store still unreachable")
+                 and t < up[0]]
+    assert len(down) == 2 and len(up) == 1 and down[0] < up[0] < down[1]
+    # one reminder each phase at least, and at most one per ``remind`` seconds
+    assert 3 <= len(reminders) <= (up[0] - down[0]) / remind + 1
+    assert counts(dsn, "outage1")[:2] == (200, 200)
+
+
+def test_term_ends_the_agent_within_10s_while_the_store_hangs(tmp_path: Path, dsn: str) -> None:
+    """A store that accepts and never answers, and the agent's usual 60 s answer timeout:
+    TERM ends it within 10 s; what it was sending is shipped by the next shipper, once."""
+    root, flag = tmp_path / "spool", tmp_path / "up"
+    make_run(root, "hung", 300)
+    faults = _Faults()
+    faults.serve("hang")
+    agent, out = _outage_agent(root, dsn, faults, flag, 300.0, read_timeout=60)
+    try:
+        deadline = time.monotonic() + 30
+        while not faults.srv.requests:  # type: ignore[union-attr]
+            assert time.monotonic() < deadline, "the agent never called the store"
+            time.sleep(0.05)
+        time.sleep(0.5)  # inside the store call
+        t = time.monotonic()
+        agent.send_signal(signal.SIGTERM)
+        agent.wait(timeout=10)
+        assert time.monotonic() - t < 10
+    finally:
+        faults.close()
+        if agent.poll() is None:
+            agent.kill()
+        agent.wait()
+        out.close()
+    assert agent.returncode == 0
+    assert any(line.startswith("stopped") for line in out.texts())
+    assert not (root / "hung" / ship.CURSOR_NAME).exists()  # nothing counted as shipped
+    res = ship.upload(root, run="hung", dsn=dsn, retention_days=None)
+    assert res.exit_code == 0 and counts(dsn, "hung")[:2] == (300, 300)

@@ -68,14 +68,18 @@ class Store(_Schema, _Ingest, _Export, _Queries):
 
 def open_store(dsn: str | None = None, *, wait: float = 0.0, create: bool = True,
                must_exist: bool = False,
-               connect_timeout: float = 5.0, env: Mapping[str, str] = os.environ) -> Store:
+               connect_timeout: float = 5.0, send_receive_timeout: float = 60.0,
+               env: Mapping[str, str] = os.environ) -> Store:
     """Open the store named by ``dsn`` (``resolve_dsn`` when None). A context manager: leaving
     it closes the client and releases the chDB lock. ``wait``: seconds to wait for an embedded
     store held by another process. ``create``: for the embedded store, create or migrate the
     schema when it is missing or old (a server needs ``logcapture db init``). ``must_exist``:
-    raise NotFound instead of creating an embedded store that is not there (readers)."""
+    raise NotFound instead of creating an embedded store that is not there (readers).
+    ``connect_timeout`` and ``send_receive_timeout``: a server's, in seconds (clickhouse-connect's
+    settings of the same names: the TCP connection, then each answer)."""
     store = Store(*connect(dsn, wait=wait, must_exist=must_exist,
-                           connect_timeout=connect_timeout, env=env))
+                           connect_timeout=connect_timeout,
+                           send_receive_timeout=send_receive_timeout, env=env))
     if create and store.embedded:
         try:
             if store.schema_version() < SCHEMA_VERSION:

@@ -379,7 +379,8 @@ def _chdb_path(dsn: str) -> Path:
 
 
 def connect(dsn: str | None, *, wait: float, must_exist: bool, connect_timeout: float,
-            env: Mapping[str, str]) -> tuple[Any, str, Path | None]:
+            env: Mapping[str, str], send_receive_timeout: float = 60.0
+            ) -> tuple[Any, str, Path | None]:
     """A clickhouse-connect client on the store named by ``dsn`` (``resolve_dsn`` when None),
     its resolved DSN, and for the embedded store the lock file now held (None for a server).
     ``open_store`` (the package's) wraps them in a ``Store``; the parameters are its."""
@@ -419,12 +420,12 @@ def connect(dsn: str | None, *, wait: float, must_exist: bool, connect_timeout: 
         try:
             client = clickhouse_connect.get_client(
                 dsn=urlunparse(p._replace(path="")), database=database,
-                connect_timeout=connect_timeout, send_receive_timeout=60,
+                connect_timeout=connect_timeout, send_receive_timeout=send_receive_timeout,
                 query_retries=0)
         except Exception as e:  # noqa: BLE001
             err = classify(e, f"connecting to {redact(dsn)}")
             if "UNKNOWN_DATABASE" in str(e) or getattr(e, "code", None) == 81:
-                client = _create_database(p, database, connect_timeout)
+                client = _create_database(p, database, connect_timeout, send_receive_timeout)
             else:
                 raise err from None
         return client, dsn, None
@@ -432,12 +433,15 @@ def connect(dsn: str | None, *, wait: float, must_exist: bool, connect_timeout: 
                      "http(s)://USER:PASS@HOST:8123/DB")
 
 
-def _create_database(p: Any, database: str, connect_timeout: float) -> Any:
+def _create_database(p: Any, database: str, connect_timeout: float,
+                     send_receive_timeout: float) -> Any:
     import clickhouse_connect
 
     try:
         client = clickhouse_connect.get_client(dsn=urlunparse(p._replace(path="")),
-                                               connect_timeout=connect_timeout, query_retries=0)
+                                               connect_timeout=connect_timeout,
+                                               send_receive_timeout=send_receive_timeout,
+                                               query_retries=0)
         client.command("CREATE DATABASE IF NOT EXISTS {db:Identifier}",
                        parameters={"db": database})
         client.database = database
