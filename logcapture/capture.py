@@ -239,7 +239,11 @@ def _capture_worker(fd: int, s: WorkerSettings) -> int:
             warn(f"resource sampling failed to stop ({type(e).__name__})")
     try:
         if end is None:
-            pipeline.close_unfinished()
+            if s.env.get("SLURM_JOB_ID"):
+                pipeline.close_unfinished()  # the epilog knows how the job ended
+            else:
+                pipeline.finish_lost(f"the logcapture wrapper (pid {s.wrapper_pid}) went away "
+                                     "before the command's outcome was known")
             return 0
         outcome = runner.Outcome(end["exit_status"], end["signal"], end["pid"], end["started"],
                           end["ended"], end["bytes"], spawn_error=end["spawn_error"])

@@ -25,6 +25,7 @@ from itertools import accumulate, compress, groupby, repeat
 
 from .classify import COMMAND_PREFIX, strictness
 from .records import (
+    LOST,
     NOTE_WARNING,
     OUTPUT_STREAMS,
     RUN,
@@ -170,6 +171,7 @@ class Pipeline:
             s: deque() for s in OUTPUT_STREAMS}
         self._known = 0.0  # every read up to this time has been fed (the reader's round ends)
         self._released = 0.0  # the latest read time handed to the classifier
+        self._began = (time.time(), time.monotonic())  # the start record's, once written
         self._run_seq = 0
         self._run_lock = threading.Lock()
         self._last_data = {s: 0.0 for s in OUTPUT_STREAMS}
@@ -187,6 +189,7 @@ class Pipeline:
     def start(self, **fields: object) -> Start:
         rec = Start(run=self.run_id, stream=RUN, seq=self._next_run_seq(), ts=time.time(),
                     mode=self.classifier.mode, **fields)
+        self._began = (rec.ts, time.monotonic())
         self.spool.write([rec])
         return rec
 
@@ -411,6 +414,18 @@ class Pipeline:
             return
         if records:
             self.spool.write(records)
+            loss = self.spool.loss
+            if loss is not None:
+                self._note_loss(loss)
+
+    def _note_loss(self, loss: tuple[int, str] | None) -> None:
+        """A note where the spool's loss ends (it writes again, or the run ends): how many
+        lines of output the disk refused, and why. The user's stderr had the spool's own
+        warnings when it failed and when it recovered."""
+        if loss is not None:
+            n, why = loss
+            self.warn(f"{n} lines of output were not stored here: the spool could not write "
+                      f"them ({why or 'write failed'})", tell_user=False)
 
     def _fault(self, stream: str, stage: str, e: Exception) -> None:
         if stream in self._faulted:
@@ -433,17 +448,38 @@ class Pipeline:
             self._emit_run(stream, [(max(now, self._released), [])], final=True)
 
     def close_unfinished(self) -> None:
-        """The wrapper went away without an outcome (killed): keep every line rendered so far
-        and close the spool without an end record; the epilog, which knows the job's end,
-        writes that."""
+        """The wrapper went away without an outcome (killed) in a Slurm job: keep every line
+        rendered so far and close the spool without an end record; the epilog, which knows
+        the job's end, writes that."""
         self._final_lines(time.time())
+        self.spool.settle()
+        self._note_loss(self.spool.take_loss())
         self.spool.close()
+
+    def finish_lost(self, why: str) -> End:
+        """The wrapper went away without an outcome outside Slurm (nobody else will close the
+        run): keep every line rendered so far and end the run ``LOST`` at its last output,
+        with a note that says why."""
+        started, began = self._began
+        last = max(self._last_data.values())
+        duration = max(0.0, last - began) if last else 0.0
+        self.warn(f"{why}; the run is closed as {LOST} at its last output", tell_user=False)
+        return self.finish(exit_status=None, signal=None, state=LOST, duration=duration,
+                           bytes_read={}, at=started + duration)
 
     def finish(self, *, exit_status: int | None, signal: int | None, state: str,
                duration: float, bytes_read: Mapping[str, int],
-               extra_counts: dict[str, dict[str, int]] | None = None) -> End:
+               extra_counts: dict[str, dict[str, int]] | None = None,
+               at: float | None = None) -> End:
+        """The end record, at ``at`` (default: now, but never before the start plus
+        ``duration``: a wall clock stepped back meanwhile must not end a run before it
+        began), after the last lines; then the spool is closed."""
         now = time.time()
         self._final_lines(now)
+        if at is None:
+            at = max(now, self._began[0] + duration)
+        self.spool.settle()
+        self._note_loss(self.spool.take_loss())
         counts: dict[str, dict[str, int]] = {}
         for stream in OUTPUT_STREAMS:
             c = dict(self.classifier.counts.get(stream, {}))
@@ -454,7 +490,7 @@ class Pipeline:
         spool_counts = {"records_lost": self.spool.lost, "write_errors": self.spool.errors}
         counts["spool"] = spool_counts
         counts.update(extra_counts or {})
-        end = End(run=self.run_id, stream=RUN, seq=self._next_run_seq(), ts=now,
+        end = End(run=self.run_id, stream=RUN, seq=self._next_run_seq(), ts=at,
                   exit_status=exit_status, signal=signal, state=state, duration=duration,
                   counts=counts)
         self.spool.write([end])

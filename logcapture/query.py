@@ -44,7 +44,7 @@ from typing import Any, NamedTuple, Protocol
 
 from . import jobref
 from .errors import LogcaptureError, NotFound, SpoolError
-from .insights import Diagnoser, Outcome, run_insights
+from .insights import Diagnoser, Outcome, incomplete, run_insights
 from .insights.efficiency import admin_thresholds
 from .insights.report import store_insights
 from .jobref import JOB_KEYS
@@ -341,7 +341,8 @@ def summary_of_spool(s: RunSummary, owner: str, uid: int) -> dict[str, Any]:
             "command": list(start.command or ()) if start else [], "slurm": slurm,
             "source": "spool",
             # how it ended says the first answer; `show` reads the log for the rest
-            "insights": [i.kind for i in Diagnoser().result(Outcome.of(end))]
+            "insights": [i.kind for i in (*Diagnoser().result(Outcome.of(end)),
+                                          *filter(None, [incomplete(end)]))]
             if end is not None else []}
     out.update(jobref.job_fields(out))
     return out

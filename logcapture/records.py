@@ -47,6 +47,11 @@ METADATA = "metadata"
 DISABLED = "disabled"
 MODES = (ENABLED, METADATA, DISABLED)
 
+# The state of a run whose writer went away before the command's outcome was known (the
+# wrapper killed, its node crashed or rebooted) and that Slurm did not close: its end is its
+# last output (spool.close_abandoned, Pipeline.finish_lost).
+LOST = "LOST"
+
 # Note kinds.
 NOTE_REPEAT = "repeat"  # consecutive identical lines dropped; count = lines dropped
 NOTE_BLANK = "blank"  # a run of blank lines collapsed to one; count = lines dropped

@@ -750,6 +750,9 @@ def run(argv: Sequence[str], sink: Sink | Worker | None,
     forward = _Forwarder(masters)
     previous, old_wakeup = forward.install(wake_w)
     started = time.time()
+    # The end is the start plus the monotonic time between (clock_gettime(2)): a wall clock
+    # stepped meanwhile (NTP, an administrator) changes neither the duration nor its sign.
+    began = time.monotonic()
     floor_kib = _resident_kib()
     try:
         try:
@@ -777,7 +780,8 @@ def run(argv: Sequence[str], sink: Sink | Worker | None,
         loop.run()
         status = child.wait()
         outcome = Outcome(status if status >= 0 else None, -status if status < 0 else None,
-                          child.pid, started, time.time(), counts, reads=loop.reads,
+                          child.pid, started, started + (time.monotonic() - began), counts,
+                          reads=loop.reads,
                           lingers=loop.lingers,
                           usage=children_usage(max(floor_kib, _resident_kib())))
         if loop.worker is not None:

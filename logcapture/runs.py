@@ -1,6 +1,7 @@
 """Reading runs back from the spool: find a run, summarise it, follow it live.
 
-Used by the read layer (``query.py``). Reads only; never writes to a spool.
+Used by the read layer (``query.py``). Reads, and writes one thing: the end of a run whose
+writer is gone (``spool.close_abandoned``), so that no run stays RUNNING after its process.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from .records import (
 )
 from .spool import (
     ReadStats,
+    close_abandoned,
     find_run_dirs,
     iter_run,
     parse_lines,
@@ -75,6 +77,9 @@ class RunSummary:
 def summarize(run_dir: Path) -> RunSummary:
     start = _first_record(run_dir)
     end = _end_record(run_dir)
+    if end is None and isinstance(start, Start):
+        closed = close_abandoned(run_dir)
+        end = closed if isinstance(closed, End) else None
     if end is not None:
         lines = sum(end.counts.get(s, {}).get("lines", 0) for s in OUTPUT_STREAMS)
     else:
@@ -146,11 +151,23 @@ class SpoolTail:
         return out
 
 
-def follow_records(run_dir: Path, poll: float = 0.25) -> Iterator[Record]:
-    """Every record of a run, then new ones as they are written, until the end record."""
+# How often a follow that reads nothing new asks whether the run's writer is gone.
+ABANDON_CHECK = 5.0
+
+
+def follow_records(run_dir: Path, poll: float = 0.25,
+                   check: float = ABANDON_CHECK) -> Iterator[Record]:
+    """Every record of a run, then new ones as they are written, until the end record (one
+    that ``spool.close_abandoned`` writes when the writer is gone, too)."""
     tail = SpoolTail(run_dir)
+    checked = time.monotonic()
     while True:
-        yield from tail.read()
+        got = tail.read()
+        yield from got
         if tail.ended:
             return
+        if not got and time.monotonic() - checked >= check:
+            checked = time.monotonic()
+            close_abandoned(run_dir)  # read at the next round
+            continue
         time.sleep(poll)

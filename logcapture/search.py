@@ -41,10 +41,11 @@ _NOT_TOKEN = {"python": "[^0-9A-Za-z\u0080-\U0010ffff]", "re2": r"[^0-9A-Za-z\x{
 _META = frozenset(".^$|?*+()[]{}\\")  # escaped alike in Python's re and RE2
 _SPACE = {"python": "[ \t]+", "re2": "[ \t]+"}
 
-# The states a run can be in: running, or ended in one of sacct's end states or SIGNALED (a
-# run outside Slurm killed by a signal); tests/test_search.py holds them to slurm.jobs'.
+# The states a run can be in: running, or ended in one of sacct's end states, SIGNALED (a
+# run outside Slurm killed by a signal) or LOST (records.LOST: its writer went away);
+# tests/test_search.py holds them to slurm.jobs' and records'.
 STATES = ("RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY",
-          "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "REQUEUED", "SIGNALED")
+          "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "REQUEUED", "SIGNALED", "LOST")
 MAX_CONTEXT = 100  # lines before and after a match
 MAX_LIMIT = 10_000  # matching lines in one answer
 DEFAULT_LIMIT = 100

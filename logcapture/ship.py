@@ -71,6 +71,7 @@ from .spool import (
     SEGMENT_BYTES,
     Segment,
     check_run_id,
+    close_abandoned,
     find_run_dirs,
     open_segment,
     segment_data,
@@ -1400,6 +1401,22 @@ class Agent:
             self.warn(w)
         return len(stalled)
 
+    def end_abandoned(self) -> int:
+        """End the runs whose writer is gone (``spool.close_abandoned``; with the live watch):
+        nothing else would end a run whose wrapper and node went away outside Slurm, and the
+        agent would watch it forever. Their end record ships with the next flush."""
+        ended = 0
+        for run_dir in self.run_dirs():
+            if str(run_dir) in self._done:
+                continue
+            try:
+                if close_abandoned(run_dir) is not None:
+                    ended += 1
+                    self.log(f"run {run_dir.name}: its writer is gone; ended as LOST")
+            except (SpoolError, OSError) as e:
+                self.warn(f"run {run_dir.name}: cannot end it: {e}")
+        return ended
+
     def sweep(self) -> UploadResult:
         """Delete the segments of shipped runs that have outlived the retention (every
         ``SWEEP_EVERY`` seconds from ``run()``). A run busy with an upload is left for the
@@ -1435,6 +1452,7 @@ class Agent:
                     self.flush()
                 if self.clock() >= self._live_at:
                     self._live_at = self.clock() + self.live_every
+                    self.end_abandoned()
                     self.check_live()
                 if self.clock() >= self._sweep_at:
                     self._sweep_at = self.clock() + SWEEP_EVERY

@@ -31,6 +31,7 @@ and counted; a line that is not a valid record is skipped, counted and reported 
 from __future__ import annotations
 
 import errno
+import fcntl
 import gzip
 import json
 import os
@@ -57,6 +58,10 @@ MAX_PENDING = 200_000
 # journald keeps SystemKeepFree= (journald.conf(5)). An end record with every count is ~2 KiB.
 RESERVE_BYTES = 64 * 1024
 RESERVE_NAME = ".reserve"
+# How a record about the run as a whole begins (to_json: run, stream, seq, ...; a run id has
+# no quote, and a quote inside a string value is escaped, so no text can imitate it).
+_RUN_STREAM = b'","stream":"run","'
+_RUN_STREAM_WITHIN = 160
 
 _SEGMENT_RE = re.compile(r"^seg-(\d{6,})\.ndjson(\.gz)?$")
 _RUN_ID_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
@@ -425,9 +430,22 @@ class SpoolWriter:
         self.lost = 0  # records dropped because the disk refused them and the buffer was full
         self.errors = 0
         self._reserve = self._make_reserve()
+        self._lock_fd = self._hold_writer_lock()
         self._open_next()
         self._thread = threading.Thread(target=self._run, name="logcapture-spool", daemon=True)
         self._thread.start()
+
+    def _hold_writer_lock(self) -> int:
+        """The run directory's writer lock (``close_abandoned``), held until ``close``: -1
+        where it cannot be taken (the run is then never taken for abandoned)."""
+        try:
+            fd = os.open(self.run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            return -1
+        if not _lock_run(fd):
+            os.close(fd)
+            return -1
+        return fd
 
     def _make_reserve(self) -> bool:
         """Hold ``RESERVE_BYTES`` of real blocks (not a sparse file) for the run's last records;
@@ -521,6 +539,24 @@ class SpoolWriter:
         """Write everything buffered and sync it, now, in the caller's thread."""
         self._drain(sync=True)
 
+    def settle(self) -> None:
+        """Before the run's last records: write what waits; when the disk still refuses it,
+        count the buffered output as lost (``loss``), keep the records about the run, and
+        give the reserve's room to them and to what comes next (the note, the end)."""
+        self._drain(sync=False)
+        if not self._failing:
+            return
+        with self._lock:
+            lines = b"".join(self._pending).splitlines(True)
+            kept = [ln for ln in lines if _RUN_STREAM in ln[:_RUN_STREAM_WITHIN]]
+            self._pending = [b"".join(kept)] if kept else []
+            self._npending = len(kept)
+            self.lost += len(lines) - len(kept)
+            self._unreported += len(lines) - len(kept)
+            self._unreported_reason = self._reason
+        self._drop_reserve()
+        self._drain(sync=False)
+
     def close(self) -> None:
         """Flush, close and compress the last segment. Idempotent."""
         if self._closed:
@@ -540,6 +576,9 @@ class SpoolWriter:
                 os.close(self._fd)
                 self._fd = -1
                 self._compress(self._index)
+            if self._lock_fd >= 0:
+                os.close(self._lock_fd)  # the run has its end: the lock has done its work
+                self._lock_fd = -1
 
     # --- flusher thread ------------------------------------------------------------------
     def restart_flusher(self) -> None:
@@ -755,18 +794,21 @@ class SpoolWriter:
         self._open_next()
 
     def _compress(self, index: int) -> None:
-        """gzip ``seg-N.ndjson`` to ``seg-N.ndjson.gz`` (tmp, fsync, rename, unlink). On failure
-        the plain segment stays: readers handle both."""
+        """gzip ``seg-N.ndjson`` to ``seg-N.ndjson.gz`` (tmp, fsync, rename, unlink). On a
+        full disk, where the copy finds no room, in place (``_compress_in_place``). On
+        failure the plain segment stays: readers handle both."""
         plain = self.run_dir / segment_name(index, closed=False)
         gz = self.run_dir / segment_name(index, closed=True)
         tmp = gz.with_name(gz.name + ".tmp")
+        packed = b""
         try:
             with open(plain, "rb") as src:
                 data = src.read()
+            packed = gzip_compress(data)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
                          | os.O_NOFOLLOW, 0o600)
             with os.fdopen(fd, "wb") as out:
-                out.write(gzip_compress(data))
+                out.write(packed)
                 out.flush()
                 if self._fsync:
                     os.fsync(out.fileno())
@@ -777,4 +819,141 @@ class SpoolWriter:
                 os.unlink(tmp)
             except OSError:
                 pass
+            if packed and e.errno in (errno.ENOSPC, errno.EDQUOT) and \
+                    self._compress_in_place(plain, gz, packed):
+                return
             self._warn(f"cannot compress spool segment {plain}: {e.strerror}; kept uncompressed")
+
+    def _compress_in_place(self, plain: Path, gz: Path, packed: bytes) -> bool:
+        """A full disk has no room for a compressed copy, but the segment's own blocks hold
+        it (NDJSON compresses ~10x): overwrite the segment with its gzip form under a name no
+        reader lists, cut it to that size, and rename it ``.gz``. A crash in between loses
+        this segment, which the disk would have cost anyway."""
+        work = gz.with_name(gz.name + ".inplace")
+        try:
+            os.rename(plain, work)
+        except OSError:
+            return False
+        try:
+            fd = os.open(work, os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+            try:
+                os.pwrite(fd, packed, 0)
+                os.ftruncate(fd, len(packed))
+                if self._fsync:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.rename(work, gz)
+        except OSError:
+            try:
+                os.rename(work, plain)  # as it was, if the overwrite never began
+            except OSError:
+                pass
+            return False
+        return True
+
+
+# --- runs whose writer went away ---------------------------------------------------------
+# A SpoolWriter holds an exclusive flock(2) on its run directory for as long as it writes
+# (a lock dies with its process, whatever killed it: SIGKILL, the OOM killer, a reboot), so
+# a run without an end record whose lock is free lost its writer. Runs of a Slurm job wait
+# ABANDONED_SLURM_GRACE after their last write: the epilog, which knows how the job ended,
+# closes them first when it runs (it has 120 s; a node that failed runs none).
+ABANDONED_SLURM_GRACE = 600.0
+
+
+def _lock_run(fd: int) -> bool:
+    """Take the run directory's writer lock without waiting; False when a writer holds it."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except OSError:
+        return False  # a filesystem without flock: nothing can be told, so nothing is done
+    return True
+
+
+def _pid_runs_since(pid: int, since: float) -> bool:
+    """Whether process ``pid`` runs and began before ``since`` (epoch seconds): the writer
+    itself, not a later process given its number, nor a zombie (proc(5): /proc/PID/stat's
+    state and starttime, in clock ticks after boot; /proc/stat's btime, the boot in epoch
+    seconds)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        pass  # EPERM: it exists, someone else's
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        if fields[0] in (b"Z", b"X"):
+            return False  # exited, not yet waited for by its parent
+        with open("/proc/stat", "rb") as f:
+            btime = next(int(ln.split()[1]) for ln in f if ln.startswith(b"btime "))
+        began = btime + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return True  # cannot tell: alive, so nothing is closed under a live writer
+    return began <= since + 1.0  # btime is whole seconds
+
+
+def close_abandoned(run_dir: Path, host: str | None = None,
+                    now: Callable[[], float] = time.time) -> Record | None:
+    """End a run whose writer is gone: no end record, its writer lock free, begun on this
+    host (``host``, default this machine's name) by a wrapper whose pid is gone, and, for a
+    Slurm job, nothing written for ``ABANDONED_SLURM_GRACE``. Its end record (state
+    ``LOST``, at its last record, after a note saying why) goes into a new closed segment,
+    owned as the run's other files (``UserDir``). Returns that end record, or None when the
+    run was left as it is. Whoever reads the run first does this: ``logs``, ``ls``, the
+    agent."""
+    from .records import LOST, End, Note, Start
+    from .userfiles import UserDir
+
+    host = host or os.uname().nodename
+    try:
+        d = UserDir(run_dir)
+    except (OSError, SpoolError):
+        return None
+    with d:
+        if not _lock_run(d.fd):
+            return None
+        segs = segments(run_dir)
+        try:
+            first = next(read_segment(segs[0], final=False), None) if segs else None
+        except SpoolError:
+            return None
+        if not isinstance(first, Start) or first.host != host:
+            return None  # another node's run: its own agent and epilog see to it
+        if _pid_runs_since(first.pid, first.ts):
+            return None  # a writer of a version without the lock, still running
+        last, run_seq = first.ts, first.seq
+        lines = {"stdout": 0, "stderr": 0}
+        for rec in iter_run(run_dir):
+            if rec.kind == "end":
+                return None
+            last = max(last, rec.ts)
+            if rec.stream == "run":
+                run_seq = max(run_seq, rec.seq)
+            elif rec.kind == "line" and rec.stream in lines:
+                lines[rec.stream] += 1
+        if first.slurm and now() - max(mtime(s.path) for s in segs) < ABANDONED_SLURM_GRACE:
+            return None
+        note = Note(run=first.run, stream="run", seq=run_seq + 1, ts=last, text=(
+            f"the run's writer (pid {first.pid} on {host}) is gone and left no end record "
+            "(killed, or the node crashed or rebooted); the run is closed as "
+            f"{LOST} at its last output"))
+        end = End(run=first.run, stream="run", seq=run_seq + 2, ts=last, exit_status=None,
+                  signal=None, state=LOST, duration=max(0.0, last - first.ts),
+                  counts={stream: {"lines": n} for stream, n in lines.items()})
+        data = gzip_compress((note.to_json() + "\n" + end.to_json() + "\n").encode())
+        name = segment_name(segs[-1].index + 1, closed=True)
+        tmp = name + ".tmp"
+        fd = d.create(tmp)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        d.replace(tmp, name)
+        d.unlink(RESERVE_NAME)
+        return end

@@ -153,7 +153,8 @@ def show_lines(info: Mapping[str, Any]) -> list[str]:
     add("state", info.get("state"))
     if info.get("state") != "RUNNING":
         sig = info.get("signal")
-        add("exit status", f"{info.get('exit_status')}" if sig is None
+        status = info.get("exit_status")
+        add("exit status", (f"{status}" if status is not None else "-") if sig is None
             else f"killed by signal {sig}")
     add("started", timestamp(info.get("start")) if info.get("start") else None)
     add("ended", timestamp(info.get("end")) if info.get("end") else None)

@@ -255,10 +255,11 @@ def test_context_blocks_merge_and_gaps_are_marked(dsn: str) -> None:
 
 
 def test_every_state_a_run_can_end_in_can_be_searched_for() -> None:
+    from logcapture.records import LOST
     from logcapture.search import STATES
     from logcapture.slurm.jobs import END_STATES
 
-    assert set(STATES) == {"RUNNING", "SIGNALED", *END_STATES}
+    assert set(STATES) == {"RUNNING", "SIGNALED", LOST, *END_STATES}
 
 
 def test_since_until_stream_state_and_job(dsn: str) -> None:

@@ -17,7 +17,7 @@ from .diagnose import Diagnoser, Outcome, diagnose
 from .model import EFFICIENCY, FAILURE, LIVE, Evidence, Insight
 
 __all__ = ["EFFICIENCY", "FAILURE", "LIVE", "Diagnoser", "Evidence", "Insight", "Outcome",
-           "diagnose", "run_insights"]
+           "diagnose", "incomplete", "run_insights"]
 
 
 def run_insights(diagnoser: Diagnoser, start: Any, end: Any, samples: list[Any], *,
@@ -37,4 +37,19 @@ def run_insights(diagnoser: Diagnoser, start: Any, end: Any, samples: list[Any],
         ts = start.get("ts") if isinstance(start, dict) else start.ts
         request = slurm_request(slurm, ts)
     out += efficiency_notes(samples, get_end("duration"), request, thresholds)
-    return out
+    gap = incomplete(end)
+    return out + [gap] if gap is not None else out
+
+
+def incomplete(end: Any) -> Insight | None:
+    """The record is not whole: lines the spool's disk refused (the end record's
+    ``counts["spool"]["records_lost"]``; the log holds a note where they were lost)."""
+    get_end = end.get if isinstance(end, dict) else (lambda k: getattr(end, k, None))
+    counts = get_end("counts") or {}
+    lost = (counts.get("spool") or {}).get("records_lost") if isinstance(counts, dict) else 0
+    if not isinstance(lost, int) or lost <= 0:
+        return None
+    return Insight("incomplete", f"{lost} lines of output were not stored: the spool's disk "
+                   "refused them (a note in the log says where and why); the job's own "
+                   "output is complete", (), "free space on the node's spool disk, or ask the "
+                   "administrators (spool_keep_free)", FAILURE, {"lines": lost})

@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from ..records import LOST
 from . import matchers as M
 from .model import FAILURE, Evidence, Insight
 
@@ -50,7 +51,7 @@ GOOD_STATES = ("", "COMPLETED", "RUNNING", "COMPLETING", "PENDING", "SUSPENDED")
 # The order insights are listed in: the cause first, its consequences after.
 ORDER = ("oom-kill", "cuda-oom", "time-limit", "node-fail", "preempted", "cancelled",
          "nccl-error", "mpi-abort", "disk-full", "quota", "command-not-found",
-         "python-exception", "signal", "failed")
+         "python-exception", "signal", "lost", "failed")
 
 
 class Outcome:
@@ -265,6 +266,12 @@ class Diagnoser:
         if exc is not None:
             out["python-exception"] = exc
         self._exit(outcome, out)
+        if outcome.state == LOST:
+            out["lost"] = Insight(
+                "lost", "the capture went away before the command's outcome was known (its "
+                "wrapper was killed, or its node crashed or rebooted): the log ends at the "
+                "last line stored, and the command may have gone on after it", (),
+                "the job's own output files hold whatever it printed after that", FAILURE, {})
         if not out:
             out["failed"] = self._catch_all(outcome)
         return sorted(out.values(), key=lambda i: ORDER.index(i.kind)
