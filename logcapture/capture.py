@@ -28,6 +28,7 @@ from .config import (
     FALLBACK_MESSAGE,
     STREAMS_AUTO,
     AdminConfig,
+    keep_free_bytes,
     load_admin,
     load_optin,
     optin_path,
@@ -190,6 +191,7 @@ def _capture_worker(fd: int, s: WorkerSettings) -> int:
     sampler: Any = None
     try:
         spool = SpoolWriter(s.run_dir, segment_bytes=s.admin.segment_bytes,
+                            keep_free=keep_free_bytes(s.admin.spool_keep_free, s.run_dir),
                             flush_interval=s.admin.flush_interval,
                             flush_records=s.admin.flush_records, warn=warn)
         pipeline = Pipeline(s.run_id, spool, mode=s.mode, columns=s.columns, rows=s.rows,

@@ -349,6 +349,39 @@ def _positive_int(node: yaml.Node) -> Any:
     return value
 
 
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(%|[KMGT]i?B?|B)?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def _size_or_percent(node: yaml.Node) -> Any:
+    """Bytes (``1048576``, ``512M``, ``2GiB``: binary units) or a share of a filesystem
+    (``5%``), as journald.conf(5) takes SystemKeepFree=; kept as given, resolved against the
+    filesystem when used (``keep_free_bytes``)."""
+    text = str(node.value).strip() if isinstance(node, yaml.ScalarNode) else ""
+    m = _SIZE_RE.match(text)
+    if not m:
+        raise _Problem("must be bytes (1048576, 512M, 2G) or a percentage of the spool's "
+                       f"filesystem (5%), not {_node_kind(node) if not text else text!r}")
+    if m.group(2) == "%" and float(m.group(1)) >= 100:
+        raise _Problem(f"a percentage must be under 100, not {text}")
+    return text
+
+
+def keep_free_bytes(setting: str | int | None, path: str | os.PathLike[str]) -> int:
+    """``spool_keep_free`` in bytes for the filesystem holding ``path`` (0 when unset)."""
+    m = _SIZE_RE.match(str(setting or 0))
+    if not m:
+        return 0
+    number, unit = float(m.group(1)), (m.group(2) or "").lower()
+    if unit == "%":
+        try:
+            st = os.statvfs(path)
+        except OSError:
+            return 0
+        return int(st.f_blocks * st.f_frsize * number / 100)
+    return int(number * _SIZE_UNITS[unit[:1]])
+
+
 def _dsn(node: yaml.Node) -> Any:
     # A DSN may carry a password: never quote it back.
     if not isinstance(node, yaml.ScalarNode) or node.tag != _STR:
@@ -581,6 +614,9 @@ _ADMIN_DEFAULTS = {
     "flush_interval": 0.5,  # seconds between spool flushes (a quiet line lands within 1 s)
     "flush_records": 1000,  # flush after this many buffered records
     "segment_bytes": 8 * 1024 * 1024,  # rotate spool segments at this size
+    # Free space the spool leaves on its filesystem (bytes, 512M, or 5%): below it no more
+    # lines are stored, with a note (journald's SystemKeepFree=).
+    "spool_keep_free": "0",
     # Efficiency notes (logcapture.insights.efficiency): when a run's figures earn one.
     "insight_gpu_idle_percent": 10.0,  # GPUs whose mean utilisation is under this are idle
     "insight_gpu_memory_used_fraction": 0.25,  # peak GPU memory under this share: unused
@@ -624,6 +660,7 @@ class AdminConfig(namedtuple("AdminConfig", tuple(_ADMIN_DEFAULTS),  # type: ign
         flush_interval: float
         flush_records: int
         segment_bytes: int
+        spool_keep_free: str
         insight_gpu_idle_percent: float
         insight_gpu_memory_used_fraction: float
         insight_cpu_efficiency_low: float
@@ -650,6 +687,7 @@ _ADMIN_SCHEMA: Schema = {
     "flush_interval": _positive_number,
     "flush_records": _positive_int,
     "segment_bytes": _positive_int,
+    "spool_keep_free": _size_or_percent,
     "insight_gpu_idle_percent": _bounded(0.0, 100.0, "a percentage"),
     "insight_gpu_memory_used_fraction": _bounded(0.0, 1.0, "a fraction"),
     "insight_cpu_efficiency_low": _bounded(0.0, 1.0, "a fraction"),

@@ -303,3 +303,36 @@ def test_space_that_returns_mid_run_is_used_and_the_gap_is_noted(
                            if isinstance(r, Line) and r.text == "after 0")
         assert notes[0] < first_after
     assert isinstance(recs[-1], End) and recs[-1].state == "COMPLETED"
+
+
+def test_spool_keep_free_stops_storing_lines_before_the_disk_is_full(
+        lc_env: dict[str, str], small_disk: Path) -> None:
+    """An administrator's reserve (spool_keep_free): the spool stores no lines past it, ends
+    the run, and says why; the filesystem keeps its free space."""
+    lc_env["LOGCAPTURE_SPOOL"] = str(small_disk / "spool")
+    lc_env["LOGCAPTURE_SPOOL_KEEP_FREE"] = "75%"  # 3 MiB of the 4 MiB
+    res = run_lc(["run", "--", "seq", "1", "300000"], lc_env, timeout=300)
+    assert res.returncode == 0
+    st = os.statvfs(small_disk)
+    assert st.f_bavail * st.f_frsize >= 3 * (1 << 20) - 128 * 1024  # the end, the note
+    info = _show(lc_env)
+    assert info["state"] == "COMPLETED"
+    assert 0 < info["lines"]["stdout"] < 300000
+    notes = [ln for ln in run_lc(["logs"], lc_env).stdout.decode().splitlines()
+             if "not stored" in ln]
+    assert len(notes) == 1 and "kept free" in notes[0]
+
+
+def test_spool_keep_free_takes_bytes_or_a_percentage(tmp_path: Path) -> None:
+    from logcapture.config import ConfigError, keep_free_bytes, load_admin
+
+    assert keep_free_bytes("512M", tmp_path) == 512 << 20
+    assert keep_free_bytes("2GiB", tmp_path) == 2 << 30
+    assert keep_free_bytes("1048576", tmp_path) == 1 << 20
+    st = os.statvfs(tmp_path)
+    assert keep_free_bytes("10%", tmp_path) == int(st.f_blocks * st.f_frsize / 10)
+    assert keep_free_bytes("0", tmp_path) == 0
+    config = tmp_path / "config.yaml"
+    config.write_text("spool_keep_free: lots\n")
+    with pytest.raises(ConfigError, match=r"config.yaml:1:18: key 'spool_keep_free'"):
+        load_admin(config, env={})
