@@ -7,6 +7,7 @@ ratios. Workloads:
   training  ~1k lines/s for 10 s with a progress bar redrawn at 10 Hz (capture CPU share):
             log lines, every 10th a JSON metrics line (metadata), like a training loop
   training-json  the same with every line a JSON metrics line (the classifier's worst case)
+  seq-flood  3M short lines from seq(1) (not in the default set: --only seq-flood)
 
   .venv/bin/python bench/bench_runner.py [--rounds 3] [--scale 1.0] [--only prints,bulk]
   .venv/bin/python bench/bench_runner.py --pipeline   # the capture worker's work alone
@@ -100,6 +101,9 @@ def workloads(scale: float) -> dict[str, list[str]]:
             f"for _ in range({mb} * 1048576 // len(block)): sys.stdout.buffer.write(block)")],
         "training": [PY, "-c", TRAINING.format(json_every=10)],
         "training-json": [PY, "-c", TRAINING.format(json_every=1)],
+        # A flood faster than the spool's disk: every line is stored (flow control slows
+        # the job to the spool's pace instead of dropping lines), so this is its cost.
+        "seq-flood": ["seq", "1", str(int(3_000_000 * scale))],
     }
 
 
