@@ -34,6 +34,7 @@ from .config import (
     optin_path,
 )
 from .errors import ConfigError, LogcaptureError
+from .limit import OutputLimit
 from .pipeline import Pipeline
 from .records import ENABLED
 from .spool import SpoolWriter, create_run_dir
@@ -195,7 +196,9 @@ def _capture_worker(fd: int, s: WorkerSettings) -> int:
                             flush_interval=s.admin.flush_interval,
                             flush_records=s.admin.flush_records, warn=warn)
         pipeline = Pipeline(s.run_id, spool, mode=s.mode, columns=s.columns, rows=s.rows,
-                            warn=warn, merged=s.merged)
+                            warn=warn, merged=s.merged, limit=OutputLimit(
+                                s.admin.job_output_limit, s.admin.job_output_tail,
+                                s.admin.job_metadata_limit))
         quiet: list[str] = []  # notes for the log only, not the user's stderr
         sampler, inventory = _start_sampler(s.run_id, s.admin.sample_interval, s.env, spool,
                                             quiet, s.sample, root_pid=s.wrapper_pid)

@@ -617,6 +617,11 @@ _ADMIN_DEFAULTS = {
     # Free space the spool leaves on its filesystem (bytes, 512M, or 5%): below it no more
     # lines are stored, with a note (journald's SystemKeepFree=).
     "spool_keep_free": "0",
+    # The bound on what one run stores (logcapture.limit): characters of output text, the
+    # lines kept at the end past it, metadata rows.
+    "job_output_limit": 2 * 1024 ** 3,
+    "job_output_tail": 1000,
+    "job_metadata_limit": 1_000_000,
     # Efficiency notes (logcapture.insights.efficiency): when a run's figures earn one.
     "insight_gpu_idle_percent": 10.0,  # GPUs whose mean utilisation is under this are idle
     "insight_gpu_memory_used_fraction": 0.25,  # peak GPU memory under this share: unused
@@ -661,6 +666,9 @@ class AdminConfig(namedtuple("AdminConfig", tuple(_ADMIN_DEFAULTS),  # type: ign
         flush_records: int
         segment_bytes: int
         spool_keep_free: str
+        job_output_limit: int
+        job_output_tail: int
+        job_metadata_limit: int
         insight_gpu_idle_percent: float
         insight_gpu_memory_used_fraction: float
         insight_cpu_efficiency_low: float
@@ -688,6 +696,9 @@ _ADMIN_SCHEMA: Schema = {
     "flush_records": _positive_int,
     "segment_bytes": _positive_int,
     "spool_keep_free": _size_or_percent,
+    "job_output_limit": _positive_int,
+    "job_output_tail": _positive_int,
+    "job_metadata_limit": _positive_int,
     "insight_gpu_idle_percent": _bounded(0.0, 100.0, "a percentage"),
     "insight_gpu_memory_used_fraction": _bounded(0.0, 1.0, "a fraction"),
     "insight_cpu_efficiency_low": _bounded(0.0, 1.0, "a fraction"),

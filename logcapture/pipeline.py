@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from itertools import accumulate, compress, groupby, repeat
 
 from .classify import COMMAND_PREFIX, strictness
+from .limit import OutputLimit
 from .records import (
     LOST,
     NOTE_WARNING,
@@ -140,14 +141,18 @@ class Pipeline:
     """Sink for ``runner.run``: ``feed(stream, data, now)``, ``tick(now)``; then ``finish``."""
 
     def __init__(self, run_id: str, spool: SpoolWriter, *, mode: str, columns: int, rows: int,
-                 warn: Callable[[str], None] | None = None, merged: bool = False):
-        """``merged``: stdout and stderr share one terminal, fed as stdout."""
+                 warn: Callable[[str], None] | None = None, merged: bool = False,
+                 limit: OutputLimit | None = None):
+        """``merged``: stdout and stderr share one terminal, fed as stdout. ``limit``: the
+        bound on what the run stores (default: ``limit.py``'s)."""
         from .classify import Classifier
         from .filter import LineFilter
         from .render import Renderer
 
         self.run_id = run_id
         self.spool = spool
+        self.limit = limit if limit is not None else OutputLimit()
+        self._cut_noted = False
         self._warn_out = warn or (lambda msg: None)
         self.renderers: dict[str, Renderer | _PlainLines] = {
             s: Renderer(columns=columns, rows=rows) for s in OUTPUT_STREAMS}
@@ -413,10 +418,42 @@ class Pipeline:
             self._fault(stream, "classifying", e)
             return
         if records:
+            records = self.limit.feed(records)
+            if self.limit.over and not self._cut_noted:
+                from .views import size as views_size  # once per run: not at every start
+
+                self._cut_noted = True
+                records.append(Note(
+                    run=self.run_id, stream=RUN, seq=self._next_run_seq(),
+                    ts=self.limit.cut_ts, note=NOTE_WARNING, text=(
+                        f"job_output_limit ({views_size(self.limit.limit)} of output text) "
+                        "reached: the lines after this are not stored, except the run's "
+                        f"last {self.limit.tail_lines}, kept for its end")))
             self.spool.write(records)
             loss = self.spool.loss
             if loss is not None:
                 self._note_loss(loss)
+
+    def _write_tail(self) -> None:
+        """The lines the output limit held for the run's end, after a note that says what
+        was left out before them."""
+        from .views import size as views_size
+
+        tail = self.limit.tail()
+        left = self.limit.lines_left_out
+        if left:
+            ts = tail[0].ts if tail else time.time()
+            self.spool.write([Note(
+                run=self.run_id, stream=RUN, seq=self._next_run_seq(), ts=ts,
+                note=NOTE_WARNING, count=left, text=(
+                    f"{left} lines ({views_size(self.limit.chars_left_out)} of text) were "
+                    "left out here: job_output_limit reached; the run's last lines follow"))])
+        if tail:
+            self.spool.write(tail)
+        if self.limit.metadata_left_out:
+            self.warn(f"{self.limit.metadata_left_out} metadata rows were not stored: "
+                      f"job_metadata_limit ({self.limit.metadata_limit} rows) reached",
+                      tell_user=False)
 
     def _note_loss(self, loss: tuple[int, str] | None) -> None:
         """A note where the spool's loss ends (it writes again, or the run ends): how many
@@ -452,6 +489,7 @@ class Pipeline:
         rendered so far and close the spool without an end record; the epilog, which knows
         the job's end, writes that."""
         self._final_lines(time.time())
+        self._write_tail()
         self.spool.settle()
         self._note_loss(self.spool.take_loss())
         self.spool.close()
@@ -478,6 +516,7 @@ class Pipeline:
         self._final_lines(now)
         if at is None:
             at = max(now, self._began[0] + duration)
+        self._write_tail()
         self.spool.settle()
         self._note_loss(self.spool.take_loss())
         counts: dict[str, dict[str, int]] = {}
@@ -489,6 +528,7 @@ class Pipeline:
             counts[stream] = c
         spool_counts = {"records_lost": self.spool.lost, "write_errors": self.spool.errors}
         counts["spool"] = spool_counts
+        counts["limit"] = self.limit.counts()
         counts.update(extra_counts or {})
         end = End(run=self.run_id, stream=RUN, seq=self._next_run_seq(), ts=at,
                   exit_status=exit_status, signal=signal, state=state, duration=duration,

@@ -154,8 +154,8 @@ def test_the_slurm_modules_import_only_os_and_sys_at_module_level(path: Path) ->
 LAYERS: list[tuple[str, list[str]]] = [
     ("records and rules", ["", "errors", "records", "config", "jobref", "search", "logview",
                            "xaxis", "views", "userfiles"]),
-    ("capture stages and sources", ["frame", "runner", "render", "filter", "classify", "spool",
-                                    "sampling"]),
+    ("capture stages and sources", ["frame", "runner", "render", "filter", "classify", "limit",
+                                    "spool", "sampling"]),
     ("libraries over records", ["insights", "store", "runs", "grafana", "slurm.jobrecords",
                                 "slurm.jobs", "slurm.rootsafe"]),
     ("wiring", ["pipeline", "capture", "ship", "slurm.nodesampler"]),

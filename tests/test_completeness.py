@@ -336,3 +336,59 @@ def test_spool_keep_free_takes_bytes_or_a_percentage(tmp_path: Path) -> None:
     config.write_text("spool_keep_free: lots\n")
     with pytest.raises(ConfigError, match=r"config.yaml:1:18: key 'spool_keep_free'"):
         load_admin(config, env={})
+
+
+# --- the bound on what one run stores ---------------------------------------------------------
+def test_the_output_limit_keeps_the_head_and_the_tail_and_counts_the_rest() -> None:
+    from logcapture.limit import OutputLimit
+    from logcapture.records import Lines, Metadata
+
+    lim = OutputLimit(limit=100, tail=5, metadata_limit=2)
+    recs = [Lines(run="r", stream="stdout", seq=i * 10, ts=float(i),
+                  texts=tuple(f"{i}-{j:03d}" for j in range(10))) for i in range(20)]
+    meta = [Metadata(run="r", stream="stdout", seq=1000 + i, ts=1.0, fields={"a": i})
+            for i in range(3)]
+    stored = lim.feed(recs[:1]) + lim.feed(recs[1:] + meta)
+    assert [r.seq for r in stored if isinstance(r, Lines)] == [0, 10]  # 2 x 50 characters
+    assert len([r for r in stored if isinstance(r, Metadata)]) == 2
+    tail = lim.tail()
+    assert [r.seq for r in tail] == [190]  # the last batch holds the last 5 lines whole
+    assert lim.counts() == {"lines_left_out": 170, "chars_left_out": 940,
+                            "metadata_left_out": 1}
+
+
+def test_a_run_past_job_output_limit_stores_its_head_and_tail_with_notes(
+        lc_env: dict[str, str], tmp_path: Path) -> None:
+    lc_env["LOGCAPTURE_JOB_OUTPUT_LIMIT"] = "20000"
+    lc_env["LOGCAPTURE_JOB_OUTPUT_TAIL"] = "5"
+    out = tmp_path / "out"
+    with out.open("wb") as f:
+        res = run_lc(["run", "--", "seq", "1", "100000"], lc_env, stdout=f,
+                     stderr=subprocess.PIPE, capture_output=False)
+    assert res.returncode == 0 and out.read_bytes().endswith(b"99999\n100000\n")
+    logs = run_lc(["logs"], lc_env).stdout.decode().splitlines()
+    cut = next(i for i, ln in enumerate(logs) if "job_output_limit" in ln and "reached" in ln)
+    left = next(i for i, ln in enumerate(logs) if "were left out here" in ln)
+    head = [int(x) for x in logs[:cut]]
+    assert head == list(range(1, len(head) + 1)) and sum(len(str(x)) for x in head) <= 20000
+    kept = [int(x) for x in logs[left + 1:]]
+    assert kept[-1] == 100000 and len(kept) >= 5
+    assert kept == list(range(kept[0], 100001))
+    n_left = int(logs[left].split("warning: ")[1].split()[0])
+    assert len(head) + n_left + len(kept) == 100000
+    info = _show(lc_env)
+    gap = [i for i in info["insights"] if i["kind"] == "incomplete"]
+    assert gap and gap[0]["details"]["lines"] == n_left
+
+
+def test_a_batch_cut_at_the_limit_keeps_every_line_its_read_time() -> None:
+    from logcapture.limit import _split
+    from logcapture.records import Lines
+
+    rec = Lines(run="r", stream="stdout", seq=10, ts=1.0, texts=tuple("abcdefg"),
+                spans=((1.0, 3), (2.0, 1), (3.0, 3)))
+    for k in range(1, 7):
+        head, rest = _split(rec, k)
+        assert head.texts + rest.texts == rec.texts and rest.seq == 10 + k
+        assert head.times() + rest.times() == rec.times()
+        assert head.to_json() + "\n" + rest.to_json() == rec.to_json()

@@ -43,13 +43,26 @@ def run_insights(diagnoser: Diagnoser, start: Any, end: Any, samples: list[Any],
 
 def incomplete(end: Any) -> Insight | None:
     """The record is not whole: lines the spool's disk refused (the end record's
-    ``counts["spool"]["records_lost"]``; the log holds a note where they were lost)."""
+    ``counts["spool"]["records_lost"]``) or the output limit left out (``counts["limit"]``);
+    the log holds a note where each happened."""
     get_end = end.get if isinstance(end, dict) else (lambda k: getattr(end, k, None))
     counts = get_end("counts") or {}
-    lost = (counts.get("spool") or {}).get("records_lost") if isinstance(counts, dict) else 0
-    if not isinstance(lost, int) or lost <= 0:
+    if not isinstance(counts, dict):
         return None
-    return Insight("incomplete", f"{lost} lines of output were not stored: the spool's disk "
-                   "refused them (a note in the log says where and why); the job's own "
-                   "output is complete", (), "free space on the node's spool disk, or ask the "
-                   "administrators (spool_keep_free)", FAILURE, {"lines": lost})
+
+    def count(group: str, key: str) -> int:
+        n = (counts.get(group) or {}).get(key)
+        return n if isinstance(n, int) and n > 0 else 0
+
+    lost, cut = count("spool", "records_lost"), count("limit", "lines_left_out")
+    meta = count("limit", "metadata_left_out")
+    why = [*([f"{lost} lines the spool's disk refused"] if lost else []),
+           *([f"{cut} lines past job_output_limit (the last ones are kept)"] if cut else []),
+           *([f"{meta} metadata rows past job_metadata_limit"] if meta else [])]
+    if not why:
+        return None
+    return Insight("incomplete", "not everything was stored: " + "; ".join(why) + " (a note "
+                   "in the log says where); the job's own output is complete", (),
+                   "free space on the node's spool disk, print less, or ask the "
+                   "administrators (spool_keep_free, job_output_limit)", FAILURE,
+                   {"lines": lost + cut, "metadata": meta})
