@@ -777,10 +777,10 @@ def agent(spool: Path | None, store_dsn: str | None, batch_bytes: int, interval:
           live_every: float, retention_days: float, keep: bool) -> None:
     """Tail the spool and ship new lines to the store in batches, until TERM or INT (then
     ship what is waiting and exit 0). Holds an embedded store only while shipping a batch.
-    Run as root on each node for every user's spool (the spool root of the config file),
-    the node samplers' samples (<spool root>/.samples) included. While jobs run it finds
-    stalls and metrics that turned NaN, stores every finished run's insights, and sends the
-    messages users asked for in their .logoptin (docs/insights.md)."""
+    Run as root on each node for every user's spool (the admin config's spool_root, default
+    /var/spool/logcapture), the node samplers' samples (<spool root>/.samples) included.
+    While jobs run it finds stalls and metrics that turned NaN, stores every finished run's
+    insights, and sends the messages users asked for in their .logoptin (docs/insights.md)."""
     from .config import load_admin
     from .insights.notify import Notifier
     from .ship import Agent, describe_dsn
@@ -788,10 +788,10 @@ def agent(spool: Path | None, store_dsn: str | None, batch_bytes: int, interval:
     from .store import check_engine
 
     check_engine(store_dsn)  # a store to ship to, before waiting for anything to ship
-    root = _root(spool)
     admin = load_admin()
-    if spool is None and os.geteuid() == 0 and admin.spool_root:
-        root = Path(admin.spool_root)
+    # Root's agent ships the node's spool root, where the prolog and the job wrapper write.
+    root = spool if spool is not None else default_root(process="agent",
+                                                        configured=admin.spool_root)
     notifier = Notifier(root / NOTIFIED_DIR, mail_prog=admin.mail_prog,
                         webhook=admin.notify_webhook)
     a = Agent(root, store_dsn, batch_bytes=batch_bytes, batch_interval=interval,

@@ -84,9 +84,29 @@ def _size(n: int) -> str:
     return f"{n / 1048576:.1f} MiB" if n >= 1048576 else f"{n} bytes"
 
 
-def default_root(env: dict[str, str] | os._Environ[str] = os.environ) -> Path:
-    """``$LOGCAPTURE_SPOOL``, else ``$XDG_STATE_HOME/logcapture/spool``, else
-    ``~/.local/state/logcapture/spool``."""
+# The spool root of a cluster's nodes when the admin config names none (docs/admin.md).
+SYSTEM_ROOT = "/var/spool/logcapture"
+
+
+def default_root(env: dict[str, str] | os._Environ[str] = os.environ, *, process: str = "user",
+                 configured: str | None = None, euid: int | None = None) -> Path:
+    """The spool root a process uses when its command line names none: the one rule that the
+    job wrapper, the prolog and epilog, the node sampler, the agent and the commands share.
+
+    The system spool root, where a node's Slurm jobs write: ``configured`` (the admin
+    config's ``spool_root``, or the wrapper's ``--spool-root``), else
+    ``$LOGCAPTURE_SPOOL_ROOT``, else ``SYSTEM_ROOT``. The per-user spool: ``$LOGCAPTURE_SPOOL``,
+    else ``$XDG_STATE_HOME/logcapture/spool``, else ``~/.local/state/logcapture/spool``.
+
+    ``process``: ``"slurm"`` (the job wrapper, the hooks and the node sampler) uses the system
+    spool root; ``"agent"`` run by root (``euid``, default the process's) ships it too unless
+    the admin config names none and ``$LOGCAPTURE_SPOOL`` names a spool, and run by anyone
+    else ships the per-user spool; ``"user"`` (every other command) uses the per-user spool."""
+    if process == "agent":
+        root = os.geteuid() == 0 if euid is None else euid == 0
+        process = "slurm" if root and (configured or not env.get("LOGCAPTURE_SPOOL")) else "user"
+    if process == "slurm":
+        return Path(configured or env.get("LOGCAPTURE_SPOOL_ROOT") or SYSTEM_ROOT)
     if env.get("LOGCAPTURE_SPOOL"):
         return Path(env["LOGCAPTURE_SPOOL"])
     state = env.get("XDG_STATE_HOME") or os.path.join(

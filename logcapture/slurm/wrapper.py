@@ -147,14 +147,13 @@ def _captured(job: list[str], opts: dict[str, str]) -> int:
     from ..capture import capture_command
     from ..errors import Warner
     from ..spool import default_root
-    from .jobrecords import DEFAULT_SPOOL_ROOT, PUBLIC_CONFIG
+    from .jobrecords import PUBLIC_CONFIG
     from .jobs import run_id_for
     from .nodesampler import node_sampler_running
 
     env = dict(os.environ)
     warn = Warner()
-    root = Path(opts.get("spool-root") or env.get("LOGCAPTURE_SPOOL_ROOT")
-                or DEFAULT_SPOOL_ROOT)
+    root = default_root(env, process="slurm", configured=opts.get("spool-root"))
     run_id = run_id_for(env)
     # The admin config is root-only (it holds the store's credentials); the prolog leaves its
     # public part beside the spool. A missing file means the defaults.
