@@ -148,6 +148,10 @@ def test_a_missing_interpreter_fails_like_the_kernel(tmp_path: Path) -> None:
     script = _wrapped(tmp_path, "true\n", interpreter="/no/such/interpreter")
     r = _run_wrapper([str(script)], _job_env(tmp_path))
     assert r.returncode == 127 and b"/no/such/interpreter" in r.stderr
+    (tmp_path / "file").write_text("")  # a path through a file: not found either
+    script = _wrapped(tmp_path, "true\n", interpreter=str(tmp_path / "file" / "sh"))
+    r = _run_wrapper([str(script)], _job_env(tmp_path))
+    assert r.returncode == 127 and b"Not a directory" in r.stderr
 
 
 def test_with_logoptin_the_job_is_captured_into_its_job_directory(tmp_path: Path) -> None:

@@ -104,8 +104,9 @@ def _exec_job(argv: list[str]) -> int:
             os.write(2, msg.encode("utf-8", "replace"))
         except OSError:
             pass
-        return 127 if isinstance(e, FileNotFoundError) else 126
-    return 126  # not reached
+        from ..errors import exec_failed_status
+
+        return exec_failed_status(e)
 
 
 def job_main(argv: list[str] | None = None) -> int:
