@@ -37,7 +37,7 @@ from .errors import ConfigError, LogcaptureError
 from .limit import OutputLimit
 from .pipeline import Pipeline
 from .records import ENABLED
-from .spool import SpoolWriter, create_run_dir
+from .spool import RESERVE_NAME, SpoolWriter, create_run_dir
 
 TYPE_CHECKING = False  # not typing's: importing typing costs every job ~8 ms (records.py)
 if TYPE_CHECKING:
@@ -149,10 +149,12 @@ def capture_command(argv: list[str], *, spool_root: Path, run_id: str | None = N
 
 
 def _remove_if_empty(run_dir: Path) -> None:
-    """Remove ``run_dir`` if every file in it is empty (nothing was captured)."""
+    """Remove ``run_dir`` if every file in it but the spool's reserve is empty (nothing was
+    captured)."""
     try:
         entries = list(os.scandir(run_dir))
-        if any(e.stat(follow_symlinks=False).st_size for e in entries):
+        if any(e.stat(follow_symlinks=False).st_size for e in entries
+               if e.name != RESERVE_NAME):
             return
         for e in entries:
             os.unlink(e.path)

@@ -19,17 +19,7 @@ import click
 
 from . import __version__
 from .errors import LogcaptureError, Warner, failure
-from .records import (
-    MODES,
-    NOTE_MODE,
-    OUTPUT_STREAMS,
-    STDERR,
-    STREAMS_MERGED,
-    Command,
-    Line,
-    Note,
-    Record,
-)
+from .records import MODES, OUTPUT_STREAMS, STDERR, STREAMS_MERGED
 from .search import DEFAULT_LIMIT as DEFAULT_SEARCH_LIMIT
 from .spool import default_root
 
@@ -143,17 +133,6 @@ def run(spool: Path | None, run_id: str | None, mode: str | None, sample: bool,
 # ------------------------------------------------------------------------------ reading
 
 
-def _format_record(rec: Record, show_stream: bool) -> str | None:
-    prefix = f"{rec.stream}: " if show_stream else ""
-    if isinstance(rec, Line):
-        return prefix + rec.text
-    if isinstance(rec, Command):
-        return prefix + rec.text
-    if isinstance(rec, Note):
-        return prefix + format_note(rec)
-    return None
-
-
 def format_insights(insights: list[dict[str, Any]], evidence: int = 3) -> list[str]:
     """``show``'s first lines: each insight, the lines it rests on, what to try."""
     if not insights:
@@ -167,12 +146,6 @@ def format_insights(insights: list[dict[str, Any]], evidence: int = 3) -> list[s
         if i.get("hint"):
             out.append(f"    try: {i['hint']}")
     return out
-
-
-def format_note(note: Note) -> str:
-    from .logview import note_text
-
-    return note_text(note.note, note.count, note.text)
 
 
 def _reader(spool: Path | None, store_dsn: str | None, source: str = "auto") -> Any:
@@ -260,39 +233,32 @@ def ls_cmd(spool: Path | None, store_dsn: str | None, source: str, as_json: bool
 @click.argument("run_ref", metavar="RUN", required=False)
 def logs(spool: Path | None, stream: str, follow: bool, store_dsn: str | None, source: str,
          run_ref: str | None) -> None:
-    """Print the rendered lines and notes of RUN (a run id or Slurm job id; default: the
-    latest run), from the store once the run is shipped, else from the spool."""
+    """Print the log of RUN (a run id or Slurm job id; default: the latest run) as the job
+    page and Grafana show it (logview.py): rendered lines, commands, notes, and metadata
+    lines the log does not already show. From the store once the run is shipped, else from
+    the spool."""
     from contextlib import closing
 
+    from .logview import NOTE, LogView
     from .records import from_dict
 
-    streams = OUTPUT_STREAMS if stream == "all" else (stream,)
+    view = LogView(streams=OUTPUT_STREAMS if stream == "all" else (stream,))
     with closing(_reader(spool, store_dsn, source)) as reader:
         run = _wait_for_job(reader, run_ref) if follow else reader.resolve(run_ref)
-        records: Any = (reader.follow(run) if follow
-                        else reader.lines(run, None if stream == "all" else stream))
-        printed = False
-        # Written a thousand lines at a time (one echo a line is a third of a 10,000-line
-        # log's whole command); a follower's lines as they come.
-        batch: list[str] = []
-        for d in records:
-            rec = from_dict(d)
-            if rec.stream not in streams and not (rec.stream == "run"
-                                                  and isinstance(rec, Note)):
-                continue
-            if (len(streams) > 1 and rec.stream == "stderr" and isinstance(rec, Note)
-                    and rec.note == NOTE_MODE):
-                continue  # a mode change is noted in both streams; show it once
-            text = _format_record(rec, show_stream=False)
-            if text is not None:
-                batch.append(text)
-                # (a mode change noted in stderr is no output of stderr's)
-                printed = printed or not (isinstance(rec, Note) and rec.note == NOTE_MODE)
-                if follow or len(batch) >= 1000:
-                    click.echo("\n".join(batch))
-                    batch.clear()
-        if batch:
-            click.echo("\n".join(batch))
+        printed = False  # any output of the job's (notes are logcapture's)
+        if follow:  # each entry as it comes
+            for d in reader.follow(run):
+                for e in view.feed((from_dict(d),)):
+                    click.echo(e.text)
+                    printed = printed or e.kind != NOTE
+        else:
+            entries = view.feed(from_dict(d) for d in reader.lines(
+                run, None if stream == "all" else stream))
+            printed = any(e.kind != NOTE for e in entries)
+            # A thousand lines an echo (one echo a line is a third of a 10,000-line log's
+            # whole command).
+            for i in range(0, len(entries), 1000):
+                click.echo("\n".join(e.text for e in entries[i:i + 1000]))
         if stream == STDERR and not printed and not follow and str(
                 reader.describe(run).get("streams", "")).startswith(STREAMS_MERGED):
             click.echo("logcapture: stdout and stderr of this run went to the same place and "
@@ -777,10 +743,10 @@ def agent(spool: Path | None, store_dsn: str | None, batch_bytes: int, interval:
           live_every: float, retention_days: float, keep: bool) -> None:
     """Tail the spool and ship new lines to the store in batches, until TERM or INT (then
     ship what is waiting and exit 0). Holds an embedded store only while shipping a batch.
-    Run as root on each node for every user's spool (the spool root of the config file),
-    the node samplers' samples (<spool root>/.samples) included. While jobs run it finds
-    stalls and metrics that turned NaN, stores every finished run's insights, and sends the
-    messages users asked for in their .logoptin (docs/insights.md)."""
+    Run as root on each node for every user's spool (the admin config's spool_root, default
+    /var/spool/logcapture), the node samplers' samples (<spool root>/.samples) included.
+    While jobs run it finds stalls and metrics that turned NaN, stores every finished run's
+    insights, and sends the messages users asked for in their .logoptin (docs/insights.md)."""
     from .config import load_admin
     from .insights.notify import Notifier
     from .ship import Agent, describe_dsn
@@ -788,10 +754,10 @@ def agent(spool: Path | None, store_dsn: str | None, batch_bytes: int, interval:
     from .store import check_engine
 
     check_engine(store_dsn)  # a store to ship to, before waiting for anything to ship
-    root = _root(spool)
     admin = load_admin()
-    if spool is None and os.geteuid() == 0 and admin.spool_root:
-        root = Path(admin.spool_root)
+    # Root's agent ships the node's spool root, where the prolog and the job wrapper write.
+    root = spool if spool is not None else default_root(process="agent",
+                                                        configured=admin.spool_root)
     notifier = Notifier(root / NOTIFIED_DIR, mail_prog=admin.mail_prog,
                         webhook=admin.notify_webhook)
     a = Agent(root, store_dsn, batch_bytes=batch_bytes, batch_interval=interval,

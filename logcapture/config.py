@@ -651,8 +651,8 @@ class AdminConfig(namedtuple("AdminConfig", tuple(_ADMIN_DEFAULTS),  # type: ign
     """The administrator's settings (``/etc/logcapture/config.yaml``).
 
     ``store``: the ClickHouse DSN (``chdb://PATH`` for the embedded engine, ``http(s)://...``
-    for a server); None means the embedded default. ``spool_root``: where spools are written;
-    None means the per-user default (``$XDG_STATE_HOME/logcapture/spool``).
+    for a server); None means the embedded default. ``spool_root``: where the nodes' Slurm
+    jobs spool; None means ``/var/spool/logcapture`` (``spool.default_root``).
     """
 
     __slots__ = ()

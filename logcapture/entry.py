@@ -66,7 +66,7 @@ def parse_run(args: list[str]) -> dict | None:
 def _run_command(params: dict) -> int:
     """``capture.run_command(**params)``; a broken install (capture cannot be imported) must not
     break the job, so then the command runs without it."""
-    from .errors import Warner
+    from .errors import Warner, exec_failed_status
 
     try:
         from .capture import run_command
@@ -78,7 +78,7 @@ def _run_command(params: dict) -> int:
             os.execvp(command[0], command)
         except OSError as err:
             warn(f"{command[0]}: {err.strerror}")
-            return 127 if isinstance(err, (FileNotFoundError, NotADirectoryError)) else 126
+            return exec_failed_status(err)
     return run_command(**params)
 
 

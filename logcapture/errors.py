@@ -110,6 +110,21 @@ def failure(e: BaseException) -> tuple[str, int] | None:
     return None
 
 
+# Exit statuses a shell gives a command it could not run (POSIX sh, "Command Search and
+# Execution"; bash(1), "EXIT STATUS").
+EXIT_NOT_FOUND = 127
+EXIT_CANNOT_EXECUTE = 126
+
+
+def exec_failed_status(e: OSError) -> int:
+    """The exit status of a command whose exec failed with ``e``, as a shell gives it: 127 when
+    it was not found (no such file, or a path or $PATH entry that is not a directory: the
+    search found nothing), 126 when it was found and could not be executed."""
+    if isinstance(e, (FileNotFoundError, NotADirectoryError)):
+        return EXIT_NOT_FOUND
+    return EXIT_CANNOT_EXECUTE
+
+
 def typo_of(value: object, choices: tuple[str, ...]) -> str | None:
     """The choice ``value`` is plainly a typo of, if any. Only then is ``value`` quoted back in
     a message (a config file's, a ``/LOGCOMMAND``'s): anything else may be a secret pasted in

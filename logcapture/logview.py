@@ -12,7 +12,8 @@ The rules:
   it is the only trace of that line, so it shows.
 - A note shows as logcapture's own words in brackets (:func:`note_text`), so it stands
   apart from the job's output. A mode change is noted in both output streams (it applies to
-  both); the log shows the stdout copy only, so it is seen once whichever streams are shown.
+  both); the log shows the stdout copy (the stderr copy when stderr alone is shown), so it
+  is seen once whichever streams are shown.
 - Run-level notes (stream ``run``) show whatever streams are chosen.
 
 Entries are ordered by ``(ts, stream, seq)``, the store's sort key, so a spool reader and a
@@ -82,10 +83,11 @@ def streams_of(stderr: bool) -> tuple[str, ...]:
 class LogView:
     """The log entries of one run's records fed in spool order, in pieces (a running job's
     new records): :meth:`feed` returns the entries of the records given, stdout only or
-    with stderr. Remembers across calls which line a metadata record may repeat."""
+    with stderr (``streams``, when given, names the output streams shown: ``logs --stream
+    stderr``). Remembers across calls which line a metadata record may repeat."""
 
-    def __init__(self, stderr: bool = False) -> None:
-        self.shown = streams_of(stderr)
+    def __init__(self, stderr: bool = False, streams: tuple[str, ...] | None = None) -> None:
+        self.shown = streams_of(stderr) if streams is None else streams
         self._printed: dict[str, int] = {}  # stream -> seq of its last logged Line
 
     def feed(self, records: Iterable[Record]) -> list[Entry]:
@@ -105,8 +107,8 @@ class LogView:
                 if stream in shown:
                     out.append(Entry(rec.ts, stream, rec.seq, COMMAND, rec.text))
             elif isinstance(rec, Note):
-                if stream == RUN or (stream in shown and not (rec.note == NOTE_MODE
-                                                              and stream != STDOUT)):
+                if stream == RUN or (stream in shown and not (
+                        rec.note == NOTE_MODE and stream != STDOUT and STDOUT in shown)):
                     out.append(Entry(rec.ts, stream, rec.seq, NOTE,
                                      note_text(rec.note, rec.count, rec.text)))
         return out

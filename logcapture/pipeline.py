@@ -437,11 +437,11 @@ class Pipeline:
     def _write_tail(self) -> None:
         """The lines the output limit held for the run's end, after a note that says what
         was left out before them."""
-        from .views import size as views_size
-
         tail = self.limit.tail()
         left = self.limit.lines_left_out
         if left:
+            from .views import size as views_size  # only past the limit: not at every end
+
             ts = tail[0].ts if tail else time.time()
             self.spool.write([Note(
                 run=self.run_id, stream=RUN, seq=self._next_run_seq(), ts=ts,

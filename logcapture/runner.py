@@ -730,8 +730,10 @@ def _spawn_failed(argv: Sequence[str], e: OSError, started: float,
                   counts: Mapping[str, int]) -> Outcome:
     """The outcome of a command that could not be started: 127 when it was not found, 126
     when it could not be executed, as a shell says."""
-    code = 127 if isinstance(e, (FileNotFoundError, NotADirectoryError)) else 126
-    what = "command not found" if code == 127 else (e.strerror or str(e))
+    from .errors import EXIT_NOT_FOUND, exec_failed_status
+
+    code = exec_failed_status(e)
+    what = "command not found" if code == EXIT_NOT_FOUND else (e.strerror or str(e))
     return Outcome(code, None, 0, started, time.time(), counts, spawn_error=f"{argv[0]}: {what}")
 
 
@@ -1162,10 +1164,11 @@ def exec_command(argv: Sequence[str], env: dict[str, str],
     try:
         os.execvpe(argv[0], list(argv), env)
     except OSError as e:
-        code = 127 if isinstance(e, (FileNotFoundError, NotADirectoryError)) else 126
-        warn(f"{argv[0]}: {'command not found' if code == 127 else e.strerror}")
+        from .errors import EXIT_NOT_FOUND, exec_failed_status
+
+        code = exec_failed_status(e)
+        warn(f"{argv[0]}: {'command not found' if code == EXIT_NOT_FOUND else e.strerror}")
         return code
-    return 126  # pragma: no cover - not reached
 
 
 def exit_like(outcome: Outcome) -> int:

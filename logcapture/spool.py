@@ -89,9 +89,29 @@ def _size(n: int) -> str:
     return f"{n / 1048576:.1f} MiB" if n >= 1048576 else f"{n} bytes"
 
 
-def default_root(env: dict[str, str] | os._Environ[str] = os.environ) -> Path:
-    """``$LOGCAPTURE_SPOOL``, else ``$XDG_STATE_HOME/logcapture/spool``, else
-    ``~/.local/state/logcapture/spool``."""
+# The spool root of a cluster's nodes when the admin config names none (docs/admin.md).
+SYSTEM_ROOT = "/var/spool/logcapture"
+
+
+def default_root(env: dict[str, str] | os._Environ[str] = os.environ, *, process: str = "user",
+                 configured: str | None = None, euid: int | None = None) -> Path:
+    """The spool root a process uses when its command line names none: the one rule that the
+    job wrapper, the prolog and epilog, the node sampler, the agent and the commands share.
+
+    The system spool root, where a node's Slurm jobs write: ``configured`` (the admin
+    config's ``spool_root``, or the wrapper's ``--spool-root``), else
+    ``$LOGCAPTURE_SPOOL_ROOT``, else ``SYSTEM_ROOT``. The per-user spool: ``$LOGCAPTURE_SPOOL``,
+    else ``$XDG_STATE_HOME/logcapture/spool``, else ``~/.local/state/logcapture/spool``.
+
+    ``process``: ``"slurm"`` (the job wrapper, the hooks and the node sampler) uses the system
+    spool root; ``"agent"`` run by root (``euid``, default the process's) ships it too unless
+    the admin config names none and ``$LOGCAPTURE_SPOOL`` names a spool, and run by anyone
+    else ships the per-user spool; ``"user"`` (every other command) uses the per-user spool."""
+    if process == "agent":
+        root = os.geteuid() == 0 if euid is None else euid == 0
+        process = "slurm" if root and (configured or not env.get("LOGCAPTURE_SPOOL")) else "user"
+    if process == "slurm":
+        return Path(configured or env.get("LOGCAPTURE_SPOOL_ROOT") or SYSTEM_ROOT)
     if env.get("LOGCAPTURE_SPOOL"):
         return Path(env["LOGCAPTURE_SPOOL"])
     state = env.get("XDG_STATE_HOME") or os.path.join(
@@ -431,7 +451,9 @@ class SpoolWriter:
         self.errors = 0
         self._reserve = self._make_reserve()
         self._lock_fd = self._hold_writer_lock()
-        self._open_next()
+        if not self._open_next():  # no first segment (out of descriptors, a full disk)
+            self._release()
+            raise SpoolError(f"cannot create a spool segment in {run_dir}: {self._reason}")
         self._thread = threading.Thread(target=self._run, name="logcapture-spool", daemon=True)
         self._thread.start()
 
@@ -464,6 +486,13 @@ class SpoolWriter:
             return False
         os.close(fd)
         return True
+
+    def _release(self) -> None:
+        """Give back the reserve and the writer lock (a writer that could not start)."""
+        self._drop_reserve()
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
 
     def _drop_reserve(self, path: Path | None = None) -> None:
         self._reserve = False
@@ -776,6 +805,9 @@ class SpoolWriter:
             self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
                                | os.O_NOFOLLOW, 0o600)
         except OSError as e:
+            self._reason = e.strerror or str(e)
+            if index == 0:
+                return False  # the caller raises: a writer without a segment is no writer
             self._fault(f"cannot create spool segment {path}: {e.strerror}")
             return False
         self._index = index

@@ -11,6 +11,7 @@ on top of everything.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -204,6 +205,50 @@ def _import_graph() -> dict[str, set[str]]:
 def test_every_module_is_placed_in_a_layer() -> None:
     unplaced = [m for m in MODULES if _layer(m) is None]
     assert not unplaced, f"place these modules in LAYERS: {unplaced}"
+
+
+ARCHITECTURE_MD = PACKAGE.parent / "docs" / "architecture.md"
+
+
+def _module_table() -> dict[str, str]:
+    """docs/architecture.md's module table: the first cell (``name.py`` or ``name/``) -> the
+    entry-point cell."""
+    rows = {}
+    for line in ARCHITECTURE_MD.read_text().splitlines():
+        if line.startswith("| `"):
+            cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
+            rows[cells[0].strip("`")] = cells[1]
+    return rows
+
+
+def _defined_names(files: list[Path]) -> set[str]:
+    names = set()
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, ast.Assign):
+                names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+            elif isinstance(node, ast.ImportFrom):
+                names.update(a.asname or a.name for a in node.names)
+    return names
+
+
+def test_every_module_is_in_the_architecture_table_with_real_entry_points() -> None:
+    table = _module_table()
+    modules = sorted(p.name for p in PACKAGE.glob("*.py") if p.name != "__init__.py") + sorted(
+        f"{p.parent.name}/" for p in PACKAGE.glob("*/__init__.py"))
+    missing = [m for m in modules if m not in table]
+    assert not missing, f"add these to docs/architecture.md's module table: {missing}"
+    assert sorted(table) == sorted(modules), "the table names a module that does not exist"
+    # Each `name(...)` of a row's entry points is defined in that module (or package).
+    absent = []
+    for module, entry in table.items():
+        path = PACKAGE / module
+        defined = _defined_names([path] if path.suffix == ".py" else sorted(path.rglob("*.py")))
+        absent += [f"{module}: {name}" for name in re.findall(r"([A-Za-z_][\w.]*)\(", entry)
+                   if name.split(".")[-1] not in defined]
+    assert not absent, f"docs/architecture.md names what does not exist: {absent}"
 
 
 def test_a_module_imports_only_its_layer_and_below() -> None:

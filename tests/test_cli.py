@@ -166,6 +166,40 @@ def test_ls_and_logs_read_the_slurm_layout_of_the_admins_spool_root(
     assert logs.stdout == b"from the job\n", logs.stderr
 
 
+def test_logs_of_a_metadata_mode_run_shows_its_metadata_lines(lc_env: dict[str, str]) -> None:
+    # In mode metadata the metadata record is the only trace of the line: logs shows it.
+    res = run_lc(["run", "--run-id", "meta-1", "--no-sample", "--mode", "metadata", "--",
+                  "sh", "-c", 'echo \'{"loss": 1}\'; echo hidden'], lc_env)
+    assert res.returncode == 0, res.stderr
+    logs = run_lc(["logs", "meta-1"], lc_env)
+    assert (logs.returncode, logs.stdout) == (0, b'{"loss":1}\n'), logs.stderr
+
+
+def test_logs_shows_what_the_job_page_and_grafana_show(lc_env: dict[str, str],
+                                                       tmp_path: Path) -> None:
+    """``logs`` prints the log view (logview.py) the page reads: a metadata line logged once
+    while the mode is enabled, the mode change once, metadata alone after it; the same from
+    the spool and, once shipped, from the store."""
+    from contextlib import closing
+
+    from logcapture.query import LocalReader
+
+    job = ('echo \'{"a": 1}\'; echo \'/LOGCOMMAND {"mode": "metadata"}\'; echo hidden; '
+           'echo \'{"b": 2}\'; echo oops >&2')
+    res = run_lc(["run", "--run-id", "view-1", "--no-sample", "--", "sh", "-c", job], lc_env)
+    assert res.returncode == 0, res.stderr
+    with closing(LocalReader(Path(lc_env["LOGCAPTURE_SPOOL"]), source="spool")) as reader:
+        page = [e[3] for e in reader.log("view-1", stderr=True)["entries"]]
+    assert page[0] == '{"a": 1}' and page[-1] == '{"b":2}' and page.count('{"a": 1}') == 1
+    assert len([t for t in page if "mode changed" in t]) == 1 and "hidden" not in page
+    logs = run_lc(["logs", "view-1", "--source", "spool"], lc_env)
+    assert logs.stdout.decode().splitlines() == page, logs.stderr
+    lc_env = {**lc_env, "LOGCAPTURE_STORE": f"chdb://{tmp_path / 'store'}"}
+    assert run_lc(["upload", "view-1"], lc_env).returncode == 0
+    logs = run_lc(["logs", "view-1", "--source", "store"], lc_env)
+    assert logs.stdout.decode().splitlines() == page, logs.stderr
+
+
 def test_ls_json_of_a_start_record_without_optional_fields(tmp_path: Path) -> None:
     """A start record that leaves out its optional fields (an older or hand-made spool) gets
     their defaults, which ``ls --json`` still writes as JSON."""

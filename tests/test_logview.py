@@ -44,6 +44,14 @@ def test_with_stderr_each_mode_change_once():
     assert ("stderr", "[logcapture: previous line repeated 1 more time, dropped]") in got
 
 
+def test_stderr_alone_shows_its_copy_of_a_mode_change():
+    # `logs --stream stderr`: the mode change still shows once, from the stream shown.
+    got = [(e.stream, e.text) for e in LogView(streams=("stderr",)).feed(records())]
+    assert got == [("stderr", "oops"), ("stderr", "[logcapture: mode changed to metadata]"),
+                   ("run", "[logcapture: warning: sampler stopped]"),
+                   ("stderr", "[logcapture: previous line repeated 1 more time, dropped]")]
+
+
 def test_note_words():
     assert note_text("blank", 2, "") == "[logcapture: 2 more blank lines dropped]"
     assert note_text("cut", 10, "") == "[logcapture: line cut, 10 characters dropped]"

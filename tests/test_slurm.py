@@ -13,6 +13,7 @@ import json
 import os
 import pwd
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -147,6 +148,10 @@ def test_a_missing_interpreter_fails_like_the_kernel(tmp_path: Path) -> None:
     script = _wrapped(tmp_path, "true\n", interpreter="/no/such/interpreter")
     r = _run_wrapper([str(script)], _job_env(tmp_path))
     assert r.returncode == 127 and b"/no/such/interpreter" in r.stderr
+    (tmp_path / "file").write_text("")  # a path through a file: not found either
+    script = _wrapped(tmp_path, "true\n", interpreter=str(tmp_path / "file" / "sh"))
+    r = _run_wrapper([str(script)], _job_env(tmp_path))
+    assert r.returncode == 127 and b"Not a directory" in r.stderr
 
 
 def test_with_logoptin_the_job_is_captured_into_its_job_directory(tmp_path: Path) -> None:
@@ -514,6 +519,70 @@ def test_epilog_removes_the_spool_of_a_run_the_agent_shipped_first(root: Path) -
     assert r.returncode == 0, r.stderr
     assert "removed the job's spool" in r.stderr, r.stderr
     assert not (root / "4242").exists() and not (root / ".jobs" / "4242.json").exists()
+
+
+# Runs Python with the system spool root (the documented /var/spool/logcapture) set to argv[1].
+AT_SYSTEM_ROOT = "import sys, logcapture.spool as s; s.SYSTEM_ROOT = sys.argv.pop(1); "
+
+
+@root_only
+def test_with_no_spool_root_configured_the_agent_ships_what_prolog_and_wrapper_spooled(
+        root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An admin config without ``spool_root``: the prolog, the job wrapper (no --spool-root)
+    and root's agent (no --spool) all take the default system spool root, here ``root`` in
+    each of their processes, and the agent ships the job; the agent's own per-user spool
+    ($LOGCAPTURE_SPOOL unset, $XDG_STATE_HOME) stays unread."""
+    from logcapture import spool
+
+    monkeypatch.setattr(spool, "SYSTEM_ROOT", str(root))
+    env = _hook_env(root)
+    config = tmp_path / "no-spool-root.yaml"
+    config.write_text("cluster: unit\n")
+    env = {**env, "LOGCAPTURE_CONFIG": str(config), "SLURM_JOB_USER": "root",
+           "SLURM_JOB_UID": "0", "SLURM_JOB_GID": "0"}  # a job of the user the test runs as
+    hooks.prolog(env, optin=lambda uid: False)
+    assert (root / "4242").is_dir()
+
+    script = _wrapped(tmp_path, "echo from the job\n")
+    job_env = _job_env(tmp_path, SLURM_JOB_ID="4242", LOGCAPTURE_FLUSH_INTERVAL="0.1")
+    (tmp_path / "home" / ".logoptin").write_text("")
+    r = subprocess.run([sys.executable, "-c", AT_SYSTEM_ROOT + "from logcapture.slurm.wrapper "
+                        "import job_main; sys.exit(job_main())", str(root), str(script)],
+                       env=job_env, capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0 and r.stdout == b"from the job\n", r.stderr
+    run_dir = root / "4242" / "4242"
+    assert [x.text for x in iter_run(run_dir) if isinstance(x, Line)] == ["from the job"]
+
+    dsn = f"chdb://{tmp_path / 'store'}"
+    agent_env = {k: v for k, v in os.environ.items() if not k.startswith("LOGCAPTURE_")}
+    agent_env.update(LOGCAPTURE_STORE=dsn, LOGCAPTURE_CONFIG=str(config),
+                     XDG_STATE_HOME=str(tmp_path / "state"))
+    p = subprocess.Popen([sys.executable, "-c", AT_SYSTEM_ROOT + "from logcapture.cli import "
+                          "main; main()", str(root), "agent", "--interval", "0.1", "--keep"],
+                         env=agent_env, stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stderr is not None
+        assert p.stderr.readline() == f"logcapture: agent shipping {root} to {dsn}\n"
+        cursor = run_dir / ".logcapture-cursor.json"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (
+                cursor.exists() and json.loads(cursor.read_text()).get("shipped_at")):
+            time.sleep(0.05)
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    assert p.returncode == 0, err
+    q = subprocess.run([sys.executable, "-c", QUERY, dsn], capture_output=True, text=True,
+                       timeout=120)
+    assert q.returncode == 0, q.stderr
+    found = json.loads(q.stdout.strip().splitlines()[-1])
+    assert [(x["run"], x["owner"], x["job_id"]) for x in found["runs"]] == [
+        ("4242", "root", "4242")]
+    assert found["lines"] == ["from the job"]
+    assert not (tmp_path / "state" / "logcapture" / "spool").exists()
 
 
 def test_read_end_bounds_and_validates(tmp_path: Path) -> None:

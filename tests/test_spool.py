@@ -228,6 +228,29 @@ def test_a_run_id_is_validated_and_never_reused(tmp_path: Path) -> None:
             create_run_dir(tmp_path, bad)
 
 
+def test_one_rule_says_which_spool_root_a_process_uses() -> None:
+    from logcapture.spool import SYSTEM_ROOT, default_root
+
+    home = {"HOME": "/home/u"}
+    user = Path("/home/u/.local/state/logcapture/spool")
+    assert default_root(home) == user
+    assert default_root({**home, "XDG_STATE_HOME": "/x"}) == Path("/x/logcapture/spool")
+    assert default_root({**home, "LOGCAPTURE_SPOOL": "/s"}) == Path("/s")
+    # Slurm's side (wrapper, hooks, node sampler): the admin's root, whatever the user's is.
+    named = {**home, "LOGCAPTURE_SPOOL": "/s"}
+    assert default_root(named, process="slurm") == Path(SYSTEM_ROOT) == Path(
+        "/var/spool/logcapture")
+    assert default_root(named, process="slurm", configured="/c") == Path("/c")
+    assert default_root({"LOGCAPTURE_SPOOL_ROOT": "/e"}, process="slurm") == Path("/e")
+    # The agent: root's ships what Slurm's side wrote (unless told another spool); a user's,
+    # the user's own.
+    assert default_root(home, process="agent", euid=0) == Path(SYSTEM_ROOT)
+    assert default_root(home, process="agent", euid=0, configured="/c") == Path("/c")
+    assert default_root(named, process="agent", euid=0, configured="/c") == Path("/c")
+    assert default_root(named, process="agent", euid=0) == Path("/s")
+    assert default_root(home, process="agent", euid=1000, configured="/c") == user
+
+
 def test_a_failing_disk_buffers_then_recovers(tmp_path: Path) -> None:
     # RLIMIT_FSIZE in a child process: writes past the limit fail with EFBIG (Python ignores
     # SIGXFSZ), exactly like a full disk for the writer.

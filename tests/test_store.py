@@ -378,6 +378,39 @@ def test_same_run_id_two_owners_stay_apart(db: S.Store) -> None:
     assert got == [("alice", "alice's"), ("bob", "bob's")]
 
 
+def test_every_read_keeps_to_its_owner(db: S.Store) -> None:
+    """Two users chose one run id: each read of one owner sees that owner's rows only, of
+    None everyone's; the condition is spelled once (queries.owner_cond)."""
+    from logcapture.search import Request
+    from logcapture.store import queries
+
+    run = "owned-twice"
+    for user, uid in (("alice", 1000), ("bob", 1001)):
+        who = ident(run, user, uid)
+        db.insert_records([Start(run=run, stream="run", seq=0, ts=T0),
+                           Line(run=run, stream="stdout", seq=0, ts=T0 + 1,
+                                text=f"okapi of {user}")], who)
+        db.insert_insights(who, [{"kind": f"{user}-kind", "category": "failure",
+                                  "message": "m"}], T0)
+    for owner in ("alice", "bob"):
+        assert [(d["owner"], d["insights"]) for d in db.runs(owner) if d["run"] == run] == [
+            (owner, [f"{owner}-kind"])]
+        assert db.resolve_run(run, owner) == run and db.has_run(run, owner)
+        assert [d["text"] for d in db.lines(run, owner=owner)] == [f"okapi of {owner}"]
+        assert [i["kind"] for i in db.insights(run, owner)] == [f"{owner}-kind"]
+        found = db.search(Request("okapi", jobs=(run,)), owner)
+        assert [(h.owner, h.line["text"]) for h in found.hits] == [(owner, f"okapi of {owner}")]
+        found = db.search(Request("okapi"), owner)
+        assert [(h.owner, h.line["text"]) for h in found.hits] == [(owner, f"okapi of {owner}")]
+    assert sorted(d["owner"] for d in db.runs() if d["run"] == run) == ["alice", "bob"]
+    assert sorted(i["kind"] for i in db.insights(run)) == ["alice-kind", "bob-kind"]
+    assert len(db.search(Request("okapi")).hits) == 2
+    assert not db.has_run(run, "carol") and not [d for d in db.runs("carol") if d["run"] == run]
+    with pytest.raises(NotFound):
+        db.resolve_run(run, "carol")
+    assert Path(queries.__file__).read_text().count("owner = {owner:String}") == 1
+
+
 def test_bad_lines_take_the_slow_path_and_are_reported(db: S.Store) -> None:
     good = [Line(run="bad", stream="stdout", seq=i, ts=T0, text=str(i)).to_json().encode()
             for i in range(3)]

@@ -248,5 +248,6 @@ def test_agent_command_ships_and_exits_on_term(env: Path, store_dsn: str,
     assert p.returncode == 0, err
     assert "agent stopped: 506 records shipped" in err
     code, out, _ = lc(capsys, "logs", "agent1", "--spool", str(env), "--source", "store")
-    assert code == 0 and len(out.splitlines()) == 500 + 2  # lines, the note, stderr
+    # the lines, the note, the two metadata records (no printed line of theirs), stderr
+    assert code == 0 and len(out.splitlines()) == 500 + 4
     assert segments(rd)  # --keep: the spool segments stay

@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from ..errors import EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND
 from ..records import LOST
 from . import matchers as M
 from .model import FAILURE, Evidence, Insight
@@ -303,8 +304,8 @@ class Diagnoser:
         sig = outcome.signal
         status = outcome.exit_status
         shell_signal = status is not None and 128 < status <= 128 + 64
-        if status in (M.EXIT_NOT_FOUND, M.EXIT_CANNOT_EXECUTE) and "command-not-found" not in out:
-            what = "a command was not found" if status == M.EXIT_NOT_FOUND else \
+        if status in (EXIT_NOT_FOUND, EXIT_CANNOT_EXECUTE) and "command-not-found" not in out:
+            what = "a command was not found" if status == EXIT_NOT_FOUND else \
                 "a command could not be executed"
             out["command-not-found"] = Insight(
                 "command-not-found", f"exit status {status}: {what} (the shell's convention)",

@@ -284,10 +284,6 @@ ERROR_WORDS = ("error", "fatal", "exception", "failed", "panic", "abort")
 ERROR_LOOKING = re.compile(r"(?<![\w-])(?:[Ee]rror|ERROR|[Ff]atal|FATAL|[Ee]xception|[Ff]ailed|"
                            r"FAILED|panic|[Aa]bort(?:ed|ing)?)(?![\w-])")
 
-# Exit statuses a shell gives a command it could not run (bash(1), "EXIT STATUS").
-EXIT_NOT_FOUND = 127
-EXIT_CANNOT_EXECUTE = 126
-
 
 # --- message templates ------------------------------------------------------------------------
 def _bytes(value: str) -> str:

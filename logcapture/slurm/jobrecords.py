@@ -16,7 +16,6 @@ if TYPE_CHECKING:
 
     from ..config import AdminConfig
 
-DEFAULT_SPOOL_ROOT = "/var/spool/logcapture"
 JOBS_DIR = ".jobs"
 SAMPLES_DIR = ".samples"  # root, 0700: the node samplers' spool, laid out like a spool root
 NOTIFIED_DIR = ".notified"  # root, 0700: one marker per message sent (insights.notify)
@@ -42,8 +41,11 @@ def _open_root_subdir(root_fd: int, name: str, mode: int) -> int:
     return fd
 
 
-def _spool_root(admin: object) -> str:
-    return getattr(admin, "spool_root", None) or DEFAULT_SPOOL_ROOT
+def _spool_root(admin: AdminConfig) -> str:
+    """The spool root of the hooks and the node sampler (``spool.default_root``'s rule)."""
+    from ..spool import default_root
+
+    return str(default_root(process="slurm", configured=admin.spool_root))
 
 
 def _open_root(root: str, create: bool) -> int:

@@ -104,8 +104,9 @@ def _exec_job(argv: list[str]) -> int:
             os.write(2, msg.encode("utf-8", "replace"))
         except OSError:
             pass
-        return 127 if isinstance(e, FileNotFoundError) else 126
-    return 126  # not reached
+        from ..errors import exec_failed_status
+
+        return exec_failed_status(e)
 
 
 def job_main(argv: list[str] | None = None) -> int:
@@ -147,14 +148,13 @@ def _captured(job: list[str], opts: dict[str, str]) -> int:
     from ..capture import capture_command
     from ..errors import Warner
     from ..spool import default_root
-    from .jobrecords import DEFAULT_SPOOL_ROOT, PUBLIC_CONFIG
+    from .jobrecords import PUBLIC_CONFIG
     from .jobs import run_id_for
     from .nodesampler import node_sampler_running
 
     env = dict(os.environ)
     warn = Warner()
-    root = Path(opts.get("spool-root") or env.get("LOGCAPTURE_SPOOL_ROOT")
-                or DEFAULT_SPOOL_ROOT)
+    root = default_root(env, process="slurm", configured=opts.get("spool-root"))
     run_id = run_id_for(env)
     # The admin config is root-only (it holds the store's credentials); the prolog leaves its
     # public part beside the spool. A missing file means the defaults.

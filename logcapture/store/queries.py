@@ -111,9 +111,16 @@ def _loads(text: str | None, default: Any) -> Any:
         return default
 
 
+def owner_cond(owner: str | None) -> str:
+    """The one spelling of the owner rule in a read: the condition selecting ``owner``'s rows
+    (a user name, bound as the parameter ``owner``), or every owner's (None: ``1``)."""
+    return "1" if owner is None else "owner = {owner:String}"
+
+
 class _Queries(_Connection):
     """The reads of ``Store``. Every read takes ``owner``: a user name, or None for all owners.
-    The condition is built from constants only; the values are parameters (``_run_cond``)."""
+    The condition is built from constants only (``owner_cond``, ``_run_cond``); the values are
+    parameters."""
 
     def runs(self, owner: str | None = None, run: str | None = None,
              job: str | None = None) -> list[dict[str, Any]]:
@@ -125,21 +132,19 @@ class _Queries(_Connection):
         (``jobref.select`` picks among them): run id ``job``, or job id or array job id
         ``jobref.parse(job).job``."""
         p = {"owner": owner or "", "run": run or "", "ref": job or "", "job": ""}
-        conds = (["owner = {owner:String}"] if owner is not None else []) + (
-            ["run = {run:String}"] if run is not None else [])
+        conds = [owner_cond(owner)] + (["run = {run:String}"] if run is not None else [])
         if job is not None:
             ref = jobref.parse(job)
             p["job"] = ref.job if ref is not None else ""
             conds.append("(run = {ref:String} OR ({job:String} != '' AND (job_id = {job:String}"
                          " OR JSONExtractString(ifNull(slurm, ''), 'array_job_id') = "
                          "{job:String})))")
-        where = ("WHERE " + " AND ".join(conds)) if conds else ""
         rows = self._query(
             "SELECT run, owner, uid, cluster, job_id, host, command, "
             "toUnixTimestamp64Nano(start_ts), toUnixTimestamp64Nano(end_ts), "
             "toUnixTimestamp64Nano(last_ts), ifNull(state, 'RUNNING'), exit_status, signal, "
-            "duration, slurm, counts FROM runs FINAL " + where +
-            " ORDER BY ifNull(start_ts, last_ts) DESC, run", p if conds else None)
+            "duration, slurm, counts FROM runs FINAL WHERE " + " AND ".join(conds) +
+            " ORDER BY ifNull(start_ts, last_ts) DESC, run", p)
         out = [self._run_row(r) for r in rows]
         for d, r in zip(out, rows, strict=True):
             d["slurm"] = _loads(r[14], {})
@@ -151,17 +156,16 @@ class _Queries(_Connection):
         if live:
             counted = dict(self._query(
                 "SELECT run, count() FROM lines FINAL WHERE run IN {runs:Array(String)} AND "
-                "kind = 'line'" + (" AND owner = {owner:String}" if owner is not None else "")
-                + " GROUP BY run", {"runs": live, "owner": owner or ""}))
+                "kind = 'line' AND " + owner_cond(owner) + " GROUP BY run",
+                {"runs": live, "owner": owner or ""}))
             for d in out:
                 if d["lines"] is None:
                     d["lines"] = int(counted.get(d["run"], 0))
         kinds: dict[tuple[str, str], list[str]] = {}
         for run, who, kind in self._query(
-                "SELECT run, owner, kind FROM insights FINAL" + (
-                    " WHERE owner = {owner:String}" if owner is not None else "")
+                "SELECT run, owner, kind FROM insights FINAL WHERE " + owner_cond(owner)
                 + " ORDER BY run, category = 'live', category = 'efficiency', ts, kind",
-                {"owner": owner} if owner is not None else None):
+                {"owner": owner or ""}):
             kinds.setdefault((run, who), []).append(kind)
         for d in out:
             d["insights"] = kinds.get((d["run"], d["owner"]), [])
@@ -181,7 +185,7 @@ class _Queries(_Connection):
         """The condition and parameters selecting one run's rows, of one owner or of all."""
         if owner is None:
             return "run = {run:String}", {"run": run}
-        return "run = {run:String} AND owner = {owner:String}", {"run": run, "owner": owner}
+        return "run = {run:String} AND " + owner_cond(owner), {"run": run, "owner": owner}
 
     def has_run(self, run: str, owner: str | None = None) -> bool:
         cond, p = self._run_cond(run, owner)
@@ -192,11 +196,10 @@ class _Queries(_Connection):
         side): None or ``latest`` (the newest run in the store), a run id, or a Slurm job
         reference (``J``, ``J_T``, ``J.N``: ``jobref``). NotFound when the store has none (of
         ``owner``'s); a UsageError when an array job of several tasks is named."""
-        mine = " AND owner = {owner:String}" if owner is not None else ""
         p: dict[str, Any] = {"owner": owner or "", "ref": ref or ""}
         if ref is None or ref == "latest":
-            rows = self._query("SELECT run FROM runs FINAL WHERE 1" + mine + " ORDER BY "
-                               "ifNull(start_ts, last_ts) DESC, run DESC LIMIT 1", p)
+            rows = self._query("SELECT run FROM runs FINAL WHERE " + owner_cond(owner) +
+                               " ORDER BY ifNull(start_ts, last_ts) DESC, run DESC LIMIT 1", p)
             if not rows:
                 raise NotFound("the store has no runs yet (ship one with `logcapture upload`)")
             return str(rows[0][0])
@@ -462,11 +465,11 @@ class _Queries(_Connection):
     # --- insights
     def insights(self, run: str, owner: str | None = None) -> list[dict[str, Any]]:
         """The run's stored insights (``Insight.to_dict()`` plus ``ts``), failures first."""
-        cond = "run = {run:String}" + (" AND owner = {owner:String}" if owner else "")
+        cond, p = self._run_cond(run, owner)
         rows = self._query(
             "SELECT kind, category, toUnixTimestamp64Milli(ts), message, hint, evidence, "
             "details FROM insights FINAL WHERE " + cond + " ORDER BY category = 'live', "
-            "category = 'efficiency', ts", {"run": run, "owner": owner or ""})
+            "category = 'efficiency', ts", p)
         return [{"kind": r[0], "category": r[1], "ts": r[2] / 1000, "message": r[3],
                  "hint": r[4], "evidence": _loads(r[5], []), "details": _loads(r[6], {})}
                 for r in rows]
@@ -528,7 +531,7 @@ class _Queries(_Connection):
         match_sql, params = pattern.sql()
         conds = [match_sql]
         if owner is not None:
-            conds.append("owner = {owner:String}")
+            conds.append(owner_cond(owner))
             params["owner"] = owner
         if req.stream:
             conds.append("stream = {stream:String}")
@@ -581,10 +584,8 @@ class _Queries(_Connection):
             # One user's runs are a small part of a shared store, and ``lines`` is sorted by
             # run first: naming them lets the primary key skip everyone else's.
             return ("" if owner is None else
-                    "run IN (SELECT run FROM runs WHERE owner = {owner:String})")
-        inner = []
-        if owner is not None:
-            inner.append("owner = {owner:String}")
+                    "run IN (SELECT run FROM runs WHERE " + owner_cond(owner) + ")")
+        inner = [owner_cond(owner)]
         if req.jobs:
             inner.append("(has({jobs:Array(String)}, run) OR has({jobs:Array(String)}, "
                          "job_id) OR has({jobs:Array(String)}, concat(JSONExtractString("
