@@ -297,8 +297,12 @@ def spool_facts(run_dir: Path, owner: str, uid: int) -> RunFacts:
                 modes.append({"ts": rec.ts, "text": rec.text})
             elif rec.note == NOTE_WARNING:
                 warnings += 1
-    problems = (f"{stats.torn} torn line(s), {len(stats.bad)} invalid line(s)"
-                if stats.torn or stats.bad else None)
+    unread = [f"{seg} ({why})" for seg, line, why in stats.bad if line == 0]
+    bad = len(stats.bad) - len(unread)
+    problems = "; ".join(
+        [*([f"{stats.torn} torn line(s), {bad} invalid line(s)"] if stats.torn or bad else []),
+         *([f"{len(unread)} segment(s) could not be read, their lines are missing: "
+            + ", ".join(unread)] if unread else [])]) or None
     insights = run_insights(diagnoser, start, end, samples, thresholds=admin_thresholds())
     return RunFacts(run_dir.name, owner, uid, start, end, dict(lines), dict(repeats),
                     dict(blanks), commands, modes, sorted(keys), metadata, samples, warnings,

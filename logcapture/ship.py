@@ -64,7 +64,7 @@ from .errors import (
 )
 from .insights.live import LiveWatch
 from .insights.notify import Notifier
-from .records import Start, from_dict
+from .records import NOTE_WARNING, Note, Start, from_dict
 from .runs import find_run
 from .spool import (
     CURSOR_NAME,
@@ -75,6 +75,7 @@ from .spool import (
     find_run_dirs,
     open_segment,
     segment_data,
+    segment_index,
     segments,
 )
 from .spool import (
@@ -731,6 +732,7 @@ def ship_runs(store: Store, jobs: list[_RunJob], result: UploadResult, *,
         if shipped is not None:
             for piece in batch:
                 shipped(piece.job, piece.data)
+    _note_set_aside(store, jobs, result)
     done = [id(job) in jobs_ok and _finish(job, result, retention_days) for job in jobs]
     for job in jobs:
         if job.newly_done:
@@ -738,6 +740,31 @@ def ship_runs(store: Store, jobs: list[_RunJob], result: UploadResult, *,
                          job_info(job.run_dir) if job_info is not None else {}, result,
                          notifier)
     return done
+
+
+# The seq of the note that says a segment was set aside: in the run stream, far above any seq
+# a writer gives (a handful of run records), one per segment, so a second shipping of the
+# same note is the same row (the store deduplicates on run, stream, seq).
+SET_ASIDE_SEQ = 1 << 40
+
+
+def _note_set_aside(store: Store, jobs: list[_RunJob], result: UploadResult) -> None:
+    """A note in the store for each segment set aside in this shipping: its lines are
+    missing, and the log says so there (at the time its file was last written)."""
+    by_name = {job.run_dir.name: job for job in jobs}
+    for run, name, why in result.set_aside:
+        job = by_name.get(run)
+        index = segment_index(name)
+        if job is None or index is None:
+            continue
+        note = Note(run=job.identity.run, stream="run", seq=SET_ASIDE_SEQ + index,
+                    ts=_mtime(job.run_dir / name) or time.time(), note=NOTE_WARNING,
+                    text=f"spool segment {name} could not be stored ({why[:200]}): the lines "
+                    "it held are missing here")
+        try:
+            store.insert_ndjson(note.to_json().encode() + b"\n", job.identity)
+        except StoreError as e:
+            result.warnings.append(f"run {run}: cannot note the set-aside {name}: {e.message}")
 
 
 def ship_run(store: Store, run_dir: Path, identity: Identity, rc: RunCursor,

@@ -145,6 +145,12 @@ def create_run_dir(root: Path, run_id: str) -> Path:
     return path
 
 
+def segment_index(name: str) -> int | None:
+    """The index of a segment file's name (``seg-000003.ndjson.gz``: 3); None for another."""
+    m = _SEGMENT_RE.match(name)
+    return int(m.group(1)) if m else None
+
+
 def segment_name(index: int, closed: bool) -> str:
     return f"seg-{index:06d}.ndjson" + (".gz" if closed else "")
 

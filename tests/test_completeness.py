@@ -392,3 +392,24 @@ def test_a_batch_cut_at_the_limit_keeps_every_line_its_read_time() -> None:
         assert head.texts + rest.texts == rec.texts and rest.seq == 10 + k
         assert head.times() + rest.times() == rec.times()
         assert head.to_json() + "\n" + rest.to_json() == rec.to_json()
+
+
+def test_show_says_which_segments_could_not_be_read(lc_env: dict[str, str]) -> None:
+    """A segment that cannot be read (corrupt) hides nothing else, and `show` says that its
+    lines are missing rather than only counting fewer lines."""
+    root = Path(lc_env["LOGCAPTURE_SPOOL"])
+    run_dir = create_run_dir(root, "r")
+    w = SpoolWriter(run_dir, fsync=False, segment_bytes=1024)
+    w.write([_start("r", os.getpid(), ts=time.time())])
+    for i in range(100):
+        w.write([Line(run="r", stream="stdout", seq=i, ts=time.time(), text="x" * 40)])
+        w.flush()
+    w.write([End(run="r", stream="run", seq=1, ts=time.time(), exit_status=0, signal=None,
+                 state="COMPLETED", duration=1.0,
+                 counts={"stdout": {"lines": 100}, "stderr": {"lines": 0}})])
+    w.close()
+    (run_dir / "seg-000001.ndjson.gz").write_bytes(b"\x1f\x8b not gzip")
+    info = _show(lc_env, "r")
+    assert info["lines"]["stdout"] < 100
+    assert "seg-000001.ndjson.gz" in info["spool_problems"]
+    assert "could not be read, their lines are missing" in info["spool_problems"]

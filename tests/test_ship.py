@@ -338,6 +338,12 @@ def test_data_error_sets_segment_aside_rest_continues(tmp_path: Path, dsn: str) 
     assert 50 <= final < 60  # everything but the set-aside segment's lines
     cur = json.loads((rd / ship.CURSOR_NAME).read_text())
     assert list(cur["aside"]) and not cur["shipped_at"]
+    # the log says where lines are missing, once, however often the run is shipped again
+    ship.upload(root, dsn=dsn, retention_days=0)
+    with S.open_store(dsn, wait=30) as st:
+        notes = [d for d in st.lines("aside") if d["kind"] == "note"]
+    assert len(notes) == 1 and seg_name in notes[0]["text"]
+    assert "the lines it held are missing here" in notes[0]["text"]
 
 
 def test_retention_deletes_only_accepted_closed_segments(tmp_path: Path, dsn: str) -> None:
