@@ -622,6 +622,9 @@ _ADMIN_DEFAULTS = {
     "job_output_limit": 2 * 1024 ** 3,
     "job_output_tail": 1000,
     "job_metadata_limit": 1_000_000,
+    # Bytes of output lines one user's runs may add to the store in a UTC day (0: no bound),
+    # enforced by the shipper where it writes the store; the lines stay in the spool.
+    "user_daily_bytes": 0,
     # Efficiency notes (logcapture.insights.efficiency): when a run's figures earn one.
     "insight_gpu_idle_percent": 10.0,  # GPUs whose mean utilisation is under this are idle
     "insight_gpu_memory_used_fraction": 0.25,  # peak GPU memory under this share: unused
@@ -669,6 +672,7 @@ class AdminConfig(namedtuple("AdminConfig", tuple(_ADMIN_DEFAULTS),  # type: ign
         job_output_limit: int
         job_output_tail: int
         job_metadata_limit: int
+        user_daily_bytes: int
         insight_gpu_idle_percent: float
         insight_gpu_memory_used_fraction: float
         insight_cpu_efficiency_low: float
@@ -699,6 +703,7 @@ _ADMIN_SCHEMA: Schema = {
     "job_output_limit": _positive_int,
     "job_output_tail": _positive_int,
     "job_metadata_limit": _positive_int,
+    "user_daily_bytes": _bounded(0, 2.0 ** 62, "a number of bytes"),
     "insight_gpu_idle_percent": _bounded(0.0, 100.0, "a percentage"),
     "insight_gpu_memory_used_fraction": _bounded(0.0, 1.0, "a fraction"),
     "insight_cpu_efficiency_low": _bounded(0.0, 1.0, "a fraction"),

@@ -1049,3 +1049,26 @@ def test_term_ends_the_agent_within_10s_while_the_store_hangs(tmp_path: Path, ds
     assert not (root / "hung" / ship.CURSOR_NAME).exists()  # nothing counted as shipped
     res = ship.upload(root, run="hung", dsn=dsn, retention_days=None)
     assert res.exit_code == 0 and counts(dsn, "hung")[:2] == (300, 300)
+
+
+def test_a_users_daily_bound_keeps_the_run_whole_but_its_lines(
+        tmp_path: Path, dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """user_daily_bytes, enforced where the store is written: past it the batch's output
+    lines are left in the spool and counted, the run's own records (start, end) still reach
+    the store, so it ends there, and a note says how many lines were not stored and why."""
+    monkeypatch.setenv("LOGCAPTURE_CONFIG", str(tmp_path / "no-config.yaml"))
+    monkeypatch.setenv("LOGCAPTURE_USER_DAILY_BYTES", "20000")
+    root = tmp_path / "spool"
+    rd = make_run(root, "quota", 500)
+    res = ship.upload(root, dsn=dsn, retention_days=None, max_bytes=4096)
+    assert res.exit_code == 0, res
+    stored = counts(dsn, "quota")[0]
+    assert 0 < stored < 500
+    with S.open_store(dsn, wait=30) as st:
+        notes = [d for d in st.lines("quota") if "daily bound" in d.get("text", "")]
+        info = st.run_info("quota", None, counts=False)
+    assert len(notes) == 1 and notes[0]["count"] + stored == 501  # and the repeat note
+    assert info["state"] == "COMPLETED"
+    assert any("daily bound reached" in w for w in res.warnings)
+    cur = json.loads((rd / ship.CURSOR_NAME).read_text())
+    assert cur["shipped_at"]  # done: the lines left out are not shipped again

@@ -187,6 +187,15 @@ class _Queries(_Connection):
             return "run = {run:String}", {"run": run}
         return "run = {run:String} AND " + owner_cond(owner), {"run": run, "owner": owner}
 
+    def user_text_bytes_since(self, owner: str, since: float) -> int:
+        """Bytes of output text ``owner``'s runs stored from ``since`` (epoch seconds) on, by
+        the lines' times (the shipper's per-user daily bound, ``ship.UserQuota``)."""
+        rows = self._query(
+            "SELECT sum(length(text)) FROM lines WHERE " + owner_cond(owner)
+            + " AND ts >= fromUnixTimestamp64Milli({since:Int64})",
+            {"owner": owner, "since": int(since * 1000)})
+        return int(rows[0][0] or 0) if rows else 0
+
     def has_run(self, run: str, owner: str | None = None) -> bool:
         cond, p = self._run_cond(run, owner)
         return bool(self._query("SELECT count() FROM runs WHERE " + cond, p)[0][0])
