@@ -64,7 +64,7 @@ from .errors import (
 )
 from .insights.live import LiveWatch
 from .insights.notify import Notifier
-from .records import NOTE_WARNING, Note, Start, from_dict
+from .records import LOST, NOTE_WARNING, Note, Start, from_dict
 from .runs import find_run
 from .spool import (
     CURSOR_NAME,
@@ -77,6 +77,7 @@ from .spool import (
     segment_data,
     segment_index,
     segments,
+    writer_gone,
 )
 from .spool import (
     mtime as _mtime,
@@ -1509,6 +1510,19 @@ class Agent:
             self.warn(w)
         return len(stalled)
 
+    def _slurm_end(self, run_dir: Path) -> str | None:
+        """How Slurm says the run's job ended (``NODE_FAIL``, ...), asked only of a run whose
+        writer lock is free; None when it has not ended or this is not a Slurm job."""
+        from .slurm.jobs import END_STATES
+
+        if self.job_info is None or not writer_gone(run_dir):
+            return None
+        try:
+            said = str(self.job_info(run_dir).get("slurm_state") or "").split(" ")[0]
+        except Exception:  # noqa: BLE001 - Slurm's answer is a hint; the grace rule stands
+            return None
+        return said if said in END_STATES else None
+
     def end_abandoned(self) -> int:
         """End the runs whose writer is gone (``spool.close_abandoned``; with the live watch):
         nothing else would end a run whose wrapper and node went away outside Slurm, and the
@@ -1518,9 +1532,11 @@ class Agent:
             if str(run_dir) in self._done:
                 continue
             try:
-                if close_abandoned(run_dir) is not None:
+                end = close_abandoned(run_dir, state=self._slurm_end(run_dir))
+                if end is not None:
                     ended += 1
-                    self.log(f"run {run_dir.name}: its writer is gone; ended as LOST")
+                    self.log(f"run {run_dir.name}: its writer is gone; ended as "
+                             f"{getattr(end, 'state', LOST)}")
             except (SpoolError, OSError) as e:
                 self.warn(f"run {run_dir.name}: cannot end it: {e}")
         return ended

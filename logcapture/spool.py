@@ -935,12 +935,27 @@ def _pid_runs_since(pid: int, since: float) -> bool:
     return began <= since + 1.0  # btime is whole seconds
 
 
+def writer_gone(run_dir: Path) -> bool:
+    """Whether the run's writer lock is free (no writer holds it: ended, or gone). A
+    cheap first look before ``close_abandoned`` or a question to Slurm."""
+    try:
+        fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        return _lock_run(fd)
+    finally:
+        os.close(fd)
+
+
 def close_abandoned(run_dir: Path, host: str | None = None,
-                    now: Callable[[], float] = time.time) -> Record | None:
+                    now: Callable[[], float] = time.time,
+                    state: str | None = None) -> Record | None:
     """End a run whose writer is gone: no end record, its writer lock free, begun on this
     host (``host``, default this machine's name) by a wrapper whose pid is gone, and, for a
-    Slurm job, nothing written for ``ABANDONED_SLURM_GRACE``. Its end record (state
-    ``LOST``, at its last record, after a note saying why) goes into a new closed segment,
+    Slurm job, nothing written for ``ABANDONED_SLURM_GRACE`` unless Slurm said how the job
+    ended (``state``: ``NODE_FAIL``, say). Its end record (``state``, else ``LOST``, at its
+    last record, after a note saying why) goes into a new closed segment,
     owned as the run's other files (``UserDir``). Returns that end record, or None when the
     run was left as it is. Whoever reads the run first does this: ``logs``, ``ls``, the
     agent."""
@@ -974,14 +989,16 @@ def close_abandoned(run_dir: Path, host: str | None = None,
                 run_seq = max(run_seq, rec.seq)
             elif rec.kind == "line" and rec.stream in lines:
                 lines[rec.stream] += 1
-        if first.slurm and now() - max(mtime(s.path) for s in segs) < ABANDONED_SLURM_GRACE:
+        if first.slurm and state is None and \
+                now() - max(mtime(s.path) for s in segs) < ABANDONED_SLURM_GRACE:
             return None
+        state = state or LOST
         note = Note(run=first.run, stream="run", seq=run_seq + 1, ts=last, text=(
             f"the run's writer (pid {first.pid} on {host}) is gone and left no end record "
             "(killed, or the node crashed or rebooted); the run is closed as "
-            f"{LOST} at its last output"))
+            f"{state} at its last output"))
         end = End(run=first.run, stream="run", seq=run_seq + 2, ts=last, exit_status=None,
-                  signal=None, state=LOST, duration=max(0.0, last - first.ts),
+                  signal=None, state=state, duration=max(0.0, last - first.ts),
                   counts={stream: {"lines": n} for stream, n in lines.items()})
         data = gzip_compress((note.to_json() + "\n" + end.to_json() + "\n").encode())
         name = segment_name(segs[-1].index + 1, closed=True)

@@ -22,6 +22,7 @@ from logcapture.spool import (
     close_abandoned,
     create_run_dir,
     iter_run,
+    writer_gone,
 )
 
 from .conftest import LOGCAPTURE, run_lc
@@ -145,6 +146,12 @@ def test_a_slurm_run_is_left_to_the_epilog_for_a_while(tmp_path: Path) -> None:
     later = time.time() + ABANDONED_SLURM_GRACE + 1
     end = close_abandoned(run_dir, now=lambda: later)
     assert end is not None and end.state == LOST
+    # Slurm's word ends the wait: a node that failed runs no epilog
+    failed = create_run_dir(tmp_path, "1235")
+    _write(failed, _start("1235", _dead_pid(), slurm={"job_id": "1235"}), 1)
+    assert writer_gone(failed)
+    end = close_abandoned(failed, state="NODE_FAIL")
+    assert end is not None and end.state == "NODE_FAIL"
 
 
 def test_killing_the_wrapper_ends_the_run_lost(lc_env: dict[str, str]) -> None:
