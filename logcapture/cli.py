@@ -11,14 +11,14 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import click
 
 from . import __version__
-from .errors import LogcaptureError, Warner, failure
+from .errors import LogcaptureError, UsageError, Warner, failure
 from .records import (
     MODES,
     NOTE_MODE,
@@ -226,7 +226,8 @@ def ls_cmd(spool: Path | None, store_dsn: str | None, source: str, as_json: bool
     """List your runs, newest first, from the spool and the store: job id, job name, state
     (as sacct says it), exit code, start, duration, nodes, lines, insights (the first kind
     `show` explains, and how many more). JOB: only that job's runs (an array job's tasks, a
-    requeued job's earlier runs)."""
+    requeued job's earlier runs), and each task of its srun steps (JOB.STEP.RANK, its node),
+    which are left out of the list of all runs."""
     from contextlib import closing
 
     from . import jobref
@@ -239,6 +240,8 @@ def ls_cmd(spool: Path | None, store_dsn: str | None, source: str, as_json: bool
         if not wanted:  # as logs and show say it
             raise jobref.not_found(job)
         summaries = [d for d in summaries if d["run"] in wanted]
+    else:  # one row per job: its task runs are listed by `ls JOB`
+        summaries = [d for d in summaries if not jobref.is_task(d)]
     if as_json:
         for d in summaries:
             click.echo(json.dumps(d))
@@ -257,47 +260,98 @@ def ls_cmd(spool: Path | None, store_dsn: str | None, source: str, as_json: bool
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new lines until the run ends.")
 @_store_option
 @_source_option
+@click.option("--rank", "ranks", multiple=True, metavar="N",
+              help="Only the task(s) of the job's srun steps with this rank (SLURM_PROCID): "
+                   "N, a range 0-3 or a list 0-3,8; repeatable.")
+@click.option("--node", "nodes", multiple=True, metavar="NAME",
+              help="Only the tasks that ran on this node; repeatable.")
 @click.argument("run_ref", metavar="RUN", required=False)
 def logs(spool: Path | None, stream: str, follow: bool, store_dsn: str | None, source: str,
-         run_ref: str | None) -> None:
+         ranks: tuple[str, ...], nodes: tuple[str, ...], run_ref: str | None) -> None:
     """Print the rendered lines and notes of RUN (a run id or Slurm job id; default: the
-    latest run), from the store once the run is shipped, else from the spool."""
+    latest run), from the store once the run is shipped, else from the spool. With --rank
+    or --node, the lines of the job's tasks instead (each task of its srun steps is a run:
+    `logcapture ls JOB` lists them), in the order they were read, each prefixed with its
+    rank as `srun --label` does when several ranks are shown."""
     from contextlib import closing
-
-    from .records import from_dict
 
     streams = OUTPUT_STREAMS if stream == "all" else (stream,)
     with closing(_reader(spool, store_dsn, source)) as reader:
+        if ranks or nodes:
+            if follow:
+                raise UsageError("--follow reads one run: name a task run (`logcapture ls "
+                                 "JOB` lists them) instead of --rank/--node")
+            _print_tasks(reader, run_ref, streams, ranks, nodes)
+            return
         run = _wait_for_job(reader, run_ref) if follow else reader.resolve(run_ref)
         records: Any = (reader.follow(run) if follow
                         else reader.lines(run, None if stream == "all" else stream))
-        printed = False
-        # Written a thousand lines at a time (one echo a line is a third of a 10,000-line
-        # log's whole command); a follower's lines as they come.
-        batch: list[str] = []
-        for d in records:
-            rec = from_dict(d)
-            if rec.stream not in streams and not (rec.stream == "run"
-                                                  and isinstance(rec, Note)):
-                continue
-            if (len(streams) > 1 and rec.stream == "stderr" and isinstance(rec, Note)
-                    and rec.note == NOTE_MODE):
-                continue  # a mode change is noted in both streams; show it once
-            text = _format_record(rec, show_stream=False)
-            if text is not None:
-                batch.append(text)
-                # (a mode change noted in stderr is no output of stderr's)
-                printed = printed or not (isinstance(rec, Note) and rec.note == NOTE_MODE)
-                if follow or len(batch) >= 1000:
-                    click.echo("\n".join(batch))
-                    batch.clear()
-        if batch:
-            click.echo("\n".join(batch))
+        printed = _print_records(records, streams, follow)
         if stream == STDERR and not printed and not follow and str(
                 reader.describe(run).get("streams", "")).startswith(STREAMS_MERGED):
             click.echo("logcapture: stdout and stderr of this run went to the same place and "
                        "were captured as one stream, in the order written: see --stream "
                        "stdout (#SBATCH -e FILE or 2>FILE keeps them apart)", err=True)
+
+
+def _print_records(records: Iterable[dict[str, Any]], streams: tuple[str, ...], follow: bool,
+                   label: Callable[[dict[str, Any]], str] | None = None) -> bool:
+    """Print ``logs``'s lines of ``records`` (``label``: a prefix per record); whether any
+    output of the streams was printed."""
+    from .records import from_dict
+
+    printed = False
+    # Written a thousand lines at a time (one echo a line is a third of a 10,000-line
+    # log's whole command); a follower's lines as they come.
+    batch: list[str] = []
+    for d in records:
+        rec = from_dict(d)
+        if rec.stream not in streams and not (rec.stream == "run" and isinstance(rec, Note)):
+            continue
+        if (len(streams) > 1 and rec.stream == "stderr" and isinstance(rec, Note)
+                and rec.note == NOTE_MODE):
+            continue  # a mode change is noted in both streams; show it once
+        text = _format_record(rec, show_stream=False)
+        if text is not None:
+            batch.append(text if label is None else label(d) + text)
+            # (a mode change noted in stderr is no output of stderr's)
+            printed = printed or not (isinstance(rec, Note) and rec.note == NOTE_MODE)
+            if follow or len(batch) >= 1000:
+                click.echo("\n".join(batch))
+                batch.clear()
+    if batch:
+        click.echo("\n".join(batch))
+    return printed
+
+
+def _print_tasks(reader: Any, ref: str | None, streams: tuple[str, ...],
+                 ranks: tuple[str, ...], nodes: tuple[str, ...]) -> None:
+    """``logs JOB --rank/--node``: the chosen task runs' lines, merged by the time each was
+    read (each run's own order kept), labelled ``RANK: `` when more than one rank is shown."""
+    import heapq
+
+    from . import jobref
+    from .errors import NotFound
+
+    if ref is None or jobref.parse(ref) is None:
+        raise UsageError("--rank and --node read the tasks of a Slurm job: name the job "
+                         "(`logcapture logs JOB --rank 0`)")
+    wanted = jobref.parse_ranks(ranks) if ranks else None
+    found = jobref.tasks(ref, reader.runs(), wanted, set(nodes) if nodes else None)
+    if not found:
+        what = " and ".join(filter(None, (f"rank {', '.join(ranks)}" if ranks else "",
+                                          f"node {', '.join(nodes)}" if nodes else "")))
+        raise NotFound(f"job {ref} has no captured task with {what} (`logcapture ls {ref}` "
+                       "lists its tasks)")
+    prefix = {str(s["run"]): f"{s['rank']}: " for s in found}
+
+    def read(run: str) -> Iterator[dict[str, Any]]:
+        yield from reader.lines(run, None if len(streams) > 1 else streams[0])
+
+    merged = heapq.merge(*map(read, prefix), key=lambda d: float(d.get("ts") or 0.0))
+    several = len(set(prefix.values())) > 1
+    _print_records(merged, streams, False,
+                   (lambda d: prefix.get(str(d.get("run")), "")) if several else None)
 
 
 def _wait_for_job(reader: Any, ref: str | None, poll: float = 1.0) -> str:
