@@ -170,6 +170,7 @@ def task_main(sock_fd: int, step: str, rank: str, local_rank: str, task_pid: int
               command: list[str]) -> int:
     """``logcapture slurm task``: capture one task (the module docstring); 0 always, after
     one ``logcapture:`` warning on the task's stderr when it could not."""
+    import signal
     import socket
 
     from .. import runner
@@ -177,6 +178,10 @@ def task_main(sock_fd: int, step: str, rank: str, local_rank: str, task_pid: int
     from ..errors import Warner
     from .jobs import run_id_for
 
+    # From the start, not only in runner.attach: a step's TERM (scancel) reaching this
+    # process after the task got its pty would leave the task writing to a closed one.
+    for sig in runner.FORWARDED_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
     warn = Warner()
     env = dict(os.environ)
     plugin = socket.socket(fileno=sock_fd)
