@@ -4,6 +4,7 @@ output files untouched, and a task whose capture cannot start running all the sa
 
 from __future__ import annotations
 
+import json
 import socket
 
 import pytest
@@ -129,3 +130,26 @@ def test_a_task_whose_capture_cannot_start_runs_uncaptured_with_its_exit_status(
         assert lc.records(job)  # the batch script itself is captured as before
     assert "not captured" in lc.slurmd_log()
     assert "not captured" in nospool.out.read_text()  # the one warning, in the task's stderr
+
+
+def test_the_epilog_ships_the_task_runs_with_the_job_and_logs_reads_them_by_rank(
+        lc: Cluster) -> None:
+    lc.set_store(True)
+    lc.optin(U1, "")
+    job = lc.submit(U1, TASKS, name="tasks")
+    assert lc.wait(job, timeout=90)[job.id] == ("COMPLETED", "0:0")
+    assert not (lc.spool_root / job.id).exists(), lc.slurm_log()  # shipped, then removed
+    j = job.id
+    out = lc.store_query(
+        "runs = {r['run']: r for r in store.runs()}\n"
+        "for run in sys.argv[2:]:\n"
+        "    r = runs[run]\n"
+        "    print(json.dumps([r['owner'], r['job_id'], r['exit_status']]))",
+        j, f"{j}.0.0", f"{j}.0.1", f"{j}.1.0")
+    assert [json.loads(x) for x in out.splitlines()] == [
+        [U1, j, 0], [U1, j, 0], [U1, j, 0], [U1, j, 3]]
+    r = lc.root_cli("logs", j, "--rank", "1")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["rank 1 step 0", "progress 1", "err of rank 1"]
+    r = lc.root_cli("logs", j)  # the job is its batch script's run
+    assert r.returncode == 0 and r.stdout.startswith("batch starts\n"), r.stderr
