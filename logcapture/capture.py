@@ -75,10 +75,56 @@ def capture_command(argv: list[str], *, spool_root: Path, run_id: str | None = N
     mode): the job's outcome never depends on logcapture.
     """
     closed = runner.reserve_std_fds()  # before any file is opened here
+    worker, base_env, winsize, merge, run_dir = prepare(
+        argv, spool_root=spool_root, run_id=run_id, mode=mode, warn=warn, env=env,
+        slurm=slurm, sample=sample)
+    try:
+        outcome = runner.run(argv, worker, runner.Options(env=base_env, warn=warn,
+                                                          winsize=winsize, merge=bool(merge),
+                                                          closed=closed))
+    except runner.NoTerminal as e:
+        # No pty or no file descriptor left: the command runs as if logcapture were not
+        # there, in this process, so its exit status and signals are the
+        # wrapper's. The worker is stopped first; a run directory it left without a record
+        # (an empty first segment) goes too, so no run that never started stays behind.
+        warn(f"cannot start capture: no pseudo-terminal or process ({e.strerror}); capture "
+             "disabled for this run, the command runs normally")
+        if worker is not None:
+            worker.give_up()
+        if run_dir is not None:
+            remove_if_empty(run_dir)
+        return runner.exec_command(argv, base_env, warn, closed)
+    if outcome.spawn_error:
+        warn(outcome.spawn_error)
+    return runner.exit_like(outcome)
+
+
+class Prepared(namedtuple("Prepared", ("worker", "env", "winsize", "merge", "run_dir"))):
+    """What ``prepare`` made: the capture worker (None: capture is off for this run), the
+    command's environment, the ptys' size (None: the caller's), whether stdout and stderr
+    share one pty, the run's spool directory (None when capture is off)."""
+
+    __slots__ = ()
+    if TYPE_CHECKING:
+        worker: runner.Worker | None
+        env: dict[str, str]
+        winsize: tuple[int, int] | None
+        merge: bool
+        run_dir: Path | None
+
+
+def prepare(argv: list[str], *, spool_root: Path, run_id: str | None = None,
+            mode: str | None = None, warn: Callable[[str], None],
+            env: dict[str, str] | None = None, slurm: dict[str, str] | None = None,
+            sample: bool = True, merge: bool | None = None) -> Prepared:
+    """Everything before the command's ptys: the configuration, the opt-in file, the run's
+    spool directory and Start fields, and the capture worker, forked here. ``merge``: whether
+    stdout and stderr share one pty (None: decided here, ``runner.same_destination``).
+    What fails costs a warning and turns capture off (``Prepared.worker`` None)."""
     base_env = dict(os.environ if env is None else env)
     worker: runner.Worker | None = None
     problems: list[str] = []
-    merge: bool | None = None
+    run_dir: Path | None = None
     try:
         try:
             admin = load_admin(env=base_env)
@@ -95,7 +141,8 @@ def capture_command(argv: list[str], *, spool_root: Path, run_id: str | None = N
             effective_mode = optin.config.mode if optin.opted_in else ENABLED
         # One pty for both streams when they go to the same place, so that what reaches it
         # is what the job wrote there, in its order (runner.same_destination).
-        merge = optin.config.streams == STREAMS_AUTO and runner.same_destination()
+        if merge is None:
+            merge = optin.config.streams == STREAMS_AUTO and runner.same_destination()
         rid = run_id or default_run_id(base_env)
         run_dir = create_run_dir(spool_root, rid)
         rows, cols = runner.caller_winsize()
@@ -128,27 +175,10 @@ def capture_command(argv: list[str], *, spool_root: Path, run_id: str | None = N
         if merge is None:  # the job's bytes, in order, all the same
             merge = runner.same_destination()
 
-    try:
-        outcome = runner.run(argv, worker, runner.Options(env=base_env, warn=warn,
-                                                          winsize=winsize, merge=bool(merge),
-                                                          closed=closed))
-    except runner.NoTerminal as e:
-        # No pty or no file descriptor left: the command runs as if logcapture were not
-        # there, in this process, so its exit status and signals are the
-        # wrapper's. The worker is stopped first; a run directory it left without a record
-        # (an empty first segment) goes too, so no run that never started stays behind.
-        warn(f"cannot start capture: no pseudo-terminal or process ({e.strerror}); capture "
-             "disabled for this run, the command runs normally")
-        if worker is not None:
-            worker.give_up()
-            _remove_if_empty(run_dir)
-        return runner.exec_command(argv, base_env, warn, closed)
-    if outcome.spawn_error:
-        warn(outcome.spawn_error)
-    return runner.exit_like(outcome)
+    return Prepared(worker, base_env, winsize, bool(merge), run_dir if worker else None)
 
 
-def _remove_if_empty(run_dir: Path) -> None:
+def remove_if_empty(run_dir: Path) -> None:
     """Remove ``run_dir`` if every file in it but the spool's reserve is empty (nothing was
     captured)."""
     try:

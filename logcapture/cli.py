@@ -11,14 +11,14 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import click
 
 from . import __version__
-from .errors import LogcaptureError, Warner, failure
+from .errors import LogcaptureError, UsageError, Warner, failure
 from .records import MODES, OUTPUT_STREAMS, STDERR, STREAMS_MERGED
 from .search import DEFAULT_LIMIT as DEFAULT_SEARCH_LIMIT
 from .spool import default_root
@@ -199,7 +199,8 @@ def ls_cmd(spool: Path | None, store_dsn: str | None, source: str, as_json: bool
     """List your runs, newest first, from the spool and the store: job id, job name, state
     (as sacct says it), exit code, start, duration, nodes, lines, insights (the first kind
     `show` explains, and how many more). JOB: only that job's runs (an array job's tasks, a
-    requeued job's earlier runs)."""
+    requeued job's earlier runs), and each task of its srun steps (JOB.STEP.RANK, its node),
+    which are left out of the list of all runs."""
     from contextlib import closing
 
     from . import jobref
@@ -212,6 +213,8 @@ def ls_cmd(spool: Path | None, store_dsn: str | None, source: str, as_json: bool
         if not wanted:  # as logs and show say it
             raise jobref.not_found(job)
         summaries = [d for d in summaries if d["run"] in wanted]
+    else:  # one row per job: its task runs are listed by `ls JOB`
+        summaries = [d for d in summaries if not jobref.is_task(d)]
     if as_json:
         for d in summaries:
             click.echo(json.dumps(d))
@@ -230,20 +233,34 @@ def ls_cmd(spool: Path | None, store_dsn: str | None, source: str, as_json: bool
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new lines until the run ends.")
 @_store_option
 @_source_option
+@click.option("--rank", "ranks", multiple=True, metavar="N",
+              help="Only the task(s) of the job's srun steps with this rank (SLURM_PROCID): "
+                   "N, a range 0-3 or a list 0-3,8; repeatable.")
+@click.option("--node", "nodes", multiple=True, metavar="NAME",
+              help="Only the tasks that ran on this node; repeatable.")
 @click.argument("run_ref", metavar="RUN", required=False)
 def logs(spool: Path | None, stream: str, follow: bool, store_dsn: str | None, source: str,
-         run_ref: str | None) -> None:
+         ranks: tuple[str, ...], nodes: tuple[str, ...], run_ref: str | None) -> None:
     """Print the log of RUN (a run id or Slurm job id; default: the latest run) as the job
     page and Grafana show it (logview.py): rendered lines, commands, notes, and metadata
     lines the log does not already show. From the store once the run is shipped, else from
-    the spool."""
+    the spool. With --rank or --node, the lines of the job's tasks instead (each task of its
+    srun steps is a run: `logcapture ls JOB` lists them), in the order they were read, each
+    prefixed with its rank as `srun --label` does when several ranks are shown."""
     from contextlib import closing
 
     from .logview import NOTE, LogView
     from .records import from_dict
 
-    view = LogView(streams=OUTPUT_STREAMS if stream == "all" else (stream,))
+    streams = OUTPUT_STREAMS if stream == "all" else (stream,)
+    view = LogView(streams=streams)
     with closing(_reader(spool, store_dsn, source)) as reader:
+        if ranks or nodes:
+            if follow:
+                raise UsageError("--follow reads one run: name a task run (`logcapture ls "
+                                 "JOB` lists them) instead of --rank/--node")
+            _print_tasks(reader, run_ref, streams, ranks, nodes)
+            return
         run = _wait_for_job(reader, run_ref) if follow else reader.resolve(run_ref)
         printed = False  # any output of the job's (notes are logcapture's)
         if follow:  # each entry as it comes
@@ -264,6 +281,47 @@ def logs(spool: Path | None, stream: str, follow: bool, store_dsn: str | None, s
             click.echo("logcapture: stdout and stderr of this run went to the same place and "
                        "were captured as one stream, in the order written: see --stream "
                        "stdout (#SBATCH -e FILE or 2>FILE keeps them apart)", err=True)
+
+
+def _print_tasks(reader: Any, ref: str | None, streams: tuple[str, ...],
+                 ranks: tuple[str, ...], nodes: tuple[str, ...]) -> None:
+    """``logs JOB --rank/--node``: the chosen task runs' lines, merged by the time each was
+    read (each run's own order kept), labelled ``RANK: `` when more than one rank is shown."""
+    import heapq
+
+    from . import jobref
+    from .errors import NotFound
+    from .logview import LogView
+    from .records import from_dict
+
+    if ref is None or jobref.parse(ref) is None:
+        raise UsageError("--rank and --node read the tasks of a Slurm job: name the job "
+                         "(`logcapture logs JOB --rank 0`)")
+    wanted = jobref.parse_ranks(ranks) if ranks else None
+    found = jobref.tasks(ref, reader.runs(), wanted, set(nodes) if nodes else None)
+    if not found:
+        what = " and ".join(filter(None, (f"rank {', '.join(ranks)}" if ranks else "",
+                                          f"node {', '.join(nodes)}" if nodes else "")))
+        raise NotFound(f"job {ref} has no captured task with {what} (`logcapture ls {ref}` "
+                       "lists its tasks)")
+    prefix = {str(s["run"]): f"{s['rank']}: " for s in found}
+
+    def read(run: str) -> Iterator[dict[str, Any]]:
+        yield from reader.lines(run, None if len(streams) > 1 else streams[0])
+
+    merged = heapq.merge(*map(read, prefix), key=lambda d: float(d.get("ts") or 0.0))
+    several = len(set(prefix.values())) > 1
+    views = {run: LogView(streams=streams) for run in prefix}  # each task's log its own
+    batch: list[str] = []
+    for d in merged:
+        run = str(d.get("run"))
+        for e in views[run].feed((from_dict(d),)):
+            batch.append(prefix[run] + e.text if several else e.text)
+        if len(batch) >= 1000:  # a thousand lines an echo
+            click.echo("\n".join(batch))
+            batch.clear()
+    if batch:
+        click.echo("\n".join(batch))
 
 
 def _wait_for_job(reader: Any, ref: str | None, poll: float = 1.0) -> str:
@@ -514,6 +572,24 @@ def slurm_epilog() -> None:
     from .slurm.hooks import epilog_main
 
     sys.exit(epilog_main())
+
+
+@slurm_group.command(name="task", context_settings={"allow_interspersed_args": False})
+@click.option("--socket", "sock_fd", type=int, required=True, metavar="FD",
+              help="The plugin's socket, where the task's pty slaves are sent.")
+@click.option("--step", required=True, help="The step id (S_JOB_STEPID).")
+@click.option("--rank", required=True, help="The task's global id (S_TASK_GLOBAL_ID).")
+@click.option("--local-rank", required=True, help="The task's id on this node (S_TASK_ID).")
+@click.option("--task-pid", type=int, required=True, help="The task's pid.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def slurm_task(sock_fd: int, step: str, rank: str, local_rank: str, task_pid: int,
+               command: tuple[str, ...]) -> None:
+    """Capture one task of a job step as a run of its job (run id JOB.STEP.RANK). Started
+    by the logcapture_task SPANK plugin in each task of an opted-in job's steps, as the
+    job's user (docs/admin.md); not for interactive use."""
+    from .slurm.task import task_main
+
+    sys.exit(task_main(sock_fd, step, rank, local_rank, task_pid, list(command)))
 
 
 @slurm_group.command(name="sampler")

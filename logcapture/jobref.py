@@ -17,6 +17,11 @@ One rule, used by every reader (the spool's ``runs.find_run``, the store's
 anything else
     A run id as ``ls --json`` prints it (``run``), or ``latest``.
 
+Each task of a job's ``srun`` steps is a run of its own (``slurm.task``: run id
+``<job run>.<step>.<rank>``, a ``rank`` in its Start record's ``slurm``): a task run. ``J``
+names the job's batch run as before; ``ls J`` lists the task runs with it, and ``tasks``
+picks them by rank and node (``logs J --rank N --node NAME``).
+
 A run's job fields (``job_fields``) come from the Start record's Slurm identity, which the job
 wrapper takes from the job's environment, and from the run id.
 """
@@ -30,7 +35,8 @@ from typing import Any, NamedTuple
 from .errors import NotFound, UsageError
 
 # The job columns ``job_fields`` adds to a run summary.
-JOB_KEYS = ("job", "job_name", "nodes", "array_job_id", "array_task_id", "restart")
+JOB_KEYS = ("job", "job_name", "nodes", "array_job_id", "array_task_id", "restart", "step",
+            "rank")
 _REF = re.compile(r"(\d{1,18})(?:_(\d{1,9}))?(?:\.(\d{1,6}))?")
 _RUN_RESTART = re.compile(r"\d+\.(\d+)")
 
@@ -76,15 +82,24 @@ def job_fields(summary: Mapping[str, Any]) -> dict[str, Any]:
         job, array_job, task = raw or run, "", ""
     command = summary.get("command") or []
     name = str(slurm.get("job_name", "")) or (command[0].rsplit("/", 1)[-1] if command else "")
+    rank = str(slurm.get("rank", ""))
+    rank_of = int(rank) if rank.isdigit() else None
+    nodes = str(slurm.get("nodelist", "")) if rank_of is None else ""  # a task's is its node
     return {"job": job, "job_name": name,
-            "nodes": str(slurm.get("nodelist", "")) or str(slurm.get("node", ""))
-            or str(summary.get("host", "")),
+            "nodes": nodes or str(slurm.get("node", "")) or str(summary.get("host", "")),
             "array_job_id": array_job or None, "array_task_id": task or None,
-            "restart": restart_of(run, slurm) if raw else 0}
+            "restart": restart_of(run, slurm) if raw else 0,
+            "step": str(slurm.get("step", "")) if rank_of is not None else None,
+            "rank": rank_of}
+
+
+def is_task(summary: Mapping[str, Any]) -> bool:
+    """Whether the run is one task of a job step (not the job's batch script)."""
+    return _fields(summary)["rank"] is not None
 
 
 def _fields(s: Mapping[str, Any]) -> Mapping[str, Any]:
-    return s if "job" in s and "restart" in s else {**s, **job_fields(s)}
+    return s if "job" in s and "rank" in s else {**s, **job_fields(s)}
 
 
 def select(text: str, summaries: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
@@ -119,6 +134,8 @@ def choose(text: str, summaries: Iterable[Mapping[str, Any]]) -> str:
     found = select(text, summaries)
     if not found:
         raise not_found(text)
+    # The job's batch run, not one of its tasks (a task starts later, but J is the job)
+    found = [s for s in found if not is_task(s)] or found
     jobs = sorted({s["job"] for s in found}, key=_job_order)
     if len(jobs) > 1:
         shown = ", ".join(jobs[:10]) + (", ..." if len(jobs) > 10 else "")
@@ -136,6 +153,8 @@ def label(summary: Mapping[str, Any], latest: bool) -> str:
     """What ``ls`` prints in its JOBID column: the reference that names exactly this run
     (``J``, ``J_T``; ``J.N`` for a requeued job's earlier runs)."""
     s = _fields(summary)
+    if s["rank"] is not None:
+        return str(s["run"])  # J.S.R: the task run's own id, which names it
     if latest or s["job"] == s["run"] and not parse(str(s["run"])):
         return str(s["job"])
     return f"{s['job']}.{s['restart']}"
@@ -145,8 +164,48 @@ def latest_runs(summaries: Iterable[Mapping[str, Any]]) -> set[str]:
     """The run ids that are their job's latest run (the others were requeued)."""
     best: dict[str, Mapping[str, Any]] = {}
     for s in map(_fields, summaries):
+        if s["rank"] is not None:
+            continue
         key = str(s["job"])
         if key not in best or (s["restart"], s.get("start") or 0.0) > (
                 best[key]["restart"], best[key].get("start") or 0.0):
             best[key] = s
     return {str(s["run"]) for s in best.values()}
+
+
+def parse_ranks(values: Iterable[str]) -> set[int]:
+    """The ranks ``--rank`` names: each value a rank, a range ``0-3`` or a comma list of
+    both (``0-3,8``). A UsageError names a value that is none of these."""
+    ranks: set[int] = set()
+    for value in values:
+        for part in value.split(","):
+            first, dash, last = part.strip().partition("-")
+            if not first.isdigit() or (dash and not last.isdigit()):
+                raise UsageError(f"--rank {value!r}: a rank is a number or a range like 0-3")
+            lo, hi = int(first), int(last) if dash else int(first)
+            if hi < lo or hi - lo > 1_000_000:
+                raise UsageError(f"--rank {value!r}: the range is empty or too large")
+            ranks.update(range(lo, hi + 1))
+    return ranks
+
+
+def tasks(text: str, summaries: Iterable[Mapping[str, Any]], ranks: set[int] | None = None,
+          nodes: set[str] | None = None) -> list[Mapping[str, Any]]:
+    """The task runs of the job ``text`` names (its latest run unless ``J.N`` names an earlier
+    one) with one of ``ranks`` and on one of ``nodes`` (None: any), by step and rank. NotFound
+    when ``text`` names no job of the caller's."""
+    found = select(text, summaries)
+    if not found:
+        raise not_found(text)
+    ref = parse(text)
+    if ref is not None and ref.restart is None:  # a requeued job: the tasks of its last run
+        last = max(s["restart"] for s in found)
+        found = [s for s in found if s["restart"] == last]
+    picked = [s for s in found if s["rank"] is not None
+              and (ranks is None or s["rank"] in ranks)
+              and (nodes is None or s["nodes"] in nodes)]
+    return sorted(picked, key=lambda s: (_step_order(s["step"]), s["rank"]))
+
+
+def _step_order(step: str | None) -> tuple[int, str]:
+    return (int(step), "") if step and step.isdigit() else (1 << 62, step or "")

@@ -890,7 +890,9 @@ class LocalReader:
 
     def resolve(self, ref: str | None) -> str:
         if ref is None or ref == "latest":  # the newest run, wherever it is
-            newest = self.runs()
+            # (a job's, not one of its tasks, which start after it: `ls JOB` lists those)
+            everything = self.runs()
+            newest = [d for d in everything if not jobref.is_task(d)] or everything
             if newest:
                 ref = newest[0]["run"]
         if ref is not None and jobref.parse(ref) is not None:

@@ -405,6 +405,25 @@ class Worker:
         if status != 0:
             self._report(status, warn)
 
+    def leave_unended(self, timeout: float) -> None:
+        """Let the worker take what it has not yet, then close its pipe without an end frame:
+        it keeps the run unfinished (the command's outcome is unknown here). Given up after
+        ``timeout`` seconds."""
+        if self.gone:
+            return
+        deadline = time.monotonic() + timeout
+        try:
+            while self.size and time.monotonic() < deadline:
+                if self.blocked:
+                    select.select([], [self.fd], [], 0.2)
+                self.pump()
+        except OSError:
+            pass
+        self._close()
+        if self.reap(max(0.0, deadline - time.monotonic())) is None:
+            self.give_up()
+        self.gone = True
+
     def lost(self, warn: Callable[[str], None]) -> None:
         """The worker exited on its own (its pipe broke): reap it (kill it if it has not
         exited after all) and say how it ended, once."""
@@ -791,6 +810,84 @@ def run(argv: Sequence[str], sink: Sink | Worker | None,
         return outcome
     finally:
         forward.restore(previous, old_wakeup)
+        for fd in (wake_r, wake_w, *masters):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def open_terminals(rows: int, cols: int, merge: bool) -> tuple[int, int, int, int]:
+    """The ptys for a command that another process starts (``attach``): (out master, out
+    slave, err master, err slave) as ``run`` opens them; with ``merge`` one pty twice.
+    Raises ``NoTerminal``."""
+    out_m, out_s, err_m, err_s, wake_r, wake_w = _open_terminals(rows, cols, merge)
+    os.close(wake_r)
+    os.close(wake_w)
+    return out_m, out_s, err_m, err_s
+
+
+class Attached:
+    """A command started by another process on ptys opened here (a Slurm task, whose slaves
+    the SPANK plugin put on its fds 1 and 2), as ``_ReadLoop`` sees a child: its pid, and its
+    wait status once someone tells it (``set_status``; the plugin does, from
+    ``slurm_spank_task_exit``). It is not this process's child: nothing here waits for it."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.returncode: int | None = None  # as subprocess's: -N when killed by signal N
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def set_status(self, wait_status: int) -> None:
+        self.returncode = os.waitstatus_to_exitcode(wait_status)
+        os.kill(os.getpid(), signal.SIGCHLD)  # wakes the reader's poll (set_wakeup_fd)
+
+
+def attach(masters: Mapping[int, str], task: Attached, sink: Worker | None,
+           options: Options | None = None, status_timeout: float = 5.0) -> Outcome | None:
+    """``run`` for a command that runs already on the ptys whose ``masters`` are given
+    ({fd: stream}): read, copy to the real outputs and hand to ``sink`` until the command has
+    ended (``task.set_status``) and its ptys drained, or every writer closed them; then wait up
+    to ``status_timeout`` seconds for its status. Returns the outcome, which the worker has
+    been given, or None when the status never came (the worker is then left to end without
+    it). Signals meant for the task's step (scancel) are ignored here: the task decides."""
+    opts = options or Options()
+    warn = opts.warn or (lambda msg: None)
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    previous: dict[int, object] = {}
+    for sig in (*FORWARDED_SIGNALS, signal.SIGPIPE):
+        previous[sig] = signal.signal(sig, signal.SIG_IGN)
+    previous[signal.SIGCHLD] = signal.signal(signal.SIGCHLD, lambda s, f: None)
+    old_wakeup = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+    started = time.time()
+    began = time.monotonic()
+    counts = {STDOUT: 0, STDERR: 0}
+    try:
+        loop = _ReadLoop(task, dict(masters), wake_r, sink, opts, warn,  # type: ignore[arg-type]
+                         counts)
+        loop.run()
+        deadline = time.monotonic() + status_timeout
+        while task.returncode is None and time.monotonic() < deadline:
+            select.select([wake_r], [], [], max(0.0, deadline - time.monotonic()))
+            try:
+                os.read(wake_r, 512)
+            except BlockingIOError:
+                pass
+        status = task.returncode
+        if status is None:
+            if loop.worker is not None:
+                loop.worker.leave_unended(opts.worker_timeout)
+            return None
+        outcome = Outcome(status if status >= 0 else None, -status if status < 0 else None,
+                          task.pid, started, started + (time.monotonic() - began), counts,
+                          reads=loop.reads, lingers=loop.lingers)
+        if loop.worker is not None:
+            loop.worker.finish(outcome, opts.worker_timeout, warn)
+        return outcome
+    finally:
+        _Forwarder.restore(previous, old_wakeup)
         for fd in (wake_r, wake_w, *masters):
             try:
                 os.close(fd)

@@ -2,7 +2,8 @@
 # slurm/ci-setup.sh: make this machine able to run logcapture's end-to-end tests on real Slurm.
 # Idempotent; run as root (CI's .ci/run calls it before pytest). It:
 #   1. installs Debian's Slurm 22.05 and munge (slurm-wlm's job_submit/lua plugin is in
-#      slurm-wlm-basic-plugins; lua5.1 only lets tests check job_submit.lua's logic);
+#      slurm-wlm-basic-plugins; lua5.1 only lets tests check job_submit.lua's logic), and gcc,
+#      make and libslurm-dev (spank.h) to build the task plugin in slurm/spank;
 #   2. creates the test users lcuser1 and lcuser2 (homes under /home);
 #   3. makes the checkout's Python runnable by those users: a venv whose interpreter lives under
 #      a directory others cannot search (pyenv under /root) gets the search bit (o+x, not read)
@@ -13,7 +14,7 @@ set -euo pipefail
 HERE=$(cd "$(dirname "$(readlink -f "$0")")" && pwd)
 REPO=$(dirname "$HERE")
 TEST_USERS=${LOGCAPTURE_DEV_USERS:-lcuser1 lcuser2}
-PACKAGES="slurm-wlm slurmctld slurmd slurm-client munge lua5.1"
+PACKAGES="slurm-wlm slurmctld slurmd slurm-client munge lua5.1 libslurm-dev gcc make"
 
 [ "$(id -u)" = 0 ] || { echo "ci-setup: must run as root" >&2; exit 1; }
 

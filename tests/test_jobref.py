@@ -78,7 +78,7 @@ def test_a_numeric_run_id_outside_slurm_is_still_found() -> None:
 def test_job_fields_are_the_same_for_every_source() -> None:
     f = jobref.job_fields(RUNS[0])
     assert f == {"job": "6_1", "job_name": "sweep", "nodes": "laptop", "array_job_id": "6",
-                 "array_task_id": "1", "restart": 0}
+                 "array_task_id": "1", "restart": 0, "step": None, "rank": None}
     assert tuple(f) == jobref.JOB_KEYS
     assert jobref.job_fields(RUNS[5])["restart"] == 2
     assert jobref.job_fields(RUNS[4])["restart"] == 1  # from the run id
@@ -204,3 +204,64 @@ def test_children_usage_counts_the_commands_cpu() -> None:
     assert after["cpu_ms"] - before >= 50
     assert "max_rss_kib" not in after  # below the floor: not the command's
     assert children_usage(0)["max_rss_kib"] > 0
+
+
+# Job 30 ran two steps of two tasks each on nodes n1 and n2 (its batch run started first);
+# job 31 was requeued once and ran one task before and one after.
+TASK_RUNS = [
+    run("30", "30", 100, job_name="dist", nodelist="n[1-2]"),
+    run("30.0.0", "30", 101, job_name="dist", step="0", rank="0", local_rank="0", node="n1"),
+    run("30.0.1", "30", 101, job_name="dist", step="0", rank="1", local_rank="0", node="n2"),
+    run("30.1.0", "30", 105, job_name="dist", step="1", rank="0", local_rank="0", node="n1"),
+    run("30.1.1", "30", 105, job_name="dist", step="1", rank="1", local_rank="0", node="n2"),
+    run("31", "31", 110),
+    run("31.0.0", "31", 111, step="0", rank="0", node="n1"),
+    run("31.1", "31", 120, restart_count="1"),
+    run("31.1.0.0", "31", 121, restart_count="1", step="0", rank="0", node="n3"),
+]
+
+
+def test_a_job_names_its_batch_run_not_a_task_that_started_later() -> None:
+    assert jobref.choose("30", TASK_RUNS) == "30"
+    assert jobref.choose("31", TASK_RUNS) == "31.1"
+    assert jobref.choose("31.0", TASK_RUNS) == "31"
+    assert jobref.choose("30.1.1", TASK_RUNS) == "30.1.1"  # a task run by its own id
+
+
+def test_task_fields_say_step_rank_and_the_node_the_task_ran_on() -> None:
+    fields = jobref.job_fields(TASK_RUNS[2])
+    assert (fields["job"], fields["step"], fields["rank"], fields["nodes"]) == (
+        "30", "0", 1, "n2")
+    batch = jobref.job_fields(TASK_RUNS[0])
+    assert (batch["step"], batch["rank"], batch["nodes"]) == (None, None, "n[1-2]")
+    assert [jobref.is_task(s) for s in TASK_RUNS[:2]] == [False, True]
+
+
+def test_tasks_by_rank_and_node_in_step_then_rank_order() -> None:
+    def ids(*args: object) -> list[str]:
+        return [s["run"] for s in jobref.tasks(*args)]  # type: ignore[arg-type]
+
+    assert ids("30", TASK_RUNS) == ["30.0.0", "30.0.1", "30.1.0", "30.1.1"]
+    assert ids("30", TASK_RUNS, {1}) == ["30.0.1", "30.1.1"]
+    assert ids("30", TASK_RUNS, None, {"n1"}) == ["30.0.0", "30.1.0"]
+    assert ids("30", TASK_RUNS, {1}, {"n1"}) == []
+    assert ids("31", TASK_RUNS) == ["31.1.0.0"]  # the latest run of a requeued job
+    assert ids("31.0", TASK_RUNS) == ["31.0.0"]
+    with pytest.raises(NotFound):
+        jobref.tasks("99", TASK_RUNS)
+
+
+def test_ranks_as_numbers_ranges_and_lists() -> None:
+    assert jobref.parse_ranks(["3"]) == {3}
+    assert jobref.parse_ranks(["0-3", "8"]) == {0, 1, 2, 3, 8}
+    assert jobref.parse_ranks(["0-1,5"]) == {0, 1, 5}
+    for bad in ("x", "3-1", "-1", "1-", ""):
+        with pytest.raises(UsageError):
+            jobref.parse_ranks([bad])
+
+
+def test_ls_labels_a_task_run_by_its_own_id_and_keeps_the_job_label_for_the_batch_run() -> None:
+    latest = jobref.latest_runs(TASK_RUNS)
+    assert "30" in latest and "31.1" in latest and "31" not in latest
+    assert [jobref.label(s, s["run"] in latest) for s in TASK_RUNS[:3]] == [
+        "30", "30.0.0", "30.0.1"]

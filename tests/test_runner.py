@@ -370,3 +370,64 @@ def test_a_resized_terminal_resizes_the_commands_ptys(lc_env: dict[str, str]) ->
     child.expect(pexpect.EOF)
     child.close()
     assert child.signalstatus == signal.SIGTERM
+
+
+# --- attach: a command another process started on our ptys (a Slurm task) ------------------
+def _spawn_on(argv: list[str], out_s: int, err_s: int) -> int:
+    """Start argv with the given slaves as its stdout and stderr, not through subprocess (its
+    Popen would reap the child itself)."""
+    actions = [(os.POSIX_SPAWN_DUP2, out_s, 1), (os.POSIX_SPAWN_DUP2, err_s, 2)]
+    return os.posix_spawn(argv[0], argv, dict(os.environ), file_actions=actions)
+
+
+def _read_all(fd: int) -> bytes:
+    os.set_blocking(fd, False)
+    data = b""
+    while True:
+        try:
+            got = os.read(fd, 65536)
+        except BlockingIOError:
+            return data
+        if not got:
+            return data
+        data += got
+
+
+def test_attach_copies_a_command_started_elsewhere_and_ends_with_its_status() -> None:
+    import threading
+
+    out_m, out_s, err_m, err_s = runner.open_terminals(24, 80, merge=False)
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    pid = _spawn_on(["/bin/sh", "-c", "printf 'a\\r\\nb\\n'; [ -t 1 ] && echo tty >&2; exit 3"],
+                    out_s, err_s)
+    os.close(out_s)
+    os.close(err_s)
+    task = runner.Attached(pid)
+    # As the plugin's task_exit does: the status once the task has been reaped.
+    threading.Thread(target=lambda: task.set_status(os.waitpid(pid, 0)[1])).start()
+    outcome = runner.attach({out_m: "stdout", err_m: "stderr"}, task, None,
+                            runner.Options(stdout_fd=out_w, stderr_fd=err_w))
+    assert outcome is not None
+    assert (outcome.exit_status, outcome.signal, outcome.pid) == (3, None, pid)
+    assert dict(outcome.bytes) == {"stdout": 5, "stderr": 4}
+    assert _read_all(out_r) == b"a\r\nb\n"  # output post-processing is off: bytes as written
+    assert _read_all(err_r) == b"tty\n"
+    for fd in (out_r, out_w, err_r, err_w):
+        os.close(fd)
+
+
+def test_attach_without_a_status_gives_none_once_the_pty_has_closed() -> None:
+    out_m, out_s, _, _ = runner.open_terminals(24, 80, merge=True)
+    out_r, out_w = os.pipe()
+    pid = _spawn_on(["/bin/sh", "-c", "echo one; kill -TERM $$"], out_s, out_s)
+    os.close(out_s)
+    task = runner.Attached(pid)
+    began = time.monotonic()
+    outcome = runner.attach({out_m: "stdout"}, task, None,
+                            runner.Options(stdout_fd=out_w), status_timeout=0.3)
+    assert outcome is None and time.monotonic() - began < 5
+    assert _read_all(out_r) == b"one\n"
+    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == -signal.SIGTERM
+    os.close(out_r)
+    os.close(out_w)

@@ -959,3 +959,52 @@ def test_the_wrapper_does_not_sample_a_node_the_prologs_sampler_samples(
     assert r.returncode == 0, r.stderr
     samples = [x for x in iter_run(root / "77" / "77") if isinstance(x, Sample)]
     assert samples and all(x.job["processes"] >= 1 for x in samples)
+
+
+# --- a task of a job step (slurm.task, started by the SPANK plugin) --------------------------
+def test_a_task_run_is_named_after_its_job_run_step_and_rank() -> None:
+    from logcapture.slurm import task
+
+    assert task.task_run_id("42", "0", "3") == "42.0.3"
+    assert task.task_run_id("42.1", "2", "0") == "42.1.2.0"
+    ident = task.task_identity({"SLURM_JOB_ID": "42", "SLURMD_NODENAME": "n7",
+                                "SLURM_STEP_ID": "9"}, "0", "3", "1")
+    assert ident == {"job_id": "42", "node": "n7", "step": "0", "rank": "3", "local_rank": "1"}
+    assert task.status_address("42", "0", "3") == b"\0logcapture/task/42.0.3"
+
+
+def test_a_task_captures_only_into_a_job_spool_of_its_user(tmp_path: Path) -> None:
+    from logcapture.slurm import task
+
+    mine = tmp_path / "42"
+    mine.mkdir()
+    assert task.job_spool({"LOGCAPTURE_TASKS": str(mine)}) == mine
+    assert task.job_spool({}) is None
+    assert task.job_spool({"LOGCAPTURE_TASKS": "relative/42"}) is None
+    assert task.job_spool({"LOGCAPTURE_TASKS": str(tmp_path / "missing")}) is None
+    (tmp_path / "link").symlink_to(mine)
+    assert task.job_spool({"LOGCAPTURE_TASKS": str(tmp_path / "link")}) is None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="slurmstepd's status comes from root")
+def test_the_status_listener_takes_the_wait_status_from_root_and_answers_when_done() -> None:
+    import socket
+
+    from logcapture.runner import Attached
+    from logcapture.slurm import task
+
+    attached = Attached(os.getpid())
+    address = task.status_address("999999", "0", str(os.getpid()))
+    listener = task.StatusListener(address, attached)
+    previous = signal.signal(signal.SIGCHLD, lambda s, f: None)  # set_status wakes the reader
+    try:
+        listener.start()
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as plugin:
+            plugin.connect(address)
+            plugin.sendall(b"768\n")  # exit status 3, as waitpid gives it
+            listener.thread.join(5)
+            assert attached.poll() == 3
+            listener.done()
+            assert plugin.recv(16) == b"done\n"
+    finally:
+        signal.signal(signal.SIGCHLD, previous)

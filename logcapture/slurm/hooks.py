@@ -35,6 +35,7 @@ from .jobrecords import (
     _remove_job,
     _run_dirs,
     _spool_root,
+    _task_run_dirs,
     _update_record,
     _write_job_record,
     _write_root_file,
@@ -214,7 +215,8 @@ def _rediagnose(record: dict[str, object], job_id: str) -> None:
 
 def _ship(root: str, job_id: str, runs: list[str], admin: object, record: dict[str, object],
           deadline: float = SHIP_DEADLINE, samples: list[str] | None = None,
-          notes: list[str] | None = None) -> tuple[bool, str]:
+          notes: list[str] | None = None, tasks: list[str] | None = None
+          ) -> tuple[bool, str]:
     """Ship the job's runs now when a store is configured, with the trusted identity of the
     job record, and say how it went. False leaves them to the agent: no store configured,
     the store unreachable or busy past ``deadline`` (an embedded chDB store is held by the
@@ -243,8 +245,10 @@ def _ship(root: str, job_id: str, runs: list[str], admin: object, record: dict[s
     # join the job's run in the store under the same trusted identity).
     # The samples first: when the wrapper's run is complete in the store, the shipper
     # diagnoses it, and its efficiency notes need every sample.
-    todo = [(Path(root) / SAMPLES_DIR / job_id, run) for run in samples or []]
-    todo += [(Path(root) / job_id, run) for run in runs]
+    # The job's tasks last, and without messages: the job's run says how the job ended.
+    todo = [(Path(root) / SAMPLES_DIR / job_id, run, True) for run in samples or []]
+    todo += [(Path(root) / job_id, run, True) for run in runs]
+    todo += [(Path(root) / job_id, run, False) for run in tasks or []]
     info = job_insight_info(record)
     from ..insights.notify import Notifier
 
@@ -253,13 +257,14 @@ def _ship(root: str, job_id: str, runs: list[str], admin: object, record: dict[s
     notifier = Notifier(Path(root) / NOTIFIED_DIR, mail_prog=getattr(admin, "mail_prog", None),
                         webhook=getattr(admin, "notify_webhook", None)) \
         if info.get("slurm_state") else None
-    for spool_dir, run in todo:
+    for spool_dir, run, tell in todo:
         try:
             # shipped_ok: the agent may have shipped the run already (it tails the spool
             # root); then the job's spool is done all the same and is removed below
             result = upload(spool_dir, run=run, dsn=store, deadline=deadline,
                             retention_days=0, identify=identify, shipped_ok=True,
-                            job_info=lambda _run_dir: info, notifier=notifier)
+                            job_info=lambda _run_dir: info,
+                            notifier=notifier if tell else None)
         except Exception as e:  # noqa: BLE001
             ok, why = False, f"upload failed ({type(e).__name__})"
             continue
@@ -292,14 +297,18 @@ def epilog(env: dict[str, str] | os._Environ[str], *, now: float | None = None,
         samples = _sample_runs(root_fd, job.job_id)
         job_fd = _open_user_dir(job.job_id, root_fd, job.uid)
         runs: list[str] = []
+        tasks: list[str] = []  # the runs of the job's srun tasks on this node
         if job_fd is not None:
             try:
-                runs = [run for run in _run_dirs(_list_dir(job_fd), job.job_id)
+                names = _list_dir(job_fd)
+                runs = [run for run in _run_dirs(names, job.job_id)
                         if _is_user_dir(run, job_fd, job.uid)]
+                tasks = [run for run in _task_run_dirs(names, job.job_id)
+                         if _is_user_dir(run, job_fd, job.uid)]
                 ends = {run: read_end(job_fd, run, job.uid) for run in runs}
             finally:
                 os.close(job_fd)
-        if not runs and not samples:
+        if not runs and not tasks and not samples:
             # Not opted in (or capture never started): leave nothing behind.
             _remove_job(root_fd, job.job_id)
             _remove_samples(root_fd, job.job_id)
@@ -309,14 +318,17 @@ def epilog(env: dict[str, str] | os._Environ[str], *, now: float | None = None,
             # A node without the wrapper's run (not the batch node, or the wrapper decided
             # against capture): only this node's samples, under the prolog's record.
             shipped, why = _ship(root, job.job_id, [], admin, record, samples=samples,
-                                 notes=messages)
-            _remove_job(root_fd, job.job_id)
+                                 notes=messages, tasks=tasks)
+            if shipped or not tasks:
+                _remove_job(root_fd, job.job_id)
             if shipped:
                 _remove_samples(root_fd, job.job_id)
-                messages.append(f"shipped this node's samples ({', '.join(samples)})")
+                messages.append(f"shipped this node's samples ({', '.join(samples)})"
+                                + (f" and task run(s) {', '.join(tasks)}" if tasks else ""))
             else:
-                messages.append(f"samples left in {root}/{SAMPLES_DIR}/{job.job_id} for the "
-                                f"agent ({why})")
+                messages.append(f"samples left in {root}/{SAMPLES_DIR}/{job.job_id}"
+                                + (f" and task run(s) in {root}/{job.job_id}" if tasks else "")
+                                + f" for the agent ({why})")
             return messages
         current = run_id_for({"SLURM_JOB_ID": job.job_id,
                               "SLURM_RESTART_COUNT": job.restart_count})
@@ -347,7 +359,7 @@ def epilog(env: dict[str, str] | os._Environ[str], *, now: float | None = None,
         if info and record["slurm_state"] in ("", "COMPLETING") and not callable(state_of):
             _record_final_state_later(root, job.job_id, record=dict(record))
         shipped, why = _ship(root, job.job_id, runs, admin, record, samples=samples,
-                             notes=messages)
+                             notes=messages, tasks=tasks)
         if shipped:
             _remove_job(root_fd, job.job_id)
             _remove_samples(root_fd, job.job_id)

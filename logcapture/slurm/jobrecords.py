@@ -194,6 +194,14 @@ def _run_dirs(names: list[str], job_id: str) -> list[str]:
     return sorted(runs, key=lambda n: int(n.partition(".")[2] or 0))
 
 
+def _task_run_dirs(names: list[str], job_id: str) -> list[str]:
+    """The runs of the job's tasks (``slurm.task.task_run_id``: J.S.R, J.N.S.R)."""
+    import re
+
+    pattern = re.compile(rf"^{job_id}(\.\d+)?\.\d+\.\d+$")
+    return sorted(n for n in names if pattern.match(n))
+
+
 def _remove_job(root_fd: int, job_id: str) -> None:
     """Remove a job's directory and record. shutil.rmtree works through directory descriptors
     and never follows symlinks (rmtree.avoids_symlink_attacks is true on Linux)."""

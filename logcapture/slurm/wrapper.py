@@ -169,7 +169,14 @@ def _captured(job: list[str], opts: dict[str, str]) -> int:
                 spool = job_dir
         except OSError:
             pass
-    if spool is None:
+    if spool is not None:
+        # The SPANK plugin (slurm/spank/logcapture_task.c) captures each task of the job's
+        # srun steps into this directory: the job's environment is how it learns that the
+        # user opted in, on every node of the job (srun passes it on, --export=ALL).
+        from .task import TASKS_VAR
+
+        env[TASKS_VAR] = str(spool)
+    else:
         spool = default_root(env)
         warn(f"the job's spool directory under {root} is missing (did the logcapture prolog "
              f"run?); capturing to {spool} instead, which the agent does not ship")

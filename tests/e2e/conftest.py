@@ -80,6 +80,21 @@ class Cluster:
         kept.append(f"sample_interval: {seconds}")
         path.write_text("\n".join(kept) + "\n")
 
+    def set_task_python(self, python: str | None) -> None:
+        """The interpreter plugstack.conf gives the task plugin (None: this install's); each
+        step's slurmstepd reads plugstack.conf when it starts."""
+        path = self.dir / "etc" / "plugstack.conf"
+        line = path.read_text().strip()
+        assert line.startswith("optional "), f"the task plugin is not installed: {line!r}"
+        python = python or self.env["LOGCAPTURE_BIN"] + "/python3"
+        path.write_text(line.rsplit(" python=", 1)[0] + f" python={python}\n")
+
+    def task_run_dirs(self, job: Job | str) -> dict[str, Path]:
+        """{run id: directory} of the job's task runs (JOB.STEP.RANK)."""
+        job_id = job.id if isinstance(job, Job) else job
+        base = self.spool_root / job_id
+        return {p.name: p for p in sorted(base.glob(f"{job_id}.*.*")) if p.is_dir()}
+
     def samples_dir(self, job: Job | str) -> Path:
         """Where the node sampler of this node spools the job's samples (root's)."""
         job_id = job.id if isinstance(job, Job) else job
@@ -226,10 +241,12 @@ class Cluster:
         job_id = job.id if isinstance(job, Job) else job
         return self.spool_root / job_id / job_id
 
-    def records(self, job: Job | str) -> list[dict]:
+    def records(self, job: Job | str, run: str | None = None) -> list[dict]:
+        """The records of the job's batch run, or of its run ``run`` (a task run)."""
         from logcapture.spool import iter_run
 
-        return [r.to_dict() for r in iter_run(self.run_dir(job))]
+        path = self.run_dir(job) if run is None else self.run_dir(job).parent / run
+        return [r.to_dict() for r in iter_run(path)]
 
     def spool_bytes(self, job: Job | str) -> bytes:
         """Every byte logcapture keeps for the job, decompressed."""
@@ -245,6 +262,11 @@ class Cluster:
         job_id = job.id if isinstance(job, Job) else job
         path = self.spool_root / ".jobs" / f"{job_id}.json"
         return json.loads(path.read_text()) if path.exists() else None
+
+    def slurmd_log(self) -> str:
+        """slurmd's log, where slurmstepd and SPANK plugins write too."""
+        path = self.dir / "log" / "slurmd.log"
+        return path.read_text(errors="replace") if path.exists() else ""
 
     def slurm_log(self) -> str:
         path = self.dir / "log" / "logcapture-slurm.log"

@@ -1,0 +1,225 @@
+"""One task of a job step, captured as a run of its job (``logcapture slurm task``).
+
+The SPANK plugin (``slurm/spank/logcapture_task.c``) starts this in every task of every
+``srun`` step of a job whose wrapper exported ``LOGCAPTURE_TASKS`` (the user opted in), just
+before the task execs the step's program: detached from the task, with the task's own stdout
+and stderr as its stdout and stderr and a unix socket to the plugin as ``--socket``. Here:
+
+1. the capture is prepared as for the batch script (``capture.prepare``: config, opt-in
+   mode, the run's spool directory ``<job spool>/<run id>``, the capture worker), with the
+   task's node, step, rank (``SLURM_PROCID``) and local rank in the Start record's ``slurm``;
+2. the task's pty (or two, when its stdout and stderr go to different places) is opened here
+   and the slave end(s) sent to the plugin (SCM_RIGHTS), which puts them on the task's fds 1
+   and 2; nothing sent means the task runs uncaptured;
+3. an abstract unix socket named after the job, step and rank waits for the plugin's
+   ``slurm_spank_task_exit`` (slurmstepd, root) to say the task's wait status, and is
+   answered once the run's end record is written: slurmstepd kills what is left of a step
+   once its tasks have exited;
+4. ``runner.attach`` copies every byte to the task's original outputs and hands it to the
+   worker, as ``runner.run`` does for a command it spawned.
+
+The task is slurmstepd's child, never this process's: its exit status, its signals and
+``scancel`` are Slurm's as without logcapture. Signals that reach this process (a step's
+TERM) are ignored: the pty's end decides when capture ends.
+"""
+
+from __future__ import annotations
+
+import os
+
+TYPE_CHECKING = False  # not typing's: this package imports only os and sys up front
+if TYPE_CHECKING:
+    import socket
+    from pathlib import Path
+
+TASKS_VAR = "LOGCAPTURE_TASKS"  # the job wrapper's word to the plugin: capture the tasks
+STATUS_WAIT = 5.0  # seconds the status may come after the pty has closed
+
+
+def status_address(job: str, step: str, rank: str) -> bytes:
+    """The abstract socket name (unix(7)) of one task's capture process; the plugin's
+    ``task_address`` makes the same."""
+    return f"\0logcapture/task/{job}.{step}.{rank}".encode()
+
+
+def task_run_id(job_run: str, step: str, rank: str) -> str:
+    """The run id of a task: its job's run id (``J``, ``J.N`` after a requeue), its step and
+    its rank (``jobref`` reads runs with a ``rank`` as task runs)."""
+    return f"{job_run}.{step}.{rank}"
+
+
+def task_identity(env: dict[str, str], step: str, rank: str, local_rank: str
+                  ) -> dict[str, str]:
+    """The Start record's ``slurm`` of a task: the job's, with this task's step, rank and
+    local rank (from the plugin, which has them from Slurm, not from the job's environment)."""
+    from ..capture import slurm_identity
+
+    return {**slurm_identity(env), "step": step, "rank": rank, "local_rank": local_rank}
+
+
+def job_spool(env: dict[str, str]) -> Path | None:
+    """The job's spool directory the wrapper exported, when it is a directory of this user's
+    (the prolog makes it on every node of the job); else None."""
+    import stat
+    from pathlib import Path
+
+    value = env.get(TASKS_VAR, "")
+    if not value.startswith("/"):
+        return None
+    try:
+        st = os.lstat(value)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+        return None
+    return Path(value)
+
+
+class StatusListener:
+    """The abstract socket the plugin's ``slurm_spank_task_exit`` connects to: it says the
+    task's wait status, which goes to ``task.set_status``; ``done`` answers it."""
+
+    def __init__(self, address: bytes, task: object):
+        import socket
+        import threading
+
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        self.sock.bind(address)
+        self.sock.listen(4)
+        self.task = task
+        self.conn: socket.socket | None = None
+        self.thread = threading.Thread(target=self._serve, name="task-status", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            if _peer_uid(conn) != 0:  # slurmstepd runs as root; nobody else tells a status
+                conn.close()
+                continue
+            data = b""
+            try:
+                conn.settimeout(5.0)
+                while not data.endswith(b"\n") and len(data) < 32:
+                    got = conn.recv(32)
+                    if not got:
+                        break
+                    data += got
+            except OSError:
+                conn.close()
+                continue
+            try:
+                status = int(data.strip())
+            except ValueError:
+                conn.close()
+                continue
+            self.conn = conn
+            self.task.set_status(status)  # type: ignore[attr-defined]
+            return
+
+    def done(self) -> None:
+        """The run is written: let slurmstepd go on (an answer, then end of file)."""
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            try:
+                conn.sendall(b"done\n")
+            except OSError:
+                pass
+            conn.close()
+        self.sock.close()
+
+
+def _peer_uid(conn: socket.socket) -> int:
+    import socket
+    import struct
+
+    try:
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except OSError:
+        return -1
+    return int(struct.unpack("3i", creds)[1])
+
+
+def _hand_over_ptys(plugin: socket.socket, winsize: tuple[int, int] | None, merge: bool
+                    ) -> dict[int, str]:
+    """Open the task's pty(s) and send the slave end(s) to the plugin; {master fd: stream}."""
+    import socket
+
+    from .. import runner
+
+    rows, cols = winsize or runner.caller_winsize()
+    out_m, out_s, err_m, err_s = runner.open_terminals(rows, cols, merge)
+    try:
+        socket.send_fds(plugin, [b"p"], [out_s] if merge else [out_s, err_s])
+    except OSError:
+        for fd in {out_m, out_s, err_m, err_s}:
+            os.close(fd)
+        raise
+    for fd in {out_s, err_s}:
+        os.close(fd)
+    plugin.close()
+    return {out_m: "stdout"} if merge else {out_m: "stdout", err_m: "stderr"}
+
+
+def task_main(sock_fd: int, step: str, rank: str, local_rank: str, task_pid: int,
+              command: list[str]) -> int:
+    """``logcapture slurm task``: capture one task (the module docstring); 0 always, after
+    one ``logcapture:`` warning on the task's stderr when it could not."""
+    import signal
+    import socket
+
+    from .. import runner
+    from ..capture import prepare, remove_if_empty
+    from ..errors import Warner
+    from .jobs import run_id_for
+
+    # From the start, not only in runner.attach: a step's TERM (scancel) reaching this
+    # process after the task got its pty would leave the task writing to a closed one.
+    for sig in runner.FORWARDED_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    warn = Warner()
+    env = dict(os.environ)
+    plugin = socket.socket(fileno=sock_fd)
+    try:
+        spool = job_spool(env)
+        job_run = run_id_for(env)
+        if spool is None or job_run is None:
+            warn(f"task {rank} of step {step} not captured: no spool directory of the job "
+                 f"({TASKS_VAR}); the task runs normally")
+            return 0
+        task = runner.Attached(task_pid)
+        listener = StatusListener(status_address(env["SLURM_JOB_ID"], step, rank), task)
+        prepared = prepare(command or ["?"], spool_root=spool,
+                           run_id=task_run_id(job_run, step, rank), warn=warn, env=env,
+                           slurm=task_identity(env, step, rank, local_rank), sample=False,
+                           merge=runner.same_destination(1, 2))
+        if prepared.worker is None:
+            return 0  # prepare warned
+        try:
+            masters = _hand_over_ptys(plugin, prepared.winsize, prepared.merge)
+        except Exception:
+            prepared.worker.give_up()
+            if prepared.run_dir is not None:
+                remove_if_empty(prepared.run_dir)
+            raise
+        listener.start()
+        try:
+            runner.attach(masters, task, prepared.worker,
+                          runner.Options(env=prepared.env, warn=warn, merge=prepared.merge),
+                          status_timeout=STATUS_WAIT)
+        finally:
+            listener.done()
+    except Exception as e:  # noqa: BLE001 - a task is never failed by logcapture
+        warn(f"task {rank} of step {step}: capture stopped ({type(e).__name__}); the task "
+             "runs normally")
+    finally:
+        try:
+            plugin.close()
+        except OSError:
+            pass
+    return 0

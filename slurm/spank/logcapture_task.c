@@ -1,0 +1,308 @@
+/*
+ * logcapture_task.so: a SPANK plugin that captures each task of an opted-in job's steps.
+ *
+ * Loaded from plugstack.conf on every node (spank(8), https://slurm.schedmd.com/spank.html):
+ *
+ *   optional /usr/lib/x86_64-linux-gnu/slurm/logcapture_task.so python=/opt/logcapture/bin/python3
+ *
+ * In slurm_spank_task_init (the task process, as the job's user, just before it execs the
+ * step's program) it acts only when the job's environment holds LOGCAPTURE_TASKS, which the
+ * job wrapper exports for a user who opted in, and never in the batch or extern step (the
+ * wrapper captures the batch script itself), nor in a task that has a terminal (srun --pty).
+ * It starts `python -I -m logcapture slurm task` detached (a grandchild, so the task never
+ * sees an unknown child), with the task's own
+ * stdout and stderr as its stdout and stderr and one end of a socketpair as fd 3. The Python
+ * side opens the task's pseudo-terminal(s) and hands the slave end(s) back over the socket
+ * (SCM_RIGHTS, unix(7)); the plugin dup2s them onto the task's fds 1 and 2. The capture
+ * process copies every byte to the task's original outputs, so the step's output is what it
+ * would have been. The task stays slurmstepd's own child: its exit status, signals and
+ * scancel are untouched.
+ *
+ * In slurm_spank_task_exit (slurmstepd, root, as the task's exit status is collected) it
+ * tells the task's capture process the status over an abstract unix socket named after the
+ * job, step and task, and waits (bounded) until that process has written the end of the
+ * run: once every task of the step has exited slurmstepd kills what is left in the step,
+ * the capture process included.
+ *
+ * Any failure leaves the task as it was, uncaptured, with one line in slurmd's log
+ * (slurm_error/slurm_info). The plugin never returns an error to Slurm: with `optional` in
+ * plugstack.conf a missing plugin is skipped too.
+ */
+#define _GNU_SOURCE /* struct ucred, SO_PEERCRED (unix(7)) */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <slurm/slurm.h>
+#include <slurm/spank.h>
+
+SPANK_PLUGIN(logcapture_task, 1);
+
+#define OPTIN_VAR "LOGCAPTURE_TASKS"
+#define READY_TIMEOUT_MS 10000 /* Python's start on a loaded node, at most */
+#define FINISH_TIMEOUT_MS 20000 /* the capture process's drain and end record, at most */
+#define CAPTURE_FD 3
+
+static char python[4096] = "";
+
+/* The abstract socket name of one task's capture process (unix(7): a leading NUL byte). The
+ * Python side (logcapture.slurm.task.status_address) makes the same name. */
+static socklen_t task_address(struct sockaddr_un *addr, uint32_t job, uint32_t step,
+                              uint32_t task)
+{
+    int n;
+
+    memset(addr, 0, sizeof(*addr));
+    addr->sun_family = AF_UNIX;
+    n = snprintf(addr->sun_path + 1, sizeof(addr->sun_path) - 1,
+                 "logcapture/task/%u.%u.%u", job, step, task);
+    return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n);
+}
+
+int slurm_spank_init(spank_t sp, int ac, char **av)
+{
+    int i;
+
+    if (!spank_remote(sp))
+        return ESPANK_SUCCESS;
+    for (i = 0; i < ac; i++) {
+        if (strncmp(av[i], "python=", 7) == 0)
+            snprintf(python, sizeof(python), "%s", av[i] + 7);
+        else
+            slurm_info("logcapture_task: unknown plugstack.conf argument %s ignored", av[i]);
+    }
+    return ESPANK_SUCCESS;
+}
+
+/* The step ids the wrapper captures itself, or that run no user program. */
+static int captured_step(uint32_t step)
+{
+    return step != SLURM_BATCH_SCRIPT && step != SLURM_EXTERN_CONT
+        && step != SLURM_INTERACTIVE_STEP && step != SLURM_PENDING_STEP;
+}
+
+/* Start the capture process as a grandchild of the task, with `sock` as its fd 3. */
+static int start_capture(spank_t sp, int sock, uint32_t job, uint32_t step, uint32_t task,
+                         int local)
+{
+    char **env = NULL, **job_argv = NULL, **argv;
+    char a_step[16], a_task[16], a_local[16], a_pid[16];
+    pid_t child, pid = getpid();
+    int status, job_argc = 0, i, n = 0;
+
+    if (spank_get_item(sp, S_JOB_ENV, &env) != ESPANK_SUCCESS || env == NULL)
+        return -1;
+    if (spank_get_item(sp, S_JOB_ARGV, &job_argc, &job_argv) != ESPANK_SUCCESS)
+        job_argc = 0;
+    argv = calloc((size_t)job_argc + 20, sizeof(char *));
+    if (argv == NULL)
+        return -1;
+    snprintf(a_step, sizeof(a_step), "%u", step);
+    snprintf(a_task, sizeof(a_task), "%u", task);
+    snprintf(a_local, sizeof(a_local), "%d", local);
+    snprintf(a_pid, sizeof(a_pid), "%d", (int)pid);
+    (void)job;
+    /* -I: the job's PYTHON* variables cannot change which logcapture runs (python(1)). */
+    argv[n++] = python, argv[n++] = "-I", argv[n++] = "-m", argv[n++] = "logcapture";
+    argv[n++] = "slurm", argv[n++] = "task", argv[n++] = "--socket", argv[n++] = "3";
+    argv[n++] = "--step", argv[n++] = a_step, argv[n++] = "--rank", argv[n++] = a_task;
+    argv[n++] = "--local-rank", argv[n++] = a_local, argv[n++] = "--task-pid";
+    argv[n++] = a_pid, argv[n++] = "--";
+    for (i = 0; i < job_argc; i++)
+        argv[n++] = job_argv[i]; /* the step's command, for the run's Start record */
+    argv[n] = NULL;
+    child = fork();
+    if (child < 0) {
+        free(argv);
+        return -1;
+    }
+    if (child == 0) {
+        /* A new session: no signal meant for the task's process group reaches it, and the
+         * task never sees it as its child (its parent exits at once). */
+        if (fork() != 0)
+            _exit(0);
+        setsid();
+        if (sock == CAPTURE_FD) {
+            if (fcntl(sock, F_SETFD, 0) < 0) /* dup2 onto itself keeps FD_CLOEXEC */
+                _exit(127);
+        } else if (dup2(sock, CAPTURE_FD) < 0) {
+            _exit(127);
+        }
+        i = open("/dev/null", O_RDONLY | O_CLOEXEC); /* the task's stdin is the task's */
+        if (i >= 0 && i != STDIN_FILENO)
+            dup2(i, STDIN_FILENO);
+        execve(python, argv, env);
+        _exit(127);
+    }
+    free(argv);
+    while (waitpid(child, &status, 0) < 0 && errno == EINTR)
+        ;
+    return 0;
+}
+
+/* The slave fd(s) the capture process sends once it is ready; 0 when none came in time. */
+static int receive_slaves(int sock, int fds[2])
+{
+    struct pollfd p = {.fd = sock, .events = POLLIN};
+    char byte, buf[CMSG_SPACE(2 * sizeof(int))];
+    struct iovec iov = {.iov_base = &byte, .iov_len = 1};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = buf,
+                         .msg_controllen = sizeof(buf)};
+    struct cmsghdr *c;
+    int n = 0, r;
+
+    do {
+        r = poll(&p, 1, READY_TIMEOUT_MS);
+    } while (r < 0 && errno == EINTR);
+    if (r <= 0)
+        return 0;
+    if (recvmsg(sock, &msg, MSG_CMSG_CLOEXEC) <= 0)
+        return 0;
+    for (c = CMSG_FIRSTHDR(&msg); c != NULL; c = CMSG_NXTHDR(&msg, c)) {
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+            n = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+            if (n > 2)
+                n = 2; /* never more than stdout's and stderr's */
+            memcpy(fds, CMSG_DATA(c), n * sizeof(int));
+        }
+    }
+    return n;
+}
+
+int slurm_spank_task_init(spank_t sp, int ac, char **av)
+{
+    char optin[8];
+    spank_err_t found;
+    uint32_t job = 0, step = 0, task = 0;
+    int local = 0, sv[2], fds[2] = {-1, -1}, n;
+
+    (void)ac;
+    (void)av;
+    if (!spank_remote(sp) || python[0] == '\0')
+        return ESPANK_SUCCESS;
+    /* Its value (the job's spool directory) is the Python side's business: too long for the
+     * buffer (ESPANK_NOSPACE) is there all the same. */
+    found = spank_getenv(sp, OPTIN_VAR, optin, sizeof(optin));
+    if (found != ESPANK_SUCCESS && found != ESPANK_NOSPACE)
+        return ESPANK_SUCCESS; /* not opted in, or not a job the wrapper ran */
+    if (spank_get_item(sp, S_JOB_ID, &job) != ESPANK_SUCCESS
+        || spank_get_item(sp, S_JOB_STEPID, &step) != ESPANK_SUCCESS
+        || spank_get_item(sp, S_TASK_GLOBAL_ID, &task) != ESPANK_SUCCESS
+        || spank_get_item(sp, S_TASK_ID, &local) != ESPANK_SUCCESS) {
+        slurm_error("logcapture_task: job, step or task id unknown; task not captured");
+        return ESPANK_SUCCESS;
+    }
+    if (!captured_step(step))
+        return ESPANK_SUCCESS;
+    /* srun --pty: the task has a terminal of its own; an interactive step is left as it is. */
+    if (isatty(STDOUT_FILENO))
+        return ESPANK_SUCCESS;
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0) {
+        slurm_error("logcapture_task: %u.%u task %u not captured: socketpair: %m",
+                    job, step, task);
+        return ESPANK_SUCCESS;
+    }
+    if (start_capture(sp, sv[1], job, step, task, local) < 0) {
+        slurm_error("logcapture_task: %u.%u task %u not captured: cannot start %s: %m",
+                    job, step, task, python);
+        close(sv[0]);
+        close(sv[1]);
+        return ESPANK_SUCCESS;
+    }
+    close(sv[1]);
+    n = receive_slaves(sv[0], fds);
+    if (n == 0) {
+        slurm_error("logcapture_task: %u.%u task %u not captured: the capture process "
+                    "(%s -I -m logcapture slurm task) did not start", job, step, task, python);
+        close(sv[0]);
+        return ESPANK_SUCCESS;
+    }
+    if (dup2(fds[0], STDOUT_FILENO) < 0 || dup2(n > 1 ? fds[1] : fds[0], STDERR_FILENO) < 0) {
+        /* Cannot happen with valid fds; if it did, fd 1 may already be the pty, which the
+         * capture process reads and copies: the output still reaches its place. */
+        slurm_error("logcapture_task: %u.%u task %u: dup2: %m", job, step, task);
+    }
+    close(fds[0]);
+    if (n > 1)
+        close(fds[1]);
+    close(sv[0]);
+    return ESPANK_SUCCESS;
+}
+
+static long elapsed_ms(const struct timespec *since)
+{
+    struct timespec now;
+
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (now.tv_sec - since->tv_sec) * 1000L + (now.tv_nsec - since->tv_nsec) / 1000000L;
+}
+
+int slurm_spank_task_exit(spank_t sp, int ac, char **av)
+{
+    uint32_t job = 0, step = 0, task = 0;
+    int status = 0, sock, r;
+    uid_t uid = (uid_t)-1;
+    struct sockaddr_un addr;
+    struct ucred peer;
+    socklen_t len = sizeof(peer), alen;
+    struct timespec start;
+    char msg[32], reply[8];
+
+    (void)ac;
+    (void)av;
+    if (!spank_remote(sp) || python[0] == '\0')
+        return ESPANK_SUCCESS;
+    if (spank_get_item(sp, S_JOB_ID, &job) != ESPANK_SUCCESS
+        || spank_get_item(sp, S_JOB_STEPID, &step) != ESPANK_SUCCESS
+        || spank_get_item(sp, S_TASK_GLOBAL_ID, &task) != ESPANK_SUCCESS
+        || spank_get_item(sp, S_TASK_EXIT_STATUS, &status) != ESPANK_SUCCESS
+        || spank_get_item(sp, S_JOB_UID, &uid) != ESPANK_SUCCESS || !captured_step(step))
+        return ESPANK_SUCCESS;
+    sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (sock < 0)
+        return ESPANK_SUCCESS;
+    alen = task_address(&addr, job, step, task);
+    if (connect(sock, (struct sockaddr *)&addr, alen) < 0) {
+        close(sock); /* the usual case: this task was not captured */
+        return ESPANK_SUCCESS;
+    }
+    /* Only the job's own user may hold the name: anyone else's process would only delay
+     * the step. */
+    if (getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &peer, &len) < 0 || peer.uid != uid) {
+        slurm_info("logcapture_task: %u.%u task %u: the capture socket is not the job "
+                   "user's; ignored", job, step, task);
+        close(sock);
+        return ESPANK_SUCCESS;
+    }
+    snprintf(msg, sizeof(msg), "%d\n", status);
+    if (send(sock, msg, strlen(msg), MSG_NOSIGNAL) < 0) {
+        close(sock);
+        return ESPANK_SUCCESS;
+    }
+    /* A reply, or end of file: the capture process is done. */
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    do {
+        struct pollfd p = {.fd = sock, .events = POLLIN};
+        long left = FINISH_TIMEOUT_MS - elapsed_ms(&start);
+
+        r = left > 0 ? poll(&p, 1, (int)left) : 0;
+    } while (r < 0 && errno == EINTR);
+    if (r > 0)
+        (void)recv(sock, reply, sizeof(reply), 0);
+    else
+        slurm_info("logcapture_task: %u.%u task %u: the capture process did not finish in "
+                   "%d s", job, step, task, FINISH_TIMEOUT_MS / 1000);
+    close(sock);
+    return ESPANK_SUCCESS;
+}

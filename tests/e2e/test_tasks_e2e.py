@@ -1,0 +1,155 @@
+"""Each task of a job's srun steps, captured by the SPANK plugin (slurm/spank) on a real
+Slurm 22.05 cluster, as real users: one run per task with its node, step and rank, the job's
+output files untouched, and a task whose capture cannot start running all the same."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+
+from .conftest import Cluster
+
+pytestmark = pytest.mark.slurm
+
+U1, U2 = "lcuser1", "lcuser2"
+
+# Two steps: two tasks, then one that fails. Each rank waits its turn, stderr comes a moment
+# after stdout, and the failing task waits before it exits (srun reports an exit and forwards
+# output on separate paths), so the order of the output file does not depend on scheduling:
+# the same job must give the same bytes with and without capture.
+TASKS = r"""#!/bin/bash
+#SBATCH -n 2
+echo "batch starts"
+srun python3 -c '
+import os, sys, time
+r, s = os.environ["SLURM_PROCID"], os.environ["SLURM_STEP_ID"]
+time.sleep(0.6 * int(r))
+print(f"rank {r} step {s}", flush=True)
+sys.stdout.write(f"\rprogress {r}\r\n")
+sys.stdout.flush()
+time.sleep(0.2)
+print(f"err of rank {r}", file=sys.stderr, flush=True)
+'
+srun -n 1 bash -c 'echo "step $SLURM_STEP_ID says bye"; sleep 0.3; exit 3'
+echo "srun said $?"
+"""
+
+
+def _lines(records: list[dict], stream: str = "stdout") -> list[str]:
+    return [r["text"] for r in records if r["kind"] == "line" and r["stream"] == stream]
+
+
+def test_each_task_is_a_run_of_its_job_with_rank_node_and_step(lc: Cluster) -> None:
+    lc.optin(U1, "")
+    captured, plain = lc.submit(U1, TASKS, name="tasks"), lc.submit(U2, TASKS, name="tasks")
+    states = lc.wait(captured, plain, timeout=90)
+    assert states[captured.id] == states[plain.id] == ("COMPLETED", "0:0")
+
+    # The job's output file: the same bytes as the same job of a user who did not opt in.
+    want = plain.out.read_bytes()
+    assert b"rank 1 step 0\n\rprogress 1\r\n" in want and b"srun said 3" in want
+    assert captured.out.read_bytes() == want
+
+    runs = lc.task_run_dirs(captured)
+    j = captured.id
+    assert sorted(runs) == [f"{j}.0.0", f"{j}.0.1", f"{j}.1.0"]
+    host = socket.gethostname().split(".")[0]
+    for run, (rank, step) in {f"{j}.0.0": ("0", "0"), f"{j}.0.1": ("1", "0"),
+                              f"{j}.1.0": ("0", "1")}.items():
+        records = lc.records(captured, run)
+        start = next(r for r in records if r["kind"] == "start")
+        assert (start["slurm"]["rank"], start["slurm"]["step"], start["slurm"]["local_rank"],
+                start["slurm"]["node"], start["slurm"]["job_id"]) == (rank, step, rank if
+                                                                       step == "0" else "0",
+                                                                       host, j)
+        end = next(r for r in records if r["kind"] == "end")
+        if step == "0":
+            # Rendered as a terminal shows it: the bar's last state, no carriage returns.
+            assert _lines(records) == [f"rank {rank} step 0", f"progress {rank}"]
+            assert _lines(records, "stderr") == [f"err of rank {rank}"]
+            assert (end["exit_status"], end["state"]) == (0, "COMPLETED")
+        else:
+            assert _lines(records) == ["step 1 says bye"]
+            assert (end["exit_status"], end["state"]) == (3, "FAILED")
+    assert not (lc.spool_root / plain.id).exists()
+
+    # Read by rank and by node, as the job's user.
+    bin_ = lc.env["LOGCAPTURE_BIN"] + "/logcapture"
+    own = ["--spool", str(lc.spool_root / j), "--source", "spool"]
+    r = lc.as_user(U1, [bin_, "logs", *own, j, "--rank", "1"])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["rank 1 step 0", "progress 1", "err of rank 1"]
+    r = lc.as_user(U1, [bin_, "logs", *own, j, "--rank", "0-1", "--node", host,
+                        "--stream", "stdout"])
+    assert r.returncode == 0, r.stderr
+    got = r.stdout.splitlines()
+    assert {"0: rank 0 step 0", "1: rank 1 step 0", "0: step 1 says bye"} <= set(got)
+    assert got.index("0: rank 0 step 0") < got.index("1: rank 1 step 0")
+    r = lc.as_user(U1, [bin_, "ls", *own, j])
+    assert r.returncode == 0, r.stderr
+    assert sorted(ln.split()[0] for ln in r.stdout.splitlines()[1:]) == sorted(
+        [j, f"{j}.0.0", f"{j}.0.1", f"{j}.1.0"])
+    r = lc.as_user(U1, [bin_, "logs", *own, j])  # J is still the batch script's run
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0] == "batch starts"
+
+
+FAILS = r"""#!/bin/bash
+#SBATCH -n 2
+srun bash -c 'echo "rank $SLURM_PROCID runs"; exit $((SLURM_PROCID + 4))'
+rc=$?
+echo "srun said $rc"
+exit $rc
+"""
+
+
+def test_a_task_whose_capture_cannot_start_runs_uncaptured_with_its_exit_status(
+        lc: Cluster) -> None:
+    lc.optin(U1, "")
+    lc.optin(U2, None)
+    # No logcapture where the plugin looks for it: each task runs as without the plugin.
+    lc.set_task_python("/nonexistent/python3")
+    try:
+        missing = lc.submit(U1, FAILS, name="fails")
+        plain = lc.submit(U2, FAILS, name="fails")
+        states = lc.wait(missing, plain, timeout=90)
+    finally:
+        lc.set_task_python(None)
+    # A job whose own script points the tasks at a spool that is not there.
+    nospool = lc.submit(U1, FAILS.replace("srun bash", "export LOGCAPTURE_TASKS=/nonexistent\n"
+                                          "srun bash", 1), name="fails")
+    states.update(lc.wait(nospool, timeout=90))
+    assert states[missing.id] == states[plain.id] == states[nospool.id]
+    assert states[plain.id] == ("FAILED", "5:0")
+    for job in (missing, nospool):
+        out = job.out.read_text()
+        assert "rank 0 runs" in out and "rank 1 runs" in out and "srun said 5" in out, out
+        assert lc.task_run_dirs(job) == {}
+        assert lc.records(job)  # the batch script itself is captured as before
+    assert "not captured" in lc.slurmd_log()
+    assert "not captured" in nospool.out.read_text()  # the one warning, in the task's stderr
+
+
+def test_the_epilog_ships_the_task_runs_with_the_job_and_logs_reads_them_by_rank(
+        lc: Cluster) -> None:
+    lc.set_store(True)
+    lc.optin(U1, "")
+    job = lc.submit(U1, TASKS, name="tasks")
+    assert lc.wait(job, timeout=90)[job.id] == ("COMPLETED", "0:0")
+    assert not (lc.spool_root / job.id).exists(), lc.slurm_log()  # shipped, then removed
+    j = job.id
+    out = lc.store_query(
+        "runs = {r['run']: r for r in store.runs()}\n"
+        "for run in sys.argv[2:]:\n"
+        "    r = runs[run]\n"
+        "    print(json.dumps([r['owner'], r['job_id'], r['exit_status']]))",
+        j, f"{j}.0.0", f"{j}.0.1", f"{j}.1.0")
+    assert [json.loads(x) for x in out.splitlines()] == [
+        [U1, j, 0], [U1, j, 0], [U1, j, 0], [U1, j, 3]]
+    r = lc.root_cli("logs", j, "--rank", "1")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["rank 1 step 0", "progress 1", "err of rank 1"]
+    r = lc.root_cli("logs", j)  # the job is its batch script's run
+    assert r.returncode == 0 and r.stdout.startswith("batch starts\n"), r.stderr
