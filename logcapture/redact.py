@@ -91,11 +91,13 @@ _TOKEN_PATTERNS: tuple[tuple[str, str], ...] = (
     ("url-password", r"\b[A-Za-z][A-Za-z0-9+.-]{1,20}://[^\s:/@\"'<>]*:(?P<v>[^\s/@\"'<>]+)@"),
     # A value given to a name that ends like a secret's (api_key=..., "password": "...",
     # --token=...); not a path, a placeholder (<pad>, ${VAR}) or a short word.
-    (OPTION, rf"(?i:[A-Za-z0-9_.-]*(?:{_ASSIGNED}))[\"']?\s*[:=]\s*[\"']?"
+    # (The name's start is not matched: a greedy name before the keyword backtracks over
+    # every long word, quadratic in a line near the line limit.)
+    (OPTION, rf"(?i:{_ASSIGNED})[\"']?\s*[:=]\s*[\"']?"
              r"(?P<v>(?![/.~])[A-Za-z0-9_./+~=@!%^*-]{8,})"),
 )
 # A 40-character secret access key, on a line with an access key id; not a hex digest.
-_AWS_SECRET = re.compile(r"(?<![A-Za-z0-9/+=])(?=[A-Za-z0-9/+]*[A-Z/+])[A-Za-z0-9/+]{40}"
+_AWS_SECRET = re.compile(r"(?<![A-Za-z0-9/+=])(?=[A-Za-z0-9/+]{0,39}[A-Z/+])[A-Za-z0-9/+]{40}"
                          r"(?![A-Za-z0-9/+=])")
 # RFC 7468 and OpenSSH's PROTOCOL.key: a private key is a block of lines between these.
 _KEY_BEGIN = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY[A-Z ]*-----")
@@ -235,7 +237,8 @@ class Redactor:
         return out
 
     def text(self, text: str) -> str:
-        """One string that is no line of the output (a start record's field)."""
+        """One string that is no line of the output (a start record's field): a key block
+        that starts in it ends with it."""
         return self._line("", text) if text else text
 
     def start_fields(self, fields: dict[str, Any]) -> dict[str, Any]:
@@ -261,8 +264,7 @@ class Redactor:
     # --- one line -------------------------------------------------------------------------
     def _line(self, stream: str, text: str) -> str:
         """``text`` redacted; the same object when nothing was found."""
-        if stream:
-            text = self._key_block(stream, text)
+        text = self._key_block(stream, text)
         if COMMAND_PREFIX in text:
             text = self._mask_command(text)
         if self._literal_rx is not None:
@@ -321,7 +323,8 @@ class Redactor:
         end = _KEY_END.search(rest)
         if end:  # the whole block on one line (a repr with \n escapes)
             return head + REDACTED + rest[end.start():]
-        self._in_key[stream] = 1
+        if stream:  # the lines that follow are the block's (a start record field has none)
+            self._in_key[stream] = 1
         return head + (REDACTED if rest.strip() else "")
 
     def _mask_command(self, text: str) -> str:
@@ -349,10 +352,4 @@ class Redactor:
 
 # An option that takes a secret as the next argument: --password X, -token X, --api-key X.
 _OPTION_NAME = re.compile(rf"--?[A-Za-z0-9_-]*(?i:{_ASSIGNED})")
-
-
-def kinds_counted(counts: Mapping[str, int]) -> dict[str, int]:
-    """``counts`` without the kinds that found nothing, in name order (``logcapture show``)."""
-    return {k: int(v) for k, v in sorted(counts.items()) if v}
-
 
