@@ -267,7 +267,9 @@ def _capture_worker(fd: int, s: WorkerSettings) -> int:
                             "reader_reads": reader.get("reads", 0),
                             "reader_lingers": reader.get("lingers", 0),
                             "worker_cpu_ms": mine["cpu_ms"], **sched},
-                            "redactions": dict(pipeline.redactor.counts),
+                            # The counter itself, not a copy: finish redacts the last lines
+                            # before it writes the end record.
+                            "redactions": pipeline.redactor.counts,
                             **({"sampling": sampler.counts()} if sampler is not None else {})})
     except Exception as e:  # noqa: BLE001
         warn(f"could not finish the spool ({type(e).__name__})")

@@ -253,15 +253,18 @@ def strictness(texts: list[str]) -> int:
     """How strict the mode set by the first valid mode command among ``texts`` is: 0 for
     disabled, 1 metadata, 2 enabled, 3 when none sets a mode. The pipeline orders the two
     streams' lines of one round of the reader by it (``Pipeline._release``): the other
-    stream's lines of the round then follow the stricter of the two commands."""
+    stream's lines of the round then follow the stricter of the two commands. A mask
+    protects what follows it as disabling does, so a mask command counts as 0."""
     for text in texts:
         if text.startswith(COMMAND_PREFIX):
             try:
-                mode = parse_command(text).get("mode")
+                options = parse_command(text)
             except _Malformed:
                 continue
-            if mode is not None:
-                return _STRICTNESS[mode]
+            if "mask" in options:
+                return _STRICTNESS[DISABLED]
+            if "mode" in options:
+                return _STRICTNESS[options["mode"]]
     return 3
 
 
