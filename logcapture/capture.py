@@ -43,6 +43,8 @@ TYPE_CHECKING = False  # not typing's: importing typing costs every job ~8 ms (r
 if TYPE_CHECKING:
     from typing import Any
 
+    from .redact import Redactor
+
 
 def run_command(spool: Path | None, run_id: str | None, mode: str | None, sample: bool,
                 command: tuple[str, ...]) -> int:
@@ -161,7 +163,8 @@ def prepare(argv: list[str], *, spool_root: Path, run_id: str | None = None,
         settings = WorkerSettings(
             run_id=rid, run_dir=run_dir, admin=admin, mode=effective_mode, rows=rows,
             columns=cols, env=dict(base_env), problems=problems, sample=sample,
-            start_fields=start_fields, wrapper_pid=os.getpid(), warn=warn, merged=merge)
+            start_fields=start_fields, wrapper_pid=os.getpid(), warn=warn, merged=merge,
+            redact=optin.config.redact if optin.ok else ())
         worker = runner.fork_worker(lambda fd: _capture_worker(fd, settings))
         base_env["LOGCAPTURE_RUN_ID"] = rid
         winsize: tuple[int, int] | None = (rows, cols)
@@ -195,7 +198,7 @@ def remove_if_empty(run_dir: Path) -> None:
 
 class WorkerSettings(namedtuple("WorkerSettings", (
         "run_id", "run_dir", "admin", "mode", "rows", "columns", "env", "problems", "sample",
-        "start_fields", "wrapper_pid", "warn", "merged"))):
+        "start_fields", "wrapper_pid", "warn", "merged", "redact"))):
     """What the capture worker needs from the wrapper (it is forked, so this is a plain copy).
     Every field is required and a misspelt one is a TypeError: a named tuple, as the records
     are (records.py says why not a dataclass)."""
@@ -215,6 +218,7 @@ class WorkerSettings(namedtuple("WorkerSettings", (
         wrapper_pid: int
         warn: Callable[[str], None]
         merged: bool  # one pty for stdout and stderr
+        redact: tuple[str, ...]  # the user's own secrets (.logoptin's redact)
 
 
 def _capture_worker(fd: int, s: WorkerSettings) -> int:
@@ -228,9 +232,10 @@ def _capture_worker(fd: int, s: WorkerSettings) -> int:
                             flush_interval=s.admin.flush_interval,
                             flush_records=s.admin.flush_records, warn=warn)
         pipeline = Pipeline(s.run_id, spool, mode=s.mode, columns=s.columns, rows=s.rows,
-                            warn=warn, merged=s.merged, limit=OutputLimit(
-                                s.admin.job_output_limit, s.admin.job_output_tail,
-                                s.admin.job_metadata_limit))
+                            warn=warn, merged=s.merged, redactor=_redactor(s),
+                            limit=OutputLimit(s.admin.job_output_limit,
+                                              s.admin.job_output_tail,
+                                              s.admin.job_metadata_limit))
         quiet: list[str] = []  # notes for the log only, not the user's stderr
         sampler, inventory = _start_sampler(s.run_id, s.admin.sample_interval, s.env, spool,
                                             quiet, s.sample, root_pid=s.wrapper_pid)
@@ -304,10 +309,23 @@ def _capture_worker(fd: int, s: WorkerSettings) -> int:
                             "reader_reads": reader.get("reads", 0),
                             "reader_lingers": reader.get("lingers", 0),
                             "worker_cpu_ms": mine["cpu_ms"], **sched},
+                            # The counter itself, not a copy: finish redacts the last lines
+                            # before it writes the end record.
+                            "redactions": pipeline.redactor.counts,
                             **({"sampling": sampler.counts()} if sampler is not None else {})})
     except Exception as e:  # noqa: BLE001
         warn(f"could not finish the spool ({type(e).__name__})")
     return 0
+
+
+def _redactor(s: WorkerSettings) -> Redactor:
+    """The run's redaction: the job's environment, the site's and the user's patterns
+    (both checked when their files were read: config.py)."""
+    from .redact import Redactor, pattern_of
+
+    return Redactor(s.env, variables=s.admin.redact_variables,
+                    user=[pattern_of(item) for item in s.redact],
+                    site=[pattern_of(item) for item in s.admin.redact_patterns])
 
 
 def _discard(fd: int) -> None:

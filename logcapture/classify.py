@@ -4,8 +4,10 @@ It consumes what the filter produced for both output streams (``Rendered`` lines
 ``Dropped`` notes), and produces numbered records: ``Line``, ``Note``, ``Command`` and
 ``Metadata``. The rules (docs/user.md tells them to users):
 
-- A **command** is a whole line: ``/LOGCOMMAND``, one space, a JSON object whose only key is
-  ``mode``. It is accepted on stdout and stderr and applies to both streams from that line on.
+- A **command** is a whole line: ``/LOGCOMMAND``, one space, a JSON object whose keys are
+  ``mode`` and ``mask`` (a value the redact stage masks from that line on: it has replaced the
+  value by ``***`` in the line before this stage reads it). It is accepted on stdout and
+  stderr and applies to both streams from that line on.
   A line that starts with ``/LOGCOMMAND`` but is not such a command (bad JSON, not an object,
   an unknown key, a bad mode, two spaces, leading spaces) changes nothing and becomes a warning
   note. Valid commands are kept in every mode (``disabled`` keeps only them).
@@ -56,13 +58,13 @@ from .records import (
     Rendered,
     new_metadata,
 )
+from .redact import COMMAND_PREFIX, MIN_MASK, mask_accepted
 
 TYPE_CHECKING = False  # not typing's: importing typing costs every job ~8 ms (records.py)
 if TYPE_CHECKING:
     from typing import Any
 
-COMMAND_PREFIX = "/LOGCOMMAND"
-COMMAND_OPTIONS = ("mode",)
+COMMAND_OPTIONS = ("mode", "mask")
 
 # The two streams are two ptys: which of two lines on different streams came first is known
 # only to within a round of the reader (its 10 ms linger). The pipeline hands both streams'
@@ -221,7 +223,14 @@ def parse_command(text: str) -> dict[str, Any]:
             parts.append("unknown key " + ", ".join(shown))
         if hidden:
             parts.append(f"{hidden} unknown key(s) (not repeated here in case they are secret)")
-        raise _Malformed("; ".join(parts) + f"; the only option is {COMMAND_OPTIONS[0]!r}")
+        raise _Malformed("; ".join(parts) + "; the options are "
+                         + ", ".join(map(repr, COMMAND_OPTIONS)))
+    _check_values(options)
+    return options
+
+
+def _check_values(options: dict[str, Any]) -> None:
+    """Raises ``_Malformed`` when a known option's value is not one it takes."""
     if "mode" in options:
         mode = options["mode"]
         listed = ", ".join(MODES)
@@ -234,22 +243,28 @@ def parse_command(text: str) -> dict[str, Any]:
                                  f"(did you mean {typo!r}?)")
             raise _Malformed(f"'mode' must be one of {listed}; the value given is not one of "
                              "them (not repeated here in case it is secret)")
-    return options
+    if "mask" in options and not (isinstance(options["mask"], str)
+                                  and mask_accepted(options["mask"])):
+        # The redact stage has replaced an accepted value by *** before this sees the line.
+        raise _Malformed(f"'mask' must be a string of at least {MIN_MASK} characters")
 
 
 def strictness(texts: list[str]) -> int:
     """How strict the mode set by the first valid mode command among ``texts`` is: 0 for
     disabled, 1 metadata, 2 enabled, 3 when none sets a mode. The pipeline orders the two
     streams' lines of one round of the reader by it (``Pipeline._release``): the other
-    stream's lines of the round then follow the stricter of the two commands."""
+    stream's lines of the round then follow the stricter of the two commands. A mask
+    protects what follows it as disabling does, so a mask command counts as 0."""
     for text in texts:
         if text.startswith(COMMAND_PREFIX):
             try:
-                mode = parse_command(text).get("mode")
+                options = parse_command(text)
             except _Malformed:
                 continue
-            if mode is not None:
-                return _STRICTNESS[mode]
+            if "mask" in options:
+                return _STRICTNESS[DISABLED]
+            if "mode" in options:
+                return _STRICTNESS[options["mode"]]
     return 3
 
 

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from .errors import ConfigError, typo_of
 from .records import DISABLED, ENABLED, MODES
+from .redact import pattern_of
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: this module is on every job's start path
 if TYPE_CHECKING:
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
 OPTIN_ENV = "LOGCAPTURE_OPTIN"
 OPTIN_NAME = ".logoptin"
 OPTIN_MAX_BYTES = 65536
-OPTIN_KEYS = ("mode", "streams", "notify", "mail")
+OPTIN_KEYS = ("mode", "streams", "notify", "mail", "redact")
 # ``streams``: how the job's stdout and stderr are captured (runner.same_destination).
 # ``auto``: one terminal for both when they go to the same place (the order of their writes
 # is then kept there, as without logcapture), two otherwise; ``separate``: always two, so the
@@ -96,12 +97,13 @@ _YAML_TRUE = {"on", "yes", "true", "y"}
 # The configuration types are named tuples, as the records are (records.py says why).
 
 
-class OptinConfig(namedtuple("OptinConfig", ("mode", "streams", "notify", "mail"),
-                             defaults=(ENABLED, STREAMS_AUTO, (), None))):
+class OptinConfig(namedtuple("OptinConfig", ("mode", "streams", "notify", "mail", "redact"),
+                             defaults=(ENABLED, STREAMS_AUTO, (), None, ()))):
     """The user's settings: ``mode`` (the cluster guide's option), ``streams``
     (``STREAMS_CHOICES``); ``notify``, the events a short message is sent for
     (``NOTIFY_EVENTS``); ``mail``, where it goes (default: the user's own mailbox, as Slurm's
-    --mail-user)."""
+    --mail-user); ``redact``, the user's own secrets to redact, as given (literals and
+    ``/REGEX/``: ``redact.pattern_of``)."""
 
     __slots__ = ()
     if TYPE_CHECKING:
@@ -109,6 +111,7 @@ class OptinConfig(namedtuple("OptinConfig", ("mode", "streams", "notify", "mail"
         streams: str
         notify: tuple[str, ...]
         mail: str | None
+        redact: tuple[str, ...]
 
 
 class OptinResult(namedtuple("OptinResult", ("opted_in", "config", "problems"))):
@@ -270,7 +273,12 @@ def _check_stat(name: str, st: os.stat_result, uid: int) -> str | None:
 
 
 class _Problem(Exception):
-    """One problem with one value; raised by value checkers, collected by ``_parse``."""
+    """One problem with one value; raised by value checkers, collected by ``_parse``.
+    ``node``: the part of the value it is about, when not all of it (an item of a list)."""
+
+    def __init__(self, message: str, node: yaml.Node | None = None):
+        super().__init__(message)
+        self.node = node
 
 
 def _where(name: str, node: yaml.Node | None) -> str:
@@ -466,8 +474,26 @@ def _streams(node: yaml.Node) -> Any:
     return _choice(STREAMS_CHOICES)(node)
 
 
+def _redact_list(node: yaml.Node) -> Any:
+    """A list of secrets to redact: literals and ``/REGEX/`` (a single one may be given
+    bare). Each is checked as the redact stage will read it; none is quoted back."""
+    items = node.value if isinstance(node, yaml.SequenceNode) else [node]
+    out: list[str] = []
+    for n, item in enumerate(items, 1):
+        if not isinstance(item, yaml.ScalarNode) or item.tag not in (_STR, _INT, _FLOAT):
+            raise _Problem(f"item {n}: must be a string (a literal, or /REGEX/), not "
+                           f"{_node_kind(item)}", item)
+        try:
+            pattern_of(item.value)
+        except ValueError as e:
+            raise _Problem(f"item {n}: {e}", item) from None
+        if item.value not in out:
+            out.append(item.value)
+    return tuple(out)
+
+
 _OPTIN_SCHEMA: Schema = {"mode": _choice(MODES), "streams": _streams, "notify": _events,
-                         "mail": _mail}
+                         "mail": _mail, "redact": _redact_list}
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
 _QUOTED = re.compile(r"'([^']*)'|\"([^\"]*)\"")
@@ -594,7 +620,7 @@ def _parse(name: str, data: bytes, schema: Schema,
         try:
             values[key] = schema[key](value_node)
         except _Problem as e:
-            vmark = value_node.start_mark
+            vmark = (e.node or value_node).start_mark
             add(f"key {key!r}: {e}", vmark.line + 1, vmark.column + 1, key)
         except (ValueError, OverflowError, yaml.YAMLError):
             vmark = value_node.start_mark
@@ -603,6 +629,22 @@ def _parse(name: str, data: bytes, schema: Schema,
 
 
 # ------------------------------------------------------------------------------ admin config
+
+
+_GLOB = re.compile(r"[A-Za-z0-9_*?\[\]!-]+")
+
+
+def _variable_globs(node: yaml.Node) -> Any:
+    """A list of environment variable names, shell globs allowed (``*_SECRET``)."""
+    items = node.value if isinstance(node, yaml.SequenceNode) else [node]
+    out: list[str] = []
+    for n, item in enumerate(items, 1):
+        if not isinstance(item, yaml.ScalarNode) or item.tag != _STR \
+                or not _GLOB.fullmatch(item.value):
+            raise _Problem(f"item {n}: must be a variable name or a glob like *_SECRET "
+                           "(letters, digits, _, *, ?, [])", item)
+        out.append(item.value)
+    return tuple(out)
 
 
 _ADMIN_DEFAULTS = {
@@ -645,6 +687,10 @@ _ADMIN_DEFAULTS = {
     "reader_max_clients_per_user": None,  # ... from one uid
     "reader_max_follows_per_user": None,  # ... from one uid following a run (logs -f)
     "reader_request_timeout": None,  # seconds a connection may take to send its request
+    # Secrets (logcapture.redact): variable names (globs) whose values are redacted, beyond
+    # redact.DEFAULT_VARIABLES, and literals or /REGEX/ redacted in every job's output.
+    "redact_variables": (),
+    "redact_patterns": (),
 }
 
 
@@ -688,6 +734,8 @@ class AdminConfig(namedtuple("AdminConfig", tuple(_ADMIN_DEFAULTS),  # type: ign
         reader_max_clients_per_user: int | None
         reader_max_follows_per_user: int | None
         reader_request_timeout: float | None
+        redact_variables: tuple[str, ...]
+        redact_patterns: tuple[str, ...]
 
 
 _ADMIN_SCHEMA: Schema = {
@@ -719,6 +767,8 @@ _ADMIN_SCHEMA: Schema = {
     "reader_max_clients_per_user": _positive_int,
     "reader_max_follows_per_user": _positive_int,
     "reader_request_timeout": _positive_number,
+    "redact_variables": _variable_globs,
+    "redact_patterns": _redact_list,
 }
 
 
@@ -767,7 +817,8 @@ def load_admin(path: Path | str | None = None,
         if raw is None or raw == "":
             continue
         node = yaml.ScalarNode(_STR, raw)
-        if check not in (_string, _dsn, _absolute_path, _webhook):
+        if check not in (_string, _dsn, _absolute_path, _webhook, _redact_list,
+                         _variable_globs):
             node = _resolve_scalar(raw)
         try:
             values[key] = check(node)

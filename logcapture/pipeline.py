@@ -44,6 +44,7 @@ TYPE_CHECKING = False  # not typing's: importing typing costs every job ~8 ms (r
 if TYPE_CHECKING:
     from .classify import Classifier
     from .filter import LineFilter
+    from .redact import Redactor
     from .render import Renderer
 
 # The stages (render pulls in pyte and wcwidth's tables) are imported where a Pipeline is
@@ -142,11 +143,13 @@ class Pipeline:
 
     def __init__(self, run_id: str, spool: SpoolWriter, *, mode: str, columns: int, rows: int,
                  warn: Callable[[str], None] | None = None, merged: bool = False,
-                 limit: OutputLimit | None = None):
-        """``merged``: stdout and stderr share one terminal, fed as stdout. ``limit``: the
-        bound on what the run stores (default: ``limit.py``'s)."""
+                 redactor: Redactor | None = None, limit: OutputLimit | None = None):
+        """``merged``: stdout and stderr share one terminal, fed as stdout. ``redactor``:
+        the run's secrets (default: the token formats alone). ``limit``: the bound on what
+        the run stores (default: ``limit.py``'s)."""
         from .classify import Classifier
         from .filter import LineFilter
+        from .redact import Redactor
         from .render import Renderer
 
         self.run_id = run_id
@@ -156,6 +159,7 @@ class Pipeline:
         self._warn_out = warn or (lambda msg: None)
         self.renderers: dict[str, Renderer | _PlainLines] = {
             s: Renderer(columns=columns, rows=rows) for s in OUTPUT_STREAMS}
+        self.redactor = redactor if redactor is not None else Redactor()
         self.filters: dict[str, LineFilter] = {s: LineFilter() for s in OUTPUT_STREAMS}
         self.classifier: Classifier = Classifier(
             run_id, mode, (STDOUT,) if merged else OUTPUT_STREAMS)
@@ -192,6 +196,7 @@ class Pipeline:
             return seq
 
     def start(self, **fields: object) -> Start:
+        fields = self.redactor.start_fields(fields)
         rec = Start(run=self.run_id, stream=RUN, seq=self._next_run_seq(), ts=time.time(),
                     mode=self.classifier.mode, **fields)
         self._began = (rec.ts, time.monotonic())
@@ -390,8 +395,11 @@ class Pipeline:
         (the filter's output cut back into the groups: ``_by_group``); spool the records in
         one write.
         ``final``: the filter's last note (a run of repeats at the end) goes with the last
-        group."""
+        group.
+        Secrets are redacted first, so that the filter compares the text that is stored
+        (redact.py)."""
         try:
+            groups = self._redacted(stream, groups)
             if len(groups) == 1:
                 ts, lines = groups[0]
                 items = self.filters[stream].feed(list(lines))
@@ -463,6 +471,23 @@ class Pipeline:
             n, why = loss
             self.warn(f"{n} lines of output were not stored here: the spool could not write "
                       f"them ({why or 'write failed'})", tell_user=False)
+
+    def _redacted(self, stream: str, groups: list[tuple[float, list[Rendered]]]
+                  ) -> list[tuple[float, list[Rendered]]]:
+        """``groups`` with their secrets redacted, in one call for the run of groups (a
+        flood's groups are a few lines each; the redactor's pass-through test is per call)."""
+        if len(groups) == 1:
+            ts, lines = groups[0]
+            return [(ts, self.redactor.lines(stream, lines))]
+        everything = [line for _, lines in groups for line in lines]
+        redacted = self.redactor.lines(stream, everything)
+        if redacted is everything:
+            return groups
+        out, at = [], 0
+        for ts, lines in groups:
+            out.append((ts, redacted[at:at + len(lines)]))
+            at += len(lines)
+        return out
 
     def _fault(self, stream: str, stage: str, e: Exception) -> None:
         if stream in self._faulted:

@@ -232,6 +232,11 @@ def describe(facts: RunFacts) -> dict[str, Any]:
     resources.update(job_usage(usage, resources, info["duration"],
                                (start or {}).get("inventory") or {}))
     info["resources"] = resources
+    # Secrets replaced by *** before the spool (logcapture.redact), counted by the end record.
+    by_kind = ((end or {}).get("counts") or {}).get("redactions") or {}
+    info["redactions_by_kind"] = {str(k): int(v) for k, v in sorted(by_kind.items())
+                                  if isinstance(v, int) and v > 0}
+    info["redactions"] = sum(info["redactions_by_kind"].values())
     info["warnings"] = facts.warnings
     info["spool_problems"] = facts.spool_problems
     info["stored_in"] = facts.stored_in

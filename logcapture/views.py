@@ -184,6 +184,10 @@ def show_lines(info: Mapping[str, Any]) -> list[str]:
         for key, label, fmt in _RESOURCES:
             if res.get(key) is not None:
                 out.append(("", f"  {label}: {fmt(res[key])}"))
+    kinds = info.get("redactions_by_kind") or {}
+    by_kind = ", ".join(f"{k} {n}" for k, n in kinds.items())
+    add("redactions", f"{info.get('redactions')} ({by_kind})" if kinds
+        else info.get("redactions"))
     add("warnings", info.get("warnings"))
     add("spool problems", info.get("spool_problems"))
     add("stored in", info.get("stored_in"))

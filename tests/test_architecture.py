@@ -1,9 +1,9 @@
 """The one-way rule: a stage never imports a stage after it; every module has a layer and
 imports only from its own and those below; no import cycles.
 
-Order: frame (the reader <-> worker format) -> runner -> render -> filter -> classify -> spool ->
-store -> query (the read layer) -> reader (the read service). The sampler is a source beside
-the runner: it knows nothing of spool or store either. ``pipeline`` (runner to spool, its
+Order: frame (the reader <-> worker format) -> runner -> render -> redact -> filter -> classify ->
+spool -> store -> query (the read layer) -> reader (the read service). The sampler is a source
+beside the runner: it knows nothing of spool or store either. ``pipeline`` (runner to spool, its
 processes in ``capture``) and ``ship`` (spool to store) are the wiring modules; ``cli`` sits
 on top of everything.
 """
@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "logcapture"
-ORDER = ["frame", "runner", "render", "filter", "classify", "spool", "store", "query", "reader"]
+ORDER = ["frame", "runner", "render", "redact", "filter", "classify", "spool", "store", "query",
+         "reader"]
 SOURCES_BESIDE = {"sampling": ORDER[ORDER.index("spool"):]}
 # Libraries every reader and the shipper use, below all of them: pure functions of records.
 # ``insights`` (diagnosis, efficiency notes, live checks) is handed lines, samples and a store
@@ -75,7 +76,7 @@ def test_the_checker_sees_imports() -> None:
 # records, spool and store, and never reaches into the capture path; nothing on the capture
 # path imports it. (logview, like xaxis, is a rule every reader applies, the store included.)
 READERS = ["query", "web", "grafana"]
-CAPTURE = ["frame", "runner", "render", "filter", "classify", "pipeline", "capture",
+CAPTURE = ["frame", "runner", "render", "redact", "filter", "classify", "pipeline", "capture",
            "sampling"]
 # sampling.summary.summarize (a run's resource figures, a pure function of Sample records) is
 # read by describe; the collectors and the sampler thread are not.
@@ -153,8 +154,9 @@ def test_the_slurm_modules_import_only_os_and_sys_at_module_level(path: Path) ->
 # modules are run by different callers (the Slurm job wrapper on every job start, the hooks
 # by slurmd, the node sampler as a daemon).
 LAYERS: list[tuple[str, list[str]]] = [
+    # redact is a stage, and its rules (what a configured pattern may be) are read by config.
     ("records and rules", ["", "errors", "records", "config", "jobref", "search", "logview",
-                           "xaxis", "views", "userfiles"]),
+                           "xaxis", "views", "userfiles", "redact"]),
     ("capture stages and sources", ["frame", "runner", "render", "filter", "classify", "limit",
                                     "spool", "sampling"]),
     ("libraries over records", ["insights", "store", "runs", "grafana", "slurm.jobrecords",

@@ -19,7 +19,7 @@ from logcapture.config import AdminConfig
 
 FIELDS = dict(run_id="r", run_dir=Path("/tmp/r"), admin=AdminConfig(), mode="enabled", rows=24,
               columns=80, env={}, problems=[], sample=False, start_fields={}, wrapper_pid=1,
-              warn=print, merged=False)
+              warn=print, merged=False, redact=())
 
 
 def test_the_worker_settings_hold_what_they_were_given() -> None:

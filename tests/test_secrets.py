@@ -11,6 +11,7 @@ and the temporary folder it was given) is searched for the secrets, and the stor
 from __future__ import annotations
 
 import gzip
+import json
 import os
 import sys
 from pathlib import Path
@@ -196,3 +197,57 @@ def test_a_disabling_command_protects_the_other_streams_next_line_under_load(
     assert logs.count('/LOGCOMMAND {"mode": "disabled"}') == 300
     for path, data in _walk_bytes(store_dir):
         assert b"T0KEN-" not in data, path
+
+
+# Printed by a job in mode enabled: each must be redacted everywhere logcapture keeps text.
+HF_VALUE = "hf_" + "Zq9" * 11
+DB_VALUE = "db-Pa55word-4c1e"
+PRINTED = [HF_VALUE, DB_VALUE, "ghp_" + "Tk7m" * 9, "AKIAIOSFODNN7ZZQWERT", "Masked-At-Run-Time-9"]
+REDACT_JOB = f"""
+import base64, sys, urllib.parse
+hf, db, gh, aws, masked = {PRINTED!r}
+print("hf", hf); print("db", urllib.parse.quote(db), base64.b64encode(db.encode()).decode())
+print("gh", gh, file=sys.stderr)
+sys.stdout.write("bar " + aws + "\\r"); sys.stdout.write("bar " + aws + " done\\n")
+print('{{"step": 1, "token": "' + hf + '"}}')
+print('/LOGCOMMAND {{"mask": "' + masked + '"}}', file=sys.stderr)
+print("now", masked)
+print("-----BEGIN OPENSSH PRIVATE KEY-----\\nb3BlbnNzaC1rZXktdjEAAAAAB\\n"
+      "-----END OPENSSH PRIVATE KEY-----")
+"""
+
+
+def test_secrets_a_job_prints_are_redacted_everywhere_and_counted(
+        lc_env: dict[str, str], tmp_path: Path) -> None:
+    store_dir = tmp_path / "store"
+    env = dict(lc_env, HF_TOKEN=HF_VALUE, DB_PASSWORD=DB_VALUE,
+               LOGCAPTURE_STORE=f"chdb://{store_dir}")
+    job = tmp_path / "job.py"
+    job.write_text(REDACT_JOB)
+    res = run_lc(["run", "--run-id", "redact-run", "--", sys.executable, str(job),
+                  "--api-key", "sk-proj-" + "a" * 24], env)
+    assert res.returncode == 0, res.stderr
+    assert HF_VALUE.encode() in res.stdout and PRINTED[2].encode() in res.stderr  # untouched
+    secrets = [*PRINTED, "b3BlbnNzaC1rZXktdjEAAAAAB", "a" * 24]
+    spool = Path(lc_env["LOGCAPTURE_SPOOL"])
+    job.unlink()
+    for path, data in _walk_bytes(spool):
+        assert not [s for s in secrets if s.encode() in data], path
+    show = run_lc(["show", "redact-run", "--json"], env)
+    info = json.loads(show.stdout)
+    assert info["redactions"] >= 8, info["redactions_by_kind"]
+    assert {"environment", "github", "aws", "mask", "private-key"} <= set(
+        info["redactions_by_kind"])
+    up = run_lc(["upload", "--run", "redact-run"], env)
+    assert up.returncode == 0, up.stderr
+    for cmd in (["logs", "redact-run", "--stream", "all"], ["show", "redact-run", "--json"],
+                ["export", "redact-run", "--what", "lines", "--format", "ndjson"],
+                ["export", "redact-run", "--what", "metadata", "--format", "ndjson"],
+                ["search", "hf_"], ["ls", "--json"]):
+        out = run_lc(cmd, env)
+        text = (out.stdout + out.stderr).decode(errors="replace")
+        assert not [s for s in secrets if s in text], (cmd, text)
+    logs = run_lc(["logs", "redact-run", "--stream", "all"], env).stdout.decode()
+    assert "hf ***" in logs and "now ***" in logs and "bar *** done" in logs
+    for path, data in _walk_bytes(store_dir):
+        assert not [s for s in secrets if s.encode() in data], path
