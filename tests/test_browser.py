@@ -285,3 +285,47 @@ def test_two_pages_on_one_host_keep_their_own_tokens(site, browser, shots):
         wait(d).until(ec.presence_of_element_located((By.CSS_SELECTOR,
                                                       "#runs-table tr[data-run]")))
     assert console_errors(d) == []
+
+
+def test_time_axis_labels_read_well_for_any_run_length(site, browser, shots):
+    """The labels of a time axis (the page's own function, in the browser's local time): no
+    two ticks of an axis read the same, from a tenth of a second to a month, and the date is
+    on the first tick and wherever the day changes."""
+    s, _ = site
+    d = browser
+    d.get(s.url)  # the token, as a cookie
+    d.get(s.base + "/job/train")
+    wait(d).until(lambda d: d.execute_script("return document.body.dataset.ready") == "1")
+    ticks = d.execute_script("""
+        const t0 = new Date(2026, 0, 31, 23, 0, 0).getTime() / 1000;  // local time
+        const axis = (start, step, n) => LC.timeTicks(
+            Array.from({length: n}, (_, i) => start + i * step));
+        return {
+          tenth: axis(t0 + 3599.9, 0.02, 6), seconds: axis(t0, 2, 6),
+          hour: axis(t0, 600, 7), night: axis(t0, 3600 * 2, 6),
+          month: axis(t0 + 3600, 86400 * 5, 7)};""")
+    for name, labels in ticks.items():
+        assert len(set(labels)) == len(labels), (name, labels)
+    assert ticks["tenth"][0] == "23:59:59.90\n2026-01-31"
+    assert ticks["tenth"][1:] == ["23:59:59.92", "23:59:59.94", "23:59:59.96", "23:59:59.98",
+                                  "00:00:00.00\n02-01"]
+    assert ticks["seconds"][:2] == ["23:00:00\n2026-01-31", "23:00:02"]
+    assert ticks["hour"][:2] == ["23:00\n2026-01-31", "23:10"]
+    assert ticks["night"][:2] == ["23:00\n2026-01-31", "01:00\n02-01"]
+    assert ticks["month"][:3] == ["2026-02-01", "02-06", "02-11"]
+    # a run whose points share one time (a burst of lines read at once): an axis of a tenth
+    # of a second around them, not uPlot's 1000 days
+    width = d.execute_script("""
+        const div = document.createElement("div");
+        document.body.append(div);
+        const u = LC.chart(div, {title: "burst", time: true, x: [1.8e9, 1.8e9, 1.8e9],
+                                 series: [{label: "loss", values: [1, 2, 3]}]});
+        await new Promise(r => setTimeout(r, 200));  // uPlot sets its scales after a tick
+        const w = u.scales.x.max - u.scales.x.min;
+        div.remove();
+        return w;""")
+    assert abs(width - 0.1) < 1e-6
+    # and on a page: the graphs of the short run "train"
+    d.execute_script("document.getElementById('graphs-panel').scrollIntoView()")
+    d.save_screenshot(str(shots / "time-axes.png"))
+    assert console_errors(d) == []
