@@ -375,8 +375,13 @@ def _feed_candidates(diagnoser: Diagnoser, data: bytes) -> None:
     for needle in LOWERED_NEEDLES:
         at = lowered.find(needle, pos)
         while at >= 0:
-            starts.add(lowered.rfind(b"\n", 0, at) + 1)
+            start = lowered.rfind(b"\n", 0, at) + 1
             eol = lowered.find(b"\n", at)
+            if lowered.find(b',"text":', start, at) < 0:
+                # in the record's identity (a run named "failed"), not its text
+                at = lowered.find(needle, at + len(needle))
+                continue
+            starts.add(start)
             at = lowered.find(needle, eol) if eol >= 0 else -1
     for start in sorted(starts):
         if start >= pos:

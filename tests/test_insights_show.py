@@ -194,3 +194,33 @@ def test_ls_shows_the_first_kind_show_shows_from_the_spool_and_the_store(
     store = f"chdb://{tmp_path}/store"
     assert run_lc(["upload", "--store", store, "--all"], lc_env).returncode == 0
     assert kinds("--source", "store", "--store", store) == (show, show)
+
+
+def test_ls_diagnosis_reads_candidates_only_and_agrees_with_shows(tmp_path: Path) -> None:
+    """query.spool_insights (ls: candidates found in the segments' bytes) gives what
+    spool_facts (show: every line) gives, also for a run whose name is an error word and a
+    traceback that spans segments."""
+    from logcapture.query import spool_facts, spool_insights
+    from logcapture.records import End, Line, Metadata, Start
+    from logcapture.spool import SpoolWriter, create_run_dir, segments
+
+    run = "failed-error"
+    w = SpoolWriter(create_run_dir(tmp_path, run), fsync=False, segment_bytes=4096)
+    t = 1.7e9
+    recs: list = [Start(run, "run", 0, t, command=["python", "train.py"])]
+    recs += [Line(run, "stdout", i, t + i, f"step {i} loss 0.{i}") for i in range(200)]
+    recs.append(Metadata(run, "stdout", 200, t + 200, {"step": 200, "loss": "NaN"}))
+    tb = ["Traceback (most recent call last):",
+          *[f'  File "/home/u/m{i}.py", line {i}, in f{i}\n    g()'.split("\n")[j]
+            for i in range(40) for j in (0, 1)],
+          "RuntimeError: CUDA error: out of memory"]
+    recs += [Line(run, "stderr", j, t + 201, text) for j, text in enumerate(tb)]
+    recs.append(End(run, "run", 1, t + 300, exit_status=1, state="FAILED", duration=300.0))
+    w.write(recs)
+    w.close()
+    assert len(segments(tmp_path / run)) > 2
+    show = spool_facts(tmp_path / run, "u", 1000).insights
+    ls = [i.to_dict() for i in spool_insights(tmp_path / run, recs[0], recs[-1])]
+    assert ls == show
+    assert [i["kind"] for i in ls] == ["cuda-oom", "nan-metric"]
+    assert ls[0]["message"].endswith("at /home/u/m39.py:39 in f39")
