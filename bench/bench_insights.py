@@ -11,6 +11,12 @@ baseline measured in the same run, and the machine's load average (the cores may
 2. ``logcapture show`` of a 2M-line failed run in the store: ``LocalReader.describe`` (what
    ``show`` prints), with the insights the shipper stored, and with none stored (diagnosed on
    the spot). Baseline: the same describe without insights. Target: <= 300 ms.
+3. ``logcapture ls`` of a spool holding the failed run of 1.: its summary with the kinds
+   ``show`` lists (``query.spool_insights``: the candidates found by their needles in the
+   segments' bytes, then metadata and samples by kind). Baselines: the summary from the End
+   record alone (``runs.summarize``), and the candidates found by one regular expression of
+   all the needles instead (``matchers.CANDIDATE`` over the bytes). Figure: its time over
+   each.
 
 Usage: ``python bench/bench_insights.py [--lines N] [--show-lines N] [--rounds R]``
 """
@@ -173,6 +179,39 @@ def bench_show(tmp: Path, n: int, rounds: int) -> None:
               f"(without insights {base * 1000:.0f} ms: {m / base:.2f}x; target <= 300 ms)")
 
 
+def bench_ls(tmp: Path, n: int, rounds: int) -> None:
+    import re
+
+    from logcapture.insights.matchers import CANDIDATE
+    from logcapture.runs import summarize
+    from logcapture.spool import segment_data
+
+    root = tmp / "ls-spool"
+    write_run(root, "train-1", n)
+    run_dir = root / "train-1"
+    s = summarize(run_dir)
+    regex = re.compile(CANDIDATE.pattern.encode())
+
+    def timed(fn: object) -> float:
+        out = []
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            fn()  # type: ignore[operator]
+            out.append(time.perf_counter() - t0)
+        return statistics.median(out)
+
+    kinds = [i.kind for i in Q.spool_insights(run_dir, s.start, s.end)]
+    assert kinds[:1] == ["cuda-oom"], kinds
+    base = timed(lambda: summarize(run_dir))
+    ours = timed(lambda: Q.spool_insights(run_dir, s.start, s.end))
+    one_regex = timed(lambda: [sum(1 for _ in regex.finditer(segment_data(seg)[0]))
+                               for seg in segments(run_dir)])
+    print(f"3. ls of a spool with a {n}-line failed run: the kinds show lists in "
+          f"{ours * 1000:.0f} ms (the End record alone {base * 1000:.0f} ms: "
+          f"{ours / base:.1f}x; one regular expression of the needles "
+          f"{one_regex * 1000:.0f} ms: {one_regex / ours:.1f}x ours)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--lines", type=int, default=1_000_000)
@@ -184,6 +223,7 @@ def main() -> None:
     try:
         bench_ship(tmp, args.lines, args.rounds)
         bench_show(tmp, args.show_lines, args.rounds)
+        bench_ls(tmp, args.lines, args.rounds)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

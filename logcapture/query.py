@@ -44,8 +44,9 @@ from typing import Any, NamedTuple, Protocol
 
 from . import jobref
 from .errors import LogcaptureError, NotFound, SpoolError
-from .insights import Diagnoser, Outcome, incomplete, run_insights
+from .insights import Diagnoser, Insight, Outcome, incomplete, run_insights
 from .insights.efficiency import admin_thresholds
+from .insights.matchers import LOWERED_NEEDLES
 from .insights.report import store_insights
 from .jobref import JOB_KEYS
 from .logview import Entry, LogView, cursor_of, parse_cursor, sort_key, ts_ns
@@ -77,6 +78,8 @@ from .spool import (
     lines_of_kinds,
     parse_lines,
     read_lines,
+    records_of_kinds,
+    segment_data,
     segments,
 )
 from .store import EXPORTS, Store, export_rows, redact
@@ -275,6 +278,7 @@ def spool_facts(run_dir: Path, owner: str, uid: int) -> RunFacts:
     modes: list[dict[str, Any]] = []
     keys: set[str] = set()
     metadata: list[dict[str, Any]] = []  # stream order is time order
+    metadata_records: list[dict[str, Any]] = []
     samples: list[dict[str, Any]] = []
     diagnoser = Diagnoser()
     for rec in iter_run(run_dir, stats):
@@ -288,6 +292,7 @@ def spool_facts(run_dir: Path, owner: str, uid: int) -> RunFacts:
         elif isinstance(rec, Metadata):
             keys.update(rec.fields)
             metadata.append(dict(rec.fields))
+            metadata_records.append(rec.to_dict())
         elif isinstance(rec, Sample):
             samples.append(rec.to_dict())
         elif isinstance(rec, Command):
@@ -308,7 +313,8 @@ def spool_facts(run_dir: Path, owner: str, uid: int) -> RunFacts:
         [*([f"{stats.torn} torn line(s), {bad} invalid line(s)"] if stats.torn or bad else []),
          *([f"{len(unread)} segment(s) could not be read, their lines are missing: "
             + ", ".join(unread)] if unread else [])]) or None
-    insights = run_insights(diagnoser, start, end, samples, thresholds=admin_thresholds())
+    insights = run_insights(diagnoser, start, end, samples, metadata=metadata_records,
+                            thresholds=admin_thresholds())
     return RunFacts(run_dir.name, owner, uid, start, end, dict(lines), dict(repeats),
                     dict(blanks), commands, modes, sorted(keys), metadata, samples, warnings,
                     spool_problems=problems, insights=[i.to_dict() for i in insights])
@@ -335,9 +341,95 @@ def store_facts(st: Store, run: str, owner: str | None) -> RunFacts:
                                 owner))
 
 
+def spool_insights(run_dir: Path, start: Any, end: Any, thresholds: Any = None
+                   ) -> list[Insight]:
+    """What ``show`` lists for a finished run in the spool (``spool_facts``), without parsing
+    every line: the diagnosis reads only the candidates (``Diagnoser``), found by their
+    needles in each segment's bytes (``matchers.LOWERED_NEEDLES``), with the lines of a
+    traceback that follow one, and the metadata and samples by their kind
+    (``spool.records_of_kinds``). ``ls`` lists its first kind."""
+    diagnoser = Diagnoser()
+    samples: list[dict[str, Any]] = []
+    metadata: list[dict[str, Any]] = []
+    for seg in segments(run_dir):
+        try:
+            data, _ = segment_data(seg)
+        except SpoolError:
+            continue
+        _feed_candidates(diagnoser, data)
+        found = records_of_kinds(data, ("metadata", "sample"))
+        samples += filter(None, map(_record_dict, found["sample"]))
+        metadata += filter(None, map(_record_dict, found["metadata"]))
+    return run_insights(diagnoser, start, end, samples, metadata=metadata,
+                        thresholds=thresholds or admin_thresholds())
+
+
+def _record_dict(raw: bytes) -> dict[str, Any] | None:
+    try:
+        d = json.loads(raw)
+    except ValueError:
+        return None
+    return d if isinstance(d, dict) else None
+
+
+_LINE_END = b'"kind":"line"}'  # records.Line.to_json writes the kind last
+
+
+def _feed_candidates(diagnoser: Diagnoser, data: bytes) -> None:
+    """Feed ``diagnoser`` the candidate lines of one segment's bytes, and every line after a
+    traceback's head until it ends; then the last sequence number of each stream."""
+    pos = _feed_from(diagnoser, data, 0) if diagnoser.in_traceback else 0
+    lowered = data.lower()
+    starts: set[int] = set()
+    for needle in LOWERED_NEEDLES:
+        at = lowered.find(needle, pos)
+        while at >= 0:
+            start = lowered.rfind(b"\n", 0, at) + 1
+            eol = lowered.find(b"\n", at)
+            if lowered.find(b',"text":', start, at) < 0:
+                # in the record's identity (a run named "failed"), not its text
+                at = lowered.find(needle, at + len(needle))
+                continue
+            starts.add(start)
+            at = lowered.find(needle, eol) if eol >= 0 else -1
+    for start in sorted(starts):
+        if start >= pos:
+            pos = _feed_from(diagnoser, data, start)
+    for stream in OUTPUT_STREAMS:
+        head = b'"stream":"' + stream.encode() + b'","seq":'
+        at = data.rfind(head)
+        while at >= 0:
+            end = data.find(b"\n", at)
+            if end >= 0 and data.endswith(_LINE_END, at, end):
+                digits = data[at + len(head):data.find(b",", at + len(head))]
+                if digits.isdigit():
+                    diagnoser.note_last_seq(stream, int(digits))
+                break
+            at = data.rfind(head, 0, at)
+
+
+def _feed_from(diagnoser: Diagnoser, data: bytes, at: int) -> int:
+    """Feed the line record at byte ``at`` and, while a traceback is read, those after it;
+    the offset after the last line fed (a torn last line is left)."""
+    while True:
+        end = data.find(b"\n", at)
+        if end < 0:
+            return len(data)
+        if data.endswith(_LINE_END, at, end):
+            d = _record_dict(data[at:end])
+            if d is not None and isinstance(d.get("text"), str):
+                diagnoser.feed(str(d.get("stream")), int(d.get("seq") or 0), d["text"])
+        at = end + 1
+        if not diagnoser.in_traceback:
+            return at
+
+
 # --- run summaries --------------------------------------------------------------------------
-def summary_of_spool(s: RunSummary, owner: str, uid: int) -> dict[str, Any]:
-    """A spool run's summary, with the keys of a store run's (``SUMMARY_KEYS``)."""
+def summary_of_spool(s: RunSummary, owner: str, uid: int, run_dir: Path | None = None,
+                     thresholds: Any = None) -> dict[str, Any]:
+    """A spool run's summary, with the keys of a store run's (``SUMMARY_KEYS``): with
+    ``run_dir``, the kinds of its insights (``spool_insights``: those ``show`` lists), else
+    those its End record says alone."""
     start, end = s.start, s.end
     slurm = dict(start.slurm or {}) if start else {}  # null in a hand-made start record
     out = {"run": s.run_id, "owner": owner, "uid": uid,
@@ -349,10 +441,11 @@ def summary_of_spool(s: RunSummary, owner: str, uid: int) -> dict[str, Any]:
             "duration": end.duration if end else None, "lines": s.lines,
             "command": list(start.command or ()) if start else [], "slurm": slurm,
             "source": "spool",
-            # how it ended says the first answer; `show` reads the log for the rest
-            "insights": [i.kind for i in (*Diagnoser().result(Outcome.of(end)),
-                                          *filter(None, [incomplete(end)]))]
-            if end is not None else []}
+            "insights": [] if end is None else [
+                i.kind for i in (spool_insights(run_dir, start, end, thresholds)
+                                 if run_dir is not None else
+                                 (*Diagnoser().result(Outcome.of(end)),
+                                  *filter(None, [incomplete(end)])))]}
     out.update(jobref.job_fields(out))
     return out
 
@@ -896,7 +989,7 @@ class LocalReader:
     def resolve(self, ref: str | None) -> str:
         if ref is None or ref == "latest":  # the newest run, wherever it is
             # (a job's, not one of its tasks, which start after it: `ls JOB` lists those)
-            everything = self.runs()
+            everything = self._runs(insights=False)
             newest = [d for d in everything if not jobref.is_task(d)] or everything
             if newest:
                 ref = newest[0]["run"]
@@ -931,8 +1024,14 @@ class LocalReader:
 
     # the questions
     def runs(self) -> list[dict[str, Any]]:
+        return self._runs()
+
+    def _runs(self, insights: bool = True) -> list[dict[str, Any]]:
+        """The summaries; without ``insights``, a spool run's are only those its End record
+        says (enough to find the newest run)."""
         out = []
         if self.source != "store":
+            thresholds = admin_thresholds()
             for run_dir in find_run_dirs(self.root):
                 who = self._mine(run_dir)
                 if who is None:
@@ -942,7 +1041,8 @@ class LocalReader:
                 except SpoolError:
                     continue
                 if s.state != "EMPTY":
-                    out.append(summary_of_spool(s, *who))
+                    out.append(summary_of_spool(s, *who, run_dir if insights else None,
+                                                thresholds))
         if self._in_store():
             known = {d["run"] for d in out}
             out += [d for d in self.store.runs() if d["run"] not in known]
@@ -981,7 +1081,7 @@ class LocalReader:
         if run_dir is None:
             return self.store.summary(run)
         who = self._mine(run_dir) or (self.user, self.uid)
-        return summary_of_spool(summarize(run_dir), *who)
+        return summary_of_spool(summarize(run_dir), *who, run_dir)
 
     def log(self, run: str, stderr: bool = False, before: str | None = None,
             after: str | None = None, limit: int = LOG_PAGE) -> dict[str, Any]:

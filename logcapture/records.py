@@ -261,10 +261,10 @@ class Sample(_record_tuple("Sample", "node", "gpus", "job", defaults=("", (), _N
     """One resource sample of one node. ``stream`` is ``sample:<node>``.
 
     ``gpus``: per-GPU figures, a list of {uuid, index, name, utilization_gpu_percent,
-    memory_used_bytes, memory_total_bytes, power_watts, temperature_celsius, sm_clock_mhz,
-    job_memory_used_bytes}; ``job``: the job's own CPU/memory/IO (cpu_seconds_total,
-    cpu_percent, memory_rss_bytes, memory_pss_bytes, io_read_bytes, io_write_bytes, threads,
-    processes)."""
+    memory_used_bytes, memory_total_bytes, memory_reserved_bytes, power_watts,
+    temperature_celsius, sm_clock_mhz, job_memory_used_bytes}; ``job``: the job's own
+    CPU/memory/IO (cpu_seconds_total, cpu_percent, memory_rss_bytes, memory_pss_bytes,
+    io_read_bytes, io_write_bytes, threads, processes)."""
 
     __slots__ = ()
     kind = "sample"

@@ -368,6 +368,11 @@ def lines_of_kinds(seg: Segment, kinds: Iterable[str]) -> dict[str, list[bytes]]
     the segment into lines: the graphs' metadata and samples of a 2M-line run take the
     segments' decompression and little more."""
     data, _ = segment_data(seg)
+    return records_of_kinds(data, kinds)
+
+
+def records_of_kinds(data: bytes, kinds: Iterable[str]) -> dict[str, list[bytes]]:
+    """``lines_of_kinds`` of a segment's data already read."""
     found: dict[str, list[bytes]] = {}
     for kind in kinds:
         tail = b'"kind":"' + kind.encode() + b'"}\n'

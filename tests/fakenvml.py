@@ -38,6 +38,7 @@ NVMLError_NoPermission = _error("NVMLError_NoPermission", 4)
 NVMLError_NotFound = _error("NVMLError_NotFound", 6)
 NVMLError_DriverNotLoaded = _error("NVMLError_DriverNotLoaded", 9)
 NVMLError_LibraryNotFound = _error("NVMLError_LibraryNotFound", 12)
+NVMLError_FunctionNotFound = _error("NVMLError_FunctionNotFound", 13)
 NVMLError_GpuIsLost = _error("NVMLError_GpuIsLost", 15)
 NVMLError_Unknown = _error("NVMLError_Unknown", 999)
 
@@ -61,7 +62,8 @@ class FakeGPU:
     minor: int | None = None  # None: same as the NVML index
     pci_bus_id: str = ""
     memory_total: int = 40 * GiB
-    memory_used: int = 1 * GiB
+    memory_used: int = 1 * GiB  # as nvidia-smi says it: without ``memory_reserved``
+    memory_reserved: int = 0  # the driver's (nvmlDeviceGetMemoryInfo_v2's ``reserved``)
     utilization: int = 50
     power_mw: int = 250_000
     temperature: int = 60
@@ -84,18 +86,22 @@ class FakeNVML:
     NVMLError_NotFound = NVMLError_NotFound
     NVMLError_DriverNotLoaded = NVMLError_DriverNotLoaded
     NVMLError_LibraryNotFound = NVMLError_LibraryNotFound
+    NVMLError_FunctionNotFound = NVMLError_FunctionNotFound
     NVMLError_GpuIsLost = NVMLError_GpuIsLost
     NVMLError_Unknown = NVMLError_Unknown
     NVML_TEMPERATURE_GPU = 0
     NVML_CLOCK_SM = 1
+    nvmlMemory_v2 = 0x02000028  # pynvml's version constant for nvmlDeviceGetMemoryInfo_v2
 
     def __init__(self, gpus: list[FakeGPU] | None = None, *,
                  init_error: type[NVMLError] | None = None,
-                 driver_version: str = "550.54.15", cuda_version: int = 12040):
+                 driver_version: str = "550.54.15", cuda_version: int = 12040,
+                 memory_v2: bool = True):
         self.gpus = list(gpus or [])
         self.init_error = init_error
         self.driver_version = driver_version
         self.cuda_version = cuda_version
+        self.memory_v2 = memory_v2  # False: a driver without nvmlDeviceGetMemoryInfo_v2
         self.initialized = 0
         self.calls: Counter[str] = Counter()
 
@@ -181,12 +187,22 @@ class FakeNVML:
         gpu = self._gpu(handle, "utilization")
         return SimpleNamespace(gpu=gpu.utilization, memory=gpu.utilization // 2)
 
-    def nvmlDeviceGetMemoryInfo(self, handle: object) -> SimpleNamespace:
-        self._enter("nvmlDeviceGetMemoryInfo")
+    def nvmlDeviceGetMemoryInfo(self, handle: object, version: int | None = None
+                                ) -> SimpleNamespace:
+        """As pynvml's: with ``version`` (``nvmlMemory_v2``) the _v2 call, whose ``used``
+        leaves the driver's ``reserved`` out; without it the first call, which counts it."""
+        self._enter("nvmlDeviceGetMemoryInfo" + ("_v2" if version else ""))
+        if version and not self.memory_v2:
+            raise NVMLError_FunctionNotFound()
         gpu = self._gpu(handle, "memory")
         src = self._mig(handle) or gpu
-        return SimpleNamespace(total=src.memory_total, used=src.memory_used,
-                               free=src.memory_total - src.memory_used)
+        reserved = 0 if isinstance(src, FakeMig) else gpu.memory_reserved
+        free = src.memory_total - src.memory_used - reserved
+        if version:
+            return SimpleNamespace(version=version, total=src.memory_total, used=src.memory_used,
+                                   reserved=reserved, free=free)
+        return SimpleNamespace(total=src.memory_total, used=src.memory_used + reserved,
+                               free=free)
 
     def nvmlDeviceGetPowerUsage(self, handle: object) -> int:
         self._enter("nvmlDeviceGetPowerUsage")

@@ -102,13 +102,21 @@ def test_a_person_reads_a_run(site, browser, shots):
 
     texts = log_texts(d)
     assert "done" in texts and "epoch 12: training" in texts
-    assert not any("checkpoint" in t for t in texts)
+    # both streams by default, in the order read (the log's, as the API pages it), stderr
+    # marked
+    order = d.execute_script(
+        "return fetch(location.pathname.replace('/job/', '/api/runs/') + '/log?stderr=1')"
+        ".then(r => r.json()).then(p => p.entries.map(e => e[3]))")
+    assert texts == order
+    assert log_texts(d, "#log .row.stderr") == [f"warning: checkpoint {e} slow"
+                                                for e in (4, 8, 12)]
     assert log_texts(d, "#log .row.note") == [
         "[logcapture: previous line repeated 2 more times, dropped]"]
 
+    d.find_element(By.ID, "stderr-switch").click()  # stderr off
+    wait(d).until(lambda d: not any("checkpoint" in t for t in log_texts(d)))
     d.find_element(By.ID, "stderr-switch").click()
     wait(d).until(lambda d: any("checkpoint 12" in t for t in log_texts(d)))
-    assert "warning: checkpoint 12 slow" in log_texts(d, "#log .row.stderr")
 
     first = d.find_elements(By.CSS_SELECTOR, "#metadata-table tbody tr")[0]
     cells = [c.text for c in first.find_elements(By.TAG_NAME, "td")]
@@ -284,4 +292,87 @@ def test_two_pages_on_one_host_keep_their_own_tokens(site, browser, shots):
         d.get(other.base + "/")
         wait(d).until(ec.presence_of_element_located((By.CSS_SELECTOR,
                                                       "#runs-table tr[data-run]")))
+    assert console_errors(d) == []
+
+
+def test_time_axis_labels_read_well_for_any_run_length(site, browser, shots):
+    """The labels of a time axis (the page's own function, in the browser's local time): no
+    two ticks of an axis read the same, from a tenth of a second to a month, and the date is
+    on the first tick and wherever the day changes."""
+    s, _ = site
+    d = browser
+    d.get(s.url)  # the token, as a cookie
+    d.get(s.base + "/job/train")
+    wait(d).until(lambda d: d.execute_script("return document.body.dataset.ready") == "1")
+    ticks = d.execute_script("""
+        const t0 = new Date(2026, 0, 31, 23, 0, 0).getTime() / 1000;  // local time
+        const axis = (start, step, n) => LC.timeTicks(
+            Array.from({length: n}, (_, i) => start + i * step));
+        return {
+          tenth: axis(t0 + 3599.9, 0.02, 6), seconds: axis(t0, 2, 6),
+          hour: axis(t0, 600, 7), night: axis(t0, 3600 * 2, 6),
+          month: axis(t0 + 3600, 86400 * 5, 7)};""")
+    for name, labels in ticks.items():
+        assert len(set(labels)) == len(labels), (name, labels)
+    assert ticks["tenth"][0] == "23:59:59.90\n2026-01-31"
+    assert ticks["tenth"][1:] == ["23:59:59.92", "23:59:59.94", "23:59:59.96", "23:59:59.98",
+                                  "00:00:00.00\n02-01"]
+    assert ticks["seconds"][:2] == ["23:00:00\n2026-01-31", "23:00:02"]
+    assert ticks["hour"][:2] == ["23:00\n2026-01-31", "23:10"]
+    assert ticks["night"][:2] == ["23:00\n2026-01-31", "01:00\n02-01"]
+    assert ticks["month"][:3] == ["2026-02-01", "02-06", "02-11"]
+    # a run whose points share one time (a burst of lines read at once): an axis of a tenth
+    # of a second around them, not uPlot's 1000 days
+    width = d.execute_script("""
+        const div = document.createElement("div");
+        document.body.append(div);
+        const u = LC.chart(div, {title: "burst", time: true, x: [1.8e9, 1.8e9, 1.8e9],
+                                 series: [{label: "loss", values: [1, 2, 3]}]});
+        await new Promise(r => setTimeout(r, 200));  // uPlot sets its scales after a tick
+        const w = u.scales.x.max - u.scales.x.min;
+        div.remove();
+        return w;""")
+    assert abs(width - 0.1) < 1e-6
+    # and on a page: the graphs of the short run "train"
+    d.execute_script("document.getElementById('graphs-panel').scrollIntoView()")
+    d.save_screenshot(str(shots / "time-axes.png"))
+    assert console_errors(d) == []
+
+
+def test_both_streams_merged_each_switchable_times_three_ways(site, browser, shots):
+    """The log shows stdout and stderr merged in read order by default, stderr rows marked;
+    each stream switches off and on; times as the clock, since the start, or hidden."""
+    s, _ = site
+    d = browser
+    d.get(s.url)
+    d.get(s.base + "/job/train")
+    wait(d).until(lambda d: d.execute_script("return document.body.dataset.ready") == "1")
+    assert d.find_element(By.ID, "stdout-switch").is_selected()
+    assert d.find_element(By.ID, "stderr-switch").is_selected()
+    marks = d.execute_script("return [...document.querySelectorAll('#log .row')].map("
+                             "r => [r.querySelector('.s').textContent, "
+                             "r.querySelector('.t').textContent])")
+    assert ["err", "warning: checkpoint 4 slow"] in marks
+    assert ["", "epoch 4: training"] in marks
+    clock = d.find_element(By.CSS_SELECTOR, "#log .row .n").text
+    assert clock.count(":") == 2 and len(clock) == 8  # HH:MM:SS
+    d.save_screenshot(str(shots / "log-both.png"))
+
+    d.find_element(By.ID, "stdout-switch").click()  # stderr alone
+    wait(d).until(lambda d: "epoch 4: training" not in log_texts(d))
+    only = [t for t in log_texts(d) if not t.startswith("[logcapture")]
+    assert only == [f"warning: checkpoint {e} slow" for e in (4, 8, 12)]
+    d.save_screenshot(str(shots / "log-stderr.png"))
+    d.find_element(By.ID, "stdout-switch").click()
+    wait(d).until(lambda d: "epoch 4: training" in log_texts(d))
+
+    select = d.find_element(By.ID, "ts-mode")
+    select.find_element(By.CSS_SELECTOR, "option[value=since]").click()
+    since = [e.text for e in d.find_elements(By.CSS_SELECTOR, "#log .row .n")]
+    assert all(t.startswith("+0:") for t in since), since  # a run of seconds
+    d.save_screenshot(str(shots / "log-since.png"))
+    select.find_element(By.CSS_SELECTOR, "option[value=none]").click()
+    assert not d.find_element(By.CSS_SELECTOR, "#log .row .n").is_displayed()
+    d.save_screenshot(str(shots / "log-no-time.png"))
+    select.find_element(By.CSS_SELECTOR, "option[value=clock]").click()
     assert console_errors(d) == []

@@ -214,6 +214,25 @@ def test_the_last_traceback_wins_chained_and_prefixed() -> None:
     assert exc.details["code"] if "code" in exc.details else True
 
 
+OOM_TRACEBACK = TRACEBACK.rsplit("\n", 1)[0] + (
+    "\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a "
+    "total capacity of 79.10 GiB of which 3.94 GiB is free. Including non-PyTorch memory, this "
+    "process has 75.15 GiB memory in use. " + "x" * 300)
+
+
+def test_an_error_a_specific_insight_explains_is_listed_once_with_the_users_frame() -> None:
+    found = diagnose(_lines("loading model\n" + OOM_TRACEBACK), FAILED)
+    assert [i.kind for i in found] == ["cuda-oom"]
+    oom = found[0]
+    assert oom.message.endswith(" at /home/u/proj/model.py:12 in step")
+    assert oom.details["file"] == "/home/u/proj/model.py" and oom.details["line"] == 12
+    assert oom.details["exception"] == "torch.OutOfMemoryError"
+    assert oom.details["size_bytes"] == 20 * 2**30  # the matcher's figures stay
+    assert [e.seq for e in oom.evidence] == [6, 12]  # the user's frame, the exception line
+    # an exception no matcher explains stays a python-exception
+    assert [i.kind for i in diagnose(_lines(TRACEBACK), FAILED)] == ["python-exception"]
+
+
 def test_a_caught_traceback_the_run_went_on_after_is_not_the_cause() -> None:
     log = TRACEBACK + "\n" + "\n".join(f"step {i} loss 0.1" for i in range(500))
     found = _kinds(log, Outcome(exit_status=2, state="FAILED"))
@@ -362,6 +381,16 @@ def test_gpu_memory_unused_and_thresholds() -> None:
     assert notes[0].message == "GPU memory mostly unused: peak 4.0 GiB of 80.0 GiB on 2 GPU(s)"
     assert efficiency_notes(s, 3600.0, {}, Thresholds(gpu_memory_used_fraction=0.01)) == []
     assert efficiency_notes(s, 60.0, {}) == []  # too short to judge
+
+
+def test_a_run_that_asked_for_nothing_is_not_told_to_ask_for_less() -> None:
+    # outside Slurm: the machine's 8 cores were nobody's request
+    s = _samples(util=2.0, mem_used=2**30, cpu_per_s=1.0, rss=3 * 2**30)
+    notes = {n.kind: n for n in efficiency_notes(s, 3600.0, {})}
+    assert set(notes) == {"gpu-idle"}
+    assert "ask for" not in notes["gpu-idle"].hint
+    slurm = {n.kind: n for n in efficiency_notes(s, 3600.0, {"time_limit_seconds": 7200.0})}
+    assert "cpu-low" in slurm and "ask for fewer GPUs" in slurm["gpu-idle"].hint
 
 
 def test_slurm_time_formats() -> None:

@@ -47,15 +47,17 @@ def test_show_lists_insights_first_from_the_spool_and_the_store(
     out = run_lc(["show", "fail-1", "--source", "spool"], lc_env).stdout.decode()
     assert out.startswith("insights:\n  cuda-oom: CUDA out of memory on GPU 0: tried to "
                           "allocate 20.00 MiB"), out
-    assert "  python-exception: RuntimeError: CUDA out of memory" in out
-    assert f"{tmp_path}/fail-1.py:15 in step" in out
+    # the exception is the OOM: listed once, where the user's code raised it
+    assert "python-exception" not in out
+    assert f"at {tmp_path}/fail-1.py:15 in step" in out
     spool_json = json.loads(run_lc(["show", "fail-1", "--json", "--source", "spool"],
                                    lc_env).stdout)
     assert list(spool_json)[0] == "insights"
     kinds = [i["kind"] for i in spool_json["insights"]]
-    assert kinds == ["cuda-oom", "python-exception"]
-    exc = spool_json["insights"][1]
-    assert exc["details"]["function"] == "step"  # the last traceback, not the caught one
+    assert kinds == ["cuda-oom"]
+    oom = spool_json["insights"][0]
+    assert oom["details"]["function"] == "step"  # the last traceback, not the caught one
+    assert oom["details"]["exception"] == "RuntimeError"
     assert all({"kind", "message", "evidence"} <= set(i) for i in spool_json["insights"])
 
     store = f"chdb://{tmp_path}/store"
@@ -154,3 +156,71 @@ def test_a_diagnosis_made_again_replaces_the_whole_answer(tmp_path: Path) -> Non
         assert [i["kind"] for i in st.insights("77")] == ["signal"]
         diagnose_run(st, ident, {"slurm_state": "CANCELLED"}, UploadResult())
         assert [i["kind"] for i in st.insights("77")] == ["cancelled"]
+
+
+NAN = """
+import json
+for step in range(1, 6):
+    loss = float("nan") if step >= 4 else 1.0 / step
+    print(json.dumps({"step": step, "loss": loss, "acc": float("inf") if step == 5 else 0.5}),
+          flush=True)
+"""
+NAN_AND_CRASH = NAN + "raise KeyError('lr')\n"
+
+
+def test_ls_shows_the_first_kind_show_shows_from_the_spool_and_the_store(
+        lc_env: dict[str, str], tmp_path: Path) -> None:
+    """ls lists the kinds show lists, whichever source each reads; a metric that became NaN
+    is found in a finished run's metadata with no agent."""
+    for run_id, body in (("oom-1", FAILING), ("nan-1", NAN), ("nancrash-1", NAN_AND_CRASH),
+                         ("fine-2", "print('fine')\n")):
+        _run(lc_env, tmp_path, body, run_id)
+
+    def kinds(*args: str) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+        ls = {d["run"]: d["insights"] for d in map(json.loads, run_lc(
+            ["ls", "--json", *args], lc_env).stdout.decode().splitlines())}
+        show = {run: [i["kind"] for i in json.loads(run_lc(
+            ["show", run, "--json", *args], lc_env).stdout)["insights"]] for run in ls}
+        return ls, show
+
+    ls, show = kinds("--source", "spool")
+    assert ls == show
+    assert show == {"oom-1": ["cuda-oom"], "nan-1": ["nan-metric"],
+                    "nancrash-1": ["python-exception", "nan-metric"], "fine-2": []}
+    nan = json.loads(run_lc(["show", "nan-1", "--json"], lc_env).stdout)["insights"][0]
+    assert nan["message"] == "metric loss became NaN at step 4 (then acc)"
+    assert nan["details"]["step"] == 4 and nan["details"]["keys"] == ["loss", "acc"]
+
+    store = f"chdb://{tmp_path}/store"
+    assert run_lc(["upload", "--store", store, "--all"], lc_env).returncode == 0
+    assert kinds("--source", "store", "--store", store) == (show, show)
+
+
+def test_ls_diagnosis_reads_candidates_only_and_agrees_with_shows(tmp_path: Path) -> None:
+    """query.spool_insights (ls: candidates found in the segments' bytes) gives what
+    spool_facts (show: every line) gives, also for a run whose name is an error word and a
+    traceback that spans segments."""
+    from logcapture.query import spool_facts, spool_insights
+    from logcapture.records import End, Line, Metadata, Start
+    from logcapture.spool import SpoolWriter, create_run_dir, segments
+
+    run = "failed-error"
+    w = SpoolWriter(create_run_dir(tmp_path, run), fsync=False, segment_bytes=4096)
+    t = 1.7e9
+    recs: list = [Start(run, "run", 0, t, command=["python", "train.py"])]
+    recs += [Line(run, "stdout", i, t + i, f"step {i} loss 0.{i}") for i in range(200)]
+    recs.append(Metadata(run, "stdout", 200, t + 200, {"step": 200, "loss": "NaN"}))
+    tb = ["Traceback (most recent call last):",
+          *[f'  File "/home/u/m{i}.py", line {i}, in f{i}\n    g()'.split("\n")[j]
+            for i in range(40) for j in (0, 1)],
+          "RuntimeError: CUDA error: out of memory"]
+    recs += [Line(run, "stderr", j, t + 201, text) for j, text in enumerate(tb)]
+    recs.append(End(run, "run", 1, t + 300, exit_status=1, state="FAILED", duration=300.0))
+    w.write(recs)
+    w.close()
+    assert len(segments(tmp_path / run)) > 2
+    show = spool_facts(tmp_path / run, "u", 1000).insights
+    ls = [i.to_dict() for i in spool_insights(tmp_path / run, recs[0], recs[-1])]
+    assert ls == show
+    assert [i["kind"] for i in ls] == ["cuda-oom", "nan-metric"]
+    assert ls[0]["message"].endswith("at /home/u/m39.py:39 in f39")

@@ -87,10 +87,27 @@ def test_figures_units_and_job_memory_from_job_pids_only():
     assert g == {
         "uuid": "GPU-a", "index": 0, "name": "NVIDIA A100-SXM4-40GB", "mig": False,
         "utilization_gpu_percent": 50, "memory_used_bytes": 1 * GiB,
-        "memory_total_bytes": 40 * GiB, "power_watts": 250.0, "temperature_celsius": 60,
-        "sm_clock_mhz": 1410, "job_memory_used_bytes": 2 * GiB,
+        "memory_total_bytes": 40 * GiB, "memory_reserved_bytes": 0, "power_watts": 250.0,
+        "temperature_celsius": 60, "sm_clock_mhz": 1410, "job_memory_used_bytes": 2 * GiB,
     }
     assert GpuCollector(nv, None).collect()[0]["job_memory_used_bytes"] is None
+
+
+def test_gpu_memory_used_as_nvidia_smi_says_it_reserved_apart():
+    # nvmlDeviceGetMemoryInfo counts the driver's reservation as used; nvidia-smi and the
+    # _v2 call do not
+    gpu = FakeGPU("GPU-a", memory_used=int(2.65 * GiB), memory_reserved=480 << 20)
+    (g,) = GpuCollector(FakeNVML([gpu]), None).collect()
+    assert g["memory_used_bytes"] == int(2.65 * GiB)
+    assert g["memory_reserved_bytes"] == 480 << 20
+    old = FakeNVML([gpu], memory_v2=False)  # a driver without the _v2 call
+    col = GpuCollector(old, None)
+    for _ in range(2):
+        (g,) = col.collect()
+        assert g["memory_used_bytes"] == int(2.65 * GiB) + (480 << 20)
+        assert g["memory_reserved_bytes"] is None
+    assert old.calls["nvmlDeviceGetMemoryInfo_v2"] == 1  # asked once, then the first call
+    assert old.calls["nvmlDeviceGetMemoryInfo"] == 2 and col.pop_warnings() == []
 
 
 # -- faults -----------------------------------------------------------------------------------
@@ -174,6 +191,8 @@ def test_fake_nvml_implements_exactly_real_pynvml_names():
         assert hasattr(pynvml, name), f"pynvml has no {name}"
         assert hasattr(FakeNVML, name), f"fakenvml has no {name}"
     assert issubclass(pynvml.NVMLError_GpuIsLost, pynvml.NVMLError)
+    assert "nvmlMemory_v2" in source  # looked up with getattr: an old pynvml lacks it
+    assert pynvml.nvmlMemory_v2 == FakeNVML.nvmlMemory_v2
 
 
 def test_inventory_from_fake_nvml_and_proc_files(tmp_path):

@@ -39,9 +39,10 @@ def get(s: Serve, path: str) -> Any:
 @pytest.mark.parametrize("run", ["crash", "crash-shipped"])  # the spool's and the store's
 def test_the_page_gets_the_insights_show_lists(site, run):
     got = get(site, f"/api/runs/{run}/insights")
-    assert [i["kind"] for i in got["insights"]] == ["cuda-oom", "python-exception"]
+    assert [i["kind"] for i in got["insights"]] == ["cuda-oom"]  # the exception is the OOM
     oom = got["insights"][0]
     assert oom["message"].startswith("CUDA out of memory on GPU 0: tried to allocate 20.00 MiB")
+    assert oom["message"].endswith(" in step") and oom["details"]["function"] == "step"
     assert oom["evidence"][-1]["text"].startswith("RuntimeError: CUDA out of memory")
 
 
@@ -61,8 +62,7 @@ def test_the_insights_panel_on_the_job_page(site, tmp_path):
         WebDriverWait(d, 30).until(
             lambda d: d.find_elements(By.CSS_SELECTOR, "#insights .insight"))
         blocks = d.find_elements(By.CSS_SELECTOR, "#insights .insight")
-        assert [b.get_attribute("data-kind") for b in blocks] == ["cuda-oom",
-                                                                  "python-exception"]
+        assert [b.get_attribute("data-kind") for b in blocks] == ["cuda-oom"]
         assert "tried to allocate 20.00 MiB" in blocks[0].text
         assert "Try: reduce the batch size" in blocks[0].text
         d.get(site.base + "/job/fine")

@@ -3,7 +3,8 @@
 - ``matchers``: the wordings of real programs' failures, as data (pattern, kind, message, hint)
 - ``diagnose``: ``Diagnoser`` reads a run's lines once; ``result(Outcome)`` says why it failed
 - ``efficiency``: notes from the run's resource samples and its Slurm request
-- ``live``: ``LiveWatch``, what the agent finds while a job runs (stalled, nan-metric)
+- ``live``: ``LiveWatch``, what the agent finds while a job runs (stalled, nan-metric);
+  ``nan_metric``, the same finding in a finished run's metadata
 - ``notify``: the one message per job and event a user asked for (mail, webhook)
 - ``model``: ``Insight`` and ``Evidence``
 
@@ -11,6 +12,7 @@ Pure functions of records: nothing here reads a spool or a store (the callers do
 same diagnosis runs at ship time, in ``logcapture show`` and on the job page.
 """
 
+from collections.abc import Iterable
 from typing import Any
 
 from .diagnose import Diagnoser, Outcome, diagnose
@@ -21,24 +23,31 @@ __all__ = ["EFFICIENCY", "FAILURE", "LIVE", "Diagnoser", "Evidence", "Insight", 
 
 
 def run_insights(diagnoser: Diagnoser, start: Any, end: Any, samples: list[Any], *,
-                 slurm_state: str = "", thresholds: Any = None,
+                 metadata: Iterable[Any] = (), slurm_state: str = "", thresholds: Any = None,
                  request: dict[str, float] | None = None) -> list[Insight]:
-    """Every insight of a finished run: the diagnosis (when it ended badly) from ``diagnoser``
-    (fed with its lines), then the efficiency notes from its samples. ``start`` and ``end``
-    are records or record dicts (None when absent); a run without an end gets none."""
+    """Every insight of a finished run, in the order every reader lists them (the store's
+    ``insights`` query, ``ls``'s first kind): the diagnosis (when it ended badly) from
+    ``diagnoser`` (fed with its lines) and ``incomplete``, then the efficiency notes from its
+    samples, then a metric that became NaN in its ``metadata`` (record dicts in order).
+    ``start`` and ``end`` are records or record dicts (None when absent); a run without an
+    end gets none."""
     from .efficiency import efficiency_notes, slurm_request
+    from .live import nan_metric
 
     if end is None:
         return []
     get_end = end.get if isinstance(end, dict) else (lambda k: getattr(end, k, None))
     out = diagnoser.result(Outcome.of(end, slurm_state))
+    gap = incomplete(end)
+    if gap is not None:
+        out.append(gap)
     if request is None and start is not None:
         slurm = start.get("slurm") if isinstance(start, dict) else start.slurm
         ts = start.get("ts") if isinstance(start, dict) else start.ts
         request = slurm_request(slurm, ts)
     out += efficiency_notes(samples, get_end("duration"), request, thresholds)
-    gap = incomplete(end)
-    return out + [gap] if gap is not None else out
+    nan = nan_metric(metadata)
+    return out + [nan] if nan is not None else out
 
 
 def incomplete(end: Any) -> Insight | None:

@@ -86,7 +86,7 @@ class Outcome:
 
 class _Traceback:
     __slots__ = ("start", "head", "stream", "frames", "exc", "exc_seq", "exc_text", "lines",
-                 "done")
+                 "done", "explained_by")
 
     def __init__(self, stream: str, seq: int, head: str):
         self.stream = stream
@@ -99,6 +99,7 @@ class _Traceback:
         self.exc_seq = seq
         self.lines = 0
         self.done = False
+        self.explained_by = ""  # the kind whose matcher matched the exception line
 
 
 class _Found:
@@ -152,6 +153,11 @@ class Diagnoser:
         """Whether a line is a candidate (a needle or an error-looking word)."""
         return M.CANDIDATE.search(text) is not None
 
+    @property
+    def in_traceback(self) -> bool:
+        """Whether a traceback is being read: the next lines are wanted, whatever they hold."""
+        return bool(self._tb)
+
     def note_last_seq(self, stream: str, seq: int) -> None:
         """The last sequence number of ``stream`` when only candidates were fed."""
         if seq > self._last_seq.get(stream, -1):
@@ -183,6 +189,9 @@ class Diagnoser:
                     found = self._found[matcher.kind] = _Found(matcher)
                 found.add(matcher, m.groupdict(), ev)
                 matched = True
+                tb = self._last_tb
+                if tb is not None and tb.exc_seq == seq and tb.stream == stream:
+                    tb.explained_by = matcher.kind
                 break
         if not matched and M.ERROR_LOOKING.search(text):
             self._errors.append(ev)
@@ -264,7 +273,11 @@ class Diagnoser:
             out[kind] = Insight(kind, message, tuple(found.evidence), hint, FAILURE, details)
         self._slurm_state(outcome, out)
         exc = self._python_exception()
-        if exc is not None:
+        explained = self._last_tb.explained_by if self._last_tb is not None else ""
+        if exc is not None and explained in out:
+            # one error, one insight: the specific one, with where the user's code was
+            out[explained] = _with_frame(out[explained], exc)
+        elif exc is not None:
             out["python-exception"] = exc
         self._exit(outcome, out)
         if outcome.state == LOST:
@@ -347,6 +360,24 @@ class Diagnoser:
                            tuple(self._errors), "", FAILURE, {})
         return Insight("failed", f"{how}; no error message found in the stored output",
                        (), "", FAILURE, {})
+
+
+def _with_frame(specific: Insight, exc: Insight) -> Insight:
+    """``specific`` (``cuda-oom``, ``nccl-error``...: its matcher matched the exception line
+    of the fatal traceback) with the traceback's frame (``python-exception``'s): where in the
+    user's code it was raised, and that frame's line among the evidence."""
+    details = dict(exc.details or {})
+    if "file" not in details:
+        return specific
+    where = f" at {details['file']}:{details['line']} in {details['function']}"
+    frame = [e for e in exc.evidence[1:-1] if e not in specific.evidence]
+    evidence = sorted((*frame, *specific.evidence), key=lambda e: (e.stream, e.seq))
+    merged: dict[str, Any] = {k: details[k] for k in ("file", "line", "function", "code",
+                                                      "own_code") if k in details}
+    merged["exception"] = details.get("type", "")
+    return specific._replace(message=specific.message + where,
+                             evidence=tuple(evidence[-MAX_EVIDENCE:]),
+                             details={**merged, **(specific.details or {})})
 
 
 def _how_it_ended(outcome: Outcome) -> str:

@@ -5,7 +5,9 @@ the job's Slurm request.
 records (or their dicts), ``duration`` its wall seconds, ``request`` what the job asked Slurm
 for (``slurm_request`` reads it from a Start record's Slurm identity or a job record), and
 ``thresholds`` the administrator's (``Thresholds``, from the admin config). A run shorter
-than ``min_seconds`` gets no notes: its figures say too little.
+than ``min_seconds`` gets no notes: its figures say too little. A note or hint about what
+was asked for (cores, memory, time, fewer GPUs) needs a request: a run outside Slurm asked
+for nothing.
 """
 
 from __future__ import annotations
@@ -140,7 +142,8 @@ def efficiency_notes(samples: Iterable[Any], duration: float | None,
             "gpu-idle", f"{n} of {len(gpus)} GPU(s) held {held} were idle: mean utilisation "
             f"{mean:.0f} % (under {t.gpu_idle_percent:g} %)", (),
             "check that the work runs on the GPU (model and data moved with .to('cuda'), the "
-            "framework built with CUDA); ask for fewer GPUs if the job cannot use them all",
+            "framework built with CUDA)" + ("; ask for fewer GPUs if the job cannot use them "
+                                            "all" if request else ""),
             EFFICIENCY, {"gpus_idle": n, "gpus": len(gpus), "mean_utilization_percent": mean,
                          "gpu_hours_idle": n * duration / 3600}))
     used = [g for g in summary.get("gpus") or () if g.get("memory_used_peak_bytes")
@@ -156,7 +159,9 @@ def efficiency_notes(samples: Iterable[Any], duration: float | None,
             f"{_gib(total)} on {len(low)} GPU(s)", (),
             "a smaller GPU (or a MIG slice) would do, or a larger batch would use this one",
             EFFICIENCY, {"peak_bytes": peak, "total_bytes": total, "gpus": len(low)}))
-    cpus = request.get("cpus") or _cpus(summary)
+    # a note about the cores a job asked for, only where it asked (a Slurm job): a command
+    # run by hand held no cores, whatever the machine has
+    cpus = request.get("cpus") or (_cpus(summary) if request else None)
     eff = summary.get("cpu_efficiency")
     if eff is not None and cpus and cpus >= 2 and eff < t.cpu_efficiency_low:
         notes.append(Insight(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable
 from typing import Any
 
 from .matchers import duration_text
@@ -33,6 +34,9 @@ _NON_FINITE_TEXT = ("NaN", "Infinity", "-Infinity")
 STEP_KEYS = ("step", "global_step", "iteration", "iter", "batch", "epoch", "progress")
 IDLE_CPU_PERCENT = 5.0  # a job under this much of one core is waiting, not computing
 IDLE_GPU_PERCENT = 5.0
+MAX_EVIDENCE = 6  # metadata lines quoted by a finished run's nan-metric
+NAN_HINT = ("a NaN loss usually means a learning rate too high, a division by zero or a log "
+            "of zero, or overflow in half precision (try gradient clipping or bf16)")
 
 
 def _line_at(data: bytes, pos: int) -> dict[str, Any] | None:
@@ -105,37 +109,15 @@ class LiveWatch:
         return self._nan_metrics(run, data)
 
     def _nan_metrics(self, run: _Run, data: bytes) -> list[Insight]:
-        out = []
+        records = []
         for raw in data.split(b"\n"):
             if _METADATA not in raw or not any(n in raw for n in _NON_FINITE):
                 continue
             try:
-                rec = json.loads(raw)
+                records.append(json.loads(raw))
             except ValueError:
                 continue
-            fields = rec.get("fields") if isinstance(rec, dict) else None
-            if not isinstance(fields, dict):
-                continue
-            bad = [k for k, v in fields.items() if _non_finite(v) and k not in run.nan_keys]
-            if not bad:
-                continue
-            step_key = next((k for k in STEP_KEYS if isinstance(fields.get(k), (int, float))
-                             and not isinstance(fields.get(k), bool)), None)
-            where = f"{step_key} {fields[step_key]}" if step_key else f"line {rec.get('seq')}"
-            for key in bad:
-                run.nan_keys.add(key)
-                value = fields[key] if isinstance(fields[key], str) else str(fields[key])
-                out.append(Insight(
-                    "nan-metric", f"metric {key} became {value} at {where}",
-                    (Evidence(str(rec.get("stream", "")), int(rec.get("seq", 0)),
-                              json.dumps(fields, ensure_ascii=False)),),
-                    "a NaN loss usually means a learning rate too high, a division by zero "
-                    "or a log of zero, or overflow in half precision (try gradient clipping "
-                    "or bf16)", LIVE,
-                    {"key": key, "value": value, "step_key": step_key,
-                     "step": fields.get(step_key) if step_key else None,
-                     "seq": rec.get("seq")}))
-        return out
+        return nan_metrics(records, run.nan_keys)
 
     def check(self, key: Any, now: float, running: bool) -> Insight | None:
         """A ``stalled`` insight when the run has printed nothing for ``stall_seconds`` while
@@ -185,6 +167,50 @@ class LiveWatch:
         if not parts:
             return "", "", {}
         return ("busy" if busy else "idle"), ", ".join(parts), details
+
+
+def nan_metrics(records: Iterable[Any], seen: set[str] | None = None) -> list[Insight]:
+    """A ``nan-metric`` insight for each metadata key whose value became NaN or ±Infinity in
+    ``records`` (metadata record dicts, in order), at its first such record; keys in ``seen``
+    are skipped and the new ones added to it."""
+    seen = set() if seen is None else seen
+    out = []
+    for rec in records:
+        fields = rec.get("fields") if isinstance(rec, dict) else None
+        if not isinstance(fields, dict):
+            continue
+        bad = [k for k, v in fields.items() if _non_finite(v) and k not in seen]
+        if not bad:
+            continue
+        step_key = next((k for k in STEP_KEYS if isinstance(fields.get(k), (int, float))
+                         and not isinstance(fields.get(k), bool)), None)
+        where = f"{step_key} {fields[step_key]}" if step_key else f"line {rec.get('seq')}"
+        for key in bad:
+            seen.add(key)
+            value = fields[key] if isinstance(fields[key], str) else str(fields[key])
+            out.append(Insight(
+                "nan-metric", f"metric {key} became {value} at {where}",
+                (Evidence(str(rec.get("stream", "")), int(rec.get("seq", 0)),
+                          json.dumps(fields, ensure_ascii=False)),),
+                NAN_HINT, LIVE,
+                {"key": key, "value": value, "step_key": step_key,
+                 "step": fields.get(step_key) if step_key else None, "seq": rec.get("seq")}))
+    return out
+
+
+def nan_metric(records: Iterable[Any]) -> Insight | None:
+    """A finished run's one ``nan-metric`` insight (the store keeps one row per kind): the
+    first key that became non-finite, and the others after it (``details["keys"]``)."""
+    found = nan_metrics(records)
+    if not found:
+        return None
+    first = found[0]
+    details = dict(first.details or {})
+    keys = [str((i.details or {}).get("key")) for i in found]
+    message = first.message + (f" (then {', '.join(keys[1:])})" if len(keys) > 1 else "")
+    evidence = tuple(dict.fromkeys(e for i in found for e in i.evidence))[:MAX_EVIDENCE]
+    return first._replace(message=message, evidence=evidence,
+                          details={**details, "keys": keys})
 
 
 def _non_finite(v: Any) -> bool:

@@ -44,8 +44,9 @@ def diagnose_stored(store: Any, run: str, start: Any = None, end: Any = None,
         d.feed(stream, seq, text)
     for stream, seq in last.items():
         d.note_last_seq(stream, seq)
+    metadata = sorted(store.metadata(run, owner), key=lambda r: (r["ts"], r["seq"]))
     return run_insights(d, start, end, samples if samples is not None else
-                        store.samples(run, owner), slurm_state=slurm_state,
+                        store.samples(run, owner), metadata=metadata, slurm_state=slurm_state,
                         thresholds=thresholds or admin_thresholds(), request=request)
 
 
@@ -57,6 +58,7 @@ def store_insights(store: Any, run: str, start: Any, end: Any,
     stored = store.insights(run, owner)
     if end is None or any(i["category"] != LIVE for i in stored):
         return stored
-    live = [i for i in stored if i["category"] == LIVE]
-    return [i.to_dict() for i in diagnose_stored(store, run, start, end, samples,
-                                                 owner=owner)] + live
+    found = [i.to_dict() for i in diagnose_stored(store, run, start, end, samples,
+                                                  owner=owner)]
+    kinds = {i["kind"] for i in found}  # nan-metric: found again in the metadata
+    return found + [i for i in stored if i["category"] == LIVE and i["kind"] not in kinds]

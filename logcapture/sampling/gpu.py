@@ -313,10 +313,32 @@ class GpuCollector:
                        f"GPU {dev.uuid}: reading {name} failed ({_errname(e)})")
         return None
 
+    def _memory(self, dev: _Device) -> Any:
+        """The device's memory as nvidia-smi reports it: ``nvmlDeviceGetMemoryInfo_v2``, whose
+        ``used`` leaves out what the driver reserves (``reserved``, hundreds of MiB on a data
+        centre GPU) where the first version counts it as used (NVML API reference,
+        nvmlDeviceGetMemoryInfo_v2). A driver or binding without it: the first version, once
+        known, without ``reserved``."""
+        nv = self.nvml
+        version = getattr(nv, "nvmlMemory_v2", None)
+        if version is not None and "memory_v2" not in dev.unsupported:
+            try:
+                return nv.nvmlDeviceGetMemoryInfo(dev.handle, version=version)
+            except nv.NVMLError_GpuIsLost as e:
+                raise _Lost(_errname(e)) from None
+            except (nv.NVMLError_FunctionNotFound, nv.NVMLError_NotSupported,
+                    nv.NVMLError_InvalidArgument, TypeError):
+                dev.unsupported.add("memory_v2")  # an older driver: say nothing, use v1
+            except nv.NVMLError as e:  # transient: try again next sample
+                self._warn(("field", dev.uuid, "memory", type(e).__name__),
+                           f"GPU {dev.uuid}: reading memory failed ({_errname(e)})")
+                return None
+        return self._read(dev, "memory", nv.nvmlDeviceGetMemoryInfo)
+
     def _read_device(self, dev: _Device, pids: set[int] | None) -> dict[str, Any]:
         nv = self.nvml
         util = self._read(dev, "utilization", nv.nvmlDeviceGetUtilizationRates)
-        mem = self._read(dev, "memory", nv.nvmlDeviceGetMemoryInfo)
+        mem = self._memory(dev)
         power_mw = self._read(dev, "power", nv.nvmlDeviceGetPowerUsage)
         temp = self._read(dev, "temperature", nv.nvmlDeviceGetTemperature,
                           nv.NVML_TEMPERATURE_GPU)
@@ -335,6 +357,7 @@ class GpuCollector:
             "utilization_gpu_percent": None if util is None else util.gpu,
             "memory_used_bytes": None if mem is None else mem.used,
             "memory_total_bytes": None if mem is None else mem.total,
+            "memory_reserved_bytes": getattr(mem, "reserved", None),
             "power_watts": None if power_mw is None else power_mw / 1000.0,
             "temperature_celsius": temp,
             "sm_clock_mhz": clock,

@@ -107,10 +107,10 @@ class Pages:
 
     def insights(self, ref: str) -> dict[str, Any]:
         """The run's insights, as ``logcapture show`` lists them (query.describe): asked only
-        of a run that has some to show (its summary's ``insights``: a stored run's kinds, a
-        spool run's when it ended badly), since the spool's answer reads the whole run."""
+        of a run that has some to show (its summary's ``insights``, the kinds ``show`` lists),
+        since the spool's answer reads the whole run."""
         run = self.resolve(ref)
-        summary = next((s for s in self._ask(self.reader.runs) if s["run"] == run), None)
+        summary = self._ask(self.reader.summary, run)
         if not summary or not summary.get("insights"):
             return {"run": run, "insights": []}
         return {"run": run, "insights": self._ask(self.reader.describe, run)["insights"]}

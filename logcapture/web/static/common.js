@@ -39,6 +39,41 @@ const LC = (() => {
     return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ` +
            `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
   }
+  /* The labels of a time axis's ticks (epoch seconds), in local time, for any run length
+     (a tenth of a second to months): the clock as precise as the ticks' step needs, so no two
+     ticks read the same, and the date as a second line on the first tick and wherever the day
+     changes; ticks a day or more apart are dates alone. */
+  function timeTicks(vals) {
+    const step = vals.length > 1 ? Math.abs(vals[1] - vals[0]) : 1;
+    const digits = step >= 1 ? 0 : step >= 0.1 - 1e-9 ? 1 : step >= 0.01 - 1e-9 ? 2 : 3;
+    let lastDay = null, lastYear = null;
+    return vals.map(v => {
+      if (v === null || v === undefined) return "";
+      const d = new Date(Math.round(v * 1000));
+      const year = d.getFullYear(), day = `${pad(d.getMonth() + 1)}-${pad(d.getDate())}`;
+      const date = year !== lastYear ? `${year}-${day}` : day;
+      const newDay = `${year}-${day}` !== lastDay;
+      lastDay = `${year}-${day}`;
+      lastYear = year;
+      if (step >= 86400 - 1) return date;
+      let clock = `${pad(d.getHours())}:${pad(d.getMinutes())}`;
+      if (step < 60 - 1e-9) clock += `:${pad(d.getSeconds())}`;
+      if (digits) clock += "." + String(d.getMilliseconds()).padStart(3, "0").slice(0, digits);
+      return newDay ? clock + "\n" + date : clock;
+    });
+  }
+  /* A time axis at least a tenth of a second wide around its data: uPlot gives a time scale
+     whose points share one time 1000 days (its 86400 × 1000 units of a millisecond), and a
+     short run's points then sit in one pixel under ticks of years. */
+  function widenShort(u) {
+    const x = u.data[0];
+    if (!x || !x.length) return;
+    let min = Infinity, max = -Infinity;
+    for (const v of x) { if (v < min) min = v; if (v > max) max = v; }
+    if (!(max - min < 0.1)) return;
+    const mid = (min + max) / 2;
+    u.setScale("x", {min: mid - 0.05, max: mid + 0.05});
+  }
   function duration(s) {
     if (s === null || s === undefined) return "-";
     if (s < 60) return s.toFixed(1) + " s";
@@ -95,23 +130,16 @@ const LC = (() => {
     yAxis.size = 84;
     const xAxis = axis(spec.time ? "" : spec.xLabel);
     if (spec.time) {
-      // One line per tick (uPlot's default adds a second, date line that can overlap).
-      xAxis.values = (u, vals) => {
-        const span = (u.scales.x.max - u.scales.x.min) || 0;
-        const seconds = vals.some(v => Math.round(v) % 60 !== 0);
-        return vals.map(v => {
-          const t = time(v);
-          if (span > 2 * 86400) return t.slice(5, 16);
-          if (span < 10) return t.slice(14) + "." + String(Math.round((v % 1) * 1000)).padStart(3, "0");
-          return seconds ? t.slice(11) : t.slice(11, 16);
-        });
-      };
+      xAxis.values = (u, vals) => timeTicks(vals);
+      xAxis.space = 100;  // px between ticks: room for "12:00:00.25"
+      xAxis.size = 56;  // two lines where the date is shown
     }
     const yScale = spec.yRange ? {range: spec.yRange} : {};
     const opts = {
       width: Math.max(300, plot.clientWidth || container.clientWidth || 600),
       height: spec.height || 240,
       scales: {x: {time: !!spec.time}, y: yScale},
+      hooks: spec.time ? {ready: [widenShort], setData: [widenShort]} : {},
       legend: {show: false},
       cursor: {drag: {x: true, y: false}},
       series: [{label: spec.xLabel || "x"}].concat(spec.series.map((s, i) => ({
@@ -155,5 +183,6 @@ const LC = (() => {
 
   function params() { return new URLSearchParams(location.search); }
 
-  return {el, api, time, duration, bytes, value, stateBadge, chart, showError, params, PALETTE};
+  return {el, api, time, timeTicks, duration, bytes, value, stateBadge, chart, showError, params,
+          PALETTE};
 })();

@@ -24,6 +24,7 @@
     const h = await api(base);
     running = h.running;
     headerHasStart = h.start !== null && h.start !== undefined;
+    if (headerHasStart) runStart = h.start;
     document.title = (h.name || h.run) + " · logcapture";
     document.getElementById("job-name").textContent = h.name || h.run;
     document.getElementById("job-name").title = h.name || "";
@@ -61,38 +62,64 @@
   }
 
   // ------------------------------------------------------------------ the log
+  // Both streams, merged in read order as the store sorts them (docs/architecture.md), each
+  // switchable on the page: the entries hold both, the switches choose which rows are drawn.
   // The first page fills a screen and some scrolling; older pages come larger as one scrolls.
-  const ROW = 20, FIRST = 300, PAGE = 1000, OVERSCAN = 30;
+  const ROW = 20, FIRST = 300, PAGE = 1000, OVERSCAN = 30, FILL_PAGES = 10;
   const logBox = document.getElementById("log");
   const rowsBox = document.getElementById("log-rows");
+  const stdoutSwitch = document.getElementById("stdout-switch");
   const stderrSwitch = document.getElementById("stderr-switch");
+  const tsMode = document.getElementById("ts-mode");
   const live = document.getElementById("live");
-  let entries = [];  // [cursor, stream, kind, text, ts], oldest first
+  let entries = [];  // [cursor, stream, kind, text, ts], oldest first, both streams
+  let view = [];  // the entries the switches show
+  let runStart = null;  // the run's start (header), for times since start
   // ?at=CURSOR (a search result's link): open the log at that line, marked, instead of at
   // the newest lines; "Newest" goes back to the live end.
   let at = LC.params().get("at");
   let older = false, loadingOlder = false, generation = 0, source = null;
 
+  const shown = e => e[1] === "stdout" ? stdoutSwitch.checked
+                   : e[1] === "stderr" ? stderrSwitch.checked : true;
+  function stamp(ts) {
+    if (tsMode.value === "since") {
+      const t0 = runStart !== null ? runStart : (entries.length ? entries[0][4] : ts);
+      const s = Math.max(0, ts - t0), h = Math.floor(s / 3600), m = Math.floor(s / 60) % 60;
+      const sec = (s % 60).toFixed(3).padStart(6, "0");
+      return "+" + (h ? `${h}:${String(m).padStart(2, "0")}` : String(m)) + ":" + sec;
+    }
+    return time(ts).slice(11);
+  }
+
   function drawRows() {
-    const n = entries.length;
+    const n = view.length;
     const top = older ? ROW : 0;
+    logBox.classList.toggle("no-ts", tsMode.value === "none");
+    logBox.classList.toggle("since", tsMode.value === "since");
     rowsBox.style.height = (n * ROW + top) + "px";
     const first = Math.max(0, Math.floor((logBox.scrollTop - top) / ROW) - OVERSCAN);
     const last = Math.min(n, Math.ceil((logBox.scrollTop - top + logBox.clientHeight) / ROW) + OVERSCAN);
     const out = [];
     if (older) out.push(el("div", {class: "more", text: loadingOlder ? "loading older lines…" : "scroll up for older lines"}));
     for (let i = first; i < last; i++) {
-      const [cursor, stream, kind, text, ts] = entries[i];
-      const cls = "row " + (kind === "line" ? stream : kind) + (stream === "stderr" ? " stderr" : "") +
+      const [cursor, stream, kind, text, ts] = view[i];
+      const err = stream === "stderr";
+      const cls = "row " + (kind === "line" ? stream : kind) + (err ? " stderr" : "") +
                   (cursor === at ? " at" : "");
-      const row = el("div", {class: cls, "data-cursor": cursor},
-        el("span", {class: "n", text: time(ts).slice(11)}), el("span", {class: "t", text: text}));
+      const row = el("div", {class: cls, "data-cursor": cursor, "data-stream": stream},
+        el("span", {class: "n", text: stamp(ts), title: time(ts)}),
+        el("span", {class: "s", text: err ? "err" : "", title: err ? "stderr" : null}),
+        el("span", {class: "t", text: text}));
       row.style.top = (top + i * ROW) + "px";
       out.push(row);
     }
     rowsBox.replaceChildren(...out);
+    const hidden = entries.length - n;
     document.getElementById("log-count").textContent =
-      n ? `${n.toLocaleString()} lines loaded${older ? " (older on scroll)" : ""}` : "";
+      entries.length ? `${n.toLocaleString()} lines loaded` +
+        (hidden ? `, ${hidden.toLocaleString()} hidden` : "") +
+        (older ? " (older on scroll)" : "") : "";
   }
   const atBottom = () => logBox.scrollTop + logBox.clientHeight >= logBox.scrollHeight - 2 * ROW;
   function toBottom() { logBox.scrollTop = logBox.scrollHeight; }
@@ -102,11 +129,12 @@
     loadingOlder = true;
     const gen = generation;
     try {
-      const page = await api(`${base}/log?stderr=${stderrSwitch.checked ? 1 : 0}` +
-                             `&before=${encodeURIComponent(entries[0][0])}&limit=${PAGE}`);
+      const page = await api(`${base}/log?stderr=1&before=${encodeURIComponent(entries[0][0])}` +
+                             `&limit=${PAGE}`);
       if (gen !== generation) return;
-      const added = page.entries.length;
+      const added = page.entries.filter(shown).length;
       entries = page.entries.concat(entries);
+      view = entries.filter(shown);
       older = page.more;
       logBox.scrollTop += added * ROW - (older ? 0 : ROW);
     } finally {
@@ -115,18 +143,45 @@
     }
   }
 
+  // With one stream switched off, a page may hold few rows to show: read older pages until
+  // the box is full (a few at most; scrolling up reads on).
+  async function fill() {
+    for (let i = 0; i < FILL_PAGES && older && view.length * ROW < 2 * logBox.clientHeight; i++) {
+      const stick = atBottom();
+      await loadOlder();
+      if (stick) { toBottom(); drawRows(); }
+    }
+  }
+
+  function restream() {
+    // keep the row at the top of the box in place (the nearest one shown), or the newest end
+    const stick = atBottom();
+    const topRow = view[Math.floor(Math.max(0, logBox.scrollTop - (older ? ROW : 0)) / ROW)];
+    view = entries.filter(shown);
+    drawRows();
+    if (stick || !topRow) toBottom();
+    else {  // the rows now shown before it
+      const i = entries.slice(0, entries.indexOf(topRow)).filter(shown).length;
+      logBox.scrollTop = (older ? ROW : 0) + i * ROW;
+    }
+    drawRows();
+    fill().catch(err => LC.showError(rowsBox, err));
+  }
+
   async function loadAt(gen) {
     const [ns, stream, seq] = at.split(":");
-    if (stream === "stderr" && !stderrSwitch.checked) stderrSwitch.checked = true;
-    const q = `${base}/log?stderr=${stderrSwitch.checked ? 1 : 0}&limit=${PAGE}`;
+    if (stream === "stderr") stderrSwitch.checked = true;
+    if (stream === "stdout") stdoutSwitch.checked = true;
+    const q = `${base}/log?stderr=1&limit=${PAGE}`;
     const from = `${BigInt(ns) - 1n}:${stream}:${seq}`;  // just before the line: it comes first
     const after = await api(`${q}&after=${encodeURIComponent(from)}`);
     const first = after.entries.length ? after.entries[0][0] : at;
     const before = await api(`${q}&before=${encodeURIComponent(first)}`);
     if (gen !== generation) return;
     entries = before.entries.concat(after.entries);
+    view = entries.filter(shown);
     older = before.more;
-    const i = Math.max(0, entries.findIndex(e => e[0] === at));
+    const i = Math.max(0, view.findIndex(e => e[0] === at));
     drawRows();
     logBox.scrollTop = (older ? ROW : 0) + Math.max(0, i * ROW - logBox.clientHeight / 2);
     drawRows();
@@ -137,16 +192,17 @@
     const gen = ++generation;
     if (source) { source.close(); source = null; }
     if (at) return loadAt(gen);
-    const stderr = stderrSwitch.checked ? 1 : 0;
-    const page = await api(`${base}/log?stderr=${stderr}&limit=${FIRST}`);
+    const page = await api(`${base}/log?stderr=1&limit=${FIRST}`);
     if (gen !== generation) return;
     entries = page.entries;
+    view = entries.filter(shown);
     older = page.more;
     drawRows();
     toBottom();
     drawRows();
-    if (!page.ended) follow(gen, stderr);
+    if (!page.ended) follow(gen);
     else setLive(false, "");
+    await fill();
   }
 
   function setLive(on, text) {
@@ -154,15 +210,17 @@
     document.getElementById("live-text").textContent = text;
   }
 
-  function follow(gen, stderr) {
+  function follow(gen) {
     const after = entries.length ? "&after=" + encodeURIComponent(entries[entries.length - 1][0]) : "";
-    const es = new EventSource(`${base}/follow?stderr=${stderr}${after}`);
+    const es = new EventSource(`${base}/follow?stderr=1${after}`);
     source = es;
     setLive(true, "live");
     es.addEventListener("entries", ev => {
       if (gen !== generation) return;
       const stick = atBottom();
-      entries.push(...JSON.parse(ev.data).entries);
+      const fresh = JSON.parse(ev.data).entries;
+      entries.push(...fresh);
+      view.push(...fresh.filter(shown));
       if (!headerHasStart) loadHeader().catch(() => {});
       drawRows();
       if (stick) { toBottom(); drawRows(); }
@@ -179,7 +237,7 @@
       es.close();
       if (gen !== generation) return;
       setLive(false, "reconnecting…");
-      setTimeout(() => { if (gen === generation) follow(gen, stderr); }, 2000);
+      setTimeout(() => { if (gen === generation) follow(gen); }, 2000);
     };
   }
 
@@ -187,7 +245,9 @@
     drawRows();
     if (older && logBox.scrollTop < 40 * ROW) loadOlder();
   });
-  stderrSwitch.addEventListener("change", () => loadLog().catch(err => LC.showError(rowsBox, err)));
+  stdoutSwitch.addEventListener("change", restream);
+  stderrSwitch.addEventListener("change", restream);
+  tsMode.addEventListener("change", drawRows);
   document.getElementById("to-end").addEventListener("click", () => {
     if (at) { at = null; loadLog().catch(err => LC.showError(rowsBox, err)); return; }
     toBottom(); drawRows();
