@@ -364,6 +364,43 @@ def spool_insights(run_dir: Path, start: Any, end: Any, thresholds: Any = None
                         thresholds=thresholds or admin_thresholds())
 
 
+# A finished run's insight kinds, kept in its directory by its owner's `ls`: reading them
+# means reading every segment (~2.7 s for a 1M-line run, bench_insights), and a finished
+# run's segments change only when the shipper removes them (the key then differs).
+KINDS_CACHE = ".logcapture-insights.json"
+
+
+def spool_insight_kinds(run_dir: Path, start: Any, end: Any, thresholds: Any = None
+                        ) -> list[str]:
+    """The kinds ``spool_insights`` gives, from the run's cache when its segments are the
+    ones it was made from. Only the directory's owner reads or writes it (root never
+    trusts a file a user could have written: userfiles.py)."""
+    try:
+        mine = os.stat(run_dir, follow_symlinks=False).st_uid == os.geteuid()
+        key = [[seg.path.name, st.st_size, st.st_mtime_ns] for seg in segments(run_dir)
+               for st in [os.stat(seg.path, follow_symlinks=False)]]
+    except (OSError, SpoolError):
+        mine, key = False, []
+    cache = run_dir / KINDS_CACHE
+    if mine:
+        try:
+            with open(cache, "rb") as f:
+                kept = json.loads(f.read(1 << 16))
+            if kept.get("key") == key and isinstance(kept.get("kinds"), list):
+                return [str(k) for k in kept["kinds"]]
+        except (OSError, ValueError, AttributeError):
+            pass
+    kinds = [i.kind for i in spool_insights(run_dir, start, end, thresholds)]
+    if mine:
+        tmp = cache.with_name(cache.name + f".{os.getpid()}.tmp")
+        try:
+            tmp.write_text(json.dumps({"key": key, "kinds": kinds}))
+            os.replace(tmp, cache)
+        except OSError:
+            pass  # a read-only spool: computed again next time
+    return kinds
+
+
 def _record_dict(raw: bytes) -> dict[str, Any] | None:
     try:
         d = json.loads(raw)
@@ -441,11 +478,10 @@ def summary_of_spool(s: RunSummary, owner: str, uid: int, run_dir: Path | None =
             "duration": end.duration if end else None, "lines": s.lines,
             "command": list(start.command or ()) if start else [], "slurm": slurm,
             "source": "spool",
-            "insights": [] if end is None else [
-                i.kind for i in (spool_insights(run_dir, start, end, thresholds)
-                                 if run_dir is not None else
-                                 (*Diagnoser().result(Outcome.of(end)),
-                                  *filter(None, [incomplete(end)])))]}
+            "insights": [] if end is None else (
+                spool_insight_kinds(run_dir, start, end, thresholds) if run_dir is not None
+                else [i.kind for i in (*Diagnoser().result(Outcome.of(end)),
+                                       *filter(None, [incomplete(end)]))])}
     out.update(jobref.job_fields(out))
     return out
 

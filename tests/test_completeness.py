@@ -420,3 +420,24 @@ def test_show_says_which_segments_could_not_be_read(lc_env: dict[str, str]) -> N
     assert info["lines"]["stdout"] < 100
     assert "seg-000001.ndjson.gz" in info["spool_problems"]
     assert "could not be read, their lines are missing" in info["spool_problems"]
+
+
+def test_ls_keeps_a_finished_runs_insight_kinds_until_its_segments_change(
+        lc_env: dict[str, str]) -> None:
+    """`ls` of a finished spool run reads every segment for its kinds once; its owner's next
+    `ls` reads them from the run's cache, made again when a segment changes."""
+    res = run_lc(["run", "--", "sh", "-c", "echo 'Traceback (most recent call last):'; "
+                  "echo '  File \"x.py\", line 1, in <module>'; echo 'ValueError: bad'; "
+                  "exit 1"], lc_env)
+    assert res.returncode == 1
+    first = _ls(lc_env)[0]["insights"]
+    assert "python-exception" in first
+    run_dir = next(Path(lc_env["LOGCAPTURE_SPOOL"]).iterdir())
+    cache = run_dir / ".logcapture-insights.json"
+    kept = json.loads(cache.read_text())
+    assert kept["kinds"] == first
+    cache.write_text(json.dumps({**kept, "kinds": ["from-the-cache"]}))
+    assert _ls(lc_env)[0]["insights"] == ["from-the-cache"]
+    seg = sorted(run_dir.glob("seg-*"))[0]
+    os.utime(seg, ns=(seg.stat().st_atime_ns, seg.stat().st_mtime_ns + 1))
+    assert _ls(lc_env)[0]["insights"] == first
