@@ -314,7 +314,7 @@ def spool_facts(run_dir: Path, owner: str, uid: int) -> RunFacts:
          *([f"{len(unread)} segment(s) could not be read, their lines are missing: "
             + ", ".join(unread)] if unread else [])]) or None
     insights = run_insights(diagnoser, start, end, samples, metadata=metadata_records,
-                            thresholds=admin_thresholds())
+                            thresholds=admin_thresholds(), missing_segments=len(unread))
     return RunFacts(run_dir.name, owner, uid, start, end, dict(lines), dict(repeats),
                     dict(blanks), commands, modes, sorted(keys), metadata, samples, warnings,
                     spool_problems=problems, insights=[i.to_dict() for i in insights])
@@ -351,17 +351,19 @@ def spool_insights(run_dir: Path, start: Any, end: Any, thresholds: Any = None
     diagnoser = Diagnoser()
     samples: list[dict[str, Any]] = []
     metadata: list[dict[str, Any]] = []
+    missing = 0
     for seg in segments(run_dir):
         try:
             data, _ = segment_data(seg)
         except SpoolError:
+            missing += 1
             continue
         _feed_candidates(diagnoser, data)
         found = records_of_kinds(data, ("metadata", "sample"))
         samples += filter(None, map(_record_dict, found["sample"]))
         metadata += filter(None, map(_record_dict, found["metadata"]))
     return run_insights(diagnoser, start, end, samples, metadata=metadata,
-                        thresholds=thresholds or admin_thresholds())
+                        thresholds=thresholds or admin_thresholds(), missing_segments=missing)
 
 
 # A finished run's insight kinds, kept in its directory by its owner's `ls`: reading them

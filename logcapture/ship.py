@@ -728,7 +728,8 @@ JobInfo = Callable[[Path], dict[str, Any]]
 
 
 def diagnose_run(store: Store, identity: Identity, info: dict[str, Any],
-                 result: UploadResult, notifier: Notifier | None = None) -> int:
+                 result: UploadResult, notifier: Notifier | None = None,
+                 missing_segments: int = 0) -> int:
     """Store the insights of a run whose last line the store just took (its diagnosis when
     it ended badly, its efficiency notes): ``info`` is what Slurm said of the job
     (``slurm_state``, ``request``; ``{}`` outside Slurm). A run that failed, of a user who
@@ -745,7 +746,7 @@ def diagnose_run(store: Store, identity: Identity, info: dict[str, Any],
                                 store.samples(identity.run, identity.user),
                                 slurm_state=str(info.get("slurm_state") or ""),
                                 thresholds=admin_thresholds(), request=info.get("request"),
-                                owner=identity.user)
+                                owner=identity.user, missing_segments=missing_segments)
         dicts = [i.to_dict() for i in found]
         n = store.insert_insights(identity, dicts, time.time(),
                                   replace=(FAILURE, EFFICIENCY))
@@ -789,6 +790,7 @@ def ship_runs(store: Store, jobs: list[_RunJob], result: UploadResult, *,
     cursors hold what the store took). ``shipped``: shown the bytes of each batch the store
     took, by run, once it took them (the agent's live watch)."""
     ready = []
+    had_end = {id(job): job.rc.cursor.end_shipped for job in jobs}
     quota = user_quota()
     direct = store.reads_files and quota is None  # the bound counts what the shipper sends
     for job in jobs:
@@ -815,11 +817,17 @@ def ship_runs(store: Store, jobs: list[_RunJob], result: UploadResult, *,
     if quota is not None:
         quota.note(store, jobs, result)
     done = [id(job) in jobs_ok and _finish(job, result, retention_days) for job in jobs]
+    aside_now = {run for run, _, _ in result.set_aside}
     for job in jobs:
-        if job.newly_done:
+        cur = job.rc.cursor
+        # A run with a segment set aside is never done (the segment stays for a look), but
+        # once its end is in the store it is diagnosed, its gap among its insights.
+        incomplete = bool(cur.aside) and cur.end_shipped and (
+            not had_end[id(job)] or job.run_dir.name in aside_now)
+        if job.newly_done or incomplete:
             diagnose_run(store, job.identity,
                          job_info(job.run_dir) if job_info is not None else {}, result,
-                         notifier)
+                         notifier, missing_segments=len(cur.aside))
     return done
 
 

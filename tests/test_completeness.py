@@ -420,6 +420,9 @@ def test_show_says_which_segments_could_not_be_read(lc_env: dict[str, str]) -> N
     assert info["lines"]["stdout"] < 100
     assert "seg-000001.ndjson.gz" in info["spool_problems"]
     assert "could not be read, their lines are missing" in info["spool_problems"]
+    [gap] = [i for i in info["insights"] if i["kind"] == "incomplete"]
+    assert gap["details"]["segments"] == 1
+    assert "incomplete" in _ls(lc_env)[0]["insights"]  # ls marks it
 
 
 def test_ls_keeps_a_finished_runs_insight_kinds_until_its_segments_change(

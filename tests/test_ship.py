@@ -344,6 +344,12 @@ def test_data_error_sets_segment_aside_rest_continues(tmp_path: Path, dsn: str) 
         notes = [d for d in st.lines("aside") if d["kind"] == "note"]
     assert len(notes) == 1 and seg_name in notes[0]["text"]
     assert "the lines it held are missing here" in notes[0]["text"]
+    with S.open_store(dsn, wait=30) as st:
+        [row] = st.runs(None, "aside")
+        stored = st.insights("aside")
+    assert "incomplete" in row["insights"]  # ls marks it
+    [gap] = [i for i in stored if i["kind"] == "incomplete"]
+    assert gap["details"]["segments"] == 1
 
 
 def test_retention_deletes_only_accepted_closed_segments(tmp_path: Path, dsn: str) -> None:

@@ -24,13 +24,15 @@ __all__ = ["EFFICIENCY", "FAILURE", "LIVE", "Diagnoser", "Evidence", "Insight", 
 
 def run_insights(diagnoser: Diagnoser, start: Any, end: Any, samples: list[Any], *,
                  metadata: Iterable[Any] = (), slurm_state: str = "", thresholds: Any = None,
-                 request: dict[str, float] | None = None) -> list[Insight]:
+                 request: dict[str, float] | None = None,
+                 missing_segments: int = 0) -> list[Insight]:
     """Every insight of a finished run, in the order every reader lists them (the store's
     ``insights`` query, ``ls``'s first kind): the diagnosis (when it ended badly) from
     ``diagnoser`` (fed with its lines) and ``incomplete``, then the efficiency notes from its
     samples, then a metric that became NaN in its ``metadata`` (record dicts in order).
     ``start`` and ``end`` are records or record dicts (None when absent); a run without an
-    end gets none."""
+    end gets none. ``missing_segments``: spool segments of the run that could not be read or
+    stored (``incomplete``)."""
     from .efficiency import efficiency_notes, slurm_request
     from .live import nan_metric
 
@@ -38,7 +40,7 @@ def run_insights(diagnoser: Diagnoser, start: Any, end: Any, samples: list[Any],
         return []
     get_end = end.get if isinstance(end, dict) else (lambda k: getattr(end, k, None))
     out = diagnoser.result(Outcome.of(end, slurm_state))
-    gap = incomplete(end)
+    gap = incomplete(end, missing_segments)
     if gap is not None:
         out.append(gap)
     if request is None and start is not None:
@@ -50,10 +52,11 @@ def run_insights(diagnoser: Diagnoser, start: Any, end: Any, samples: list[Any],
     return out + [nan] if nan is not None else out
 
 
-def incomplete(end: Any) -> Insight | None:
+def incomplete(end: Any, missing_segments: int = 0) -> Insight | None:
     """The record is not whole: lines the spool's disk refused (the end record's
-    ``counts["spool"]["records_lost"]``) or the output limit left out (``counts["limit"]``);
-    the log holds a note where each happened."""
+    ``counts["spool"]["records_lost"]``), the output limit left out (``counts["limit"]``), or
+    that were in ``missing_segments`` spool segments that could not be read or stored; the
+    log (or ``show``'s spool problems) says where each happened."""
     get_end = end.get if isinstance(end, dict) else (lambda k: getattr(end, k, None))
     counts = get_end("counts") or {}
     if not isinstance(counts, dict):
@@ -67,11 +70,13 @@ def incomplete(end: Any) -> Insight | None:
     meta = count("limit", "metadata_left_out")
     why = [*([f"{lost} lines the spool's disk refused"] if lost else []),
            *([f"{cut} lines past job_output_limit (the last ones are kept)"] if cut else []),
-           *([f"{meta} metadata rows past job_metadata_limit"] if meta else [])]
+           *([f"{meta} metadata rows past job_metadata_limit"] if meta else []),
+           *([f"the lines of {missing_segments} spool segment(s) that could not be read "
+              "or stored"] if missing_segments else [])]
     if not why:
         return None
     return Insight("incomplete", "not everything was stored: " + "; ".join(why) + " (a note "
                    "in the log says where); the job's own output is complete", (),
                    "free space on the node's spool disk, print less, or ask the "
                    "administrators (spool_keep_free, job_output_limit)", FAILURE,
-                   {"lines": lost + cut, "metadata": meta})
+                   {"lines": lost + cut, "metadata": meta, "segments": missing_segments})

@@ -28,9 +28,9 @@ def diagnose_stored(store: Any, run: str, start: Any = None, end: Any = None,
                     samples: list[dict[str, Any]] | None = None, *, slurm_state: str = "",
                     thresholds: Thresholds | None = None,
                     request: dict[str, float] | None = None,
-                    owner: str | None = None) -> list[Insight]:
+                    owner: str | None = None, missing_segments: int = 0) -> list[Insight]:
     """Diagnose a run that is in the store (its failure and its efficiency), of ``owner``
-    (None: the only one)."""
+    (None: the only one); ``missing_segments``: its spool segments the store could not take."""
     from . import run_insights
 
     if start is None and end is None:
@@ -47,7 +47,8 @@ def diagnose_stored(store: Any, run: str, start: Any = None, end: Any = None,
     metadata = sorted(store.metadata(run, owner), key=lambda r: (r["ts"], r["seq"]))
     return run_insights(d, start, end, samples if samples is not None else
                         store.samples(run, owner), metadata=metadata, slurm_state=slurm_state,
-                        thresholds=thresholds or admin_thresholds(), request=request)
+                        thresholds=thresholds or admin_thresholds(), request=request,
+                        missing_segments=missing_segments)
 
 
 def store_insights(store: Any, run: str, start: Any, end: Any,
