@@ -396,18 +396,19 @@ class Pipeline:
         one write.
         ``final``: the filter's last note (a run of repeats at the end) goes with the last
         group.
-        Secrets are redacted first, so that the filter compares the text that is stored
-        (redact.py)."""
+        Secrets are redacted first, in one call for the batch (redact.py's pass-through test
+        is per call), so that the filter compares the text that is stored; only the groups'
+        sizes are read after that."""
         try:
-            groups = self._redacted(stream, groups)
             if len(groups) == 1:
                 ts, lines = groups[0]
-                items = self.filters[stream].feed(list(lines))
+                items = self.filters[stream].feed(list(self.redactor.lines(stream, lines)))
                 if final:
                     items += self.filters[stream].finish()
                 records = self.classifier.feed_many(stream, items, ts) if items else []
             else:
-                everything = [line for _, lines in groups for line in lines]
+                everything = self.redactor.lines(
+                    stream, [line for _, lines in groups for line in lines])
                 items = self.filters[stream].feed(everything)
                 if final:
                     items += self.filters[stream].finish()
@@ -471,23 +472,6 @@ class Pipeline:
             n, why = loss
             self.warn(f"{n} lines of output were not stored here: the spool could not write "
                       f"them ({why or 'write failed'})", tell_user=False)
-
-    def _redacted(self, stream: str, groups: list[tuple[float, list[Rendered]]]
-                  ) -> list[tuple[float, list[Rendered]]]:
-        """``groups`` with their secrets redacted, in one call for the run of groups (a
-        flood's groups are a few lines each; the redactor's pass-through test is per call)."""
-        if len(groups) == 1:
-            ts, lines = groups[0]
-            return [(ts, self.redactor.lines(stream, lines))]
-        everything = [line for _, lines in groups for line in lines]
-        redacted = self.redactor.lines(stream, everything)
-        if redacted is everything:
-            return groups
-        out, at = [], 0
-        for ts, lines in groups:
-            out.append((ts, redacted[at:at + len(lines)]))
-            at += len(lines)
-        return out
 
     def _fault(self, stream: str, stage: str, e: Exception) -> None:
         if stream in self._faulted:

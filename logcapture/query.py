@@ -65,6 +65,7 @@ from .records import (
     Sample,
     Start,
     from_dict,
+    redactions_by_kind,
     streams_of,
 )
 from .runs import RunSummary, find_run, follow_records, job_candidates, summarize
@@ -86,8 +87,8 @@ from .store import EXPORTS, Store, export_rows, redact
 
 # The keys of a run summary (``Reader.runs``), the same from the spool and from the store.
 SUMMARY_KEYS = ("run", "owner", "uid", "job_id", "cluster", "host", "state", "exit_status",
-                "signal", "start", "end", "duration", "lines", "command", "slurm", "source",
-                "insights", *JOB_KEYS)
+                "signal", "start", "end", "duration", "lines", "redactions", "command", "slurm",
+                "source", "insights", *JOB_KEYS)
 FOLLOW_POLL = 0.5  # seconds between a follower's reads of the store
 LOG_PAGE = 1000  # entries in a page of a log (``Reader.log``) unless asked otherwise
 LOG_PAGE_MAX = 5000
@@ -236,9 +237,7 @@ def describe(facts: RunFacts) -> dict[str, Any]:
                                (start or {}).get("inventory") or {}))
     info["resources"] = resources
     # Secrets replaced by *** before the spool (logcapture.redact), counted by the end record.
-    by_kind = ((end or {}).get("counts") or {}).get("redactions") or {}
-    info["redactions_by_kind"] = {str(k): int(v) for k, v in sorted(by_kind.items())
-                                  if isinstance(v, int) and v > 0}
+    info["redactions_by_kind"] = redactions_by_kind((end or {}).get("counts"))
     info["redactions"] = sum(info["redactions_by_kind"].values())
     info["warnings"] = facts.warnings
     info["spool_problems"] = facts.spool_problems
@@ -478,6 +477,7 @@ def summary_of_spool(s: RunSummary, owner: str, uid: int, run_dir: Path | None =
             "signal": end.signal if end else None,
             "start": start.ts if start else None, "end": end.ts if end else None,
             "duration": end.duration if end else None, "lines": s.lines,
+            "redactions": sum(redactions_by_kind(end.counts).values()) if end else None,
             "command": list(start.command or ()) if start else [], "slurm": slurm,
             "source": "spool",
             "insights": [] if end is None else (

@@ -283,7 +283,7 @@ class End(_record_tuple("End", "exit_status", "signal", "state", "duration", "co
     bytes read from the pty, rendered lines, dropped repeats, ...; ``spool``: records lost,
     write errors; ``capture``: logcapture's own CPU and memory; ``sampling``: samples taken and
     normal events that are not warnings, such as processes that ended mid-sample
-    (docs/sampling.md)."""
+    (docs/sampling.md); ``redactions``: secrets replaced, by kind (``redactions_by_kind``)."""
 
     __slots__ = ()
     kind = "end"
@@ -293,6 +293,15 @@ class End(_record_tuple("End", "exit_status", "signal", "state", "duration", "co
         state: str
         duration: float
         counts: Mapping[str, Mapping[str, int]]
+
+
+def redactions_by_kind(counts: Any) -> dict[str, int]:
+    """The secrets an End record's ``counts`` say were replaced by ``***``, by kind (those
+    with any), as every reader reports them: a number per kind, never what they were."""
+    by_kind = counts.get("redactions") if isinstance(counts, Mapping) else None
+    if not isinstance(by_kind, Mapping):
+        return {}
+    return {str(k): int(v) for k, v in sorted(by_kind.items()) if isinstance(v, int) and v > 0}
 
 
 # Intermediate types between the text stages (render -> filter -> classify). They carry no

@@ -20,9 +20,12 @@ lines that differ only in a secret are one stored line repeated, and the filter'
 describe what a reader sees. Redaction is on the text logcapture keeps; what the job writes to
 its own outputs is never changed (the reader copies those bytes before any stage sees them).
 
-Cost: a batch of lines with no candidate is passed through after a C-level test of its
-joined text for each anchor (``_ANCHORS``), and, when one is there, one search of the joined
-text with the combined patterns; only a batch with a match is redacted line by line.
+Cost: one pass of a multi-pattern matcher (Aho-Corasick) over a batch's joined text finds
+every line that holds a candidate: an anchor of a token format (``_ANCHORS``), a literal to
+replace, a command line; a batch with none is passed through, and only the lines found are
+redacted (``Redactor.lines``): ~0.1 us a line, where a test of the batch for each anchor took
+0.1-2 (docs/performance.md, "Redaction"). A configured regular expression is searched in
+every line.
 ``counts`` says how many secrets were replaced, by kind; nothing records what they were.
 """
 
@@ -31,10 +34,12 @@ from __future__ import annotations
 import base64
 import json
 import re
+from bisect import bisect_right
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from fnmatch import fnmatchcase
 from functools import partial
+from itertools import accumulate
 from operator import itemgetter
 from urllib.parse import quote, quote_plus
 
@@ -79,7 +84,8 @@ _KEYWORDS = ("assword", "ASSWORD", "asswd", "ASSWD", "ecret", "ECRET", "_key", "
              *(f"{t}{sep}" for t in ("oken", "OKEN") for sep in ("=", ":", '"', "'", " ")))
 _TOKEN_PATTERNS: tuple[tuple[str, tuple[str, ...], str], ...] = (
     # https://github.blog/engineering/platform-security/behind-githubs-new-authentication-token-formats/
-    ("github", ("gh",), r"gh[pousr]_(?<![A-Za-z0-9_]gh._)[A-Za-z0-9]{36,255}\b"),
+    ("github", ("ghp_", "gho_", "ghu_", "ghs_", "ghr_"),
+     r"gh[pousr]_(?<![A-Za-z0-9_]gh._)[A-Za-z0-9]{36,255}\b"),
     ("github", ("github_pat_",), r"github_pat_[A-Za-z0-9_]{22,255}\b"),
     # Access key ids (https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_identifiers.html);
     # a secret key on the same line is ``_AWS_SECRET``.
@@ -115,13 +121,10 @@ _KEY_BEGIN = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY[A-Z ]*-----")
 _KEY_END = re.compile(r"-----END [A-Z0-9 ]*PRIVATE KEY[A-Z ]*-----")
 KEY_MAX_LINES = 500  # a 16384-bit RSA key is ~200 lines; past this the block has no END
 
-# The pass-through test, first level: every match of _TOKENS holds one of these characters
-# ("gh" tokens, hf_ and api_key an "_", sk-, xox- and key blocks a "-", a JWT a ".", an access
-# key id an "A", assignments and Authorization a ":" or "=") or a "bearer"; a batch with none
-# is passed through after scans at memchr speed (one character: CPython's str.find uses
-# memchr). The characters are common in logs: a batch with one is tested for every anchor.
-_FIRST = ("_", "-", ":", "=", ".", "A", "earer", "EARER")
-_ANCHORS = tuple({a for _, anchors, _ in _TOKEN_PATTERNS for a in anchors} | {"PRIVATE KEY"})
+# Every match of _TOKENS holds one of its pattern's anchors, and every key block's BEGIN line
+# "PRIVATE KEY": a line with none of these, no literal and no command is left as it is.
+_ANCHORS = tuple(sorted({a for _, anchors, _ in _TOKEN_PATTERNS for a in anchors}
+                        | {"PRIVATE KEY"}))
 
 COMMAND_PREFIX = "/LOGCOMMAND"  # a command line's start (classify.py says what a command is)
 _MASK_VALUE = re.compile(r'"mask"\s*:\s*"(?P<v>(?:[^"\\]|\\.)*)"')
@@ -205,9 +208,17 @@ class Redactor:
         self._build()
 
     def _build(self) -> None:
+        # Imported here, in the capture worker: the job's start (config.py imports this
+        # module for pattern_of) does not pay for it.
+        from ahocorasick_rs import AhoCorasick, MatchKind
+
         literals = sorted(self._literals, key=len, reverse=True)  # the longest form first
         self._literal_rx = re.compile("|".join(map(re.escape, literals))) if literals else None
-        self._first = (*_FIRST, COMMAND_PREFIX, *literals)
+        # Leftmost-first, non-overlapping matches suffice to find every line with a candidate
+        # (``_lines_found``); the crate's SIMD prefilter makes them the fastest kind
+        # (https://docs.rs/aho-corasick/latest/aho_corasick/enum.MatchKind.html).
+        self._matcher = AhoCorasick((*_ANCHORS, COMMAND_PREFIX, *literals),
+                                    matchkind=MatchKind.LeftmostFirst)
 
     def add_mask(self, value: str) -> None:
         for v in variants(value) | {value}:
@@ -220,18 +231,48 @@ class Redactor:
         candidate, else a new list whose unchanged lines are the objects given."""
         if not lines:
             return lines
-        if not self._in_key.get(stream) and not self._regexes:
-            joined = lines[0].text if len(lines) == 1 else "\n".join(map(itemgetter(0), lines))
-            if not any(map(joined.__contains__, self._first)):
-                return lines
-            if not (any(map(joined.__contains__, _ANCHORS)) or COMMAND_PREFIX in joined
-                    or (self._literal_rx is not None and self._literal_rx.search(joined))):
-                return lines
-        out = []
-        for line in lines:
-            text = self._line(stream, line.text)
-            out.append(line if text is line.text else line._replace(text=text))
+        if self._in_key.get(stream):
+            return self._each(stream, lines, range(len(lines)))
+        found = self._matcher.find_matches_as_indexes(
+            lines[0].text if len(lines) == 1 else "\n".join(map(itemgetter(0), lines)))
+        if not found and not self._regexes:
+            return lines
+        return self._each(stream, lines, _lines_found(found, lines))
+
+    def _each(self, stream: str, lines: list[Rendered], found: Iterable[int]
+              ) -> list[Rendered]:
+        """``lines`` with the lines at the indexes ``found`` (ascending) redacted, and every
+        line searched with the configured regular expressions. A line that starts a key block
+        or masks a value changes what the lines after it hold: they are all redacted."""
+        out = list(lines)
+        done = 0  # lines before this have been redacted
+        for i in found:
+            if i < done:
+                continue
+            self._regex_lines(out, done, i)
+            matcher = self._matcher
+            out[i] = self._redacted(stream, out[i])
+            done = i + 1
+            if self._in_key.get(stream) or self._matcher is not matcher:
+                for j in range(done, len(out)):
+                    out[j] = self._redacted(stream, out[j])
+                return out
+        self._regex_lines(out, done, len(out))
         return out
+
+    def _redacted(self, stream: str, line: Rendered) -> Rendered:
+        text = self._line(stream, line.text)
+        return line if text is line.text else line._replace(text=text)
+
+    def _regex_lines(self, out: list[Rendered], start: int, stop: int) -> None:
+        """``out[start:stop]``, lines without a candidate, searched with the configured
+        regular expressions (what ``_line`` does last)."""
+        if not self._regexes:
+            return
+        for i in range(start, stop):
+            text = self._regexes_in(out[i].text)
+            if text is not out[i].text:
+                out[i] = out[i]._replace(text=text)
 
     def text(self, text: str) -> str:
         """One string that is no line of the output (a start record's field): a key block
@@ -273,6 +314,10 @@ class Redactor:
                 text = rx.sub(partial(self._token_repl, kind), text)
         if self.counts[AWS] > aws:
             text = _AWS_SECRET.sub(self._aws_repl, text)
+        return self._regexes_in(text)
+
+    def _regexes_in(self, text: str) -> str:
+        """``text`` with the configured regular expressions' matches replaced."""
         for kind, rx in self._regexes:
             if rx.search(text):
                 text, n = rx.subn(REDACTED, text)
@@ -343,6 +388,20 @@ class Redactor:
             self._build()
         self.counts[MASK] += 1
         return text[:found.start("v")] + REDACTED + text[found.end("v"):]
+
+
+def _lines_found(found: list[tuple[int, int, int]], lines: list[Rendered]) -> list[int]:
+    """The indexes, ascending, of the ``lines`` (their texts joined by newlines) that the
+    matches ``found`` (pattern, start, end) overlap: every line with a candidate. A match
+    that spans lines (a masked value with a newline in it) hides a match that starts inside
+    it, so each line it touches counts."""
+    if not found:
+        return []
+    starts = list(accumulate((len(line.text) + 1 for line in lines[:-1]), initial=0))
+    out: set[int] = set()
+    for _, start, end in found:
+        out.update(range(bisect_right(starts, start) - 1, bisect_right(starts, end - 1)))
+    return sorted(out)
 
 
 # An option that takes a secret as the next argument: --password X, -token X, --api-key X.

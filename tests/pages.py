@@ -85,7 +85,8 @@ def write_gpu_run(spool: Path, run: str = "gpu", t0: float | None = None,
                                node=node, gpus=gpus,
                                job={"cpu_percent": 95.0 + i % 5, "memory_rss_bytes": 2**31 + i}))
     recs.append(End(run=run, stream="run", seq=1, ts=t0 + 10 * steps, exit_status=0,
-                    state="COMPLETED", duration=10.0 * steps))
+                    state="COMPLETED", duration=10.0 * steps,
+                    counts={"redactions": {"environment": 2, "huggingface": 1}}))
     w.write(recs)
     w.close()
 

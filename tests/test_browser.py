@@ -155,6 +155,9 @@ def test_resources_per_node_and_downloads(site, browser, shots):
                   "CPU (100 % = one core)", "Memory (RSS)"):
             assert f"{t} · {node}" in titles
     assert legend(d, "GPU power · node2") == {"GPU 0 H100": True, "GPU 1 H100": True}
+    # the header's facts: the secrets the end record counts as redacted
+    [fact] = wait(d).until(lambda d: d.find_elements(By.ID, "redactions"))
+    assert fact.text.split() == ["REDACTIONS", "3"]
     links = [a.get_attribute("href") for a in
              d.find_elements(By.CSS_SELECTOR, "#downloads a")]
     assert len(links) == 9 and any("what=metadata&format=parquet" in h for h in links)

@@ -19,6 +19,8 @@ from pathlib import Path
 from urllib.parse import quote
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from logcapture.classify import Classifier
 from logcapture.config import load_admin, load_optin
@@ -269,3 +271,41 @@ def test_admin_redact_settings_and_a_bad_pattern(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_admin(tmp_path / "none", env={"LOGCAPTURE_REDACT_PATTERNS": "/(/"})
     assert info.value.key == "redact_patterns"
+
+
+# Lines a batch may hold: every form of secret, ordinary lines, a key block's lines, masks
+# (two with a newline in the value, which the joined batch holds across two lines, one of
+# them ending inside a token on the next line) and a user's literal and regular expression.
+_MIXED = [p for p, _, _ in TOKENS] + ORDINARY + [
+    "-----BEGIN RSA PRIVATE KEY-----", "MIIEowIBAAKCAQEA", "-----END RSA PRIVATE KEY-----",
+    '/LOGCOMMAND {"mask": "run-7731-secret"}', "again run-7731-secret here",
+    '/LOGCOMMAND {"mask": "left\\nright"}', "x left", "right y", "left",
+    '/LOGCOMMAND {"mask": "prev\\nsk-proj"}', "x prev", "sk-proj-abcdefghijklmnopqrstuvwx0",
+    "acct-654321 billed", "project-zeta-key", "", "ghp ghp_ short", "plain text"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(_MIXED), max_size=30), st.integers(0, 30), st.booleans())
+def test_batches_are_redacted_as_their_lines_one_by_one(texts: list[str], cut: int,
+                                                        regex: bool) -> None:
+    """The batch path (one matcher pass, then only the lines found) gives what redacting
+    every line in order gives (``_line``, the stage's work on one line), counts included;
+    in two batches, so that a mask or key block of the first is in force in the second."""
+    user = [pattern_of("project-zeta-key")] + ([pattern_of(r"/acct-\d{6}/")] if regex else [])
+    batch, one_by_one = Redactor(ENV, user=user), Redactor(ENV, user=user)
+    for part in (texts[:cut], texts[cut:]):
+        lines = _lines(*part)
+        out = batch.lines("stdout", lines)
+        assert [x.text for x in out] == [one_by_one._line("stdout", t) for t in part]
+        assert all(a is b for a, b in zip(out, lines, strict=True) if a.text == b.text)
+    assert batch.counts == one_by_one.counts
+
+
+def test_a_match_across_two_lines_hides_no_token_on_the_second() -> None:
+    """A masked value with a newline matches across the joined batch's lines; a token that
+    starts inside that match is still found."""
+    r = Redactor()
+    r.lines("stdout", _lines('/LOGCOMMAND {"mask": "prev\\nsk-proj"}'))
+    out = r.lines("stdout", _lines("x prev", "sk-proj-abcdefghijklmnopqrstuvwx0", "plain"))
+    assert [x.text for x in out] == ["x prev", REDACTED, "plain"]
+    assert r.counts == {"mask": 1, "openai": 1}

@@ -90,9 +90,13 @@ def test_header(site):
     h = get(site, "/api/runs/4242").json()  # by Slurm job id
     assert h["run"] == "gpu" and h["nodes"] == "node1, node2" and h["gpus"] == 4
     assert h["state"] == "COMPLETED" and h["duration"] == 300.0 and not h["running"]
+    assert h["redactions"] == 3  # the end record's count, all kinds (`show`'s `redactions`)
     h = get(site, "/api/runs/shipped").json()  # read from the store
     assert h["source"] == "store" and h["state"] == "COMPLETED" and h["exit"] == "0"
     assert h["name"].endswith(TRAIN) and h["nodes"]
+    assert h["redactions"] == 0
+    assert get(site, "/api/runs/train").json()["redactions"] == 0  # from the spool
+
 
 
 def entries_of(site, run: str, **kw: Any) -> list[list[Any]]:

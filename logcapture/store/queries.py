@@ -16,6 +16,7 @@ from typing import Any
 
 from .. import jobref
 from ..errors import NotFound, StoreAuthError, StoreError, StoreUnavailable, UsageError
+from ..records import redactions_by_kind
 from ..search import Found, Hit, Pattern, Request
 from .connection import _Connection, classify
 from .schema import TABLES, json_keys
@@ -128,7 +129,8 @@ class _Queries(_Connection):
         job_id, host, command, start (epoch s), end, last (newest record), state (RUNNING
         while no end record), exit_status, signal, duration, slurm (the Start record's Slurm
         identity, a dict), lines (output lines: the End record's counts, counted in the
-        store while it runs). ``job``: only the runs a job reference may name
+        store while it runs), redactions (secrets replaced: the End record's counts, None
+        while it runs). ``job``: only the runs a job reference may name
         (``jobref.select`` picks among them): run id ``job``, or job id or array job id
         ``jobref.parse(job).job``."""
         p = {"owner": owner or "", "run": run or "", "ref": job or "", "job": ""}
@@ -152,6 +154,8 @@ class _Queries(_Connection):
             d["lines"] = (sum(int(c.get("lines", 0)) for c in counts.values()
                               if isinstance(c, dict))
                           if isinstance(counts, dict) else None)
+            d["redactions"] = (sum(redactions_by_kind(counts).values())
+                               if isinstance(counts, dict) else None)
         live = [d["run"] for d in out if d["lines"] is None]
         if live:
             counted = dict(self._query(

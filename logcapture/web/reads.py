@@ -183,6 +183,7 @@ def header(summary: Mapping[str, Any], samples: list[dict[str, Any]]) -> dict[st
     row["nodes"] = ", ".join(nodes) if nodes else row["nodes"]
     row["gpus"] = len(uuids)
     row["running"] = summary["state"] == "RUNNING"
+    row["redactions"] = summary.get("redactions")  # None until the run has ended
     return row
 
 

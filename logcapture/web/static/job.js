@@ -39,8 +39,17 @@
       fact("Duration", duration(h.duration)),
       fact("Nodes", h.nodes || "-"),
       fact("GPUs", String(h.gpus)),
-      fact("User", h.user || "-"));
+      fact("User", h.user || "-"),
+      ...(typeof h.redactions === "number" ? [redactions(h.redactions)] : []));
     return h;
+  }
+  // Secrets replaced by *** before anything was stored (docs/user.md, "Secrets"), as `show`
+  // counts them: known once the run has ended (its end record counts them).
+  function redactions(n) {
+    const f = fact("Redactions", String(n));
+    f.id = "redactions";
+    f.title = "secrets replaced by *** before anything was stored";
+    return f;
   }
 
   // ------------------------------------------------------------------ insights
