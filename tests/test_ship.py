@@ -1066,8 +1066,13 @@ def test_a_users_daily_bound_keeps_the_run_whole_but_its_lines(
     """user_daily_bytes, enforced where the store is written: past it the batch's output
     lines are left in the spool and counted, the run's own records (start, end) still reach
     the store, so it ends there, and a note says how many lines were not stored and why."""
+    import getpass
+
+    with S.open_store(dsn, wait=30) as st:  # what other tests stored today, as this user
+        today = time.time() // 86400 * 86400
+        before = st.user_text_bytes_since(getpass.getuser(), today)
     monkeypatch.setenv("LOGCAPTURE_CONFIG", str(tmp_path / "no-config.yaml"))
-    monkeypatch.setenv("LOGCAPTURE_USER_DAILY_BYTES", "20000")
+    monkeypatch.setenv("LOGCAPTURE_USER_DAILY_BYTES", str(before + 20000))
     root = tmp_path / "spool"
     rd = make_run(root, "quota", 500)
     res = ship.upload(root, dsn=dsn, retention_days=None, max_bytes=4096)
