@@ -139,6 +139,7 @@ def prepare(argv: list[str], *, spool_root: Path, run_id: str | None = None,
         if optin.problems:
             problems += optin.problems
             problems.append(FALLBACK_MESSAGE.removeprefix("logcapture: "))  # the note adds its own
+        problems += optin.warnings
         if effective_mode is None:
             effective_mode = optin.config.mode if optin.opted_in else ENABLED
         # One pty for both streams when they go to the same place, so that what reaches it

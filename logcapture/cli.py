@@ -535,6 +535,8 @@ def check(uid: int | None, file: Path | None) -> None:
         click.echo(f"{path}: invalid ({n} problem{'s' if n != 1 else ''}): jobs started now "
                    "are logged in mode disabled (only /LOGCOMMAND lines are kept)")
         sys.exit(1)
+    for warning in result.warnings:
+        click.echo(warning)
     streams = result.config.streams
     how = ("stdout and stderr are one stream (stdout) when they go to the same file or "
            "terminal, two otherwise" if streams == "auto" else

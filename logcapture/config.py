@@ -114,14 +114,17 @@ class OptinConfig(namedtuple("OptinConfig", ("mode", "streams", "notify", "mail"
         redact: tuple[str, ...]
 
 
-class OptinResult(namedtuple("OptinResult", ("opted_in", "config", "problems"))):
+class OptinResult(namedtuple("OptinResult", ("opted_in", "config", "problems", "warnings"),
+                             defaults=((),))):
     """What ``load_optin`` found.
 
     ``opted_in`` is False when there is no ``.logoptin`` (then nothing is captured at all);
     ``config`` is the effective configuration, mode ``disabled`` whenever ``problems`` is not
     empty; each problem is a complete message naming the file (and line, column and key where
     there is one). ``opted_in`` can be False with a problem when the file's existence could
-    not even be checked (a home directory the user cannot search).
+    not even be checked (a home directory the user cannot search). ``warnings``: problems
+    that change nothing but themselves: a bad ``redact`` entry is ignored and the default
+    redaction applies (a secret list must not turn the user's logging off).
     """
 
     __slots__ = ()
@@ -188,10 +191,14 @@ def load_optin(path: Path | str, uid: int | None = None) -> OptinResult:
                                f"({OPTIN_MAX_BYTES // 1024} KiB), the limit for {OPTIN_NAME}"])
     if not data.strip(b" \n"):  # empty means mode: enabled (no YAML to parse)
         return OptinResult(opted_in=True, config=OptinConfig(), problems=[])
-    values, problems = _parse(name, data, _OPTIN_SCHEMA)
-    if problems:
+    located: list[tuple[str, int | None, int | None, str | None]] = []
+    values, problems = _parse(name, data, _OPTIN_SCHEMA, located)
+    soft = {msg for msg, _, _, key in located if key == "redact"}
+    if any(p not in soft for p in problems):
         return _refused(problems)
-    return OptinResult(opted_in=True, config=OptinConfig(**values), problems=[])
+    warnings = tuple(f"{p}; the default redaction applies" for p in problems)
+    return OptinResult(opted_in=True, config=OptinConfig(**values), problems=[],
+                       warnings=warnings)
 
 
 class _Answer(Exception):

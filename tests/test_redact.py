@@ -249,11 +249,19 @@ def test_optin_redact_is_read_and_a_bad_pattern_is_located(tmp_path: Path) -> No
     path.write_text("mode: enabled\nredact:\n  - project-zeta-key\n  - /acct-[0-9]{6}/\n")
     res = load_optin(path)
     assert res.ok and res.config.redact == ("project-zeta-key", "/acct-[0-9]{6}/")
-    path.write_text("redact:\n  - fine-literal\n  - /Sekr(et/\n")
+    # A bad entry is said (located, never quoted) and ignored: the default redaction applies
+    # and the user's logging stays as the file says.
+    path.write_text("mode: metadata\nredact:\n  - fine-literal\n  - /Sekr(et/\n")
     res = load_optin(path)
-    assert not res.ok and res.config.mode == "disabled"
-    assert res.problems[0].startswith(f"{path}:3:5: key 'redact': item 2: not a valid regular")
-    assert "Sekr" not in res.problems[0]
+    assert res.ok and not res.problems and res.config.mode == "metadata"
+    assert res.config.redact == ()
+    assert res.warnings[0].startswith(f"{path}:4:5: key 'redact': item 2: not a valid regular")
+    assert res.warnings[0].endswith("the default redaction applies")
+    assert "Sekr" not in res.warnings[0]
+    # any other problem still turns the file down, the redact one listed with it
+    path.write_text("mode: loud\nredact:\n  - /Sekr(et/\n")
+    res = load_optin(path)
+    assert not res.ok and res.config.mode == "disabled" and len(res.problems) == 2
 
 
 def test_admin_redact_settings_and_a_bad_pattern(tmp_path: Path) -> None:
