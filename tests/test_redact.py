@@ -317,3 +317,23 @@ def test_a_match_across_two_lines_hides_no_token_on_the_second() -> None:
     out = r.lines("stdout", _lines("x prev", "sk-proj-abcdefghijklmnopqrstuvwx0", "plain"))
     assert [x.text for x in out] == ["x prev", REDACTED, "plain"]
     assert r.counts == {"mask": 1, "openai": 1}
+
+
+ORDINARY_LOGS = Path(__file__).parent / "ordinary"
+
+
+def test_ordinary_logs_come_through_unchanged() -> None:
+    """The false-positive corpus (tests/ordinary): distributed PyTorch output from an H100
+    node (torchrun, NCCL and rendezvous failures), a git log with commit hashes, sha256 and
+    md5 checksums, dpkg's log, pip freeze, and training output with UUIDs, losses, paths,
+    a notebook's base64 image and secret-sounding words: not one line changed."""
+    env = {"HOME": "/home/alice", "PATH": "/usr/bin:/bin", "USER": "alice",
+           "SLURM_JOB_ID": "1234", "CUDA_VISIBLE_DEVICES": "0,1", "MASTER_ADDR": "node042"}
+    total = 0
+    for path in sorted(ORDINARY_LOGS.glob("*.log")):
+        texts = path.read_text(errors="replace").splitlines()
+        r = Redactor(env)
+        assert [x.text for x in r.lines("stdout", _lines(*texts))] == texts, path.name
+        assert not r.counts, path.name
+        total += len(texts)
+    assert total > 2500
