@@ -38,10 +38,12 @@ from logcapture.records import Line  # noqa: E402
 CHILD = r"""
 import json, resource, sys, time
 from pathlib import Path
-from logcapture import ship
+from logcapture import ship, spool
+from logcapture.errors import StoreError
+from logcapture.ship import agent as ship_agent  # where the agent opens the store
 what, root, dsn, batch, null = sys.argv[1], Path(sys.argv[2]), sys.argv[3], int(sys.argv[4]), \
     sys.argv[5] == "1"
-real_open = ship.open_store
+real_open = ship_agent.open_store
 
 
 class NullStore:
@@ -51,7 +53,7 @@ class NullStore:
     def __exit__(self, *a): pass
     def insert_many(self, batches): return sum(b.count(b"\n") for b, _ in batches)
     def insert_insights(self, *a, **kw): return 0
-    def run_info(self, *a, **kw): raise ship.StoreError("null store")
+    def run_info(self, *a, **kw): raise StoreError("null store")
 
 
 def server_like(*args, **kw):
@@ -62,17 +64,17 @@ def server_like(*args, **kw):
     return st
 
 
-ship.open_store = server_like
+ship_agent.open_store = server_like
 t = time.monotonic()
 records = 0
 if what == "floor":
-    with ship.open_store(dsn):
+    with ship_agent.open_store(dsn):
         pass
 elif what == "baseline":
-    with ship.open_store(dsn):
+    with ship_agent.open_store(dsn):
         kept = []
-        for run_dir in ship.find_run_dirs(root):
-            for seg in ship.segments(run_dir):
+        for run_dir in spool.find_run_dirs(root):
+            for seg in spool.segments(run_dir):
                 kept.append(ship.read_segment_bytes(seg)[0])
         records = sum(k.count(b"\n") for k in kept)
 else:

@@ -59,6 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from logcapture import ship  # noqa: E402
 from logcapture import store as S  # noqa: E402
 from logcapture.records import End, Line, Metadata, Sample, Start  # noqa: E402
+from logcapture.ship import agent as ship_agent  # noqa: E402
 from logcapture.spool import SpoolWriter, create_run_dir  # noqa: E402
 
 FLOOD_EVERY = 30.0  # s
@@ -138,7 +139,7 @@ class Node:
 
 
 class Shared:
-    """``ship.open_store`` for the agents. ``--path server``: each agent thread has its own
+    """``ship.agent.open_store`` for the agents. ``--path server``: each agent thread has its own
     client handle on the one engine and inserts when it likes, as agents send a server their
     inserts at once (the engine runs a query without holding the GIL). ``--path embedded``:
     one store lent under a lock (chDB is one process per store folder: agents would take
@@ -228,8 +229,8 @@ def one_run(n: int, seconds: float, interval: float, async_insert: bool, path: s
                       flooding=i < max(1, n // 50)) for i in range(n)]
         store = S.open_store(f"chdb://{tmp / 'store'}")
         shared = Shared(store, path, async_insert)
-        real_open = ship.open_store
-        ship.open_store = shared  # type: ignore[assignment]
+        real_open = ship_agent.open_store
+        ship_agent.open_store = shared  # type: ignore[assignment]
         t0 = time.monotonic()
         for node in nodes:
             node.root.mkdir(parents=True)
@@ -281,7 +282,7 @@ def one_run(n: int, seconds: float, interval: float, async_insert: bool, path: s
         probing.set()
         prober.join()
         cpu1 = resource.getrusage(resource.RUSAGE_SELF)
-        ship.open_store = real_open
+        ship_agent.open_store = real_open
         shared.close()
         with shared.lock:
             timeline.append((elapsed, *parts(store)))

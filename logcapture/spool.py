@@ -209,7 +209,7 @@ def began(path: Path) -> float:
     return mtime(path / first) if first else mtime(path)
 
 
-# The shipper's cursor (logcapture/ship.py) lives in the run directory; a run whose segments
+# The shipper's cursor (logcapture/ship/cursor.py) lives in the run directory; a run whose segments
 # were all shipped and deleted is still a run while its cursor is there.
 CURSOR_NAME = ".logcapture-cursor.json"
 

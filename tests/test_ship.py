@@ -25,22 +25,27 @@ import pytest
 from logcapture import ship
 from logcapture import store as S
 from logcapture.records import OUTPUT_STREAMS, End, Line, Metadata, Note, Start
-from logcapture.spool import SpoolWriter, create_run_dir, iter_run, segments
+from logcapture.ship import agent as ship_agent
+from logcapture.ship import identity as ship_identity
+from logcapture.ship import pending as ship_pending
+from logcapture.ship import uploading as ship_uploading
+from logcapture.spool import Segment, SpoolWriter, create_run_dir, iter_run, segments
 
 T0 = time.time()
 HELPER = r"""
 import sys, time
 from pathlib import Path
 from logcapture import ship, store
+from logcapture.ship import agent as ship_agent  # where the agent opens the store
 mode, root, dsn = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
 if sys.argv[5:] == ["server-async"]:  # a server's write path on the embedded engine
-    real_open = ship.open_store
+    real_open = ship_agent.open_store
     def server_like(*args, **kw):
         st = real_open(*args, **kw)
         st.embedded = False  # every record through ingest, no file reads
         st.async_insert = True
         return st
-    ship.open_store = server_like
+    ship_agent.open_store = server_like
 if mode == "agent-killed":  # SIGKILLs itself right after its third insert, cursor not saved
     import os, signal
     inserts = [0]
@@ -64,8 +69,8 @@ if mode == "agent":
     print("stopped", st.records, flush=True)
 elif mode == "outage":  # the fake server's DSN until a flag file appears, then the store
     fake, flag, remind, read_timeout = sys.argv[4], Path(sys.argv[5]), sys.argv[6], sys.argv[7]
-    real_open = ship.open_store
-    ship.open_store = lambda _dsn, **kw: real_open(dsn if flag.exists() else fake, **kw)
+    real_open = ship_agent.open_store
+    ship_agent.open_store = lambda _dsn, **kw: real_open(dsn if flag.exists() else fake, **kw)
     a = ship.Agent(root, dsn, batch_interval=0.05, poll=0.02, retention_days=None,
                    log=lambda m: print(m, flush=True), retry=ship.RetryPolicy(0.05, 0.2),
                    remind_every=float(remind), timeouts=(1, int(read_timeout)))
@@ -221,7 +226,7 @@ def test_a_segment_the_writer_closes_while_shipping_is_read_closed(
     root = tmp_path / "spool"
     rd = make_run(root, "closing", 500, end=False)
     end = End(run="closing", stream="run", seq=1, ts=T0 + 3, exit_status=0, state="COMPLETED")
-    real = ship.segments
+    real = segments
     calls: list[bool] = []
 
     def listing_then_close(run_dir: Path) -> list:  # type: ignore[type-arg]
@@ -235,7 +240,8 @@ def test_a_segment_the_writer_closes_while_shipping_is_read_closed(
                 s.path.unlink()
         return segs
 
-    monkeypatch.setattr(ship, "segments", listing_then_close)
+    for module in (ship_identity, ship_pending):  # the identity's reading, the lines'
+        monkeypatch.setattr(module, "segments", listing_then_close)
     res = ship.upload(root, dsn=dsn, retention_days=None)
     assert calls[closing_call - 1], calls
     assert res.exit_code == 0, res
@@ -258,7 +264,7 @@ def test_closed_segments_are_read_by_the_store_itself(tmp_path: Path, dsn: str,
         read_here.append(seg.path.name)
         return real(seg, skip)
 
-    monkeypatch.setattr(ship, "read_segment_bytes", spy)
+    monkeypatch.setattr(ship_pending, "read_segment_bytes", spy)
     res = ship.upload(root, dsn=dsn, retention_days=None)
     assert res.exit_code == 0, res
     segs = segments(rd)
@@ -844,7 +850,7 @@ def test_a_backlog_is_read_one_segment_at_a_time_as_its_batches_ship(
     runs = [f"backlog-{how}-{i}" for i in range(4)]
     for run in runs:
         make_run(root, run, n, segment_bytes=seg_bytes)
-    real_open, real_read = ship.open_store, ship.read_segment_bytes
+    real_open, real_read = S.open_store, ship.read_segment_bytes
     read = [0]  # bytes the shipper read from the spool
     sent = [0]  # bytes the store was given
     held: list[int] = []  # read and not yet sent, at each insert
@@ -854,7 +860,7 @@ def test_a_backlog_is_read_one_segment_at_a_time_as_its_batches_ship(
         st.embedded = False  # every record through ingest, the segments read here
         return st
 
-    def reading(seg: ship.Segment, skip: int = 0) -> tuple[bytes, int, bool, ship.Segment]:
+    def reading(seg: Segment, skip: int = 0) -> tuple[bytes, int, bool, Segment]:
         out = real_read(seg, skip)
         read[0] += len(out[0])
         return out
@@ -866,8 +872,9 @@ def test_a_backlog_is_read_one_segment_at_a_time_as_its_batches_ship(
         sent[0] += sum(len(b) for b, _ in batches)
         return real_insert(self, batches)
 
-    monkeypatch.setattr(ship, "open_store", server_like)
-    monkeypatch.setattr(ship, "read_segment_bytes", reading)
+    monkeypatch.setattr(ship_agent, "open_store", server_like)
+    monkeypatch.setattr(ship_uploading, "open_store", server_like)
+    monkeypatch.setattr(ship_pending, "read_segment_bytes", reading)
     monkeypatch.setattr(S.Store, "insert_many", inserting)
     if how == "agent":
         agent = ship.Agent(root, dsn, batch_bytes=batch, retention_days=None)
