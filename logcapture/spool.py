@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from .errors import RecordError, SpoolError
-from .records import Record, from_dict
+from .records import LOST, End, Note, Record, Start, from_dict
 from .userfiles import UserDir
 
 TYPE_CHECKING = False  # not typing's: importing typing costs every job ~8 ms (records.py)
@@ -83,6 +83,12 @@ def gzip_compress(data: bytes) -> bytes:
     except ImportError:  # pragma: no cover - a platform without isal's wheels
         return gzip.compress(data, compresslevel=COMPRESS_LEVEL, mtime=0)
     return isal_zlib.compress(data, COMPRESS_LEVEL, wbits=31)  # 16 + 15: a gzip member
+
+
+def run_lines(data: bytes) -> list[bytes]:
+    """The NDJSON lines of ``data`` (each ending in a newline) that are records about the run
+    as a whole (start, notes, end): what is kept when the output cannot be."""
+    return [ln for ln in data.splitlines(True) if _RUN_STREAM in ln[:_RUN_STREAM_WITHIN]]
 
 
 def _size(n: int) -> str:
@@ -518,10 +524,7 @@ class SpoolWriter:
         is closing): None when there is nothing to report yet. A cheap read while none was."""
         if not self._unreported or (self._failing and not self._closed):
             return None
-        with self._lock:
-            n, why = self._unreported, self._unreported_reason
-            self._unreported = 0
-        return (n, why) if n else None
+        return self.take_loss()
 
     def take_loss(self) -> tuple[int, str] | None:
         """What ``loss`` gives, whether or not the spool writes again (a run's last word)."""
@@ -570,10 +573,14 @@ class SpoolWriter:
         kept = [t for r, t in zip(records, texts, strict=True) if r.stream == "run"]
         blob = ("\n".join(kept) + "\n").encode("utf-8", "surrogatepass") if kept else b""
         k = blob.count(b"\n")
-        self.lost += n - k
-        self._unreported += n - k
-        self._unreported_reason = self._reason
+        self._count_lost(n - k)
         return blob, k
+
+    def _count_lost(self, n: int) -> None:
+        """``n`` records the disk refused (with ``_lock``): in ``lost``, and for ``loss``."""
+        self.lost += n
+        self._unreported += n
+        self._unreported_reason = self._reason
 
     def flush(self) -> None:
         """Write everything buffered and sync it, now, in the caller's thread."""
@@ -587,13 +594,10 @@ class SpoolWriter:
         if not self._failing:
             return
         with self._lock:
-            lines = b"".join(self._pending).splitlines(True)
-            kept = [ln for ln in lines if _RUN_STREAM in ln[:_RUN_STREAM_WITHIN]]
+            kept = run_lines(b"".join(self._pending))
             self._pending = [b"".join(kept)] if kept else []
+            self._count_lost(self._npending - len(kept))
             self._npending = len(kept)
-            self.lost += len(lines) - len(kept)
-            self._unreported += len(lines) - len(kept)
-            self._unreported_reason = self._reason
         self._drop_reserve()
         self._drain(sync=False)
 
@@ -964,9 +968,6 @@ def close_abandoned(run_dir: Path, host: str | None = None,
     owned as the run's other files (``UserDir``). Returns that end record, or None when the
     run was left as it is. Whoever reads the run first does this: ``logs``, ``ls``, the
     agent."""
-    from .records import LOST, End, Note, Start
-    from .userfiles import UserDir
-
     host = host or os.uname().nodename
     try:
         d = UserDir(run_dir)

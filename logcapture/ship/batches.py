@@ -244,7 +244,7 @@ def _note_set_aside(store: Store, jobs: list[_RunJob], result: UploadResult) -> 
                     text=f"spool segment {name} could not be stored ({why[:200]}): the lines "
                     "it held are missing here")
         try:
-            store.insert_ndjson(note.to_json().encode() + b"\n", job.identity)
+            store.insert_records([note], job.identity)
         except StoreError as e:
             result.warnings.append(f"run {run}: cannot note the set-aside {name}: {e.message}")
 

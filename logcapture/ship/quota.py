@@ -7,13 +7,11 @@ from collections.abc import Callable
 
 from ..errors import LogcaptureError, StoreError
 from ..records import NOTE_WARNING, Note
+from ..spool import run_lines
 from ..store import Store
 from .pending import _Piece, _RunJob
 from .result import UploadResult
 
-# A line about the run as a whole (start, notes, end) begins so (``to_json``: run, stream,
-# seq, ...; a quote inside a value is escaped, so no text can imitate it).
-_RUN_LINE = b'","stream":"run","'
 QUOTA_REFRESH = 300.0  # seconds between two reads of what a user stored today
 QUOTA_SEQ = 1 << 50  # the daily bound's notes: one a shipping, by its time in milliseconds
 
@@ -45,10 +43,9 @@ class UserQuota:
             self._used[user] = (day, have[1], used + len(piece.data))
             return piece.data
         self._used[user] = (day, have[1], used)
-        lines = piece.data.splitlines(True)
-        kept = [ln for ln in lines if _RUN_LINE in ln[:160]]
+        kept = run_lines(piece.data)
         gone = self.left_out.setdefault(str(piece.job.run_dir), [0, 0])
-        gone[0] += len(lines) - len(kept)
+        gone[0] += piece.count - len(kept)
         gone[1] += len(piece.data) - sum(map(len, kept))
         return b"".join(kept)
 
@@ -66,7 +63,7 @@ class UserQuota:
                             f"(user_daily_bytes, {self.limit} bytes) was reached; they stay in "
                             "the node's spool until its retention"))
             try:
-                store.insert_ndjson(note.to_json().encode() + b"\n", job.identity)
+                store.insert_records([note], job.identity)
             except StoreError as e:
                 result.warnings.append(f"run {job.run_dir.name}: {e.message}")
             result.warnings.append(f"run {job.run_dir.name}: {gone[0]} lines not stored: "
