@@ -439,9 +439,14 @@ class Pipeline:
                         "reached: the lines after this are not stored, except the run's "
                         f"last {self.limit.tail_lines}, kept for its end")))
             self.spool.write(records)
-            loss = self.spool.loss
-            if loss is not None:
-                self._note_loss(loss)
+            self._note_loss(self.spool.loss)
+
+    def _last_words(self) -> None:
+        """Before the spool closes: the lines the output limit kept for the end, then room on
+        a full disk for what is left (``SpoolWriter.settle``) and the note of any loss."""
+        self._write_tail()
+        self.spool.settle()
+        self._note_loss(self.spool.take_loss())
 
     def _write_tail(self) -> None:
         """The lines the output limit held for the run's end, after a note that says what
@@ -498,9 +503,7 @@ class Pipeline:
         rendered so far and close the spool without an end record; the epilog, which knows
         the job's end, writes that."""
         self._final_lines(time.time())
-        self._write_tail()
-        self.spool.settle()
-        self._note_loss(self.spool.take_loss())
+        self._last_words()
         self.spool.close()
 
     def finish_lost(self, why: str) -> End:
@@ -525,9 +528,7 @@ class Pipeline:
         self._final_lines(now)
         if at is None:
             at = max(now, self._began[0] + duration)
-        self._write_tail()
-        self.spool.settle()
-        self._note_loss(self.spool.take_loss())
+        self._last_words()
         counts: dict[str, dict[str, int]] = {}
         for stream in OUTPUT_STREAMS:
             c = dict(self.classifier.counts.get(stream, {}))
