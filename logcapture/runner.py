@@ -60,7 +60,7 @@ import sys
 import termios
 import time
 from collections import deque, namedtuple
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import islice
 from types import MappingProxyType
 
@@ -771,9 +771,7 @@ def run(argv: Sequence[str], sink: Sink | Worker | None,
     forward = _Forwarder(masters)
     previous, old_wakeup = forward.install(wake_w)
     started = time.time()
-    # The end is the start plus the monotonic time between (clock_gettime(2)): a wall clock
-    # stepped meanwhile (NTP, an administrator) changes neither the duration nor its sign.
-    began = time.monotonic()
+    began = time.monotonic()  # the end's clock (_outcome)
     floor_kib = _resident_kib()
     try:
         try:
@@ -800,21 +798,32 @@ def run(argv: Sequence[str], sink: Sink | Worker | None,
         loop = _ReadLoop(child, masters, wake_r, sink, opts, warn, counts)
         loop.run()
         status = child.wait()
-        outcome = Outcome(status if status >= 0 else None, -status if status < 0 else None,
-                          child.pid, started, started + (time.monotonic() - began), counts,
-                          reads=loop.reads,
-                          lingers=loop.lingers,
-                          usage=children_usage(max(floor_kib, _resident_kib())))
+        outcome = _outcome(status, child.pid, started, began, counts, loop,
+                           children_usage(max(floor_kib, _resident_kib())))
         if loop.worker is not None:
             loop.worker.finish(outcome, opts.worker_timeout, warn)
         return outcome
     finally:
         forward.restore(previous, old_wakeup)
-        for fd in (wake_r, wake_w, *masters):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        _close_all((wake_r, wake_w, *masters))
+
+
+def _outcome(status: int, pid: int, started: float, began: float, counts: dict[str, int],
+             loop: _ReadLoop, usage: Mapping[str, int] = _NO_BYTES) -> Outcome:
+    """The command's ``Outcome`` from its wait status (``Popen.returncode``: -N for signal
+    N). Its end is its start plus the monotonic time since ``began`` (clock_gettime(2)): a
+    wall clock stepped meanwhile changes neither the duration nor its sign."""
+    return Outcome(status if status >= 0 else None, -status if status < 0 else None, pid,
+                   started, started + (time.monotonic() - began), counts, reads=loop.reads,
+                   lingers=loop.lingers, usage=usage)
+
+
+def _close_all(fds: Iterable[int]) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
 
 
 def open_terminals(rows: int, cols: int, merge: bool) -> tuple[int, int, int, int]:
@@ -880,19 +889,13 @@ def attach(masters: Mapping[int, str], task: Attached, sink: Worker | None,
             if loop.worker is not None:
                 loop.worker.leave_unended(opts.worker_timeout)
             return None
-        outcome = Outcome(status if status >= 0 else None, -status if status < 0 else None,
-                          task.pid, started, started + (time.monotonic() - began), counts,
-                          reads=loop.reads, lingers=loop.lingers)
+        outcome = _outcome(status, task.pid, started, began, counts, loop)
         if loop.worker is not None:
             loop.worker.finish(outcome, opts.worker_timeout, warn)
         return outcome
     finally:
         _Forwarder.restore(previous, old_wakeup)
-        for fd in (wake_r, wake_w, *masters):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        _close_all((wake_r, wake_w, *masters))
 
 
 _POLLIN = select.POLLIN | select.POLLHUP | select.POLLERR
