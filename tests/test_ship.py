@@ -404,20 +404,34 @@ def test_locked_chdb_store_keeps_spool_later_upload_ships(tmp_path: Path, dsn: s
     assert res.exit_code == 0 and counts(dsn, "locked")[0] == 40
 
 
-class _Refuse(http.server.BaseHTTPRequestHandler):
-    def _answer(self) -> None:
-        body = (b"Code: 516. DB::Exception: alice: Authentication failed: password is "
-                b"incorrect, or there is no user with such name. (AUTHENTICATION_FAILED)")
-        self.send_response(self.server.status)  # type: ignore[attr-defined]
-        self.send_header("X-ClickHouse-Exception-Code", "516")
+class _ClickHouseError(http.server.BaseHTTPRequestHandler):
+    """A ClickHouse HTTP endpoint that answers every request with one error, as the server
+    does: the status, the code in ``X-ClickHouse-Exception-Code`` and the message."""
+
+    def _error(self, status: int, code: int, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("X-ClickHouse-Exception-Code", str(code))
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
 
-    do_GET = do_POST = _answer
+    def _answer(self) -> None:
+        raise NotImplementedError
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        self._answer()
+
+    do_POST = do_GET
 
     def log_message(self, *args: object) -> None:
         pass
+
+
+class _Refuse(_ClickHouseError):
+    def _answer(self) -> None:
+        self._error(self.server.status, 516,  # type: ignore[attr-defined]
+                    b"Code: 516. DB::Exception: alice: Authentication failed: password is "
+                    b"incorrect, or there is no user with such name. (AUTHENTICATION_FAILED)")
 
 
 @pytest.mark.parametrize("status", [401, 403])
@@ -895,7 +909,7 @@ def _spool_bytes(rd: Path) -> list[bytes]:
             for seg in segments(rd)]
 
 
-class _FakeStore(http.server.BaseHTTPRequestHandler):
+class _FakeStore(_ClickHouseError):
     """A ClickHouse HTTP endpoint that fails: ``hang`` accepts and never answers, ``500``
     answers every request with a server error."""
 
@@ -905,18 +919,8 @@ class _FakeStore(http.server.BaseHTTPRequestHandler):
         if srv.mode == "hang":  # type: ignore[attr-defined]
             srv.release.wait(120)  # type: ignore[attr-defined]
             return
-        body = (b"Code: 241. DB::Exception: Memory limit (total) exceeded. "
-                b"(MEMORY_LIMIT_EXCEEDED)")
-        self.send_response(500)
-        self.send_header("X-ClickHouse-Exception-Code", "241")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    do_GET = do_POST = _answer
-
-    def log_message(self, *args: object) -> None:
-        pass
+        self._error(500, 241, b"Code: 241. DB::Exception: Memory limit (total) exceeded. "
+                    b"(MEMORY_LIMIT_EXCEEDED)")
 
 
 class _Faults:
