@@ -454,9 +454,8 @@ class Classifier:
             if type(item) is Rendered and not item.cut:
                 text = item.text
                 if COMMAND_PREFIX not in text:
-                    if item.style and not styles:
-                        styles = [()] * len(run)
-                    if styles:
+                    if item.style or styles:  # the run's styles, from its first styled line
+                        styles += [()] * (len(run) - len(styles))
                         styles.append(item.style)
                     run.append(text)
                     if not (json_stream and text[:1] == "{"):

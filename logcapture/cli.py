@@ -238,9 +238,13 @@ def ls_cmd(spool: Path | None, store_dsn: str | None, source: str, as_json: bool
                    "N, a range 0-3 or a list 0-3,8; repeatable.")
 @click.option("--node", "nodes", multiple=True, metavar="NAME",
               help="Only the tasks that ran on this node; repeatable.")
+@click.option("--color", type=click.Choice(["auto", "always", "never"]), default="auto",
+              show_default=True, help="Write the lines' colours back as ANSI escape sequences "
+              "(auto: when stdout is a terminal and NO_COLOR is not set).")
 @click.argument("run_ref", metavar="RUN", required=False)
 def logs(spool: Path | None, stream: str, follow: bool, store_dsn: str | None, source: str,
-         ranks: tuple[str, ...], nodes: tuple[str, ...], run_ref: str | None) -> None:
+         ranks: tuple[str, ...], nodes: tuple[str, ...], color: str, run_ref: str | None
+         ) -> None:
     """Print the log of RUN (a run id or Slurm job id; default: the latest run) as the job
     page and Grafana show it (logview.py): rendered lines, commands, notes, and metadata
     lines the log does not already show. From the store once the run is shipped, else from
@@ -251,7 +255,10 @@ def logs(spool: Path | None, stream: str, follow: bool, store_dsn: str | None, s
 
     from .logview import NOTE, LogView
     from .records import from_dict
+    from .sgr import shown_text, wants_color
 
+    paint = wants_color(color, sys.stdout.isatty(), os.environ)
+    text = shown_text(paint)
     streams = OUTPUT_STREAMS if stream == "all" else (stream,)
     view = LogView(streams=streams)
     with closing(_reader(spool, store_dsn, source)) as reader:
@@ -259,14 +266,14 @@ def logs(spool: Path | None, stream: str, follow: bool, store_dsn: str | None, s
             if follow:
                 raise UsageError("--follow reads one run: name a task run (`logcapture ls "
                                  "JOB` lists them) instead of --rank/--node")
-            _print_tasks(reader, run_ref, streams, ranks, nodes)
+            _print_tasks(reader, run_ref, streams, ranks, nodes, paint)
             return
         run = _wait_for_job(reader, run_ref) if follow else reader.resolve(run_ref)
         printed = False  # any output of the job's (notes are logcapture's)
         if follow:  # each entry as it comes
             for d in reader.follow(run):
                 for e in view.feed((from_dict(d),)):
-                    click.echo(e.text)
+                    click.echo(text(e), color=paint)
                     printed = printed or e.kind != NOTE
         else:
             entries = view.feed(from_dict(d) for d in reader.lines(
@@ -275,7 +282,7 @@ def logs(spool: Path | None, stream: str, follow: bool, store_dsn: str | None, s
             # A thousand lines an echo (one echo a line is a third of a 10,000-line log's
             # whole command).
             for i in range(0, len(entries), 1000):
-                click.echo("\n".join(e.text for e in entries[i:i + 1000]))
+                click.echo("\n".join(map(text, entries[i:i + 1000])), color=paint)
         if stream == STDERR and not printed and not follow and str(
                 reader.describe(run).get("streams", "")).startswith(STREAMS_MERGED):
             click.echo("logcapture: stdout and stderr of this run went to the same place and "
@@ -284,7 +291,7 @@ def logs(spool: Path | None, stream: str, follow: bool, store_dsn: str | None, s
 
 
 def _print_tasks(reader: Any, ref: str | None, streams: tuple[str, ...],
-                 ranks: tuple[str, ...], nodes: tuple[str, ...]) -> None:
+                 ranks: tuple[str, ...], nodes: tuple[str, ...], paint: bool) -> None:
     """``logs JOB --rank/--node``: the chosen task runs' lines, merged by the time each was
     read (each run's own order kept), labelled ``RANK: `` when more than one rank is shown."""
     import heapq
@@ -293,7 +300,9 @@ def _print_tasks(reader: Any, ref: str | None, streams: tuple[str, ...],
     from .errors import NotFound
     from .logview import LogView
     from .records import from_dict
+    from .sgr import shown_text
 
+    text = shown_text(paint)
     if ref is None or jobref.parse(ref) is None:
         raise UsageError("--rank and --node read the tasks of a Slurm job: name the job "
                          "(`logcapture logs JOB --rank 0`)")
@@ -316,12 +325,12 @@ def _print_tasks(reader: Any, ref: str | None, streams: tuple[str, ...],
     for d in merged:
         run = str(d.get("run"))
         for e in views[run].feed((from_dict(d),)):
-            batch.append(prefix[run] + e.text if several else e.text)
+            batch.append(prefix[run] + text(e) if several else text(e))
         if len(batch) >= 1000:  # a thousand lines an echo
-            click.echo("\n".join(batch))
+            click.echo("\n".join(batch), color=paint)
             batch.clear()
     if batch:
-        click.echo("\n".join(batch))
+        click.echo("\n".join(batch), color=paint)
 
 
 def _wait_for_job(reader: Any, ref: str | None, poll: float = 1.0) -> str:

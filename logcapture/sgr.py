@@ -238,3 +238,21 @@ def to_ansi(text: str, spans_: tuple[Span, ...]) -> str:
         at = max(at, e)
     parts.append(text[at:])
     return "".join(parts)
+
+
+def wants_color(choice: str, isatty: bool, environ: Any) -> bool:
+    """``--color auto|always|never``: auto writes colours to a terminal unless ``NO_COLOR``
+    is set to anything but '' (https://no-color.org)."""
+    if choice == "always":
+        return True
+    if choice == "never":
+        return False
+    return isatty and not environ.get("NO_COLOR")
+
+
+def shown_text(paint: bool) -> Any:
+    """What a log entry (``logview.Entry``) prints as: its text, with its colours written back
+    when ``paint``."""
+    if paint:
+        return lambda e: to_ansi(e.text, e.style)
+    return lambda e: e.text
