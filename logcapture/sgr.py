@@ -48,7 +48,7 @@ def apply(state: str, params: str) -> str:
     if hit is not None:
         return hit
     attrs, fg, bg = _split(state)
-    codes = [int(p) if p.isdigit() else 0 for p in params.replace(":", ";").split(";")]
+    codes = [int(p) if p.isdigit() else 0 for p in params.split(";")]
     i, n = 0, len(codes)
     while i < n:
         c = codes[i]
