@@ -59,6 +59,9 @@ _PARTIAL = re.compile(r"\x1b(?:\[[0-9;]{0,64})?\Z")
 
 
 
+# SGR parameters that reset the style (the usual end of a coloured part).
+_RESETS = frozenset(("", "0"))
+
 # ASCII bytes outside the pattern's text run: controls other than newline, and DEL.
 _NOT_PLAIN_ASCII = bytes([*range(0x0a), *range(0x0b, 0x20), 0x7f])
 
@@ -267,7 +270,8 @@ class Renderer:
                     return pos  # the line's first rows scrolled off: pyte models where it goes
                 self._x = 0
             elif k == 3:
-                self._sgr = _sgr.apply(self._sgr, m.group(3))
+                params = m.group(3)
+                self._sgr = "" if params in _RESETS else _sgr.apply(self._sgr, params)
             else:
                 how = m.group(4)
                 x = self._x
@@ -368,8 +372,18 @@ class Renderer:
             self._x = self.width
             self._cut += n - room
         self._cur = cur
-        if self._sgr or self._style:
-            self._style = _sgr.paint(self._style, x, self._x, self._sgr)
+        sgr, style = self._sgr, self._style
+        if not (sgr or style):
+            return
+        if not style or style[-1][1] <= x:  # drawn past every span: the usual case
+            if not sgr:
+                return
+            if style and style[-1][1] == x and style[-1][2] == sgr:
+                style[-1] = (style[-1][0], self._x, sgr)
+            else:
+                style.append((x, self._x, sgr))
+        else:
+            self._style = _sgr.paint(style, x, self._x, sgr)
 
     def _emulator(self) -> Screen:
         if self._screen is None:

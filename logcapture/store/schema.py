@@ -261,7 +261,7 @@ ORDER BY (run, owner, kind)""",
     # as plain. The ingest column first, then the table's, then the view that fills it.
     (5, [
         "ALTER TABLE ingest ADD COLUMN IF NOT EXISTS style String",
-        "ALTER TABLE lines ADD COLUMN IF NOT EXISTS style String CODEC(ZSTD(3))",
+        "ALTER TABLE lines ADD COLUMN IF NOT EXISTS style String CODEC(ZSTD(8))",
         "ALTER TABLE ingest_lines MODIFY QUERY " + _LINES_VIEW,
     ]),
 ]
