@@ -381,15 +381,21 @@ def show(spool: Path | None, as_json: bool, store_dsn: str | None, source: str,
 @_spool_option
 @_store_option
 @_source_option
+@click.option("--rank", "ranks", multiple=True, metavar="N",
+              help="Only the tasks of srun steps with this rank (of --job's jobs, else of "
+                   "any): N, a range 0-3 or a list 0-3,8; repeatable.")
+@click.option("--node", "nodes", multiple=True, metavar="NAME",
+              help="Only the tasks that ran on this node; repeatable.")
 def search(pattern: str, regex: bool, jobs: tuple[str, ...], since: str | None,
            until: str | None, stream: str | None, states: tuple[str, ...], context: int,
            limit: int, as_json: bool, spool: Path | None, store_dsn: str | None,
-           source: str) -> None:
+           source: str, ranks: tuple[str, ...], nodes: tuple[str, ...]) -> None:
     """Find the lines of your runs that match PATTERN, newest first, grouped by run.
 
     PATTERN is words, all of which must occur in a line as whole tokens (case-sensitive:
     `NCCL timeout`), and "quoted phrases" that must occur as written
-    (`'"CUDA out of memory"'`); with --regex a regular expression. Exit status: 0 when lines
+    (`'"CUDA out of memory"'`); with --regex a regular expression. --rank and --node: only
+    in the tasks of srun steps with those ranks, on those nodes. Exit status: 0 when lines
     matched, 1 when none did, 2 on an error (as grep's)."""
     from contextlib import closing
 
@@ -404,6 +410,10 @@ def search(pattern: str, regex: bool, jobs: tuple[str, ...], since: str | None,
                   context, limit).checked()
     with closing(_reader(spool, store_dsn, source)) as reader:
         try:
+            if ranks or nodes:  # the task runs they name (rankview.py)
+                from .rankview import task_run_ids
+
+                req = req._replace(jobs=task_run_ids(reader, jobs, ranks, nodes))
             found = reader.search(req.to_dict())
         except NotFound as e:  # a --job that names none of the caller's runs
             raise UsageError(e.message) from None

@@ -178,10 +178,7 @@ def job_runs(reader: Any, ref: str | None, ranks: Iterable[str] = (),
         return None  # not found among the listed runs: the run's own log says why
     if filtered:
         if not found:
-            what = " and ".join(filter(None, (f"rank {', '.join(ranks)}" if ranks else "",
-                                              f"node {', '.join(nodes)}" if nodes else "")))
-            raise NotFound(f"job {ref} has no captured task with {what} (`logcapture ls "
-                           f"{ref}` lists its tasks)")
+            raise _no_task(f"job {ref}", ranks, nodes)
         return found
     if not found:
         return None
@@ -203,3 +200,34 @@ def read_job(reader: Any, runs: list[Mapping[str, Any]], streams: tuple[str, ...
         return LogView(streams=streams).feed(from_dict(d) for d in reader.lines(run, stream))
 
     return job_log([(run, entries(str(run["run"]))) for run in runs])
+
+
+def task_run_ids(reader: Any, jobs: Iterable[str], ranks: Iterable[str] = (),
+                 nodes: Iterable[str] = ()) -> tuple[str, ...]:
+    """The task runs ``search --rank/--node`` looks in: those of ``jobs`` (job references;
+    none: every job of the caller's) with one of ``ranks`` and on one of ``nodes``. NotFound
+    when there is none."""
+    from . import jobref
+
+    ranks, nodes = tuple(ranks), tuple(nodes)
+    wanted = jobref.parse_ranks(ranks) if ranks else None
+    on = set(nodes) if nodes else None
+    summaries = reader.runs()
+    if jobs:
+        found = [t for job in jobs for t in jobref.tasks(job, summaries, wanted, on)]
+    else:
+        found = [f for f in ({**s, **jobref.job_fields(s)} for s in summaries)
+                 if f["rank"] is not None and (wanted is None or f["rank"] in wanted)
+                 and (on is None or f["nodes"] in on)]
+    if not found:
+        raise _no_task(f"job {', '.join(jobs)}" if jobs else "your jobs", ranks, nodes)
+    return tuple(dict.fromkeys(str(t["run"]) for t in found))
+
+
+def _no_task(where: str, ranks: tuple[str, ...], nodes: tuple[str, ...]) -> Exception:
+    from .errors import NotFound
+
+    what = " and ".join(filter(None, (f"rank {', '.join(ranks)}" if ranks else "",
+                                      f"node {', '.join(nodes)}" if nodes else "")))
+    return NotFound(f"{where}: no captured task with {what} (`logcapture ls JOB` lists a "
+                    "job's tasks)")

@@ -124,6 +124,17 @@ NODE_N2 = ["2: rank 2 step 0", "3: rank 3 step 0", "3: rank 3 is different",
            "2: identical line from every rank", "2: done", "3: done"]
 
 
+def store_of(tmp_path: Path, *jobs: tuple[str, int, str]) -> str:
+    """A real embedded store holding each (owner, uid, job id)'s job (``job_records``)."""
+    dsn = f"chdb://{tmp_path / 'store'}"
+    with S.open_store(dsn) as st:
+        for who, uid, job in jobs:
+            for run, recs in job_records(who, uid, job).items():
+                st.insert_records(recs, S.Identity(run=run, user=who, uid=uid, cluster="c1",
+                                                   job_id=job))
+    return dsn
+
+
 @pytest.fixture
 def spool(tmp_path: Path) -> Path:
     root = tmp_path / "spool"
@@ -163,11 +174,7 @@ def test_logs_of_a_job_merges_labels_and_folds_its_ranks_from_the_spool(
 
 def test_logs_of_a_job_reads_the_same_from_the_store(
         spool: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    dsn = f"chdb://{tmp_path / 'store'}"
-    with S.open_store(dsn) as st:
-        for run, recs in job_records(ME, os.getuid()).items():
-            st.insert_records(recs, S.Identity(run=run, user=ME, uid=os.getuid(),
-                                               cluster="c1", job_id="50"))
+    dsn = store_of(tmp_path, (ME, os.getuid(), "50"))
     where = ["--spool", str(tmp_path / "empty"), "--source", "store", "--store", dsn]
     assert logs(capsys, "50", *where)[:2] == (0, ALL_RANKS)
     assert logs(capsys, "50", "--rank", "1", *where)[:2] == (0, RANK_1)
@@ -181,16 +188,7 @@ def held(dsn: str) -> Iterator[S.Store]:
 
 
 def test_a_user_never_sees_another_users_tasks_of_the_same_job_id(tmp_path: Path) -> None:
-    dsn = f"chdb://{tmp_path / 'store'}"
-    with S.open_store(dsn) as st:
-        for who, uid in (("alice", 1001), ("bob", 1002)):
-            for run, recs in job_records(who, uid).items():
-                st.insert_records(recs, S.Identity(run=run, user=who, uid=uid, cluster="c1",
-                                                   job_id="50"))
-        # bob alone has a task of job 60
-        for run, recs in job_records("bob", 1002, "60").items():
-            st.insert_records(recs, S.Identity(run=run, user="bob", uid=1002, cluster="c1",
-                                               job_id="60"))
+    dsn = store_of(tmp_path, ("alice", 1001, "50"), ("bob", 1002, "50"), ("bob", 1002, "60"))
     with closing(Q.StoreReader(lambda: held(dsn), "alice")) as alice:
         runs = RV.job_runs(alice, "50")
         assert runs is not None and len(runs) == 5
@@ -209,3 +207,49 @@ def test_a_filter_on_something_that_is_no_job_is_refused(spool: Path) -> None:
         with pytest.raises(UsageError):
             RV.job_runs(r, None, ranks=["0"])
         assert RV.job_runs(r, "50.0.1") is None
+
+
+def search(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict | str]:
+    import json
+
+    try:
+        main(["search", "--json", *args])
+        code = 0
+    except SystemExit as e:
+        code = int(e.code or 0)
+    out = capsys.readouterr()
+    return code, json.loads(out.out) if out.out else out.err
+
+
+def _runs(found: dict | str) -> set[str]:
+    assert isinstance(found, dict), found
+    return {g["run"] for g in found["groups"]}
+
+
+@pytest.mark.parametrize("source", ["spool", "store"])
+def test_search_by_rank_and_node(spool: Path, tmp_path: Path, source: str,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    where = ["--spool", str(spool), "--source", "spool"]
+    if source == "store":
+        dsn = store_of(tmp_path, (ME, os.getuid(), "50"))
+        where = ["--spool", str(tmp_path / "empty"), "--source", "store", "--store", dsn]
+    assert _runs(search(capsys, "done", *where)[1]) == {f"50.0.{r}" for r in range(4)}
+    assert _runs(search(capsys, "done", "--job", "50", "--rank", "0-1", *where)[1]) == {
+        "50.0.0", "50.0.1"}
+    assert _runs(search(capsys, "done", "--node", "n2", *where)[1]) == {"50.0.2", "50.0.3"}
+    assert _runs(search(capsys, "done", "--rank", "3", "--node", "n2", *where)[1]) == {
+        "50.0.3"}
+    code, found = search(capsys, "job", "--rank", "0", *where)  # the batch's "end of job"
+    assert code == 1 and _runs(found) == set()
+    code, err = search(capsys, "done", "--rank", "7", *where)
+    assert code == 2 and "no captured task with rank 7" in str(err)
+
+
+def test_search_by_rank_finds_only_the_users_own_tasks(tmp_path: Path) -> None:
+    from logcapture.search import Request
+
+    dsn = store_of(tmp_path, ("alice", 1001, "50"), ("bob", 1002, "50"))
+    with closing(Q.StoreReader(lambda: held(dsn), "alice")) as alice:
+        runs = RV.task_run_ids(alice, ["50"], ["0-3"])
+        found = alice.search(Request("done", jobs=runs).to_dict())
+    assert {g["owner"] for g in found["groups"]} == {"alice"} and found["matches"] == 4
