@@ -231,3 +231,45 @@ def _no_task(where: str, ranks: tuple[str, ...], nodes: tuple[str, ...]) -> Exce
                                       f"node {', '.join(nodes)}" if nodes else "")))
     return NotFound(f"{where}: no captured task with {what} (`logcapture ls JOB` lists a "
                     "job's tasks)")
+
+
+def tasks_of(reader: Any, ref: str) -> list[dict[str, Any]]:
+    """The task runs of the job ``ref`` names, as the job page lists them (run, step, rank,
+    node, state): [] when ``ref`` is no job with task runs."""
+    runs = job_runs(reader, ref) or []
+    return [{"run": str(r["run"]), "step": r.get("step"), "rank": r["rank"],
+             "node": str(r.get("nodes") or ""), "state": r.get("state")}
+            for r in runs if r.get("rank") is not None]
+
+
+def page(reader: Any, ref: str, ranks: str = "", nodes: str = "", limit: int = 10_000
+         ) -> dict[str, Any]:
+    """The job page's log of a job of several ranks: the newest ``limit`` entries of
+    ``read_job`` over the job's runs (``ranks``: ``0-3,8`` as ``--rank`` takes it, ``nodes``:
+    a comma list; empty: all, with the batch script's), each ``{cursor, stream, kind, text,
+    ts, run, rank, node}`` and, when folded, ``ranks`` and ``note`` (``fold_note``); ``more``:
+    older entries were left out (``logcapture logs JOB`` prints them all); ``ended``: every
+    run of them has ended."""
+    from .logview import cursor_of
+    from .records import OUTPUT_STREAMS
+
+    rank_values = [ranks] if ranks else []
+    node_values = [n for n in nodes.split(",") if n]
+    runs = job_runs(reader, ref, rank_values, node_values)
+    if runs is None:
+        return {"entries": [], "more": False, "ended": True}
+    newest: deque[RankEntry] = deque(maxlen=limit + 1)
+    newest.extend(read_job(reader, runs, OUTPUT_STREAMS))
+    more = len(newest) > limit
+    if more:
+        newest.popleft()
+    entries = []
+    for item in newest:
+        e = item.entry
+        d = {"cursor": cursor_of(e.ts, e.stream, e.seq), "stream": e.stream, "kind": e.kind,
+             "text": e.text, "ts": e.ts, "run": item.run, "rank": item.rank, "node": item.node}
+        if item.folded:
+            d["ranks"], d["note"] = list(item.ranks), fold_note(item.ranks)
+        entries.append(d)
+    return {"entries": entries, "more": more,
+            "ended": all(r.get("state") not in ("RUNNING", "EMPTY") for r in runs)}

@@ -135,14 +135,18 @@ def store_of(tmp_path: Path, *jobs: tuple[str, int, str]) -> str:
     return dsn
 
 
-@pytest.fixture
-def spool(tmp_path: Path) -> Path:
-    root = tmp_path / "spool"
-    for run, recs in job_records(ME, os.getuid()).items():
-        w = SpoolWriter(create_run_dir(root / "50", run), fsync=False)
+def write_job(root: Path, owner: str, job: str) -> Path:
+    """``job_records`` in a spool as the Slurm layout has them (ROOT/JOB/RUN)."""
+    for run, recs in job_records(owner, os.getuid(), job).items():
+        w = SpoolWriter(create_run_dir(root / job, run), fsync=False)
         w.write(recs)
         w.close()
     return root
+
+
+@pytest.fixture
+def spool(tmp_path: Path) -> Path:
+    return write_job(tmp_path / "spool", ME, "50")
 
 
 def logs(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, list[str], str]:
@@ -253,3 +257,23 @@ def test_search_by_rank_finds_only_the_users_own_tasks(tmp_path: Path) -> None:
         runs = RV.task_run_ids(alice, ["50"], ["0-3"])
         found = alice.search(Request("done", jobs=runs).to_dict())
     assert {g["owner"] for g in found["groups"]} == {"alice"} and found["matches"] == 4
+
+
+def test_the_job_pages_answer_names_rank_node_and_fold_and_keeps_the_newest(spool: Path) -> None:
+    with closing(Q.LocalReader(spool, source="spool")) as r:
+        assert [(t["run"], t["rank"], t["node"]) for t in RV.tasks_of(r, "50")] == [
+            (f"50.0.{k}", k, NODE[k]) for k in range(4)]
+        assert RV.tasks_of(r, "50.0.1") == []  # a run, not a job
+        whole = RV.page(r, "50")
+        assert not whole["more"] and whole["ended"]
+        assert [e["text"] for e in whole["entries"]] == [
+            t.split(": ", 1)[-1] for t in ALL_RANKS if not t.startswith("[")]
+        folded = [e for e in whole["entries"] if "note" in e]
+        assert [(e["rank"], e["node"], e["ranks"], e["note"]) for e in folded] == [
+            (0, "n1", [0, 1, 2], "[logcapture: same line from 3 ranks (0-2)]")] * 2
+        assert whole["entries"][0]["rank"] is None and whole["entries"][0]["run"] == "50"
+        newest = RV.page(r, "50", limit=2)
+        assert newest["more"] and [e["text"] for e in newest["entries"]] == ["done",
+                                                                              "end of job"]
+        assert [e["rank"] for e in RV.page(r, "50", "2-3", "n2")["entries"]] == [2, 3, 3, 2,
+                                                                                  2, 3]
