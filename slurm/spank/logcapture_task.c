@@ -8,7 +8,7 @@
  * In slurm_spank_task_init (the task process, as the job's user, just before it execs the
  * step's program) it acts only when the job's environment holds LOGCAPTURE_TASKS, which the
  * job wrapper exports for a user who opted in, and never in the batch or extern step (the
- * wrapper captures the batch script itself), nor in a task that has a terminal (srun --pty).
+ * wrapper captures the batch script itself), nor in a task of an `srun --pty` step.
  * It starts `python -I -m logcapture slurm task` detached (a grandchild, so the task never
  * sees an unknown child), with the task's own
  * stdout and stderr as its stdout and stderr and one end of a socketpair as fd 3. The Python
@@ -212,7 +212,7 @@ static int receive_slaves(int sock, int fds[2])
 
 int slurm_spank_task_init(spank_t sp, int ac, char **av)
 {
-    char optin[8];
+    char optin[8], port[16];
     spank_err_t found;
     uint32_t job = 0, step = 0, task = 0;
     int local = 0, sv[2], fds[2] = {-1, -1}, n;
@@ -235,8 +235,12 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
     }
     if (!captured_step(step))
         return ESPANK_SUCCESS;
-    /* srun --pty: the task has a terminal of its own; an interactive step is left as it is. */
-    if (isatty(STDOUT_FILENO))
+    /* srun --pty: the task has a terminal of its own; an interactive step is left as it is.
+     * A terminal without SLURM_PTY_PORT is slurmstepd's for unbuffered output (srun -u, or
+     * --pty that srun disregarded because its stdout is no terminal, as in a batch script):
+     * its output goes through srun as any step's, and the task is captured. */
+    if (isatty(STDOUT_FILENO)
+        && spank_getenv(sp, "SLURM_PTY_PORT", port, sizeof(port)) == ESPANK_SUCCESS)
         return ESPANK_SUCCESS;
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0) {
         slurm_error("logcapture_task: %u.%u task %u not captured: socketpair: %m",
