@@ -28,7 +28,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 WRITER = r"""
 import os, socket, sys
-address, n, forward = sys.argv[1].encode().replace(b"@", b"\0", 1), int(sys.argv[2]), sys.argv[3] == "1"
+address = sys.argv[1].encode().replace(b"@", b"\0", 1)
+n, forward = int(sys.argv[2]), sys.argv[3] == "1"
 saved, sock = {}, None
 if forward:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
