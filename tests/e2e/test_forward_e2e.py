@@ -43,6 +43,7 @@ echo "srun said $?"
 srun -n 1 bash -c 'echo "step $SLURM_STEP_ID fails"; sleep 0.3; exit 3'
 echo "srun said $?"
 srun -n 1 --pty bash -c 'echo "step $SLURM_STEP_ID asked for a pty"; sleep 0.3'
+srun -n 1 -u bash -c 'echo "step $SLURM_STEP_ID unbuffered"; [ -t 1 ] && echo "on a tty"; sleep 0.3'
 echo "batch ends $?"
 """
 # (srun reports a task's exit and forwards its output on separate paths: a task that waits a
@@ -109,7 +110,7 @@ def test_each_task_line_is_stored_once_and_the_output_file_is_untouched(lc: Clus
     j = captured.id
     runs = _runs(lc, captured)
     assert sorted(runs) == sorted([j, f"{j}.0.0", f"{j}.0.1", f"{j}.1.0", f"{j}.1.1",
-                                   f"{j}.2.0", f"{j}.3.0"])
+                                   f"{j}.2.0", f"{j}.3.0", f"{j}.4.0"])
     # The batch run: the script's own prints and srun's own messages, no task line.
     batch = _texts(runs[j])
     assert [t for t in batch if not t.startswith("srun: ")] == [  # (srun's own: kept)
@@ -134,6 +135,10 @@ def test_each_task_line_is_stored_once_and_the_output_file_is_untouched(lc: Clus
     assert everywhere["step 2 fails"] == 1
     assert _texts(runs[f"{j}.3.0"]) == ["step 3 asked for a pty"]
     assert everywhere["step 3 asked for a pty"] == 1
+    # srun -u: slurmstepd gives the task a terminal; the task is captured all the same (on a
+    # terminal of logcapture's, as it was on one of slurmstepd's).
+    assert _texts(runs[f"{j}.4.0"]) == ["step 4 unbuffered", "on a tty"]
+    assert everywhere["step 4 unbuffered"] == 1
     all_metadata = [m for records in runs.values() for m in _metadata(records)]
     assert len(all_metadata) == 12
 
