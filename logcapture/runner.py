@@ -1230,7 +1230,8 @@ class _ReadLoop:
         """Bytes another writer meant for the command's ``stream`` output: copied there;
         ``kept`` (of them) captured as that stream. Whether the worker was given output."""
         self.last_data = now_m  # output all the same: the drain waits for it
-        self._copy(stream, data)
+        if data:
+            self._copy(stream, data)
         if not kept:
             return False
         if self.worker is not None:

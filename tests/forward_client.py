@@ -2,7 +2,8 @@
 (slurm/spank/logcapture_task.c) does it, for tests: ``python forward_client.py ADDRESS STEP...``
 connects, puts the pipes it gets on fds 1 and 2, and runs each STEP: ``out:TEXT`` or
 ``err:TEXT`` writes TEXT (with ``\\n`` expanded) to fd 1 or 2, ``sleep:S`` sleeps, ``kill``
-ends at once without saying ``E`` (srun killed), ``show`` prints the reply on fd 1."""
+ends at once without saying ``E`` (srun killed), ``show`` prints the reply on fd 1,
+``hold:S`` leaves a child holding fds 1 and 2 for S seconds."""
 
 from __future__ import annotations
 
@@ -47,6 +48,10 @@ def main(argv: list[str]) -> int:
             os.write(1 if what == "out" else 2, arg.replace("\\n", "\n").encode())
         elif what == "sleep":
             time.sleep(float(arg))
+        elif what == "hold":  # a child that keeps fds 1 and 2 open for S seconds
+            if os.fork() == 0:
+                time.sleep(float(arg))
+                os._exit(0)
         elif what == "show":
             os.write(1, reply + b"\n")
         elif what == "kill":

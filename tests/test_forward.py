@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from logcapture import runner
-from logcapture.slurm.forward import Forwarder, SrunMessages
+from logcapture.slurm.forward import Forwarder, SrunMessages, _Pipe
 
 from .test_runner import Recorder
 
@@ -100,6 +100,20 @@ def test_an_srun_killed_before_its_exit_hook_keeps_its_order(tmp_path: Path,
     _, out, _, sink = _batch(tmp_path, script, address)
     assert out == b"before\nlast words\nafter\nlast words\nend\n"
     assert bytes(sink.data["stdout"]) == b"before\nafter\nend\n"
+
+
+def test_a_pipe_that_outlives_its_srun_does_not_refuse_the_next(tmp_path: Path,
+                                                                address: bytes) -> None:
+    first = srun(address, "hold:1", f"out:first{NL}", "kill")
+    second = srun(address, "show", f"out:second{NL}")
+    _, out, _, sink = _batch(tmp_path, f"{first}; sleep 0.2; {second}; echo end", address)
+    assert out == b"first\nF00\nsecond\nend\n"
+    assert bytes(sink.data["stdout"]) == b"end\n"
+    # Whatever number the next connection gets: a pipe lets go of its srun's connection.
+    forwarder = Forwarder(address)
+    forwarder.pipes[99] = _Pipe(99, "stdout", 8)
+    forwarder._drop(8)
+    assert forwarder.pipes[99].conn == -1
 
 
 def test_a_background_srun_keeps_each_writers_order(tmp_path: Path, address: bytes) -> None:

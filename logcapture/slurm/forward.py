@@ -348,6 +348,9 @@ class Forwarder:
         return sent
 
     def _drop(self, fd: int) -> None:
+        for pipe in self.pipes.values():  # (one still open outlives its srun's connection,
+            if pipe.conn == fd:           # whose number the next srun's may get)
+                pipe.conn = -1
         conn = self.conns.pop(fd, None)
         if conn is not None:
             self._unwatch(fd)
