@@ -195,3 +195,48 @@ def test_a_task_whose_capture_fails_runs_with_its_status_and_its_warning_is_kept
     assert any(t.startswith("logcapture: ") for t in batch), batch
     assert "rank 0 runs" not in batch
     assert json.dumps(batch)  # (readable records)
+
+
+# The batch script's stderr apart (#SBATCH -e): two ptys, so srun gets a pipe for each; and a
+# step whose output goes to files of its own (srun --output), which srun never sees.
+APART = r"""#!/bin/bash
+#SBATCH -n 2
+echo "batch starts"
+echo "batch err" >&2
+srun bash -c 'sleep $SLURM_PROCID; echo "rank $SLURM_PROCID out"; echo "rank $SLURM_PROCID err" >&2'
+srun --output="$HOME/fwdapart-$SLURM_JOB_ID-%t.txt" bash -c 'echo "rank $SLURM_PROCID to a file"'
+echo "batch ends"
+"""
+
+
+def test_stderr_apart_and_a_step_with_files_of_its_own(lc: Cluster) -> None:
+    lc.optin(U1, "")
+    jobs = {user: lc.submit(user, APART, f"--error={lc.home(user)}/fwdapart-%j.err",
+                            name="fwdapart") for user in (U1, U2)}
+    states = lc.wait(*jobs.values(), timeout=120)
+    assert {states[j.id] for j in jobs.values()} == {("COMPLETED", "0:0")}
+    captured, plain = jobs[U1], jobs[U2]
+
+    def files(job: Job) -> list[bytes]:
+        home = lc.home(job.user)
+        return [_output(job), (home / f"fwdapart-{job.id}.err").read_bytes(),
+                *[(home / f"fwdapart-{job.id}-{t}.txt").read_bytes() for t in (0, 1)]]
+
+    want = files(plain)
+    assert want[0] == b"batch starts\nrank 0 out\nrank 1 out\nbatch ends\n"
+    assert want[1] == b"batch err\nrank 0 err\nrank 1 err\n"
+    assert want[2:] == [b"rank 0 to a file\n", b"rank 1 to a file\n"]
+    assert files(captured) == want
+    j = captured.id
+    runs = _runs(lc, captured)
+    assert sorted(runs) == sorted([j, f"{j}.0.0", f"{j}.0.1", f"{j}.1.0", f"{j}.1.1"])
+    batch = runs[j]
+    assert [r["text"] for r in batch if r["kind"] == "line" and r["stream"] == "stdout"] == [
+        "batch starts", "batch ends"]
+    assert [r["text"] for r in batch if r["kind"] == "line" and r["stream"] == "stderr"] == [
+        "batch err"]
+    for rank in (0, 1):
+        records = runs[f"{j}.0.{rank}"]
+        assert [(r["stream"], r["text"]) for r in records if r["kind"] == "line"] == [
+            ("stdout", f"rank {rank} out"), ("stderr", f"rank {rank} err")]
+        assert _texts(runs[f"{j}.1.{rank}"]) == [f"rank {rank} to a file"]
