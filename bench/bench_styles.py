@@ -3,8 +3,9 @@ its styles against the same log without them, both through the real store.
 
     .venv/bin/python bench/bench_styles.py [--lines 30000]
 
-The log: the real programs' bytes of tests/captured (pytest --color=yes, rich's progress and
-console.log, pip's download bar, coloured logging, git diff, grep and ls) and a
+The log: the real programs' bytes of tests/captured (Lightning 2.6's rich and tqdm bars,
+pytest --color=yes, rich's progress and console.log, pip's download bar, coloured logging,
+git diff, grep and ls) and a
 Lightning-like training log (rich's progress bar per epoch, coloured metrics, a model summary
 table, warnings), each rendered by logcapture's Renderer, repeated with the numbers changed
 until ``--lines``. The same lines go into the store twice, as two runs in two daily
@@ -33,7 +34,7 @@ from logcapture.render import Renderer  # noqa: E402
 
 CAPTURED = ROOT / "tests" / "captured"
 REAL = ("pytest_color", "rich_progress", "rich_console_log", "pip_download", "colour_logging",
-        "git_diff_color", "grep_color", "ls_color")
+        "git_diff_color", "grep_color", "ls_color", "lightning_rich", "lightning_tqdm")
 
 
 def lightning_like(rng: random.Random, epoch: int) -> bytes:
