@@ -282,3 +282,15 @@ def test_search_insights_metadata_and_export_see_plain_text(coloured_run: dict[s
     assert res.returncode == 0, res.stderr
     text = out.read_text()
     assert "ERROR: RuntimeError" in text and "\x1b" not in text and "style" not in text
+
+
+def test_a_masked_secret_keeps_no_style_and_the_rest_keeps_theirs() -> None:
+    from logcapture.redact import Redactor
+
+    secret = "s3cr3t-Value-0123456789"
+    r = Renderer()
+    got = r.feed(f"\x1b[1mkey\x1b[0m=\x1b[31m{secret}\x1b[0m \x1b[32mok\x1b[0m\n".encode()) \
+        + r.finish()
+    [line] = Redactor({"API_TOKEN": secret}).lines("stdout", got)
+    assert line.text == "key=*** ok"
+    assert line.style == ((0, 3, "1"), (8, 10, "32"))
