@@ -47,19 +47,24 @@ class _Cells(dict[str, Char]):
     set (``Screen.select_graphic_rendition``), so a cell with pyte's ``fg`` "default" is
     plain."""
 
-    def __init__(self, sgr: str = "") -> None:
+    def __init__(self, sgr: str = "", limit: int = 8192) -> None:
         super().__init__()
         self.base = _DEFAULT._replace(fg=sgr) if sgr else _DEFAULT
+        self.limit = limit
 
     def __missing__(self, ch: str) -> Char:
-        if len(self) > 8192:
+        if len(self) > self.limit:
             self.clear()
         c = self[ch] = self.base._replace(data=ch)
         return c
 
 
 _CELL = _Cells()
+# The styled cells: at most 256 styles of 512 characters each (~130k cells however many
+# colours a program cycles through; a cache, so a miss costs only a new cell).
 _STYLED: dict[str, _Cells] = {}
+_MAX_STYLES = 256
+_STYLED_CELLS = 512
 
 
 def cells_of(sgr: str) -> _Cells:
@@ -68,9 +73,9 @@ def cells_of(sgr: str) -> _Cells:
         return _CELL
     cells = _STYLED.get(sgr)
     if cells is None:
-        if len(_STYLED) > 1024:
+        if len(_STYLED) > _MAX_STYLES:
             _STYLED.clear()
-        cells = _STYLED[sgr] = _Cells(sgr)
+        cells = _STYLED[sgr] = _Cells(sgr, _STYLED_CELLS)
     return cells
 
 
