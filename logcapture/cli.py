@@ -902,7 +902,7 @@ def db_init(store_dsn: str | None, ttl_days: int | None, row_policies: bool) -> 
 @_store_option
 @_source_option
 @click.argument("run_ref", metavar="RUN")
-@click.option("--what", type=click.Choice(["lines", "metadata", "samples"]),
+@click.option("--what", type=click.Choice(["lines", "metadata", "samples", "progress"]),
               default="metadata", show_default=True, help="Which data to write.")
 @click.option("--format", "fmt", type=click.Choice(["csv", "ndjson", "parquet"]),
               default="csv", show_default=True, help="The file format.")
@@ -910,9 +910,10 @@ def db_init(store_dsn: str | None, ttl_days: int | None, row_policies: bool) -> 
               default=None, help="Write here (default: standard output).")
 def export_cmd(spool: Path | None, store_dsn: str | None, source: str, run_ref: str,
                what: str, fmt: str, output: Path | None) -> None:
-    """Write your own data of RUN: its lines, metadata (one column per key) or resource
-    samples, as CSV, NDJSON or Parquet, from the store once the run is shipped, else from the
-    spool. RUN: a run id, a Slurm job id, or `latest` (your newest run)."""
+    """Write your own data of RUN: its lines, metadata (one column per key), resource
+    samples or progress-bar points, as CSV, NDJSON or Parquet, from the store once the run
+    is shipped, else from the spool. RUN: a run id, a Slurm job id, or `latest` (your
+    newest run)."""
     from contextlib import closing, nullcontext
 
     from .store import check_export, write_rows

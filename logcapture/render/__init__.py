@@ -153,6 +153,20 @@ class Renderer:
             self._maybe_line_mode()
         return self._drain()
 
+    def live(self) -> list[str]:
+        """The lines the renderer still holds, which the program may redraw, as they stand:
+        where progress bars are (render/progress.py): the lines not committed yet and the
+        cursor's line (a program that moves the cursor up redraws the rows above it: rich's
+        bars, nested tqdm bars). Nothing while a full-screen program has the screen."""
+        if self._line_mode:
+            cur = self._cur.rstrip(" ")
+            return [r.text for r in self._pending] + ([cur] if cur else [])
+        from .screen import ALT_SCREEN
+
+        s = self._screen
+        assert s is not None  # line mode is left only through _to_screen
+        return [] if s.mode & ALT_SCREEN else s.live_lines()
+
     @property
     def line_mode(self) -> bool:
         """Are the rows the lines the newlines ended, in order (the fast path's state), so
