@@ -223,11 +223,18 @@ def _ts(value: Any) -> float:
     return float(value) if isinstance(value, (int, float)) else 0.0
 
 
+# Bars print their elapsed time in whole seconds (tqdm's 00:03, Keras' 2s): from 10 s on it is
+# within 10 % and covers the bar's start, which its first point may have missed; below that the
+# points' own read times measure the rate better.
+_OWN_CLOCK = 10.0
+
+
 def bars(records: Iterable[dict[str, Any]], series: bool = False) -> list[dict[str, Any]]:
     """A run's bars from its progress record dicts (any order), in the order they began: per
     bar its ``label``, ``stream``, final ``n``, ``total``, ``unit``, ``rate`` (its mean rate
-    per second: the count it made over the time it ran, from its first to its last point, or
-    the last rate the bar printed when it had one point), ``elapsed`` (seconds, the bar's own
+    per second: its count over its own elapsed time when it printed one of 10 s or more, else
+    the count it made from its first point to its last over that time, else the last rate it
+    printed), ``elapsed`` (seconds, the bar's own
     when it printed it, else from its first point to its last), ``start`` and ``end`` (epoch
     seconds), ``done`` (its last point was its final state), ``points``; with ``series``, the
     points as ``[ts, n, rate, elapsed]`` lists in time order."""
@@ -243,14 +250,13 @@ def bars(records: Iterable[dict[str, Any]], series: bool = False) -> list[dict[s
         n0, n1 = float(first.get("n") or 0.0), float(last.get("n") or 0.0)
         own = last.get("elapsed")
         rate: float | None
-        if own is not None and float(own) >= 1.0:  # the bar's own clock, in whole seconds
-            elapsed: float | None = float(own)
-            rate = n1 / float(own)
+        elapsed: float | None = float(own) if own is not None else (
+            t1 - t0 + float(first.get("elapsed") or 0.0) if t1 > t0 else None)
+        if own is not None and float(own) >= _OWN_CLOCK:
+            rate = n1 / float(own)  # the whole run of the bar, on its own clock
         elif t1 > t0:
-            elapsed = t1 - t0 + float(first.get("elapsed") or 0.0)
-            rate = (n1 - n0) / (t1 - t0)
+            rate = (n1 - n0) / (t1 - t0)  # over the points' read times
         else:  # one moment: what the bar printed
-            elapsed = float(own) if own is not None else None
             rate = last.get("rate")
         bar: dict[str, Any] = {
             "label": last.get("label", ""), "stream": stream, "n": n1,

@@ -125,6 +125,11 @@ class Pages:
         run = self.resolve(ref)
         return metadata(self._ask(self.reader.metadata, run)[::-1])
 
+    def progress(self, ref: str) -> dict[str, Any]:
+        from .progress import progress_graphs
+
+        return progress_graphs(self._ask(self.reader.export_rows, self.resolve(ref), "progress"))
+
     def resources(self, ref: str) -> dict[str, Any]:
         return resources(self._ask(self.reader.samples, self.resolve(ref)))
 
@@ -132,7 +137,8 @@ class Pages:
         """The bytes of ``logcapture export RUN --what WHAT --format FMT``, a file name and its
         media type."""
         if what not in EXPORTS:
-            raise UsageError(f"what must be lines, metadata or samples, not {what[:40]!r}")
+            raise UsageError(f"what must be lines, metadata, samples or progress, not "
+                             f"{what[:40]!r}")
         if fmt not in FORMATS:
             raise UsageError(f"format must be csv, ndjson or parquet, not {fmt[:40]!r}")
         run = self.resolve(ref)
