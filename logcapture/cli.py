@@ -200,7 +200,8 @@ def ls_cmd(spool: Path | None, store_dsn: str | None, source: str, as_json: bool
     (as sacct says it), exit code, start, duration, nodes, lines, insights (the first kind
     `show` explains, and how many more). JOB: only that job's runs (an array job's tasks, a
     requeued job's earlier runs), and each task of its srun steps (JOB.STEP.RANK, its node),
-    which are left out of the list of all runs."""
+    which are left out of the list of all runs. For an array job, a last line counts its
+    tasks by state and first insight."""
     from contextlib import closing
 
     from . import jobref
@@ -224,6 +225,12 @@ def ls_cmd(spool: Path | None, store_dsn: str | None, source: str, as_json: bool
         return
     for line in table(ls_rows(summaries)):
         click.echo(line)
+    if job is not None:
+        from .arrays import summary_for, summary_text
+
+        array = summary_for(job, summaries)
+        if array is not None:  # an array job: its tasks by state and first insight
+            click.echo(summary_text(array))
 
 
 @cli.command()

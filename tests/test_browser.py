@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from pages import LOGCAPTURE, Serve, capture, chromium, env_for, have_chromium, write_gpu_run
+from test_arrays import write_array
 
 pytestmark = pytest.mark.skipif(not have_chromium(), reason="needs Debian's chromium and "
                                 "chromium-driver (.ci/run installs them)")
@@ -398,6 +399,7 @@ def progress_site(tmp_path_factory):
         subprocess.run([*LOGCAPTURE, "run", "--run-id", name, "--", sys.executable, "-c",
                         REPLAY, str(captured / f"{name}.input")], env=env, check=True,
                        capture_output=True, timeout=120)
+    write_array(Path(env["LOGCAPTURE_SPOOL"]))
     with Serve(env) as s:
         yield s
 
@@ -440,9 +442,31 @@ def test_progress_bars_are_graphed(progress_site, browser, shots):
 def test_a_run_without_bars_has_no_progress_panel(site, browser):
     s, _ = site
     d = browser
+    d.get(s.url)
     d.get(s.base + "/job/train")
     wait(d).until(lambda d: d.execute_script("return document.body.dataset.ready") == "1")
     wait(d).until(lambda d: d.execute_script(
         "return fetch(location.pathname.replace('/job/', '/api/runs/') + '/progress')"
         ".then(r => r.json()).then(p => p.bars.length)") == 0)
     assert not d.find_element(By.ID, "progress-panel").is_displayed()
+
+
+def test_an_array_job_at_a_glance_links_each_group(progress_site, browser, shots):
+    s = progress_site
+    d = browser
+    d.get(s.url)
+    d.get(s.base + "/?job=500")
+    summary = wait(d).until(lambda d: d.find_element(By.ID, "array-summary")
+                            if d.find_element(By.ID, "array-summary").is_displayed() else None)
+    # the same words as `ls 500` ends with (tests/test_arrays.py)
+    assert summary.text == ("Array job 500: 12 tasks: 7 COMPLETED, 4 FAILED (cuda-oom 2, "
+                            "failed 1, nccl-error 1), 1 TIMEOUT (failed 1)")
+    wait(d).until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#runs-table tbody tr")) == 12)
+    d.save_screenshot(str(shots / "array.png"))
+    summary.find_element(By.LINK_TEXT, "cuda-oom 2").click()
+    wait(d).until(lambda d: "insight=cuda-oom" in d.current_url)
+    wait(d).until(lambda d: sorted(r.get_attribute("data-run") for r in d.find_elements(
+        By.CSS_SELECTOR, "#runs-table tbody tr")) == ["508", "509"])
+    d.find_element(By.ID, "array-summary").find_element(By.LINK_TEXT, "7 COMPLETED").click()
+    wait(d).until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#runs-table tbody tr")) == 7)
+    assert console_errors(d) == []

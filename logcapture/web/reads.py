@@ -71,6 +71,26 @@ class Pages:
     def runs(self) -> list[dict[str, Any]]:
         return [run_row(s) for s in self._ask(self.reader.runs)]
 
+    def array(self, job: str) -> dict[str, Any]:
+        """The array job ``job``'s tasks by state and first insight (``arrays``, as ``ls
+        JOB`` ends with), each group with its runs, so the runs page can list them."""
+        from .. import jobref
+        from ..arrays import first_insight, summary_for, summary_text
+
+        found = jobref.select(job, self._ask(self.reader.runs))
+        summary = summary_for(job, found)
+        if summary is None:
+            raise jobref.not_found(job) if not found else UsageError(
+                f"{job[:40]!r} is not an array job")
+        latest = jobref.latest_runs(found)
+        for group in summary["states"]:
+            members = [s for s in found if s["run"] in latest and s.get("rank") is None
+                       and s.get("state") == group["state"]]
+            group["runs"] = [s["run"] for s in members]
+            for i in group["insights"]:
+                i["runs"] = [s["run"] for s in members if first_insight(s) == i["kind"]]
+        return {**summary, "text": summary_text(summary)}
+
     def search(self, params: Mapping[str, str]) -> dict[str, Any]:
         """``logcapture search`` from the runs page: the query string's ``q`` (the pattern),
         ``regex``, ``context``, ``limit``, ``since`` (an age such as ``7d``), ``state`` and
