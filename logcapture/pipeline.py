@@ -55,6 +55,10 @@ LINE_LIMIT = 65536  # render.LINE_LIMIT, held equal by tests/test_pipeline.py
 
 IDLE_COMMIT = 0.3  # seconds a stream must be quiet before its finished lines are committed
 IDLE_EVERY = 0.5  # seconds between commits of a stream that is never quiet
+# Seconds after a stream drew over a line that its committed lines may end a bar: a bar's
+# final state comes with its last carriage return (tqdm's and Keras' close write "\r...\n"),
+# and is committed within the read (a line scrolled off) or at the next idle commit.
+REDRAWN = 1.0
 
 _ESCAPES = re.compile(
     r"\x1b(\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)?|[@-Z\\-_])"  # CSI, OSC, ESC x
@@ -197,6 +201,13 @@ class Pipeline:
         self.trackers = {s: ProgressTracker() for s in OUTPUT_STREAMS}
         self._points: deque[tuple[float, str, Point]] = deque()
         self._progress_seq = dict.fromkeys(OUTPUT_STREAMS, 0)
+        # When the stream last drew over a line (the read time of its last carriage return,
+        # or of a step the full emulator took): its committed lines are searched for bars'
+        # final states only within REDRAWN of it or while a bar is live, its live lines only
+        # once it has drawn over one at all; so a flood of plain lines costs one search for a
+        # byte a read (bench/bench_progress.py).
+        self._redrawn_at = dict.fromkeys(OUTPUT_STREAMS, -_NEVER)
+        self._screens = dict.fromkeys(OUTPUT_STREAMS, 0)
 
     # --- run-level records ---------------------------------------------------------------
     def _next_run_seq(self) -> int:
@@ -247,6 +258,8 @@ class Pipeline:
             self._known = ended
         self._newlines[stream] = n
         self._fed[stream] = now
+        if b"\r" in data:
+            self._redrawn_at[stream] = now
         self._through(stream, lambda r: r.feed(data))
 
     def tick(self, now: float, mono: float | None = None) -> None:
@@ -315,13 +328,20 @@ class Pipeline:
 
         tracker = self.trackers[stream]
         ts = self._fed[stream]
+        screens = getattr(r, "screens", 0)
+        if screens != self._screens[stream] or not getattr(r, "line_mode", True):
+            self._screens[stream] = screens
+            self._redrawn_at[stream] = ts
+        if self._redrawn_at[stream] == -_NEVER:
+            return  # nothing drawn over yet: no bar
+        recent = ts - self._redrawn_at[stream] <= REDRAWN or tracker.live or final
         try:
-            points = [p for at, lines in committed
+            points = [p for at, lines in committed if recent
                       for p in tracker.committed([line.text for line in lines], at)]
             if final:
                 points += tracker.finish(ts)
             elif tracker.due(ts) and isinstance(r, Renderer):
-                points += tracker.sample(r.live(), ts)
+                points += tracker.sample(r.live(), ts, r.redrawn())
         except Exception as e:  # noqa: BLE001 - the job's output never breaks capture
             self._fault(stream, "following progress bars on", e)
             return

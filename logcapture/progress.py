@@ -96,6 +96,7 @@ _WGET = re.compile(
     rf"(?:(?P<rate>{_NUM})(?P<rp>[KMGT]?)B/s|--\.-KB/s)(?:\s+(?:eta|in) (?P<t>[\dhms. ]+))?\s*$")
 # A counter with a total anywhere in a line: "label 45/100" (the first n/total with n <= total).
 _COUNTER = re.compile(r"(?<![\w./])(?P<n>\d+)\s*/\s*(?P<total>\d+)(?![\w/]|\.\d)")
+_A_DIGIT = re.compile(r"\d")
 _TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
 
 
@@ -118,7 +119,7 @@ def _label(text: str | None) -> str:
 def parse_bar(text: str) -> BarState | None:
     """What one state of a progress bar says, or None when ``text`` is none of the shapes in
     the module docstring."""
-    if len(text) > 4096 or not any(c.isdigit() for c in text):
+    if len(text) > 4096 or _A_DIGIT.search(text) is None:
         return None
     for parse in _PARSERS:
         state = parse(text)

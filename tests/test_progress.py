@@ -30,7 +30,7 @@ def _series(name: str, step: float, columns: int = 80) -> list[Point]:
     for chunk in re.split(rb"(?=\r)", raw):
         ts += step
         points += t.committed([x.text for x in r.feed(chunk)], ts)
-        points += t.sample(r.live(), ts)
+        points += t.sample(r.live(), ts, r.redrawn())
     points += t.committed([x.text for x in r.finish()], ts)
     return points + t.finish(ts)
 
@@ -110,10 +110,17 @@ def test_a_counter_is_a_bar_only_once_seen_counting() -> None:
     points = []
     for i, ts in ((1, 2.0), (2, 3.0), (3, 4.0)):
         r.feed(f"\rfiles {i}/3".encode())
-        points += t.sample(r.live(), ts)
+        points += t.sample(r.live(), ts, r.redrawn())
     points += t.committed([x.text for x in r.feed(b"\n") + r.finish()], 4.5)
-    assert [(p.state.n, p.done) for p in points] == [(1, False), (2, False), (3, False),
-                                                     (3, True)]
+    # the first state was drawn on a fresh line: a counter only once drawn over
+    assert [(p.state.n, p.done) for p in points] == [(2, False), (3, False), (3, True)]
+    # the same counter printed a line at a time (no carriage return) is no bar
+    t, r = ProgressTracker(), Renderer()
+    points = []
+    for i, ts in ((1, 2.0), (2, 3.0), (3, 4.0)):
+        points += t.committed([x.text for x in r.feed(f"files {i}/3\n".encode())], ts)
+        points += t.sample(r.live(), ts, r.redrawn())
+    assert points + t.committed([x.text for x in r.finish()], 5.0) + t.finish(5.0) == []
 
 
 def _run(tmp_path: Path, mode: str, data: list[bytes]) -> list[Progress]:
@@ -163,3 +170,12 @@ def test_bar_labels_are_redacted(tmp_path: Path) -> None:
     token = "ghp_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8"
     recs = _run(tmp_path, "enabled", [*_tqdm_states(f"push {token}", 11), b"\n"])
     assert recs and all(token not in r.label for r in recs)
+
+
+def test_a_flood_of_lines_with_fractions_is_no_bar(tmp_path: Path) -> None:
+    """Plain lines that mention n/total, read in chunks that end mid-line (the cursor's line
+    at each sample is a partial line, a different one each time), are no bar; the carriage
+    return first makes the stream one whose lines are looked at."""
+    text = b"\r" + b"".join(b"step %d loss 0.%d done %d/1000 tokens\n" % (i, i % 97, i % 1000)
+                             for i in range(20000))
+    assert _run(tmp_path, "enabled", [text[i:i + 4093] for i in range(0, len(text), 4093)]) == []

@@ -105,6 +105,7 @@ class Renderer:
         self._cur = ""
         self._x = 0
         self._cut = 0
+        self._redrawn = False  # the cursor's line was drawn over after a carriage return
         if not self.fast_path:
             self._to_screen()
 
@@ -166,6 +167,13 @@ class Renderer:
         s = self._screen
         assert s is not None  # line mode is left only through _to_screen
         return [] if s.mode & ALT_SCREEN else s.live_lines()
+
+    def redrawn(self) -> str | None:
+        """The cursor's line when the program drew over it after a carriage return (a ``\\r``
+        counter), in line mode; else None."""
+        if self._line_mode and self._redrawn:
+            return self._cur.rstrip(" ") or None
+        return None
 
     @property
     def line_mode(self) -> bool:
@@ -273,6 +281,8 @@ class Renderer:
                 if len(self._cur) > screen:
                     return pos  # the line's first rows scrolled off: pyte models where it goes
                 self._x = 0
+                if self._cur:
+                    self._redrawn = True
             elif k == 3:
                 pass  # SGR: no effect on text
             else:
@@ -297,6 +307,7 @@ class Renderer:
             return
         parts = s.split("\n")
         self._draw(parts[0])
+        self._redrawn = False
         pending = self._pending
         raw = self._raw
         pending.append(Rendered(self._cur.rstrip(" "), self._cut))
@@ -398,6 +409,7 @@ class Renderer:
         self._pending.clear()
         self._raw.clear()
         self._cur, self._x, self._cut = "", 0, 0
+        self._redrawn = False
         self._line_mode = False
 
     def _maybe_line_mode(self) -> None:

@@ -1,7 +1,8 @@
 """The progress bars of one stream, followed while the renderer collapses them.
 
-``ProgressTracker`` is given, at most once a second (``progress.INTERVAL``), the lines the
-renderer still holds uncommitted, the ones a program redraws (``Renderer.live``), and every
+``ProgressTracker`` is given, at most once a second (``progress.INTERVAL``; a stream where no
+bar was found is looked at again after ``LOOK_EVERY``), the lines the renderer still holds
+uncommitted, the ones a program redraws (``Renderer.live``), and every
 line the renderer commits. A live line that ``progress.parse_bar`` reads is a state of a bar;
 the bar's points are its states, at most one a second, and its final state: the line it is
 committed as, or its last state when it is erased (tqdm's ``leave=False``), when its count
@@ -9,8 +10,9 @@ goes back (the same bar drawn again) or when the stream ends. A bar is known by 
 with its numbers taken out (tqdm's ``epoch 3`` is the bar ``epoch 2`` was) and its place
 among the live lines with that label. A committed line of a bar's own shape (``strong``)
 that was never seen live (a bar that finished within one read) is a bar of one point; a plain
-``n/total`` counter counts only once it was seen live with two different counts, so that a
-log line that mentions ``3/10`` is no bar.
+``n/total`` counter counts only on the line the program drew over after a carriage return
+(``Renderer.redrawn``), seen with two different counts, so that a log line that mentions
+``3/10`` is no bar, nor a flood of them.
 
 The tracker says nothing about modes: the pipeline keeps a point only where the mode kept the
 stream's text (docs/rendering.md, "Progress as data").
@@ -23,11 +25,16 @@ from typing import NamedTuple
 
 from ..progress import INTERVAL, BarState, parse_bar
 
+# A stream with no bar is looked at for a new one at most this often (seconds): a flood's
+# chunks, every few milliseconds, cost no parsing of the live lines each.
+LOOK_EVERY = 0.25
 _DIGITS = re.compile(r"\d+(?:\.\d+)?")
 # What every line of a bar's own shape holds (progress.parse_bar): committed lines without
 # any are not parsed unless a bar is live (a flood of plain lines costs a few C-level
 # substring searches a batch).
 _MARKERS = ("%|", "\u2501", "%[", "/step", "/sample", "ETA:", "/s]", "s/it")
+# ... and what the final state of a live plain counter holds.
+_LIVE_MARKERS = ("/",)
 
 
 class Point(NamedTuple):
@@ -65,22 +72,30 @@ class ProgressTracker:
     def __init__(self) -> None:
         self._bars: dict[tuple[str, int], _Bar] = {}
         self._numbers = 0
-        self._sampled = float("-inf")
+        self._sampled = float("-inf")  # the last sample that found a bar
+        self._looked = float("-inf")  # the last sample
+
+    @property
+    def live(self) -> bool:
+        """Is a bar being followed (seen live, not ended yet)?"""
+        return bool(self._bars)
 
     def due(self, ts: float) -> bool:
-        return ts - self._sampled >= INTERVAL
+        return ts - self._sampled >= INTERVAL and ts - self._looked >= LOOK_EVERY
 
-    def sample(self, live: list[str], ts: float) -> list[Point]:
-        """The live lines at ``ts``; nothing when the last sample is less than
-        ``INTERVAL`` ago."""
+    def sample(self, live: list[str], ts: float, redrawn: str | None = None) -> list[Point]:
+        """The live lines at ``ts`` (``redrawn``: the one of them the program drew over after
+        a carriage return, the only one where a plain counter counts); nothing when the last
+        sample is less than ``INTERVAL`` ago."""
         if not self.due(ts):
             return []
+        self._looked = ts
         out: list[Point] = []
         seen: dict[str, int] = {}
         present = set()
         for text in live:
             state = parse_bar(text)
-            if state is None:
+            if state is None or (not state.strong and text != redrawn):
                 continue
             self._sampled = ts
             k = _key(state.label)
@@ -113,12 +128,12 @@ class ProgressTracker:
         """Lines the renderer committed at ``ts``: a bar's final state when one is a bar
         seen live, or a bar of one point when it has a bar's own shape."""
         out: list[Point] = []
-        if not self._bars:
-            joined = "\n".join(texts)
-            if not any(m in joined for m in _MARKERS):
-                return out
+        markers = _MARKERS + _LIVE_MARKERS if self._bars else _MARKERS
+        joined = "\n".join(texts)
+        if not any(m in joined for m in markers):
+            return out
         for text in texts:
-            if not text or not any(c.isdigit() for c in text):
+            if not any(m in text for m in markers):
                 continue
             state = parse_bar(text)
             if state is None:
