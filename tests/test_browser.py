@@ -469,4 +469,13 @@ def test_an_array_job_at_a_glance_links_each_group(progress_site, browser, shots
         By.CSS_SELECTOR, "#runs-table tbody tr")) == ["508", "509"])
     d.find_element(By.ID, "array-summary").find_element(By.LINK_TEXT, "7 COMPLETED").click()
     wait(d).until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#runs-table tbody tr")) == 7)
+    # a task's own page: the array at a glance, linked the same way
+    d.get(s.base + "/job/508")
+    panel = wait(d).until(lambda d: d.find_element(By.ID, "array-panel")
+                          if d.find_element(By.ID, "array-panel").is_displayed() else None)
+    assert panel.text == ("Task 8 of array job 500: 12 tasks: 7 COMPLETED, 4 FAILED (cuda-oom "
+                          "2, failed 1, nccl-error 1), 1 TIMEOUT (failed 1)")
+    panel.find_element(By.LINK_TEXT, "nccl-error 1").click()
+    wait(d).until(lambda d: [r.get_attribute("data-run") for r in d.find_elements(
+        By.CSS_SELECTOR, "#runs-table tbody tr")] == ["510"])
     assert console_errors(d) == []

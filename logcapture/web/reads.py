@@ -196,7 +196,8 @@ def run_row(s: Mapping[str, Any]) -> dict[str, Any]:
             "command": command, "user": s.get("owner") or "", "state": s["state"],
             "exit": exit_text(s.get("exit_status"), s.get("signal")),
             "start": s.get("start"), "duration": duration, "nodes": s.get("host") or "",
-            "source": s.get("source", "")}
+            "source": s.get("source", ""), "array_job_id": str(slurm.get("array_job_id") or ""),
+            "array_task_id": str(slurm.get("array_task_id") or "")}
 
 
 def header(summary: Mapping[str, Any], samples: list[dict[str, Any]]) -> dict[str, Any]:
