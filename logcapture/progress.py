@@ -40,6 +40,9 @@ class BarState(NamedTuple):
     rate: float | None = None  # per second, in ``unit``
     elapsed: float | None = None  # seconds
     strong: bool = True
+    # What follows the bar from state to state when its label does not: wget scrolls a long
+    # file name through its label's place, so its bar is known by its shape alone.
+    key: str | None = None
 
 
 _SCALE = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
@@ -90,7 +93,8 @@ _KERAS = re.compile(
     rf"^(?P<label>.*?)\s*(?P<n>\d+)/(?P<total>\d+) (?:[━─]+|\[[=>.]*\])"
     rf"(?:\s+-)?\s+(?:(?P<eta>ETA: )?(?P<time>(?:\d+:)*{_NUM}(?:s|ms|us)?))?"
     rf"(?:\s+(?P<per>{_NUM})(?P<pu>s|ms|us)/(?P<what>step|sample))?(?P<rest>.*)$")
-# wget's bar: "name   45%[=====>      ]  45.20M  12.3MB/s    eta 3s" (binary prefixes).
+# wget's bar: "name   45%[=====>      ]  45.20M  12.3MB/s    eta 3s" (binary prefixes; the last
+# state "in 2.1s", the time it took); a name longer than its place scrolls through it.
 _WGET = re.compile(
     rf"^(?P<label>.*?)\s+(?P<pct>\d+)%\[[=> ]*\]\s+(?P<n>{_NUM})(?P<np>[KMGT]?)\s+"
     rf"(?:(?P<rate>{_NUM})(?P<rp>[KMGT]?)B/s|--\.-KB/s)(?:\s+(?:eta|in) (?P<t>[\dhms. ]+))?\s*$")
@@ -190,9 +194,9 @@ def _wget(text: str) -> BarState | None:
     pct = int(m["pct"])
     n = float(m["n"]) * _BIN.get(m["np"], 1.0)
     rate = float(m["rate"]) * _BIN.get(m["rp"], 1.0) if m["rate"] else None
-    total = float(round(n * 100 / pct)) if pct else None
+    total = n * 100 / pct if pct else None  # wget prints the share, not the size
     elapsed = _hms(m["t"]) if " in " in text else None
-    return BarState(_label(m["label"]), n, total, "B", rate, elapsed)
+    return BarState(_label(m["label"]), n, total, "B", rate, elapsed, key="wget")
 
 
 def _counter(text: str) -> BarState | None:

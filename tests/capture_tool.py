@@ -90,6 +90,27 @@ for _ in tqdm(range(60), desc="train", mininterval=0.1):
     time.sleep(0.05)
 print("done")
 """],
+    # wget's own bar, downloading 3 MB over about 2 s from a local server (no network).
+    "wget_download": [PY, "-c", """
+import http.server, subprocess, tempfile, threading, time
+class Slow(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", str(30 * 100_000))
+        self.end_headers()
+        for _ in range(30):
+            self.wfile.write(b"x" * 100_000)
+            self.wfile.flush()
+            time.sleep(0.07)
+    def log_message(self, *a):
+        pass
+srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+threading.Thread(target=srv.serve_forever, daemon=True).start()
+with tempfile.TemporaryDirectory() as d:
+    subprocess.run(["wget", "--no-verbose", "--show-progress", "--progress=bar:force",
+                    "-O", d + "/model.bin", f"http://127.0.0.1:{srv.server_port}/model.bin"])
+print("downloaded")
+"""],
     "pip_download": [PY, "-c", """
 import time
 from pip._internal.cli.progress_bars import get_download_progress_renderer

@@ -179,3 +179,15 @@ def test_a_flood_of_lines_with_fractions_is_no_bar(tmp_path: Path) -> None:
     text = b"\r" + b"".join(b"step %d loss 0.%d done %d/1000 tokens\n" % (i, i % 97, i % 1000)
                              for i in range(20000))
     assert _run(tmp_path, "enabled", [text[i:i + 4093] for i in range(0, len(text), 4093)]) == []
+
+
+def test_wget_bar_with_a_scrolling_name_is_one_bar() -> None:
+    points = _series("wget_download", 0.2)  # wget redraws about 5 times a second
+    assert {p.bar for p in points} == {0}
+    last = points[-1]
+    assert last.done and last.state.n == last.state.total == pytest.approx(2.86 * 2**20)
+    assert last.state.unit == "B" and last.elapsed == 2.1
+    assert last.rate == pytest.approx(1.38 * 2**20)
+    ns = [p.state.n for p in points]
+    assert ns == sorted(ns) and len(points) >= 3
+    _at_most_one_a_second(points)

@@ -98,12 +98,13 @@ class ProgressTracker:
             if state is None or (not state.strong and text != redrawn):
                 continue
             self._sampled = ts
-            k = _key(state.label)
+            k = state.key or _key(state.label)
             key = (k, seen.get(k, 0))
             seen[k] = key[1] + 1
             present.add(key)
             bar = self._bars.get(key)
-            if bar is not None and (state.n < bar.last.n or state.total != bar.last.total):
+            if bar is not None and (state.n < bar.last.n or (
+                    state.total != bar.last.total and state.key is None)):
                 self._close(bar, out)  # drawn again from the start: a new bar
                 bar = None
             if bar is None:
@@ -138,7 +139,7 @@ class ProgressTracker:
             state = parse_bar(text)
             if state is None:
                 continue
-            k = _key(state.label)
+            k = state.key or _key(state.label)
             key = next((b for b in self._bars if b[0] == k), None)
             if key is not None:
                 bar = self._bars.pop(key)
