@@ -191,3 +191,45 @@ def test_wget_bar_with_a_scrolling_name_is_one_bar() -> None:
     ns = [p.state.n for p in points]
     assert ns == sorted(ns) and len(points) >= 3
     _at_most_one_a_second(points)
+
+
+REPLAY = ("import re, sys, time\nraw = open(sys.argv[1], 'rb').read()\n"
+          "for c in re.split(rb'(?=\\r)', raw):\n"
+          "    sys.stderr.buffer.write(c); sys.stderr.flush(); time.sleep(0.05)\n")
+
+
+def test_show_and_export_agree_from_spool_and_store(lc_env: dict[str, str],
+                                                    tmp_path: Path) -> None:
+    """Real tqdm bytes replayed at their pace under `logcapture run`: `show --json`'s
+    `progress` and `export --what progress` from the spool (before upload) and from the store
+    (after) are the same, and `show` prints the bar's final state and mean rate."""
+    import json
+    import sys
+
+    from conftest import run_lc
+
+    env = {**lc_env, "LOGCAPTURE_STORE": f"chdb://{tmp_path / 'store'}"}
+    res = run_lc(["run", "--run-id", "bars", "--no-sample", "--", sys.executable, "-c", REPLAY,
+                  str(CAPTURED / "tqdm_slow.input")], env)
+    assert res.returncode == 0, res.stderr
+
+    def read(source: str) -> tuple[list[dict], bytes, str]:
+        shown = run_lc(["show", "bars", "--json", "--source", source], env)
+        assert shown.returncode == 0, shown.stderr
+        rows = run_lc(["export", "bars", "--what", "progress", "--format", "csv",
+                       "--source", source], env)
+        text = run_lc(["show", "bars", "--source", source], env).stdout.decode()
+        return json.loads(shown.stdout)["progress"], rows.stdout, text
+
+    spool = read("spool")
+    assert run_lc(["upload", "bars"], env).returncode == 0
+    store = read("store")
+    assert spool[0] == store[0] and spool[1] == store[1]
+    (bar,) = spool[0]
+    assert (bar["label"], bar["n"], bar["total"], bar["unit"], bar["stream"]) == (
+        "train", 60, 60, "it", "stderr")
+    assert bar["done"] and bar["points"] >= 3 and 5 < bar["rate"] < 40
+    assert spool[1].decode().splitlines()[0] == (
+        '"ts","stream","bar","label","n","total","unit","rate","elapsed","done"')
+    assert len(spool[1].decode().splitlines()) == 1 + bar["points"]
+    assert "progress bars:" in spool[2] and "train: 60/60 it (100%)" in spool[2]
