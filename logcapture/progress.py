@@ -4,6 +4,7 @@ report them. docs/rendering.md ("Progress as data") states the rules.
 
 A state is the text a terminal shows of a bar that the renderer collapses: tqdm's
 ``desc: 45%|███▌  | 45/100 [00:03<00:04, 12.5it/s]``, rich's ``label ━━━━╸━━━ 45% 0:00:03``,
+Lightning's rich bar ``Epoch 1/3 ━━━━ 313/313 0:00:01 • 0:00:00 284.63it/s train_loss: 0.6``,
 pip's ``━━━━ 19.0/60.0 MB 97.0 MB/s eta 0:00:01``, Keras' ``45/100 ━━━━ 1s 12ms/step - loss:
 0.3`` (and Keras 2's ``45/100 [====>...] - ETA: 1s``), wget's ``f.tar  45%[==>   ]  45.2M
 12.3MB/s  eta 3s``, or a counter ``label 45/100`` redrawn with ``\\r``. Each gives a label,
@@ -86,6 +87,11 @@ _PIP = re.compile(
     rf"^(?P<label>.*?)\s*[━╸╺─]{{3,}}\s+(?P<n>{_NUM})/(?P<total>{_NUM}) (?P<unit>[kMGT]?B)"
     rf"(?: (?:(?P<rate>{_NUM}) (?P<rp>[kMGT]?)B/s|\?))?(?:\s+(?P<eta>eta)?\s*"
     r"(?P<clock>-:--:--|[\d:]+))?\s*$")
+# Lightning's RichProgressBar: "Epoch 1/1  ━━━━━━ 313/313 0:00:01 • 0:00:00 284.63it/s
+# train_loss: 0.657" (count, elapsed • remaining, rate, metrics).
+_LIGHTNING = re.compile(
+    rf"^(?P<label>.*?)\s*[━╸╺─]{{3,}}\s+(?P<n>\d+)/(?P<total>\d+|\?)\s+(?P<elapsed>[\d:]+)\s+"
+    rf"•\s+(?:-:--:--|[\d:]+)(?:\s+(?P<rate>{_NUM})(?P<unit>[A-Za-z]*)/s)?")
 # Keras 3 (keras.utils.Progbar): "45/100 ━━━━━━ 1s 12ms/step - loss: 0.3"; the time is the
 # remaining time while it runs and the elapsed time at the end. Keras 2: "45/100 [====>....]
 # - ETA: 1s - loss: 0.3", at the end "100/100 [====] - 2s 15ms/step - loss: 0.2".
@@ -162,6 +168,12 @@ def _tqdm_no_total(text: str) -> BarState | None:
 def _rich(text: str) -> BarState | None:
     if "\u2501" not in text and "\u2500" not in text and "\u2578" not in text:
         return None
+    m = _LIGHTNING.match(text)
+    if m:
+        total = float(m["total"]) if m["total"] != "?" else None
+        rate = float(m["rate"]) if m["rate"] is not None else None
+        return BarState(_label(m["label"]), float(m["n"]), total, m["unit"] or "it", rate,
+                        _clock(m["elapsed"]))
     m = _PIP.match(text)
     if m:
         scale = _SCALE.get(m["unit"][:-1], 1.0)

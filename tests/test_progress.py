@@ -233,3 +233,21 @@ def test_show_and_export_agree_from_spool_and_store(lc_env: dict[str, str],
         '"ts","stream","bar","label","n","total","unit","rate","elapsed","done"')
     assert len(spool[1].decode().splitlines()) == 1 + bar["points"]
     assert "progress bars:" in spool[2] and "train: 60/60 it (100%)" in spool[2]
+
+
+@pytest.mark.parametrize("name", ["lightning_tqdm", "lightning_rich"])
+def test_lightning_bars_on_a_gpu(name: str) -> None:
+    """PyTorch Lightning's two progress bars (tqdm and rich), recorded on an H100 node: the
+    epochs' bars and the validation bars between them, each ending at its total."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from capture_tool import size
+
+    points = _series(name, 0.01, size(name)[0])
+    labels = {p.bar: p.state.label for p in points}
+    epochs = [p for p in points if p.done and labels[p.bar].startswith("Epoch")]
+    assert epochs and all(p.state.n == p.state.total == 313 for p in epochs)
+    assert any(v.startswith("Validation") for v in labels.values())
+    assert all(p.rate is None or p.rate > 10 for p in points)
+    _at_most_one_a_second(points)
