@@ -21,7 +21,7 @@ It consumes what the filter produced for both output streams (``Rendered`` lines
 
 The privacy rule: text a mode drops is never written anywhere, so nothing derived
 from it is returned either: no cut notes, no repeat or blank notes, and a warning about a
-malformed command says only where it was and what was wrong (stream, line number, JSON error
+malformed command says only where it was and what was wrong (stream and place in the log, JSON error
 and column, the offending key or value only when it is plainly a typo of a valid word). It
 never quotes the line, which may hold the secret the user meant to hide.
 
@@ -289,7 +289,6 @@ class Classifier:
             stream: dict.fromkeys(COUNT_KEYS, 0) for stream in OUTPUT_STREAMS
         }
         self._seq = dict.fromkeys(OUTPUT_STREAMS, 0)
-        self._line_no = dict.fromkeys(OUTPUT_STREAMS, 0)  # rendered lines seen, 1-based
         # Was the stream's last line kept? A repeat or blank note describes the line before it,
         # so it is emitted only when that line was kept, whatever the mode is now.
         self._last_kept = dict.fromkeys(OUTPUT_STREAMS, True)
@@ -509,7 +508,6 @@ class Classifier:
         n = len(texts)
         seq = self._seq[stream]
         self._seq[stream] = seq + n
-        self._line_no[stream] += n
         self._last_kept[stream] = True
         self.counts[stream]["lines"] += n
         if n == 1:
@@ -524,7 +522,6 @@ class Classifier:
     # ------------------------------------------------------------------------------- internals
 
     def _dropped(self, stream: str, item: Dropped, ts: float) -> list[Record]:
-        self._line_no[stream] += item.count
         counts = self.counts[stream]
         if self.mode != ENABLED or not self._last_kept[stream]:
             # The repeated line was dropped by the mode (now or when it was printed): no note
@@ -544,7 +541,6 @@ class Classifier:
         return [self._note(stream, item.note, text, ts, item.count)]
 
     def _rendered(self, stream: str, item: Rendered, ts: float) -> list[Record]:
-        self._line_no[stream] += 1
         text = item.text
         if _is_command_attempt(text):
             out = self._command(stream, item, ts)
@@ -574,7 +570,10 @@ class Classifier:
 
     def _command(self, stream: str, item: Rendered, ts: float) -> list[Record]:
         counts = self.counts[stream]
-        where = f"{stream} line {self._line_no[stream]}"
+        # Where: the note follows the command (or, in mode enabled, the malformed line) in
+        # the log, whose line number says where it was (logview.py): a count of this
+        # stream's own lines would be a second, different number.
+        where = stream
         out: list[Record] = []
         try:
             if item.cut:

@@ -142,7 +142,8 @@ def format_insights(insights: list[dict[str, Any]], evidence: int = 3) -> list[s
         out.append(f"  {i['kind']}: {i['message']}")
         quoted = [e for e in i.get("evidence") or () if e.get("text") is not None]
         for e in quoted[-evidence:]:
-            out.append(f"    {e['stream']} line {e['seq']}: {e['text']}")
+            where = f"line {e['line']} ({e['stream']})" if e.get("line") else e["stream"]
+            out.append(f"    {where}: {e['text']}")
         if i.get("hint"):
             out.append(f"    try: {i['hint']}")
     return out
@@ -238,9 +239,13 @@ def ls_cmd(spool: Path | None, store_dsn: str | None, source: str, as_json: bool
                    "N, a range 0-3 or a list 0-3,8; repeatable.")
 @click.option("--node", "nodes", multiple=True, metavar="NAME",
               help="Only the tasks that ran on this node; repeatable.")
+@click.option("-n", "--line-numbers", "numbers", is_flag=True,
+              help="Number the lines as the job page and search do: one number a line in "
+                   "the run's log, both streams counted; notes have none.")
 @click.argument("run_ref", metavar="RUN", required=False)
 def logs(spool: Path | None, stream: str, follow: bool, store_dsn: str | None, source: str,
-         ranks: tuple[str, ...], nodes: tuple[str, ...], run_ref: str | None) -> None:
+         ranks: tuple[str, ...], nodes: tuple[str, ...], numbers: bool,
+         run_ref: str | None) -> None:
     """Print the log of RUN (a run id or Slurm job id; default: the latest run) as the job
     page and Grafana show it (logview.py): rendered lines, commands, notes, and metadata
     lines the log does not already show. From the store once the run is shipped, else from
@@ -259,23 +264,25 @@ def logs(spool: Path | None, stream: str, follow: bool, store_dsn: str | None, s
             if follow:
                 raise UsageError("--follow reads one run: name a task run (`logcapture ls "
                                  "JOB` lists them) instead of --rank/--node")
-            _print_tasks(reader, run_ref, streams, ranks, nodes)
+            _print_tasks(reader, run_ref, streams, ranks, nodes, numbers)
             return
+        text = numbered_text if numbers else _plain_text
         run = _wait_for_job(reader, run_ref) if follow else reader.resolve(run_ref)
         printed = False  # any output of the job's (notes are logcapture's)
         if follow:  # each entry as it comes
             for d in reader.follow(run):
                 for e in view.feed((from_dict(d),)):
-                    click.echo(e.text)
+                    click.echo(text(e))
                     printed = printed or e.kind != NOTE
         else:
+            # Numbers count both streams: read both when numbering.
             entries = view.feed(from_dict(d) for d in reader.lines(
-                run, None if stream == "all" else stream))
+                run, None if stream == "all" or numbers else stream))
             printed = any(e.kind != NOTE for e in entries)
             # A thousand lines an echo (one echo a line is a third of a 10,000-line log's
             # whole command).
             for i in range(0, len(entries), 1000):
-                click.echo("\n".join(e.text for e in entries[i:i + 1000]))
+                click.echo("\n".join(map(text, entries[i:i + 1000])))
         if stream == STDERR and not printed and not follow and str(
                 reader.describe(run).get("streams", "")).startswith(STREAMS_MERGED):
             click.echo("logcapture: stdout and stderr of this run went to the same place and "
@@ -283,8 +290,19 @@ def logs(spool: Path | None, stream: str, follow: bool, store_dsn: str | None, s
                        "stdout (#SBATCH -e FILE or 2>FILE keeps them apart)", err=True)
 
 
+def _plain_text(e: Any) -> str:
+    return str(e.text)
+
+
+def numbered_text(e: Any) -> str:
+    """``logs -n``: an entry after its line number, as ``cat -n`` writes it (a note, which
+    has none, after as many spaces)."""
+    return f"{e.line:6}\t{e.text}" if e.line else f"{'':6}\t{e.text}"
+
+
 def _print_tasks(reader: Any, ref: str | None, streams: tuple[str, ...],
-                 ranks: tuple[str, ...], nodes: tuple[str, ...]) -> None:
+                 ranks: tuple[str, ...], nodes: tuple[str, ...], numbers: bool = False
+                 ) -> None:
     """``logs JOB --rank/--node``: the chosen task runs' lines, merged by the time each was
     read (each run's own order kept), labelled ``RANK: `` when more than one rank is shown."""
     import heapq
@@ -307,7 +325,7 @@ def _print_tasks(reader: Any, ref: str | None, streams: tuple[str, ...],
     prefix = {str(s["run"]): f"{s['rank']}: " for s in found}
 
     def read(run: str) -> Iterator[dict[str, Any]]:
-        yield from reader.lines(run, None if len(streams) > 1 else streams[0])
+        yield from reader.lines(run, None if len(streams) > 1 or numbers else streams[0])
 
     merged = heapq.merge(*map(read, prefix), key=lambda d: float(d.get("ts") or 0.0))
     several = len(set(prefix.values())) > 1
@@ -316,7 +334,8 @@ def _print_tasks(reader: Any, ref: str | None, streams: tuple[str, ...],
     for d in merged:
         run = str(d.get("run"))
         for e in views[run].feed((from_dict(d),)):
-            batch.append(prefix[run] + e.text if several else e.text)
+            text = numbered_text(e) if numbers else e.text  # each task's own numbers
+            batch.append(prefix[run] + text if several else text)
         if len(batch) >= 1000:  # a thousand lines an echo
             click.echo("\n".join(batch))
             batch.clear()
@@ -450,8 +469,9 @@ def search(pattern: str, regex: bool, jobs: tuple[str, ...], since: str | None,
 
 
 def _print_search(found: dict[str, Any], limit: int) -> None:
-    """grep's -n layout under a heading per run: STREAM:SEQ:TEXT for a matching line,
-    STREAM:SEQ-TEXT for context, ``--`` where lines were left out."""
+    """grep's -n layout under a heading per run: STREAM:N:TEXT for a matching line,
+    STREAM:N-TEXT for context (N: the line number, as `logs -n` and the page give it),
+    ``--`` where lines were left out."""
     from .query import current_user
 
     me = current_user()[0]
@@ -474,7 +494,8 @@ def _print_search(found: dict[str, Any], limit: int) -> None:
         for d in g["lines"]:
             if d["gap"]:
                 click.echo("--")
-            click.echo(f"{d['stream']}:{d['seq']}{':' if d['match'] else '-'}{d['text']}")
+            click.echo(f"{d['stream']}:{d.get('line') or '?'}{':' if d['match'] else '-'}"
+                       f"{d['text']}")
     if found["truncated"]:
         click.echo(f"logcapture: showing the newest {limit} matching lines; there are more "
                    "(--limit N for more, --since/--job/--state to narrow)", err=True)

@@ -18,6 +18,15 @@ The rules:
 
 Entries are ordered by ``(ts, stream, seq)``, the store's sort key, so a spool reader and a
 store reader page through the same order.
+
+Line numbers: every stored line of a run (a rendered line or a ``/LOGCOMMAND`` line: the
+``lines`` table's rows) has one number, 1-based, its place among the run's lines of both
+output streams in this order, whichever streams are shown (:class:`LogView` counts them in
+Python, :func:`line_numbers_sql` in SQL; a test holds the two equal). Notes and metadata
+records have none (they are not lines the job printed: a note is logcapture's words, a
+metadata record the fields of a line). The pipeline writes a run's records in this order
+(pipeline.py, "Read times and order"), so a running job's new lines only add numbers after
+the last.
 """
 
 from __future__ import annotations
@@ -50,14 +59,19 @@ NOTE = "note"
 METADATA = "metadata"
 
 
+NUMBERED = (LINE, COMMAND)  # the entries that have a line number: the lines table's kinds
+
+
 class Entry(NamedTuple):
-    """One entry of a log view: ``kind`` is line, command, note or metadata."""
+    """One entry of a log view: ``kind`` is line, command, note or metadata; ``line`` its
+    line number (0: none, a note or metadata)."""
 
     ts: float
     stream: str
     seq: int
     kind: str
     text: str
+    line: int = 0
 
 
 def note_text(note: str, count: int, text: str) -> str:
@@ -84,11 +98,15 @@ class LogView:
     """The log entries of one run's records fed in spool order, in pieces (a running job's
     new records): :meth:`feed` returns the entries of the records given, stdout only or
     with stderr (``streams``, when given, names the output streams shown: ``logs --stream
-    stderr``). Remembers across calls which line a metadata record may repeat."""
+    stderr``). Remembers across calls which line a metadata record may repeat, and numbers
+    the lines: ``lines`` is the number of the run's lines before the first record fed (fed
+    in the log's order, both streams: lines of a stream not shown are counted too)."""
 
-    def __init__(self, stderr: bool = False, streams: tuple[str, ...] | None = None) -> None:
+    def __init__(self, stderr: bool = False, streams: tuple[str, ...] | None = None,
+                 lines: int = 0) -> None:
         self.shown = streams_of(stderr) if streams is None else streams
         self._printed: dict[str, int] = {}  # stream -> seq of its last logged Line
+        self.lines = lines  # the run's lines fed so far: the last line's number
 
     def feed(self, records: Iterable[Record]) -> list[Entry]:
         shown, printed = self.shown, self._printed
@@ -97,15 +115,17 @@ class LogView:
             stream = rec.stream
             if isinstance(rec, Line):
                 printed[stream] = rec.seq
+                self.lines += 1
                 if stream in shown:
-                    out.append(Entry(rec.ts, stream, rec.seq, LINE, rec.text))
+                    out.append(Entry(rec.ts, stream, rec.seq, LINE, rec.text, self.lines))
             elif isinstance(rec, Metadata):
                 if stream in shown and printed.get(stream) != rec.seq - 1:
                     out.append(Entry(rec.ts, stream, rec.seq, METADATA,
                                      dumps(dict(rec.fields))))
             elif isinstance(rec, Command):
+                self.lines += 1
                 if stream in shown:
-                    out.append(Entry(rec.ts, stream, rec.seq, COMMAND, rec.text))
+                    out.append(Entry(rec.ts, stream, rec.seq, COMMAND, rec.text, self.lines))
             elif isinstance(rec, Note):
                 if stream == RUN or (stream in shown and not (
                         rec.note == NOTE_MODE and stream != STDOUT and STDOUT in shown)):
@@ -125,8 +145,22 @@ def sort_key(e: Entry) -> tuple[float, str, int]:
 
 
 def entry_from_row(row: dict[str, Any]) -> Entry:
-    """An entry from a row of :func:`log_sql` (columns ts, stream, seq, kind, text)."""
-    return Entry(row["ts"], row["stream"], int(row["seq"]), row["kind"], row["text"])
+    """An entry from a row of :func:`log_sql` (columns ts, stream, seq, kind, text) and its
+    line number (``line``, from :func:`line_numbers_sql`; 0 or absent: none)."""
+    return Entry(row["ts"], row["stream"], int(row["seq"]), row["kind"], row["text"],
+                 int(row.get("line") or 0))
+
+
+def numbered_lines(raw: Iterable[bytes]) -> int:
+    """How many of a spool segment's lines (NDJSON records, without their newline) are
+    numbered lines: a record's kind is its last key (``records.Record.to_dict``), so a line
+    or command record ends with its kind, and no other record does (a metadata record's own
+    fields end before its ``"kind":"metadata"``)."""
+    return sum(1 for r in raw if r.endswith(NUMBERED_ENDS))
+
+
+# How a numbered record's JSON ends (its kind last).
+NUMBERED_ENDS = tuple(f'"kind":"{kind}"}}'.encode() for kind in NUMBERED)
 
 
 # --- The same rules in ClickHouse SQL ------------------------------------------------------
@@ -197,6 +231,30 @@ SELECT {ts} AS ts, stream, seq, kind, text FROM (
 )
 ORDER BY ts {order}, stream {order}, seq {order}
 LIMIT {limit}
+"""
+
+
+def line_numbers_sql(db: str, run_cond: str) -> str:
+    """ClickHouse SQL for the line numbers of some rows of ``lines`` of the run ``run_cond``
+    selects (with its owner, in bound parameters): columns ``stream``, ``seq``, ``line`` for
+    the rows whose ``(stream, seq)`` is in the bound parameter ``{keys:Array(Tuple(String,
+    UInt64))}``, each its place among the run's rows of ``lines`` (both streams) in the order
+    of :func:`log_sql`, 1-based, as :class:`LogView` numbers them. The rows between
+    ``{lo:Int64}`` and ``{upto:Int64}`` (ns: the earliest and the latest key's time) are
+    numbered in order after a count of the run's rows before ``lo``: a line's number depends
+    only on the lines before it, and the count reads the key's columns alone."""
+    db = f"{db}." if db else ""
+    rows = f"{db}lines FINAL WHERE {run_cond} AND stream IN ('{STDOUT}', '{STDERR}')"
+    return f"""
+SELECT stream, seq, line + (SELECT count() FROM {rows}
+    AND ts < fromUnixTimestamp64Nano({{lo:Int64}}, 'UTC')) AS line
+FROM (
+    SELECT CAST(stream AS String) AS stream, seq,
+        row_number() OVER (ORDER BY ts, stream, seq) AS line
+    FROM {rows}
+      AND ts >= fromUnixTimestamp64Nano({{lo:Int64}}, 'UTC')
+      AND ts <= fromUnixTimestamp64Nano({{upto:Int64}}, 'UTC'))
+WHERE has({{keys:Array(Tuple(String, UInt64))}}, (stream, seq))
 """
 
 

@@ -28,7 +28,7 @@ op             arguments                                      answer
 ``lines``      ``run``, ``stream`` (null: all), ``tail``       items: records
 ``follow``     ``run``                                        items: records until the end record
 ``log``        ``run``, ``stderr``, ``before``, ``after``,    value: a page of the log
-               ``limit``                                      (``query.Reader.log``)
+               ``limit``, ``line``                            (``query.Reader.log``)
 ``describe``   ``run``                                        value: the ``show`` mapping
 ``metadata``   ``run``                                        items: metadata records, newest first
 ``samples``    ``run``                                        items: sample records, oldest first
@@ -63,7 +63,7 @@ OPS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "summary": (("run",), ()),
     "lines": (("run",), ("stream", "tail")),
     "follow": (("run",), ()),
-    "log": (("run",), ("stderr", "before", "after", "limit")),
+    "log": (("run",), ("stderr", "before", "after", "limit", "line")),
     "describe": (("run",), ()),
     "metadata": (("run",), ()),
     "samples": (("run",), ()),
@@ -140,6 +140,7 @@ _CHECKS: dict[str, Callable[[Any], Any]] = {
     "after": lambda v: _text("after", v, nullable=True),
     "stderr": _flag,
     "limit": _count("limit", nullable=False),
+    "line": _count("line", nullable=False),
     "what": _what,
     # a search's keys and types are checked as the CLI's are; it names no owner
     "request": lambda v: SearchRequest.from_dict(v).to_dict(),

@@ -81,7 +81,7 @@
   const stderrSwitch = document.getElementById("stderr-switch");
   const tsMode = document.getElementById("ts-mode");
   const live = document.getElementById("live");
-  let entries = [];  // {cursor, stream, kind, text, ts}, oldest first, both streams
+  let entries = [];  // {cursor, stream, kind, text, ts, line}, oldest first, both streams
   let view = [];  // the entries the switches show
   let runStart = null;  // the run's start (header), for times since start
   // ?at=CURSOR (a search result's link): open the log at that line, marked, instead of at
@@ -115,8 +115,9 @@
       const {cursor, stream, kind, text, ts} = view[i];
       const err = stream === "stderr";
       const cls = "row " + (kind === "line" ? stream : kind) + (err ? " stderr" : "") +
-                  (cursor === at ? " at" : "");
+                  (cursor === at ? " at" : "") + (isMarked(view[i]) ? " hl" : "");
       const row = el("div", {class: cls, "data-cursor": cursor, "data-stream": stream},
+        lineCell(view[i]),
         el("span", {class: "n", text: stamp(ts), title: time(ts)}),
         el("span", {class: "s", text: err ? "err" : "", title: err ? "stderr" : null}),
         el("span", {class: "t", text: text}));
@@ -177,7 +178,68 @@
     fill().catch(err => LC.showError(rowsBox, err));
   }
 
-  async function loadAt(gen) {
+  // ------------------------------------------------------------------ line links
+  // Every line has one number, the one `logcapture logs -n`, search and show give (notes and
+  // metadata have none). #L123 opens the log at line 123, marked; #L120-L130 marks a range,
+  // so a link can be pasted to a colleague. Clicking a number sets the link, shift-click
+  // extends it from the line clicked before (as GitHub does).
+  let marked = null;  // {from, to}: the lines the link marks
+  let anchorLine = null;  // the line a shift-click extends from
+  function parseMark(hash) {
+    const m = /^#L(\d+)(?:-L?(\d+))?$/.exec(hash);
+    if (!m) return null;
+    const a = Number(m[1]), b = m[2] ? Number(m[2]) : a;
+    return {from: Math.min(a, b), to: Math.max(a, b)};
+  }
+  const isMarked = e => marked !== null && e.line != null && e.line >= marked.from &&
+                        e.line <= marked.to;
+  function lineCell(e) {
+    return e.line != null
+      ? el("a", {class: "ln", href: `#L${e.line}`, text: String(e.line), "data-line": e.line})
+      : el("span", {class: "ln"});
+  }
+  function setMark(from, to) {
+    marked = {from: Math.min(from, to), to: Math.max(from, to)};
+    const hash = marked.from === marked.to ? `#L${marked.from}` : `#L${marked.from}-L${marked.to}`;
+    history.replaceState(null, "", location.pathname + location.search + hash);
+    drawRows();
+  }
+  rowsBox.addEventListener("click", ev => {
+    const a = ev.target.closest("a.ln");
+    if (!a) return;
+    ev.preventDefault();
+    const line = Number(a.dataset.line);
+    if (ev.shiftKey && anchorLine !== null) setMark(anchorLine, line);
+    else { anchorLine = line; setMark(line, line); }
+  });
+  // Scroll to the first marked line: at once when it is loaded, else by asking for the page
+  // that begins with it (and the one before it, as a search result's link does).
+  async function showMark(gen) {
+    const first = marked.from;
+    let e = entries.find(x => x.line === first);
+    if (!e) {
+      const page = await api(`${base}/log?stderr=1&limit=${PAGE}&line=${first}`);
+      if (gen !== generation) return;
+      e = page.entries.find(x => x.line === first);
+      if (!e) return;
+      at = e.cursor;
+      return loadAt(gen, "at a linked line");
+    }
+    if (e.stream === "stderr") stderrSwitch.checked = true;
+    if (e.stream === "stdout") stdoutSwitch.checked = true;
+    view = entries.filter(shown);
+    const i = view.indexOf(e);
+    logBox.scrollTop = (older ? ROW : 0) + Math.max(0, i * ROW - logBox.clientHeight / 2);
+    drawRows();
+  }
+  window.addEventListener("hashchange", () => {
+    marked = parseMark(location.hash);
+    if (marked === null) { drawRows(); return; }
+    anchorLine = marked.from;
+    showMark(generation).catch(err => LC.showError(rowsBox, err));
+  });
+
+  async function loadAt(gen, why) {
     const [ns, stream, seq] = at.split(":");
     if (stream === "stderr") stderrSwitch.checked = true;
     if (stream === "stdout") stdoutSwitch.checked = true;
@@ -194,13 +256,15 @@
     drawRows();
     logBox.scrollTop = (older ? ROW : 0) + Math.max(0, i * ROW - logBox.clientHeight / 2);
     drawRows();
-    setLive(false, after.more ? "at a search result" : "");
+    setLive(false, after.more ? why || "at a search result" : "");
   }
 
   async function loadLog() {
     const gen = ++generation;
     if (source) { source.close(); source = null; }
     if (at) return loadAt(gen);
+    marked = parseMark(location.hash);
+    if (marked !== null) { anchorLine = marked.from; return showMark(gen); }
     const page = await api(`${base}/log?stderr=1&limit=${FIRST}`);
     if (gen !== generation) return;
     entries = page.entries;
