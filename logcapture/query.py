@@ -1003,10 +1003,12 @@ class SpoolRun:
 
 def _just_before(key: tuple[int, str, int] | None, run: str, line: int) -> str:
     """A cursor just before the line of ``key``, so a page ``after`` it begins with that
-    line; NotFound when there is no such line."""
+    line (or, for a stream's first record, with what shares its time stamp); NotFound when
+    there is no such line."""
     if key is None:
         raise NotFound(f"run {run!r} has no line {line}")
-    return f"{key[0] - 1}:{key[1]}:{key[2]}"
+    ns, stream, seq = key
+    return f"{ns}:{stream}:{seq - 1}" if seq else f"{ns - 1}:{stream}:{seq}"
 
 
 def _cursor_key(e: Entry) -> tuple[int, str, int]:

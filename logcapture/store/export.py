@@ -34,7 +34,7 @@ def export_rows(what: str, records: list[dict[str, Any]]) -> list[dict[str, Any]
     if what == "lines":
         # ``line``: the line number (logview.py), counted over the records in the log's
         # order, both streams; null for a note or metadata.
-        numbered = accumulate(d["kind"] in NUMBERED and d["stream"] in OUTPUT_STREAMS
+        numbered = accumulate(int(d["kind"] in NUMBERED and d["stream"] in OUTPUT_STREAMS)
                               for d in records)
         return [{"line": n if d["kind"] in NUMBERED else None, "ts": d["ts"],
                  "stream": d["stream"], "seq": d["seq"], "kind": d["kind"],
