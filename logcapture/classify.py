@@ -45,6 +45,8 @@ from .records import (
     NOTE_CUT,
     NOTE_MODE,
     NOTE_REPEAT,
+    NOTE_SECTION,
+    NOTE_SECTION_END,
     NOTE_WARNING,
     OUTPUT_STREAMS,
     STDOUT,
@@ -59,6 +61,7 @@ from .records import (
     new_metadata,
 )
 from .redact import COMMAND_PREFIX, MIN_MASK, mask_accepted
+from .sections import Marker, Sections, marker, may_hold_marker
 
 TYPE_CHECKING = False  # not typing's: importing typing costs every job ~8 ms (records.py)
 if TYPE_CHECKING:
@@ -298,6 +301,10 @@ class Classifier:
         self._hold: dict[str, tuple[str, float]] = {}
         self._commands = 0
         self._outer: str | None = None  # the mode a held batch stands in for
+        # Sections (sections.py): the open ones, and each stream's last kept line when it was
+        # a marker (a repeat of it, which the filter drops, is that marker again).
+        self.sections = Sections()
+        self._last_marker: dict[str, Marker | None] = dict.fromkeys(OUTPUT_STREAMS)
         self._lock = threading.RLock()
 
     # ------------------------------------------------------------------------------ numbering
@@ -417,7 +424,7 @@ class Classifier:
             return None
         texts = [item.text for item in items]  # type: ignore[union-attr]
         joined = "\n".join(texts)
-        if COMMAND_PREFIX in joined:
+        if COMMAND_PREFIX in joined or may_hold_marker(joined):
             return None
         return texts, joined, stream == STDOUT and (joined[:1] == "{" or "\n{" in joined)
 
@@ -447,6 +454,13 @@ class Classifier:
             if type(item) is Rendered and not item.cut:
                 text = item.text
                 if COMMAND_PREFIX not in text:
+                    found = marker(text)
+                    if found is not None:
+                        if run:
+                            out.append(self._lines(stream, run, ts))
+                            run = []
+                        out += self._section(stream, found, ts)
+                        continue
                     if not (json_stream and text[:1] == "{"):
                         run.append(text)
                         continue
@@ -509,6 +523,7 @@ class Classifier:
         seq = self._seq[stream]
         self._seq[stream] = seq + n
         self._last_kept[stream] = True
+        self._last_marker[stream] = None
         self.counts[stream]["lines"] += n
         if n == 1:
             return Line(run=self.run, stream=stream, seq=seq, ts=ts, text=texts[0])
@@ -528,6 +543,9 @@ class Classifier:
             # may mention its repetitions.
             counts["dropped_by_mode"] += item.count
             return []
+        again = self._last_marker[stream]
+        if item.note == NOTE_REPEAT and again is not None:  # the same marker again
+            return [rec for _ in range(item.count) for rec in self._section(stream, again, ts)]
         if item.note == NOTE_BLANK:
             counts["blanks_dropped"] += item.count
             text = (f"{item.count} more blank line{'s' if item.count != 1 else ''} "
@@ -553,6 +571,10 @@ class Classifier:
             fields = parse_metadata(text)
         out = []
         if self.mode == ENABLED:
+            found = marker(text) if not item.cut else None
+            if found is not None:
+                return self._section(stream, found, ts)
+            self._last_marker[stream] = None
             counts["lines"] += 1
             out.append(Line(run=self.run, stream=stream, seq=self._next(stream), ts=ts,
                             text=text))
@@ -568,7 +590,25 @@ class Classifier:
                                 fields=fields))
         return out
 
+    def _section(self, stream: str, found: Marker, ts: float) -> list[Record]:
+        """A marker line (mode enabled): the notes of the sections it ends, then of the one
+        it starts (sections.py), in place of the line."""
+        self._last_kept[stream] = True
+        self._last_marker[stream] = found
+        out: list[Record] = [self._note(stream, NOTE_SECTION_END, title, ts, ms)
+                             for title, ms in self.sections.apply(found, ts)]
+        if found.what == "start":
+            out.append(self._note(stream, NOTE_SECTION, found.title, ts, int(found.collapsed)))
+        return out
+
+    def close_sections(self, ts: float) -> list[Record]:
+        """The end notes of the sections still open when the run ends (on stdout)."""
+        with self._lock:
+            return [self._note(STDOUT, NOTE_SECTION_END, title, ts, ms)
+                    for title, ms in self.sections.close(ts)]
+
     def _command(self, stream: str, item: Rendered, ts: float) -> list[Record]:
+        self._last_marker[stream] = None
         counts = self.counts[stream]
         # Where: the note follows the command (or, in mode enabled, the malformed line) in
         # the log, whose line number says where it was (logview.py): a count of this

@@ -41,6 +41,8 @@ from .records import (
     NOTE_CUT,
     NOTE_MODE,
     NOTE_REPEAT,
+    NOTE_SECTION,
+    NOTE_SECTION_END,
     NOTE_WARNING,
     RUN,
     STDERR,
@@ -52,19 +54,26 @@ from .records import (
     Record,
     dumps,
 )
+from .sections import duration_text
 
 LINE = "line"
 COMMAND = "command"
 NOTE = "note"
 METADATA = "metadata"
+# A section's start and end (sections.py): notes, whose entries say which, so that a page
+# folds what lies between.
+SECTION = "section"
+SECTION_END = "section_end"
+_NOTE_KIND = {NOTE_SECTION: SECTION, NOTE_SECTION_END: SECTION_END}
 
 
 NUMBERED = (LINE, COMMAND)  # the entries that have a line number: the lines table's kinds
 
 
 class Entry(NamedTuple):
-    """One entry of a log view: ``kind`` is line, command, note or metadata; ``line`` its
-    line number (0: none, a note or metadata)."""
+    """One entry of a log view: ``kind`` is line, command, note (section and section_end
+    for a section's notes) or metadata; ``line`` its line number (0: none, a note or
+    metadata)."""
 
     ts: float
     stream: str
@@ -87,6 +96,10 @@ def note_text(note: str, count: int, text: str) -> str:
         return f"[logcapture: {text}]"
     if note == NOTE_WARNING:
         return f"[logcapture: warning: {text}]"
+    if note == NOTE_SECTION:
+        return f"[logcapture: section {text}{' (folded)' if count else ''}]"
+    if note == NOTE_SECTION_END:
+        return f"[logcapture: end of section {text}, {duration_text(count)}]"
     return f"[logcapture: {note}: {text}]"
 
 
@@ -129,7 +142,7 @@ class LogView:
             elif isinstance(rec, Note):
                 if stream == RUN or (stream in shown and not (
                         rec.note == NOTE_MODE and stream != STDOUT and STDOUT in shown)):
-                    out.append(Entry(rec.ts, stream, rec.seq, NOTE,
+                    out.append(Entry(rec.ts, stream, rec.seq, _NOTE_KIND.get(rec.note, NOTE),
                                      note_text(rec.note, rec.count, rec.text)))
         return out
 
@@ -176,7 +189,24 @@ def _note_text_sql() -> str:
                              ' characters dropped]'),
         note = '{NOTE_MODE}', concat('[logcapture: ', text, ']'),
         note = '{NOTE_WARNING}', concat('[logcapture: warning: ', text, ']'),
+        note = '{NOTE_SECTION}', concat('[logcapture: section ', text,
+                                if(count != 0, ' (folded)', ''), ']'),
+        note = '{NOTE_SECTION_END}', concat('[logcapture: end of section ', text, ', ',
+                                            {_duration_sql()}, ']'),
         concat('[logcapture: ', note, ': ', text, ']'))"""
+
+
+def _duration_sql() -> str:
+    """``sections.duration_text`` of ``count`` (ms) in SQL."""
+    two = "leftPad(toString({}), 2, '0')"
+    return f"""multiIf(
+            count < 1000, concat(toString(count), ' ms'),
+            count < 60000, concat(toString(intDiv(count, 1000)), '.',
+                                  toString(intDiv(count % 1000, 100)), ' s'),
+            count < 3600000, concat(toString(intDiv(count, 60000)), ' min ',
+                                    {two.format("intDiv(count, 1000) % 60")}, ' s'),
+            concat(toString(intDiv(count, 3600000)), ' h ',
+                   {two.format("intDiv(count, 60000) % 60")}, ' min'))"""
 
 
 def log_sql(db: str, run_cond: str, stderr: str, where: str = "1", order: str = "DESC",
@@ -217,7 +247,9 @@ SELECT {ts} AS ts, stream, seq, kind, text FROM (
     SELECT * FROM ({lines})
     UNION ALL
     SELECT * FROM (
-        SELECT ts, stream, seq, '{NOTE}' AS kind, {_note_text_sql()} AS text
+        SELECT ts, stream, seq, multiIf(note = '{NOTE_SECTION}', '{SECTION}',
+            note = '{NOTE_SECTION_END}', '{SECTION_END}', '{NOTE}') AS kind,
+            {_note_text_sql()} AS text
         FROM {db}notes {fin}
         WHERE {run_cond}
           AND (stream = '{RUN}'

@@ -39,6 +39,7 @@ from .records import (
     Rendered,
     Start,
 )
+from .sections import MarkerBytes
 from .spool import SpoolWriter
 
 TYPE_CHECKING = False  # not typing's: importing typing costs every job ~8 ms (records.py)
@@ -165,6 +166,7 @@ class Pipeline:
         self.classifier: Classifier = Classifier(
             run_id, mode, (STDOUT,) if merged else OUTPUT_STREAMS)
         self._new_filter = LineFilter
+        self._markers = {s: MarkerBytes() for s in OUTPUT_STREAMS}  # GitLab's, kept visible
         # Read times (docs/architecture.md, "Read times and order"). Per stream: the newlines
         # fed, as (count so far, read time) of each read that had any; how many lines have
         # been given a time; the read time of the last data fed; whether its committed lines
@@ -239,7 +241,8 @@ class Pipeline:
             self._known = ended
         self._newlines[stream] = n
         self._fed[stream] = now
-        self._through(stream, lambda r: r.feed(data))
+        shown = self._markers[stream].feed(data)
+        self._through(stream, lambda r: r.feed(shown))
 
     def tick(self, now: float, mono: float | None = None) -> None:
         """Commit finished lines of a stream that has been quiet for IDLE_COMMIT seconds, and
@@ -499,12 +502,22 @@ class Pipeline:
     # --- the end -------------------------------------------------------------------------
     def _final_lines(self, now: float) -> None:
         for stream in OUTPUT_STREAMS:
+            self._feed_held(stream)
             self._through(stream, lambda r: r.finish(), final=True)
             if stream in self._faulted:  # the fallback splitter's rest
                 self._through(stream, lambda r: r.finish(), final=True)
         self._release(final=True)
         for stream in OUTPUT_STREAMS:
             self._emit_run(stream, [(max(now, self._released), [])], final=True)
+        ended = self.classifier.close_sections(max(now, self._released))  # never closed
+        if ended:
+            self.spool.write(self.limit.feed(ended))
+
+    def _feed_held(self, stream: str) -> None:
+        """The bytes ``MarkerBytes`` held back at the end of the stream, to the renderer."""
+        held = self._markers[stream].finish()
+        if held:
+            self._through(stream, lambda r: r.feed(held))
 
     def close_unfinished(self) -> None:
         """The wrapper went away without an outcome (killed) in a Slurm job: keep every line

@@ -456,3 +456,39 @@ def test_line_links_open_mark_and_share_the_numbers_logs_gives(site, browser, sh
     d.execute_script("location.hash = '#L5'")
     wait(d).until(lambda d: log_texts(d, "#log .row.hl") == [by_number["5"]])
     assert console_errors(d) == []
+
+
+CI = ("printf '::group::Install\\n'; echo pip; echo wheel; sleep 0.3; printf '::endgroup::\\n';"
+      "printf '\\033[0Ksection_start:1764250000:tests[collapsed=true]\\r\\033[0K"
+      "Running tests\\n'; echo ok; printf -- '+++ Report\\n'; echo done")
+
+
+def test_sections_fold_and_unfold_with_their_durations(site, browser, shots):
+    """The markers of GitHub, GitLab and Buildkite printed by a real job: each section's start
+    row says its title and duration, folded as the job asked; a click unfolds and folds it;
+    a #L link to a line inside a folded section opens it."""
+    s, env = site
+    d = browser
+    subprocess.run([*LOGCAPTURE, "run", "--run-id", "ci", "--", "bash", "-c", CI], env=env,
+                   check=True, capture_output=True)
+    d.get(s.url)
+    d.get(s.base + "/job/ci")
+    wait(d).until(lambda d: d.execute_script("return document.body.dataset.ready") == "1")
+    texts = log_texts(d)
+    starts = log_texts(d, "#log .row.section")
+    assert [t.split("  (")[0] for t in starts] == ["▸ Install", "▸ Running tests", "▾ Report"]
+    assert all(t.endswith(")") for t in starts)  # each with its duration
+    assert "pip" not in texts and "ok" not in texts and "done" in texts  # folded, open
+    assert not any("section_start" in t or "::group" in t for t in texts)
+    d.save_screenshot(str(shots / "sections.png"))
+    d.find_element(By.CSS_SELECTOR, "#log .row.section").click()
+    wait(d).until(lambda d: "pip" in log_texts(d))
+    assert log_texts(d, "#log .row.section")[0].startswith("▾ Install")
+    assert any(t.startswith("[logcapture: end of section Install, ") for t in log_texts(d))
+    d.save_screenshot(str(shots / "sections-open.png"))
+    d.find_element(By.CSS_SELECTOR, "#log .row.section").click()
+    wait(d).until(lambda d: "pip" not in log_texts(d))
+    # line 3 is "ok" (pip 1, wheel 2), inside the folded "Running tests"
+    d.get(s.base + "/job/ci#L3")
+    wait(d).until(lambda d: log_texts(d, "#log .row.hl") == ["ok"])
+    assert console_errors(d) == []

@@ -112,9 +112,9 @@ def sql_logs(db: str) -> str:
     return f"""
 SELECT ts AS timestamp, text AS body,
        multiIf(kind = 'note' AND startsWith(text, '[logcapture: warning'), 'warning',
-               kind IN ('note', 'command'), 'debug',
+               kind IN ('note', 'command', 'section', 'section_end'), 'debug',
                stream = 'stderr', 'error', 'info') AS level,
-       if(kind = 'note', 'logcapture', stream) AS source
+       if(kind IN ('note', 'section', 'section_end'), 'logcapture', stream) AS source
 FROM ({log_sql(db, f"run = {RUN}", "${stderr}")})
 ORDER BY timestamp DESC, stream DESC, seq DESC
 """

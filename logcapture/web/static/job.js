@@ -89,8 +89,13 @@
   let at = LC.params().get("at");
   let older = false, loadingOlder = false, generation = 0, source = null;
 
-  const shown = e => e.stream === "stdout" ? stdoutSwitch.checked
-                   : e.stream === "stderr" ? stderrSwitch.checked : true;
+  const streamShown = e => e.stream === "stdout" ? stdoutSwitch.checked
+                         : e.stream === "stderr" ? stderrSwitch.checked : true;
+  const shown = e => streamShown(e) && !folding.hidden.has(e);
+  function refreshView() {
+    folding = foldSections(entries);
+    view = entries.filter(shown);
+  }
   function stamp(ts) {
     if (tsMode.value === "since") {
       const t0 = runStart !== null ? runStart : (entries.length ? entries[0].ts : ts);
@@ -99,6 +104,63 @@
       return "+" + (h ? `${h}:${String(m).padStart(2, "0")}` : String(m)) + ":" + sec;
     }
     return time(ts).slice(11);
+  }
+
+  // ------------------------------------------------------------------ sections
+  // A CI's fold markers (GitHub ::group::, GitLab section_start, Buildkite ---/~~~/+++) are
+  // sections (docs/rendering.md): the start row folds and unfolds what lies between it and
+  // its end, and says how long the section took. A section opens as the job asked ("(folded)"
+  // in its start's text: GitHub's groups, GitLab's [collapsed=true], Buildkite's --- and ~~~)
+  // until the reader clicks it; one not yet ended (the job is in it) stays open.
+  const toggled = new Set();  // cursors of the section starts the reader clicked
+  let folding = {hidden: new Set(), ends: new Map(), around: new Map()};
+  const SECTION_START = /^\[logcapture: section (.*?)( \(folded\))?\]$/;
+  const SECTION_END = /, ([^,]*)\]$/;
+  function isFolded(start, ends) {
+    if (!ends.has(start.cursor)) return false;
+    const asked = SECTION_START.test(start.text) && !!SECTION_START.exec(start.text)[2];
+    return toggled.has(start.cursor) ? !asked : asked;
+  }
+  // One pass over the loaded entries: each start's end, the entries a folded section hides
+  // (its end too: its start row says the duration), and the folded starts around each.
+  function foldSections(list) {
+    const ends = new Map(), hidden = new Set(), around = new Map(), stack = [];
+    for (const e of list) {
+      if (e.kind === "section_end") { const s = stack.pop(); if (s) ends.set(s.cursor, e); }
+      else if (e.kind === "section") stack.push(e);
+    }
+    stack.length = 0;
+    for (const e of list) {
+      const closing = e.kind === "section_end" && stack.length ? stack[stack.length - 1] : null;
+      const folded = stack.filter(s => isFolded(s, ends));
+      if (folded.length) { hidden.add(e); around.set(e, folded); }
+      if (e.kind === "section_end") stack.pop();
+      else if (e.kind === "section") stack.push(e);
+      if (closing && !hidden.has(e) && isFolded(closing, ends)) hidden.add(e);
+    }
+    return {hidden, ends, around};
+  }
+  function sectionText(e) {
+    const m = SECTION_START.exec(e.text);
+    if (!m) return e.text;
+    const end = folding.ends.get(e.cursor);
+    const took = end ? (SECTION_END.exec(end.text) || [])[1] : null;
+    return (isFolded(e, folding.ends) ? "▸ " : "▾ ") + m[1] + (took ? `  (${took})` : end ? "" : "  (running)");
+  }
+  rowsBox.addEventListener("click", ev => {
+    const row = ev.target.closest(".row.section");
+    if (!row || ev.target.closest("a")) return;
+    const c = row.dataset.cursor;
+    if (toggled.has(c)) toggled.delete(c); else toggled.add(c);
+    refreshView();
+    drawRows();
+  });
+  // A line to show (a #L link, a search result) inside folded sections opens them.
+  function reveal(e) {
+    for (const s of folding.around.get(e) || []) {
+      if (toggled.has(s.cursor)) toggled.delete(s.cursor); else toggled.add(s.cursor);
+    }
+    refreshView();
   }
 
   function drawRows() {
@@ -120,7 +182,7 @@
         lineCell(view[i]),
         el("span", {class: "n", text: stamp(ts), title: time(ts)}),
         el("span", {class: "s", text: err ? "err" : "", title: err ? "stderr" : null}),
-        el("span", {class: "t", text: text}));
+        el("span", {class: "t", text: kind === "section" ? sectionText(view[i]) : text}));
       row.style.top = (top + i * ROW) + "px";
       out.push(row);
     }
@@ -142,9 +204,10 @@
       const page = await api(`${base}/log?stderr=1&before=${encodeURIComponent(entries[0].cursor)}` +
                              `&limit=${PAGE}`);
       if (gen !== generation) return;
-      const added = page.entries.filter(shown).length;
+      const before = view.length;
       entries = page.entries.concat(entries);
-      view = entries.filter(shown);
+      refreshView();
+      const added = view.length - before;
       older = page.more;
       logBox.scrollTop += added * ROW - (older ? 0 : ROW);
     } finally {
@@ -167,7 +230,7 @@
     // keep the row at the top of the box in place (the nearest one shown), or the newest end
     const stick = atBottom();
     const topRow = view[Math.floor(Math.max(0, logBox.scrollTop - (older ? ROW : 0)) / ROW)];
-    view = entries.filter(shown);
+    refreshView();
     drawRows();
     if (stick || !topRow) toBottom();
     else {  // the rows now shown before it
@@ -227,7 +290,7 @@
     }
     if (e.stream === "stderr") stderrSwitch.checked = true;
     if (e.stream === "stdout") stdoutSwitch.checked = true;
-    view = entries.filter(shown);
+    reveal(e);
     const i = view.indexOf(e);
     logBox.scrollTop = (older ? ROW : 0) + Math.max(0, i * ROW - logBox.clientHeight / 2);
     drawRows();
@@ -250,7 +313,9 @@
     const before = await api(`${q}&before=${encodeURIComponent(first)}`);
     if (gen !== generation) return;
     entries = before.entries.concat(after.entries);
-    view = entries.filter(shown);
+    refreshView();
+    const target = entries.find(e => e.cursor === at);
+    if (target) reveal(target);
     older = before.more;
     const i = Math.max(0, view.findIndex(e => e.cursor === at));
     drawRows();
@@ -268,7 +333,7 @@
     const page = await api(`${base}/log?stderr=1&limit=${FIRST}`);
     if (gen !== generation) return;
     entries = page.entries;
-    view = entries.filter(shown);
+    refreshView();
     older = page.more;
     drawRows();
     toBottom();
@@ -293,7 +358,7 @@
       const stick = atBottom();
       const fresh = JSON.parse(ev.data).entries;
       entries.push(...fresh);
-      view.push(...fresh.filter(shown));
+      refreshView();
       if (!headerHasStart) loadHeader().catch(() => {});
       drawRows();
       if (stick) { toBottom(); drawRows(); }
