@@ -406,7 +406,7 @@
     if (gen !== generation) return;
     const stick = !entries.length || atBottom();
     entries = page.entries;
-    view = entries.filter(shown);
+    refreshView();
     older = false;
     drawRows();
     if (stick) { toBottom(); drawRows(); }
