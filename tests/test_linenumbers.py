@@ -238,3 +238,14 @@ def test_the_sql_numbers_as_the_python_does(run):
         st.close()
     assert segments(tmp / "spool" / "n")  # read from the spool's own records
     assert sorted(truth, key=sort_key) == truth
+
+
+def test_the_read_service_takes_a_line_number():
+    from logcapture.errors import UsageError
+    from logcapture.reader.protocol import parse_request
+
+    req = parse_request(b'{"op": "log", "run": "r", "line": 12345678901}')
+    assert req.args["line"] == 12345678901
+    for bad in (b"0", b"-3", b'"7"', b"true", b"1.5"):
+        with pytest.raises(UsageError, match="'line' must be a line number"):
+            parse_request(b'{"op": "log", "run": "r", "line": ' + bad + b"}")

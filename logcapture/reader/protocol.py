@@ -124,6 +124,13 @@ def _flag(value: Any) -> bool:
     return value
 
 
+def _line(value: Any) -> int:
+    """A line number (``query.Reader.log``): a run may have more lines than ``MAX_TAIL``."""
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 < value < 2**63:
+        raise UsageError("request key 'line' must be a line number (1, 2, ...)")
+    return value
+
+
 def _what(value: Any) -> str:
     if value not in EXPORTS:
         raise UsageError(f"request key 'what' must be one of {', '.join(EXPORTS)}")
@@ -140,7 +147,7 @@ _CHECKS: dict[str, Callable[[Any], Any]] = {
     "after": lambda v: _text("after", v, nullable=True),
     "stderr": _flag,
     "limit": _count("limit", nullable=False),
-    "line": _count("line", nullable=False),
+    "line": _line,
     "what": _what,
     # a search's keys and types are checked as the CLI's are; it names no owner
     "request": lambda v: SearchRequest.from_dict(v).to_dict(),
