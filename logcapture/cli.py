@@ -255,8 +255,9 @@ def logs(spool: Path | None, stream: str, follow: bool, store_dsn: str | None, s
     with a note naming them; --rank and --node: only those tasks (one rank: as printed)."""
     from contextlib import closing
     from itertools import islice
+    from operator import attrgetter
 
-    from .logview import NOTE, LogView
+    from .logview import NOTE, LogView, numbered_text
     from .rankview import job_runs, read_job, several_ranks, text_lines
     from .records import from_dict
 
@@ -277,7 +278,7 @@ def logs(spool: Path | None, stream: str, follow: bool, store_dsn: str | None, s
             while batch := list(islice(lines, 1000)):  # 1000 lines an echo
                 click.echo("\n".join(batch))
             return
-        text = numbered_text if numbers else _plain_text
+        text = numbered_text if numbers else attrgetter("text")
         run = _wait_for_job(reader, run_ref) if follow else reader.resolve(run_ref)
         printed = False  # any output of the job's (notes are logcapture's)
         if follow:  # each entry as it comes
@@ -299,16 +300,6 @@ def logs(spool: Path | None, stream: str, follow: bool, store_dsn: str | None, s
             click.echo("logcapture: stdout and stderr of this run went to the same place and "
                        "were captured as one stream, in the order written: see --stream "
                        "stdout (#SBATCH -e FILE or 2>FILE keeps them apart)", err=True)
-
-
-def _plain_text(e: Any) -> str:
-    return str(e.text)
-
-
-def numbered_text(e: Any) -> str:
-    """``logs -n``: an entry after its line number, as ``cat -n`` writes it (a note, which
-    has none, after as many spaces)."""
-    return f"{e.line:6}\t{e.text}" if e.line else f"{'':6}\t{e.text}"
 
 
 def _wait_for_job(reader: Any, ref: str | None, poll: float = 1.0) -> str:

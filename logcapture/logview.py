@@ -32,7 +32,7 @@ the last.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from decimal import Decimal
 from typing import Any, NamedTuple
 
@@ -162,6 +162,12 @@ def entry_from_row(row: dict[str, Any]) -> Entry:
     line number (``line``, from :func:`line_numbers_sql`; 0 or absent: none)."""
     return Entry(row["ts"], row["stream"], int(row["seq"]), row["kind"], row["text"],
                  int(row.get("line") or 0))
+
+
+def numbered_text(e: Entry) -> str:
+    """An entry after its line number, as ``cat -n`` writes it (``logs -n``; a note, which
+    has none, after as many spaces)."""
+    return f"{e.line:6}\t{e.text}" if e.line else f"{'':6}\t{e.text}"
 
 
 def numbered_lines(raw: Iterable[bytes]) -> int:
@@ -300,6 +306,29 @@ def metadata_text(fields_json: str) -> str:
         return dumps(json.loads(fields_json))
     except ValueError:
         return fields_json
+
+
+def numbered_evidence(insights: list[dict[str, Any]], numbers: Callable[
+        [list[tuple[str, int]]], dict[tuple[str, int], int]]) -> list[dict[str, Any]]:
+    """``insights`` (``Insight.to_dict``) with each evidence line's ``line``: its line number
+    (logview.py) as ``numbers`` gives it for ``(stream, seq)`` keys; null for none."""
+    quoted = [e for i in insights for e in i.get("evidence") or ()]
+    found = numbers([(e["stream"], int(e["seq"])) for e in quoted]) if quoted else {}
+    for e in quoted:
+        e["line"] = found.get((e["stream"], int(e["seq"])))
+    return insights
+
+
+def just_before(key: tuple[int, str, int] | None, run: str, line: int) -> str:
+    """A cursor just before the line of ``key``, so a page ``after`` it begins with that
+    line (or, for a stream's first record, with what shares its time stamp); NotFound when
+    there is no such line."""
+    from .errors import NotFound
+
+    if key is None:
+        raise NotFound(f"run {run!r} has no line {line}")
+    ns, stream, seq = key
+    return f"{ns}:{stream}:{seq - 1}" if seq else f"{ns - 1}:{stream}:{seq}"
 
 
 # --- Cursors: where a page of entries starts or ends -------------------------------------

@@ -54,6 +54,8 @@ from .logview import (
     Entry,
     LogView,
     cursor_of,
+    just_before,
+    numbered_evidence,
     numbered_lines,
     parse_cursor,
     sort_key,
@@ -361,16 +363,6 @@ def store_facts(st: Store, run: str, owner: str | None) -> RunFacts:
             lambda keys: st.line_numbers(run, owner, keys)))
 
 
-def numbered_evidence(insights: list[dict[str, Any]], numbers: Callable[
-        [list[tuple[str, int]]], dict[tuple[str, int], int]]) -> list[dict[str, Any]]:
-    """``insights`` (``Insight.to_dict``) with each evidence line's ``line``: its line number
-    (logview.py) as ``numbers`` gives it for ``(stream, seq)`` keys; null for none."""
-    quoted = [e for i in insights for e in i.get("evidence") or ()]
-    found = numbers([(e["stream"], int(e["seq"])) for e in quoted]) if quoted else {}
-    for e in quoted:
-        e["line"] = found.get((e["stream"], int(e["seq"])))
-    return insights
-
 
 def spool_insights(run_dir: Path, start: Any, end: Any, thresholds: Any = None
                    ) -> list[Insight]:
@@ -660,7 +652,7 @@ class StoreReader:
         limit = _page_limit(limit)
         with self.session() as st:
             if line is not None:
-                after = _just_before(st.line_key(run, self.owner, line), run, line)
+                after = just_before(st.line_key(run, self.owner, line), run, line)
             rows, more, ended = st.log_page(run, self.owner, stderr,
                                             parse_cursor(before) if before else None,
                                             parse_cursor(after) if after else None, limit)
@@ -1001,15 +993,6 @@ class SpoolRun:
             return [d for seg in segments(self.run_dir) for d in self._scan(seg)[1]]
 
 
-def _just_before(key: tuple[int, str, int] | None, run: str, line: int) -> str:
-    """A cursor just before the line of ``key``, so a page ``after`` it begins with that
-    line (or, for a stream's first record, with what shares its time stamp); NotFound when
-    there is no such line."""
-    if key is None:
-        raise NotFound(f"run {run!r} has no line {line}")
-    ns, stream, seq = key
-    return f"{ns}:{stream}:{seq - 1}" if seq else f"{ns - 1}:{stream}:{seq}"
-
 
 def _cursor_key(e: Entry) -> tuple[int, str, int]:
     return ts_ns(e.ts), e.stream, e.seq
@@ -1204,7 +1187,7 @@ class LocalReader:
             return self.store.log(run, stderr, before, after, limit, line)
         spool_run = self._cached(run_dir)
         if line is not None:
-            after = _just_before(spool_run.line_key(line), run, line)
+            after = just_before(spool_run.line_key(line), run, line)
         return spool_run.page(stderr, before, after, _page_limit(limit))
 
     def _cached(self, run_dir: Path) -> SpoolRun:
