@@ -142,7 +142,8 @@ def format_insights(insights: list[dict[str, Any]], evidence: int = 3) -> list[s
         out.append(f"  {i['kind']}: {i['message']}")
         quoted = [e for e in i.get("evidence") or () if e.get("text") is not None]
         for e in quoted[-evidence:]:
-            out.append(f"    {e['stream']} line {e['seq']}: {e['text']}")
+            where = f"line {e['line']} ({e['stream']})" if e.get("line") else e["stream"]
+            out.append(f"    {where}: {e['text']}")
         if i.get("hint"):
             out.append(f"    try: {i['hint']}")
     return out
@@ -248,10 +249,13 @@ def ls_cmd(spool: Path | None, store_dsn: str | None, source: str, as_json: bool
 @click.option("--color", type=click.Choice(["auto", "always", "never"]), default="auto",
               show_default=True, help="Write the lines' colours back as ANSI escape sequences "
               "(auto: when stdout is a terminal and NO_COLOR is not set).")
+@click.option("-n", "--line-numbers", "numbers", is_flag=True,
+              help="Number the lines as the job page and search do: one number a line in "
+                   "the run's log, both streams counted; notes have none.")
 @click.argument("run_ref", metavar="RUN", required=False)
 def logs(spool: Path | None, stream: str, follow: bool, store_dsn: str | None, source: str,
-         ranks: tuple[str, ...], nodes: tuple[str, ...], color: str, run_ref: str | None
-         ) -> None:
+         ranks: tuple[str, ...], nodes: tuple[str, ...], color: str, numbers: bool,
+         run_ref: str | None) -> None:
     """Print the log of RUN (a run id or Slurm job id; default: the latest run) as the job
     page and Grafana show it (logview.py): rendered lines, commands, notes, and metadata
     lines the log does not already show. From the store once the run is shipped, else from
@@ -262,13 +266,13 @@ def logs(spool: Path | None, stream: str, follow: bool, store_dsn: str | None, s
     from contextlib import closing
     from itertools import islice
 
-    from .logview import NOTE, LogView
+    from .logview import NOTE, LogView, numbered_text
     from .rankview import job_runs, read_job, several_ranks, text_lines
     from .records import from_dict
     from .sgr import shown_text, wants_color
 
     paint = wants_color(color, sys.stdout.isatty(), os.environ)
-    text = shown_text(paint)
+    text = numbered_text(shown_text(paint)) if numbers else shown_text(paint)
     streams = OUTPUT_STREAMS if stream == "all" else (stream,)
     view = LogView(streams=streams)
     with closing(_reader(spool, store_dsn, source)) as reader:
@@ -290,8 +294,9 @@ def logs(spool: Path | None, stream: str, follow: bool, store_dsn: str | None, s
                     click.echo(text(e), color=paint)
                     printed = printed or e.kind != NOTE
         else:
+            # Numbers count both streams: read both when numbering.
             entries = view.feed(from_dict(d) for d in reader.lines(
-                run, None if stream == "all" else stream))
+                run, None if stream == "all" or numbers else stream))
             printed = any(e.kind != NOTE for e in entries)
             # A thousand lines an echo (one echo a line is a third of a 10,000-line log's
             # whole command).
@@ -440,8 +445,9 @@ def search(pattern: str, regex: bool, jobs: tuple[str, ...], since: str | None,
 
 
 def _print_search(found: dict[str, Any], limit: int) -> None:
-    """grep's -n layout under a heading per run: STREAM:SEQ:TEXT for a matching line,
-    STREAM:SEQ-TEXT for context, ``--`` where lines were left out."""
+    """grep's -n layout under a heading per run: STREAM:N:TEXT for a matching line,
+    STREAM:N-TEXT for context (N: the line number, as `logs -n` and the page give it),
+    ``--`` where lines were left out."""
     from .query import current_user
 
     me = current_user()[0]
@@ -464,7 +470,8 @@ def _print_search(found: dict[str, Any], limit: int) -> None:
         for d in g["lines"]:
             if d["gap"]:
                 click.echo("--")
-            click.echo(f"{d['stream']}:{d['seq']}{':' if d['match'] else '-'}{d['text']}")
+            click.echo(f"{d['stream']}:{d.get('line') or '?'}{':' if d['match'] else '-'}"
+                       f"{d['text']}")
     if found["truncated"]:
         click.echo(f"logcapture: showing the newest {limit} matching lines; there are more "
                    "(--limit N for more, --since/--job/--state to narrow)", err=True)

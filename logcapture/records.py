@@ -58,7 +58,12 @@ NOTE_BLANK = "blank"  # a run of blank lines collapsed to one; count = lines dro
 NOTE_CUT = "cut"  # a line longer than the limit was cut; count = characters dropped
 NOTE_WARNING = "warning"  # something went wrong (bad command, bad config, internal fault)
 NOTE_MODE = "mode"  # the mode changed (from .logoptin or a /LOGCOMMAND)
-NOTE_KINDS = (NOTE_REPEAT, NOTE_BLANK, NOTE_CUT, NOTE_WARNING, NOTE_MODE)
+# A CI fold marker (sections.py): a section starts (text its title, count 1 when it opens
+# collapsed) or ends (text its title, count its duration in ms).
+NOTE_SECTION = "section"
+NOTE_SECTION_END = "section_end"
+NOTE_KINDS = (NOTE_REPEAT, NOTE_BLANK, NOTE_CUT, NOTE_WARNING, NOTE_MODE, NOTE_SECTION,
+              NOTE_SECTION_END)
 
 
 # How the job's stdout and stderr were captured, in the start record's config["streams"]:

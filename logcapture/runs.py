@@ -6,13 +6,15 @@ writer is gone (``spool.close_abandoned``), so that no run stays RUNNING after i
 
 from __future__ import annotations
 
+import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from . import jobref
 from .errors import NotFound, SpoolError
+from .logview import NUMBERED_ENDS, numbered_lines
 from .records import (
     OUTPUT_STREAMS,
     End,
@@ -28,6 +30,7 @@ from .spool import (
     parse_lines,
     read_lines,
     read_segment,
+    segment_data,
     segments,
 )
 
@@ -171,3 +174,46 @@ def follow_records(run_dir: Path, poll: float = 0.25,
             close_abandoned(run_dir)  # read at the next round
             continue
         time.sleep(poll)
+
+
+def line_numbers(run_dir: Path, keys: Iterable[tuple[str, int]]) -> dict[tuple[str, int], int]:
+    """The line numbers (``logview.py``) of the spool run's records ``keys`` (``(stream,
+    seq)``), for those that are lines: found by their identity, which a record's JSON begins
+    with, and numbered by the lines written before them (the spool holds a run's records in
+    the log's order), all with byte searches, so a few look-ups in a long run cost no parsing
+    of its lines."""
+    wanted = {(s, int(q)): _identity_bytes(run_dir.name, s, int(q)) for s, q in keys}
+    found: dict[tuple[str, int], int] = {}
+    before = 0  # the lines of the segments before
+    for seg in segments(run_dir):
+        if len(found) == len(wanted):
+            break
+        try:
+            data, _ = segment_data(seg)
+        except SpoolError:
+            continue
+        for key, needle in wanted.items():
+            if key in found:
+                continue
+            at = data.find(b"\n" + needle)
+            at = 0 if data.startswith(needle) else (at + 1 if at >= 0 else -1)
+            if at < 0:
+                continue
+            end = data.find(b"\n", at)
+            record = data[at:end if end >= 0 else len(data)]
+            if numbered_lines((record,)):
+                found[key] = before + _count_lines(data, at) + 1
+        before += _count_lines(data, len(data))
+    return found
+
+
+def _identity_bytes(run: str, stream: str, seq: int) -> bytes:
+    # As every record's JSON begins (records.Record.to_dict: run, stream, seq first; the
+    # run's id is its directory's name), at the start of a line of the segment.
+    return (f'{{"run":{json.dumps(run, ensure_ascii=False)},"stream":{json.dumps(stream)},'
+            f'"seq":{seq},').encode()
+
+
+def _count_lines(data: bytes, end: int) -> int:
+    """The numbered lines among a segment's records before byte ``end``."""
+    return sum(data.count(suffix + b"\n", 0, end) for suffix in NUMBERED_ENDS)

@@ -110,9 +110,9 @@ def _level_and_source(e: str = "") -> str:
     """A log entry's level and source columns for Grafana's logs panel (``e``: the entries'
     table alias with its dot, or '')."""
     return f"""multiIf({e}kind = 'note' AND startsWith({e}text, '[logcapture: warning'), 'warning',
-               {e}kind IN ('note', 'command'), 'debug',
+               {e}kind IN ('note', 'command', 'section', 'section_end'), 'debug',
                {e}stream = 'stderr', 'error', 'info') AS level,
-       if({e}kind = 'note', 'logcapture', {e}stream) AS source"""
+       if({e}kind IN ('note', 'section', 'section_end'), 'logcapture', {e}stream) AS source"""
 
 
 def sql_logs(db: str) -> str:

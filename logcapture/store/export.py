@@ -7,10 +7,12 @@ import importlib.util
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from itertools import accumulate
 from typing import Any, BinaryIO
 
 from ..errors import LogcaptureError, NoEngine, UsageError
-from ..records import dumps
+from ..logview import NUMBERED
+from ..records import OUTPUT_STREAMS, dumps
 from .connection import _Connection, _StoreLock, classify
 from .queries import _Queries
 
@@ -37,8 +39,13 @@ def export_rows(what: str, records: list[dict[str, Any]]) -> list[dict[str, Any]
                  "done": bool(d["done"])}
                 for d in sorted(records, key=lambda d: (d["ts"], d["stream"], d["seq"]))]
     if what == "lines":
-        return [{"ts": d["ts"], "stream": d["stream"], "seq": d["seq"], "kind": d["kind"],
-                 "text": _line_text(d)} for d in records]
+        # ``line``: the line number (logview.py), counted over the records in the log's
+        # order, both streams; null for a note or metadata.
+        numbered = accumulate(int(d["kind"] in NUMBERED and d["stream"] in OUTPUT_STREAMS)
+                              for d in records)
+        return [{"line": n if d["kind"] in NUMBERED else None, "ts": d["ts"],
+                 "stream": d["stream"], "seq": d["seq"], "kind": d["kind"],
+                 "text": _line_text(d)} for d, n in zip(records, numbered, strict=True)]
     if what == "metadata":
         recs = sorted(records, key=lambda d: (d["ts"], d["seq"]))
         column = _metadata_columns({k for d in recs for k in d["fields"]})

@@ -16,6 +16,7 @@ from typing import Any
 
 from .. import jobref
 from ..errors import NotFound, StoreAuthError, StoreError, StoreUnavailable, UsageError
+from ..logview import ts_ns
 from ..records import redactions_by_kind
 from ..search import Found, Hit, Pattern, Request
 from .connection import _Connection, classify
@@ -422,12 +423,13 @@ class _Queries(_Connection):
                  after: tuple[int, str, int] | None = None, limit: int = 1000
                  ) -> tuple[list[tuple[Any, ...]], bool, bool]:
         """One page of the run's log as ``logview`` shows it: entries ``(ts, stream, seq,
-        kind, text, style)`` in order, the newest ``limit`` before the cursor ``before`` (default:
-        the newest), or the oldest ``limit`` after ``after``; whether more lie beyond; and
-        whether the run has ended. A cursor is ``(ts in ns, stream, seq)``. The key begins
-        with the run and the time, so a page costs one range of the run's rows, however long
-        the log. NotFound when the run is not the owner's."""
-        from ..logview import METADATA, log_sql, metadata_text
+        kind, text, style, line number)`` in order, the newest ``limit`` before the cursor
+        ``before`` (default: the newest), or the oldest ``limit`` after ``after``; whether
+        more lie beyond; and whether the run has ended. A cursor is ``(ts in ns, stream,
+        seq)``. The key begins with the run and the time, so a page costs one range of the
+        run's rows, however long the log, and its line numbers a count of the keys before
+        it (``line_numbers``). NotFound when the run is not the owner's."""
+        from ..logview import METADATA, NUMBERED, log_sql, metadata_text
         from ..sgr import spans
 
         cond, params = self._run_cond(run, owner)
@@ -456,12 +458,47 @@ class _Queries(_Connection):
                 seen.add((r[1], r[2]))
                 unique.append(r)
         more = len(unique) > limit or len(rows) == params["limit"]
+        page = unique[:limit]
+        numbers = self.line_numbers(run, owner, [(r[1], int(r[2]), r[0]) for r in page
+                                                 if r[3] in NUMBERED])
         out = [(r[0] / 1_000_000_000, r[1], int(r[2]), r[3],
-                metadata_text(r[4]) if r[3] == METADATA else r[4], spans(r[5]))
-               for r in unique[:limit]]
+                metadata_text(r[4]) if r[3] == METADATA else r[4], spans(r[5]),
+                numbers.get((r[1], int(r[2])), 0)) for r in page]
         if after is None:
             out.reverse()
         return out, more, bool(state[0][0])
+
+    def line_numbers(self, run: str, owner: str | None,
+                     keys: Iterable[tuple[str, int] | tuple[str, int, int]]
+                     ) -> dict[tuple[str, int], int]:
+        """The line numbers (``logview.py``) of the run's rows named by ``keys`` (``(stream,
+        seq)``, with their time in ns when known: then only the rows up to the latest are
+        read), keyed by ``(stream, seq)``; a key that is no line has none."""
+        from ..logview import line_numbers_sql
+
+        keys = list(keys)
+        if not keys:
+            return {}
+        times = [int(k[2]) for k in keys if len(k) > 2]
+        # A µs either side: any bounds number alike (a count before, rows after).
+        lo, upto = ((min(times) - 1000, max(times) + 1000) if len(times) == len(keys)
+                    else (0, 2**62))
+        cond, params = self._run_cond(run, owner)
+        rows = self._query(line_numbers_sql("", cond), {
+            **params, "keys": [(k[0], int(k[1])) for k in keys], "lo": lo, "upto": upto})
+        return {(r[0], int(r[1])): int(r[2]) for r in rows}
+
+    def line_key(self, run: str, owner: str | None, n: int) -> tuple[int, str, int] | None:
+        """The key ``(ts in ns, stream, seq)`` of the run's line numbered ``n`` (logview.py),
+        or None."""
+        if n < 1:
+            return None
+        cond, params = self._run_cond(run, owner)
+        rows = self._query(
+            "SELECT toUnixTimestamp64Nano(ts), CAST(stream AS String), seq FROM lines FINAL "
+            "WHERE " + cond + " AND stream IN ('stdout', 'stderr') ORDER BY ts, stream, seq "
+            "LIMIT 1 OFFSET {skip:UInt64}", {**params, "skip": int(n) - 1})
+        return (int(rows[0][0]), rows[0][1], int(rows[0][2])) if rows else None
 
     def metadata(self, run: str, owner: str | None = None) -> list[dict[str, Any]]:
         """Metadata records of the run, newest first (dashboards show them that way)."""
@@ -611,8 +648,21 @@ class _Queries(_Connection):
         around = self._search_context(rows, req.context) if req.context else {}
         found = [Hit(r[0], r[1], d, *around.get((r[0], r[1], r[2], int(r[3])), ([], [])))
                  for r, d in zip(rows, lines, strict=True)]
+        self._number_hits(found)
         return Found(found, self._search_summaries({(h.run, h.owner) for h in found}),
                      truncated)
+
+    def _number_hits(self, hits: list[Hit]) -> None:
+        """Each line of ``hits`` (matches and context) given its line number, one query per
+        run."""
+        per_run: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for h in hits:
+            per_run.setdefault((h.run, h.owner), []).extend((*h.before, h.line, *h.after))
+        for (run, owner), lines in per_run.items():
+            numbers = self.line_numbers(run, owner, [
+                (d["stream"], d["seq"], ts_ns(d["ts"])) for d in lines])
+            for d in lines:
+                d["line"] = numbers.get((d["stream"], d["seq"]))
 
     def _search_runs_cond(self, req: Request, owner: str | None, params: dict[str, Any]
                           ) -> str:

@@ -137,6 +137,16 @@ def _limit(request: Request, default: int = LOG_PAGE) -> int:
     return max(1, min(n, LOG_PAGE_MAX))
 
 
+def _line(request: Request) -> int | None:
+    """``?line=N``: the page that begins with line N (the page's ``#LN``)."""
+    value = request.query_params.get("line")
+    if value is None:
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise UsageError("line must be a line number (1, 2, ...)")
+    return int(value)
+
+
 async def _call(fn: Callable[..., Any], *args: Any) -> Any:
     """``fn(*args)`` in a worker thread: the readers block (store queries, spool reads)."""
     return await anyio.to_thread.run_sync(fn, *args)
@@ -188,7 +198,7 @@ class _Api:
         q = request.query_params
         return _json(await _call(self.pages.log, request.path_params["ref"],
                                  _flag(request, "stderr"), q.get("before"), q.get("after"),
-                                 _limit(request)))
+                                 _limit(request), _line(request)))
 
     async def job_log(self, request: Request) -> Response:
         q = request.query_params

@@ -136,9 +136,9 @@ class Pages:
         return {"run": run, "insights": self._ask(self.reader.describe, run)["insights"]}
 
     def log(self, ref: str, stderr: bool, before: str | None, after: str | None,
-            limit: int) -> dict[str, Any]:
+            limit: int, line: int | None = None) -> dict[str, Any]:
         run = self.resolve(ref)
-        page = self._ask(self.reader.log, run, stderr, before, after, limit)
+        page = self._ask(self.reader.log, run, stderr, before, after, limit, line)
         return {"run": run, **page}
 
     def tasks(self, ref: str) -> dict[str, Any]:
