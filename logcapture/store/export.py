@@ -25,17 +25,27 @@ def check_export(what: str, fmt: str) -> None:
         raise UsageError(f"--format must be csv, ndjson or parquet, not {fmt!r}")
 
 
+# The columns a job's rows carry when its task runs are exported together (records that carry
+# ``rank``: jobview.job_records): which task of which step on which node.
+TASK_COLUMNS = ("node", "step", "rank")
+
+
 def export_rows(what: str, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The rows ``export`` writes from one run's record dicts of that kind: its output records
     (``lines``), metadata records (one column per key) or sample records (``job.KEY`` and
-    ``gpuN.KEY`` columns)."""
+    ``gpuN.KEY`` columns). Records of a job's tasks (with ``rank``) add ``TASK_COLUMNS``."""
+    tasks = any("rank" in d for d in records)
+
+    def task(d: dict[str, Any]) -> dict[str, Any]:
+        return {k: d.get(k) for k in TASK_COLUMNS} if tasks else {}
     if what == "lines":
-        return [{"ts": d["ts"], "stream": d["stream"], "seq": d["seq"], "kind": d["kind"],
-                 "text": _line_text(d)} for d in records]
+        return [{"ts": d["ts"], **task(d), "stream": d["stream"], "seq": d["seq"],
+                 "kind": d["kind"], "text": _line_text(d)} for d in records]
     if what == "metadata":
         recs = sorted(records, key=lambda d: (d["ts"], d["seq"]))
-        column = _metadata_columns({k for d in recs for k in d["fields"]})
-        return [{"ts": d["ts"], "seq": d["seq"],
+        column = _metadata_columns({k for d in recs for k in d["fields"]},
+                                   TASK_COLUMNS if tasks else ())
+        return [{"ts": d["ts"], **task(d), "seq": d["seq"],
                  **{column.get(k, k): v for k, v in d["fields"].items()}} for d in recs]
     rows = []
     for d in records:
@@ -126,13 +136,14 @@ def write_rows(rows: list[dict[str, Any]], fmt: str, out: BinaryIO,
         raise classify(e, "exporting") from None
 
 
-def _metadata_columns(keys: set[str]) -> dict[str, str]:
+def _metadata_columns(keys: set[str], own: tuple[str, ...] = ()) -> dict[str, str]:
     """The column of each metadata key that cannot be its own name: the empty key (no
     column can be named so) and the export's own ``ts`` and ``seq`` (a line's own ``"ts"``
-    must not overwrite when it was printed): ``metadata.KEY``, made longer while another key
-    has that name."""
+    must not overwrite when it was printed), and ``own`` (a job's ``rank``: the task's, not
+    the one a program printed): ``metadata.KEY``, made longer while another key has that
+    name."""
     renamed = {}
-    for key in keys & {"", "ts", "seq"}:
+    for key in keys & {"", "ts", "seq", *own}:
         name = f"metadata.{key}"
         while name in keys:
             name = f"metadata.{name}"
