@@ -31,6 +31,7 @@ TRAILING_LINES = 100
 MAX_TRACEBACK_LINES = 2000  # a traceback longer than this is cut (recursion)
 MAX_EVIDENCE = 6  # lines quoted per insight
 LAST_ERROR_LINES = 3  # lines the catch-all points at
+CAUSE_LINES = 64  # lines of other ranks that may come between "Last error:" and its cause
 
 # Slurm's job states (squeue(1), "JOB STATE CODES") that are a diagnosis in themselves.
 SLURM_STATES = {
@@ -156,7 +157,8 @@ class Diagnoser:
         self._ranks: set[int] = set()  # the global ranks whose labels were seen
         self._root: dict[str, str] | None = None  # torchrun's "Root Cause" block, as read
         self._root_left = 0  # lines of that block still to read
-        self._want_cause: set[tuple[str, str | None]] = set()  # a "Last error:" was read
+        # a "Last error:" was read: its rank's next line is wanted, within CAUSE_LINES lines
+        self._want_cause: dict[tuple[str, str | None], int] = {}
         self._cause = ""  # the line after the first "Last error:"
         self._last_seq: dict[str, int] = {}
         self._errors: deque[Evidence] = deque(maxlen=LAST_ERROR_LINES)
@@ -225,10 +227,15 @@ class Diagnoser:
             self._ranks.add(label.rank)
         if self._root_left > 0:
             self._root_line(label.text)
-        if self._want_cause and (stream, label.key) in self._want_cause:
-            self._want_cause.discard((stream, label.key))
-            if not self._cause and label.text.strip():
-                self._cause = label.text.strip()
+        if self._want_cause:
+            if self._want_cause.pop((stream, label.key), None) is not None:
+                if not self._cause and label.text.strip():
+                    self._cause = label.text.strip()
+            for where, left in list(self._want_cause.items()):
+                if left <= 1:
+                    del self._want_cause[where]
+                else:
+                    self._want_cause[where] = left - 1
 
     def _block_head(self, stream: str, label: ranklabel.Labelled) -> bool:
         """Whether the line opens a block read by ``_follow``."""
@@ -236,7 +243,7 @@ class Diagnoser:
             self._root, self._root_left = {}, M.ROOT_CAUSE_LINES
             return True
         if label.text.strip() == M.LAST_ERROR:
-            self._want_cause.add((stream, label.key))
+            self._want_cause[(stream, label.key)] = CAUSE_LINES
             return True
         return False
 
