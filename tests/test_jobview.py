@@ -181,6 +181,17 @@ def test_a_watchdog_timeout_lists_the_ranks_whose_tasks_did_not_report() -> None
     assert found[0]["details"]["silent"] == [2]
 
 
+def test_a_note_about_idle_gpus_names_the_ranks_of_their_nodes() -> None:
+    idle = {"kind": "gpu-idle", "category": "efficiency", "evidence": [],
+            "message": "1 of 2 GPU(s) held for 2.0 h were idle: mean utilisation 3 %",
+            "details": {"nodes": ["n1"]}}
+    tasks = [_task(0, 1.0), _task(1, 1.0), _task(2, 1.0)]
+    for t in tasks:
+        t["node"] = "n1" if t["rank"] < 2 else "n2"
+    (note,) = job_insights(tasks, [idle])
+    assert note["message"].endswith("were idle: mean utilisation 3 % (on n1: rank 0-1)")
+
+
 def test_node_figures_stand_beside_the_ranks_of_the_node() -> None:
     def sample(node: str, ts: float, cpu: float, util: float) -> dict:
         return {"kind": "sample", "stream": f"sample:{node}", "seq": int(ts), "ts": ts,

@@ -11,7 +11,8 @@ Each task of a job's ``srun`` steps is a run of its own (``slurm.task``) and is 
 - a rendezvous timeout names the ranks of the world that no task of the job ran as
   (``absent``), an NCCL watchdog timeout the ranks whose tasks did not report it;
 - the job's own insights (its batch script's: Slurm's state, efficiency) follow, those of a
-  kind already said left out (and its catch-all ``failed`` once a rank's failure is said).
+  kind already said left out (and its catch-all ``failed`` once a rank's failure is said); a
+  note about some nodes' GPUs names the ranks that ran on each (``(on n1: rank 0-3)``).
 
 Pure functions of insight dicts (``Insight.to_dict``) and task facts: the callers read them.
 """
@@ -94,7 +95,22 @@ def job_insights(tasks: Sequence[Mapping[str, Any]],
         _across(out, tasks)
     # the batch script's catch-all ("exited with status 1") says nothing the ranks do not
     kinds = {i["kind"] for i in out} | ({"failed"} if out else set())
-    return out + [dict(i) for i in own if i.get("kind") not in kinds]
+    return out + [_beside_ranks(dict(i), tasks) for i in own if i.get("kind") not in kinds]
+
+
+def _beside_ranks(insight: dict[str, Any], tasks: Sequence[Mapping[str, Any]]
+                  ) -> dict[str, Any]:
+    """A note about some nodes (``details.nodes``: idle GPUs, unused GPU memory) with the
+    ranks that ran on each."""
+    nodes = (insight.get("details") or {}).get("nodes")
+    if not isinstance(nodes, list) or not nodes:
+        return insight
+    on = []
+    for node in nodes:
+        ranks = [int(t["rank"]) for t in tasks if t.get("node") == node
+                 and str(t.get("rank", "")).isdigit()]
+        on.append(f"{node}: rank {format_ranks(ranks)}" if ranks else str(node))
+    return {**insight, "message": f"{insight.get('message', '')} (on {'; '.join(on)})"}
 
 
 def _across(out: list[dict[str, Any]], tasks: Sequence[Mapping[str, Any]]) -> None:
