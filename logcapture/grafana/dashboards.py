@@ -38,6 +38,7 @@ from grafana_foundation_sdk.models import common as cm
 from grafana_foundation_sdk.models import dashboard as dm
 from grafana_foundation_sdk.models import xychart as xym
 
+from ..jobref import rank_sql, task_of_sql
 from ..logview import log_sql
 from ..xaxis import LEVEL_NAMES, values_sql, x_axis_sql
 from .query import FORMAT_LOGS, FORMAT_TABLE, FORMAT_TIME_SERIES, ClickHouseQuery, datasource_ref
@@ -65,6 +66,36 @@ def _metadata_values(db: str, where: str) -> str:
     """The metadata values of the runs matching ``where``, classified as by the X-axis rule."""
     source = f"(SELECT run, seq, ts, fields FROM {db}.metadata FINAL WHERE {where})"
     return values_sql(source, carry=("ts",))
+
+
+def _job_tasks(db: str) -> str:
+    """The task runs of the job ``$run`` (each task of its srun steps: jobref.task_of_sql)
+    with their rank."""
+    return (f"SELECT run, {rank_sql()} AS rank FROM {db}.runs FINAL "
+            f"WHERE {task_of_sql(RUN)}")
+
+
+def _job_metadata(db: str) -> str:
+    """The metadata rows the job's panels show: of the ranks ``$rank`` picks among the job's
+    task runs, or of ``$run`` itself when it has none; ``run`` is ``$run`` (one X axis for
+    the job), ``task`` the run a row is of and ``rank`` its rank ('' for the job's own), so
+    the X-axis rule reads one series per task run (xaxis: per rank)."""
+    tasks = _job_tasks(db)
+    return f"""(
+    SELECT {RUN} AS run, task, if(task = {RUN}, '', {rank_sql("task")}) AS rank, seq, ts, fields
+    FROM (SELECT run AS task, seq, ts, fields FROM {db}.metadata FINAL
+          WHERE run IN (SELECT run FROM ({tasks}) WHERE has([${{rank:singlequote}}], rank))
+             OR (run = {RUN} AND (SELECT count() FROM ({tasks})) = 0))
+)"""
+
+
+def _job_values(db: str) -> str:
+    return values_sql(_job_metadata(db), carry=("ts", "task", "rank"), series="task")
+
+
+def _series(key: str, rank: str = "rank") -> str:
+    """A graph's series name: the key, and the rank of a task's row."""
+    return f"if({rank} = '', {key}, concat({key}, ' (rank ', {rank}, ')'))"
 
 
 def _level_names_sql() -> str:
@@ -120,47 +151,49 @@ ORDER BY timestamp DESC, stream DESC, seq DESC
 """
 
 
+def sql_rank_variable(db: str) -> str:
+    # The ranks of the job's tasks, in number order (none: the job's own metadata is shown).
+    return f"""
+SELECT rank FROM ({_job_tasks(db)}) GROUP BY rank ORDER BY toUInt64OrZero(rank), rank
+"""
+
+
 def sql_metadata_table(db: str) -> str:
     return f"""
-SELECT ts AS time, seq, fields
-FROM {db}.metadata FINAL
-WHERE run = {RUN}
-ORDER BY ts DESC, seq DESC
+SELECT ts AS time, rank, seq, fields
+FROM {_job_metadata(db)}
+ORDER BY ts DESC, seq DESC, rank
 LIMIT 5000
 """
 
 
 def sql_metadata_by_time(db: str) -> str:
-    values = _metadata_values(db, f"run = {RUN}")
     return f"""
-SELECT ts AS time, key, num AS value
-FROM ({values})
+SELECT ts AS time, {_series("key")} AS key, num AS value
+FROM ({_job_values(db)})
 WHERE kind != 'other' AND $__timeFilter(ts)
 ORDER BY time, seq, key
 """
 
 
 def sql_x_axis(db: str) -> str:
-    values = _metadata_values(db, f"run = {RUN}")
     return f"""
 SELECT x_key AS x_axis, {_level_names_sql()}[x_level + 1] AS chosen_because
-FROM ({x_axis_sql(values)})
+FROM ({x_axis_sql(_job_values(db))})
 """
 
 
 def sql_x_key_variable(db: str) -> str:
-    values = _metadata_values(db, f"run = {RUN}")
-    return f"SELECT x_key FROM ({x_axis_sql(values)})"
+    return f"SELECT x_key FROM ({x_axis_sql(_job_values(db))})"
 
 
 def sql_metadata_by_x(db: str) -> str:
-    values = _metadata_values(db, f"run = {RUN}")
     return f"""
-WITH v AS ({values}),
+WITH v AS ({_job_values(db)}),
      chosen AS ({x_axis_sql("SELECT * FROM v")})
-SELECT x.num AS x, y.key AS key, y.num AS value
+SELECT x.num AS x, {_series("y.key", "y.rank")} AS key, y.num AS value
 FROM v AS y
-INNER JOIN v AS x ON x.run = y.run AND x.seq = y.seq
+INNER JOIN v AS x ON x.task = y.task AND x.seq = y.seq
 WHERE x.key = (SELECT any(x_key) FROM chosen)
   AND x.kind != 'other' AND y.kind != 'other' AND y.key != x.key
 ORDER BY x, key
@@ -528,6 +561,9 @@ def job_details(db: str = DEFAULT_DATABASE) -> gdash.Dashboard:
         .time("now-7d", "now").refresh(JOB_REFRESH).readonly()
         .with_variable(_query_variable("run", "run", sql_run_variable(db)))
         .with_variable(stderr)
+        .with_variable(_query_variable("rank", "rank", sql_rank_variable(db), multi=True,
+                                       include_all=True)
+                       .current(dm.VariableOption(text="0", value="0", selected=True)))
         .with_variable(_query_variable("x_axis", "X axis", sql_x_key_variable(db), hide=True))
         .with_variable(_query_variable("node", "node", sql_node_variable(db), multi=True,
                                        include_all=True))
