@@ -207,3 +207,29 @@ def test_node_figures_stand_beside_the_ranks_of_the_node() -> None:
     assert figures[0]["cpu_efficiency"] == pytest.approx(1.0)
     assert figures[0]["gpu_utilization_mean_percent"] == pytest.approx(80.0)
     assert figures[1]["cpu_efficiency"] == pytest.approx(0.1)
+
+
+def test_the_page_shows_rank_0_and_every_rank_on_request(job: dict[str, str]) -> None:
+    """The job page's metadata (web.reads.Pages, over the same Reader as the CLI)."""
+    from logcapture.query import LocalReader
+    from logcapture.web.reads import Pages
+
+    pages = Pages(LocalReader(Path(job["LOGCAPTURE_SPOOL"]), source="spool"))
+    try:
+        first = pages.metadata(JOB)
+        assert (first["ranks"], first["rank"]) == ([0, 1], "0")
+        assert {r["rank"] for r in first["rows"]} == {0} and first["total"] == 4
+        assert first["by_x"]["key"] == "step"
+        assert set(first["by_x"]["series"]) == {"loss (rank 0)", "rank (rank 0)"}
+        every = pages.metadata(JOB, "all")
+        assert every["by_x"]["key"] == "step" and every["total"] == 7
+        assert set(every["by_time"]["series"]) == {f"{k} (rank {r})" for k in (
+            "loss", "rank", "step") for r in (0, 1)}
+        loss1 = [(x, v) for x, v in zip(every["by_x"]["x"], every["by_x"]["series"][
+            "loss (rank 1)"], strict=True) if v is not None]
+        assert loss1 == [(0, 2.0), (1, 1.5), (2, 1.3333)]
+        assert pages.metadata(f"{JOB}.0.1").get("ranks") is None  # one task: its own rows
+        kinds = [i["kind"] for i in pages.insights(JOB)["insights"]]
+        assert kinds == ["python-exception", "other-ranks"]  # as `show 77`
+    finally:
+        pages.close()

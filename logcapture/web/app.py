@@ -190,6 +190,11 @@ class _Api:
                                  _flag(request, "stderr"), q.get("before"), q.get("after"),
                                  _limit(request)))
 
+    async def metadata(self, request: Request) -> Response:
+        # ?rank=N|all: which ranks' metadata of a job with task runs (default 0)
+        return _json(_clean(await _call(self.pages.metadata, request.path_params["ref"],
+                                        request.query_params.get("rank") or None)))
+
     async def follow(self, request: Request) -> Response:
         ref = request.path_params["ref"]
         stderr = _flag(request, "stderr")
@@ -270,7 +275,7 @@ def create_app(pages: Pages, token: str, port: int | None = None) -> Starlette:
         Route("/api/runs/{ref}/insights", _per_run(pages.insights)),
         Route("/api/runs/{ref}/log", api.log),
         Route("/api/runs/{ref}/follow", api.follow),
-        Route("/api/runs/{ref}/metadata", _per_run(pages.metadata)),
+        Route("/api/runs/{ref}/metadata", api.metadata),
         Route("/api/runs/{ref}/resources", _per_run(pages.resources)),
         Route("/api/runs/{ref}/export", api.export),
         Route("/api/compare", api.compare),
