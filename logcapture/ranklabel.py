@@ -66,8 +66,13 @@ class Labelled(NamedTuple):
         return f"local rank {self.local_rank}" if self.local_rank is not None else ""
 
 
+STARTS = frozenset("[ 0123456789")  # what a label starts with: most lines are let go here
+
+
 def split(text: str) -> Labelled:
     """The launcher labels at the start of ``text`` (the module docstring) and the rest."""
+    if text[:1] not in STARTS:
+        return Labelled(None, None, text)
     rank = local = None
     pos = 0
     for _ in range(MAX_LABELS):

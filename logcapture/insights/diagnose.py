@@ -183,15 +183,20 @@ class Diagnoser:
 
     def feed(self, stream: str, seq: int, text: str) -> None:
         self._last_seq[stream] = seq
-        label = ranklabel.split(text)
-        key = label.key
-        self._follow(stream, label)
-        tb = self._tb.get((stream, key))
-        if tb is not None and self._traceback_line(tb, seq, text, label):
+        # most lines carry no launcher label: split only those that may (ranklabel.STARTS)
+        label = ranklabel.split(text) if text[:1] in ranklabel.STARTS else None
+        key = label.key if label is not None else None
+        if key is not None or self._root_left or self._want_cause:
+            label = label or ranklabel.Labelled(None, None, text)
+            self._follow(stream, label)
+        tb = self._tb.get((stream, key)) if self._tb else None
+        if tb is not None and self._traceback_line(
+                tb, seq, text, label or ranklabel.Labelled(None, None, text)):
             return  # a frame or its source line: quoted code, not what happened
         hit = self._search(text)
         if hit is None:
             return
+        label = label or ranklabel.Labelled(None, None, text)
         if M.TRACEBACK_HEAD in text:
             self._tb[(stream, key)] = _Traceback(stream, seq, text, label)
             return
