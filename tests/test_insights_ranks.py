@@ -195,3 +195,22 @@ def test_show_names_rank_1_from_the_spool_and_the_store(lc_env: dict[str, str],
         again = diagnose_stored(st, "ddp-1")
     assert [(i.kind, i.message) for i in again] == \
         [(i["kind"], i["message"]) for i in spool["insights"]]
+
+
+@pytest.mark.parametrize("label", ["{r}: ", "[1,{r}]<stderr>:", "[default{r}]:", "[rank{r}]: "])
+def test_every_launchers_label_attributes_a_traceback_to_its_rank(label: str) -> None:
+    """srun --label, Open MPI --tag-output, torchrun --tee and PyTorch: rank 0's consequence
+    printed first and interleaved with rank 1's cause, which is named."""
+    def tb(r: int, exc: str) -> list[str]:
+        return [label.format(r=r) + t for t in (
+            "Traceback (most recent call last):", '  File "/home/u/train.py", line 9, in step',
+            "    loss = model(batch)", exc)]
+    zero = tb(0, "RuntimeError: [gloo/transport/tcp/pair.cc:598] Connection reset by peer")
+    one = tb(1, "ValueError: shard 7 is corrupt")
+    d = Diagnoser()
+    for i, text in enumerate(t for pair in zip(zero, one, strict=True) for t in pair):
+        d.feed("stderr", i, text)
+    found = {i.kind: i for i in d.result(FAILED)}
+    who = "local rank 1" if "default" in label else "rank 1"
+    assert found["python-exception"].message.startswith(f"ValueError on {who}: shard 7")
+    assert "(a consequence" in found["other-ranks"].message
