@@ -115,7 +115,7 @@ def test_a_rendezvous_timeout_says_how_many_ranks_never_came(candidates_only: bo
     assert list(found) == ["rendezvous-timeout"]
     rdzv = found["rendezvous-timeout"]
     assert rdzv.message.startswith("rendezvous timed out after 16 s: 1 of 2 ranks joined, 1 "
-                                   "rank never came at ")
+                                   "rank never came (rank 1) at ")
     assert (rdzv.details["joined"], rdzv.details["world"]) == ("1", "2")
 
 

@@ -457,6 +457,10 @@ class Diagnoser:
             if joined.isdigit() and world.isdigit():
                 n = int(world) - int(joined)
                 values["missing"] = f"{n} rank{'s' if n != 1 else ''}"
+                if joined == "1" and n > 0:
+                    # the store's host is rank 0 (env:// rendezvous) and counts itself: only
+                    # it joined, so every other rank is the one missing
+                    values["never"] = "rank 1" if n == 1 else f"ranks 1-{int(world) - 1}"
         return matcher, values
 
     def _other_ranks(self, root: Insight, others: list[_Traceback],

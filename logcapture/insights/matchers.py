@@ -134,7 +134,7 @@ MATCHERS: tuple[Matcher, ...] = (
             r"Timed out after (?P<seconds>\d+) seconds waiting for clients\. (?P<joined>\d+)/"
             r"(?P<world>\d+) clients joined",
             "rendezvous timed out after {seconds} s: {joined} of {world} ranks joined, "
-            "{missing} never came[ ({absent})]",
+            "{missing} never came[ ({never})]",
             "a rank that never joins did not start, crashed before init_process_group, or "
             "cannot reach MASTER_ADDR:MASTER_PORT; look at that rank's output"),
 
