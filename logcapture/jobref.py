@@ -189,21 +189,6 @@ def parse_ranks(values: Iterable[str]) -> set[int]:
     return ranks
 
 
-def task_of_sql(job_run: str, run: str = "run") -> str:
-    """ClickHouse SQL: whether the run id in ``run`` (a column) is a task run of the job run
-    whose id is the SQL expression ``job_run``: the shape ``slurm.task.task_run_id`` gives
-    it, ``<job run>.<step>.<rank>``, two parts more than the job run's id (a requeued job's
-    ``J.1`` has its own tasks ``J.1.S.R``, not ``J``'s)."""
-    return (f"(startsWith({run}, concat({job_run}, '.')) AND length(splitByChar('.', {run})) "
-            f"= length(splitByChar('.', {job_run})) + 2)")
-
-
-def rank_sql(run: str = "run") -> str:
-    """ClickHouse SQL: the rank of a task run (its run id's last part, as ``task_run_id``
-    writes it)."""
-    return f"splitByChar('.', {run})[-1]"
-
-
 def format_ranks(ranks: Iterable[int]) -> str:
     """Ranks as ``--rank`` takes them back (``parse_ranks``): ``0-3, 8`` for 0, 1, 2, 3, 8."""
     parts: list[str] = []

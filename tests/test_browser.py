@@ -409,7 +409,7 @@ def test_a_job_of_several_ranks_shows_rank_0_then_every_rank(tmp_path_factory, b
         assert legend(d, chart) == {"loss (rank 0)": True, "rank (rank 0)": True}
         head = [c.text.lower() for c in d.find_elements(By.CSS_SELECTOR, "#metadata-table th")]
         assert head[:2] == ["time", "rank"]
-        pick = d.find_element(By.ID, "rank")
+        pick = d.find_element(By.ID, "metadata-rank")
         assert [o.get_attribute("value") for o in pick.find_elements(By.TAG_NAME, "option")] \
             == ["all", "0", "1"]
         pick.find_element(By.CSS_SELECTOR, 'option[value="all"]').click()

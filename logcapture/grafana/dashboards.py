@@ -38,7 +38,6 @@ from grafana_foundation_sdk.models import common as cm
 from grafana_foundation_sdk.models import dashboard as dm
 from grafana_foundation_sdk.models import xychart as xym
 
-from ..jobref import rank_sql, task_of_sql
 from ..logview import log_sql
 from ..xaxis import LEVEL_NAMES, values_sql, x_axis_sql
 from .query import FORMAT_LOGS, FORMAT_TABLE, FORMAT_TIME_SERIES, ClickHouseQuery, datasource_ref
@@ -68,24 +67,19 @@ def _metadata_values(db: str, where: str) -> str:
     return values_sql(source, carry=("ts",))
 
 
-def _job_tasks(db: str) -> str:
-    """The task runs of the job ``$run`` (each task of its srun steps: jobref.task_of_sql)
-    with their rank."""
-    return (f"SELECT run, {rank_sql()} AS rank FROM {db}.runs FINAL "
-            f"WHERE {task_of_sql(RUN)}")
-
-
 def _job_metadata(db: str) -> str:
     """The metadata rows the job's panels show: of the ranks ``$rank`` picks among the job's
-    task runs, or of ``$run`` itself when it has none; ``run`` is ``$run`` (one X axis for
-    the job), ``task`` the run a row is of and ``rank`` its rank ('' for the job's own), so
-    the X-axis rule reads one series per task run (xaxis: per rank)."""
-    tasks = _job_tasks(db)
+    task runs (``_task_runs``), or of ``$run`` itself when it has none; ``run`` is ``$run``
+    (one X axis for the job), ``task`` the run a row is of and ``rank`` its rank ('' for the
+    job's own), so the X-axis rule reads one series per task run (xaxis: per rank)."""
+    tasks = _task_runs(db)
     return f"""(
-    SELECT {RUN} AS run, task, if(task = {RUN}, '', {rank_sql("task")}) AS rank, seq, ts, fields
+    SELECT {RUN} AS run, m.task AS task, t.trank AS rank, m.seq AS seq, m.ts AS ts,
+           m.fields AS fields
     FROM (SELECT run AS task, seq, ts, fields FROM {db}.metadata FINAL
           WHERE run IN (SELECT run FROM ({tasks}) WHERE has([${{rank:singlequote}}], rank))
-             OR (run = {RUN} AND (SELECT count() FROM ({tasks})) = 0))
+             OR (run = {RUN} AND (SELECT count() FROM ({tasks})) = 0)) AS m
+    LEFT JOIN (SELECT run AS trun, rank AS trank FROM ({tasks})) AS t ON t.trun = m.task
 )"""
 
 
@@ -137,24 +131,53 @@ LEFT JOIN (
 """
 
 
+def _level_and_source(e: str = "") -> str:
+    """A log entry's level and source columns for Grafana's logs panel (``e``: the entries'
+    table alias with its dot, or '')."""
+    return f"""multiIf({e}kind = 'note' AND startsWith({e}text, '[logcapture: warning'), 'warning',
+               {e}kind IN ('note', 'command'), 'debug',
+               {e}stream = 'stderr', 'error', 'info') AS level,
+       if({e}kind = 'note', 'logcapture', {e}stream) AS source"""
+
+
 def sql_logs(db: str) -> str:
     # The job's log as the page and `logcapture logs` show it (logview.log_sql: each metadata
     # line and each mode change once), newest 10000; stderr only when the switch is on.
     return f"""
 SELECT ts AS timestamp, text AS body,
-       multiIf(kind = 'note' AND startsWith(text, '[logcapture: warning'), 'warning',
-               kind IN ('note', 'command'), 'debug',
-               stream = 'stderr', 'error', 'info') AS level,
-       if(kind = 'note', 'logcapture', stream) AS source
+       {_level_and_source()}
 FROM ({log_sql(db, f"run = {RUN}", "${stderr}")})
 ORDER BY timestamp DESC, stream DESC, seq DESC
 """
 
 
-def sql_rank_variable(db: str) -> str:
-    # The ranks of the job's tasks, in number order (none: the job's own metadata is shown).
+def _task_runs(db: str) -> str:
+    """The task runs of the job run ``$run`` (``slurm.task``: run id ``<run>.<step>.<rank>``,
+    a ``rank`` in the Start record's Slurm identity), with their rank and node."""
     return f"""
-SELECT rank FROM ({_job_tasks(db)}) GROUP BY rank ORDER BY toUInt64OrZero(rank), rank
+    SELECT run, JSONExtractString(ifNull(slurm, ''), 'rank') AS rank,
+           JSONExtractString(ifNull(slurm, ''), 'node') AS node
+    FROM {db}.runs FINAL
+    WHERE startsWith(run, concat({RUN}, '.')) AND rank != ''
+      AND length(splitByChar('.', substring(run, length({RUN}) + 2))) = 2"""
+
+
+def sql_rank_variable(db: str) -> str:
+    return (f"SELECT DISTINCT rank FROM ({_task_runs(db)}) "
+            "ORDER BY toUInt64OrZero(rank), rank")
+
+
+def sql_logs_by_rank(db: str) -> str:
+    # The lines of the job's tasks of the chosen ranks on the chosen nodes, each run's as
+    # logview shows a log, labelled "RANK: " as srun --label does (rankview.label).
+    tasks = (f"SELECT run FROM ({_task_runs(db)}) WHERE has([${{rank:singlequote}}], rank) "
+             "AND has([${node:singlequote}], node)")
+    return f"""
+SELECT e.ts AS timestamp, concat(t.rank, ': ', e.text) AS body,
+       {_level_and_source("e.")}, t.rank AS rank, t.node AS node
+FROM ({log_sql(db, f"run IN ({tasks})", "${stderr}", runs=True)}) AS e
+INNER JOIN ({_task_runs(db)}) AS t ON t.run = e.run
+ORDER BY timestamp DESC, toUInt64OrZero(rank) DESC, e.stream DESC, e.seq DESC
 """
 
 
@@ -255,7 +278,9 @@ LIMIT 1000
 
 
 def sql_node_variable(db: str) -> str:
-    return f"SELECT DISTINCT node FROM {db}.samples FINAL WHERE run = {RUN} ORDER BY node"
+    # The nodes the job's samples came from, and those its tasks ran on.
+    return (f"SELECT DISTINCT node FROM (SELECT node FROM {db}.samples FINAL WHERE run = {RUN}"
+            f" UNION ALL SELECT node FROM ({_task_runs(db)})) WHERE node != '' ORDER BY node")
 
 
 def _jobs_in_range(db: str) -> str:
@@ -536,6 +561,14 @@ def job_details(db: str = DEFAULT_DATABASE) -> gdash.Dashboard:
             .show_time(True).wrap_log_message(True).enable_log_details(True)
             .sort_order(cm.LogsSortOrder.ASCENDING).dedup_strategy(cm.LogsDedupStrategy.NONE)
             .height(14).span(24))
+    by_rank = (glogs.Panel().title("Output by rank").datasource(datasource_ref())
+               .description("The lines of the job's tasks (each task of its srun steps) of "
+                            "the ranks and nodes chosen above, each labelled RANK: as srun "
+                            "--label does; empty for a job without captured tasks")
+               .with_target(_q(sql_logs_by_rank(db), FORMAT_LOGS))
+               .show_time(True).wrap_log_message(True).enable_log_details(True)
+               .sort_order(cm.LogsSortOrder.ASCENDING)
+               .dedup_strategy(cm.LogsDedupStrategy.NONE).height(14).span(24))
     table = (gtable.Panel().title("Metadata (newest first)").datasource(datasource_ref())
              .with_target(_q(sql_metadata_table(db)))
              .with_transformation(dm.DataTransformerConfig(id_val="extractFields", options={
@@ -561,15 +594,17 @@ def job_details(db: str = DEFAULT_DATABASE) -> gdash.Dashboard:
         .time("now-7d", "now").refresh(JOB_REFRESH).readonly()
         .with_variable(_query_variable("run", "run", sql_run_variable(db)))
         .with_variable(stderr)
-        .with_variable(_query_variable("rank", "rank", sql_rank_variable(db), multi=True,
-                                       include_all=True)
-                       .current(dm.VariableOption(text="0", value="0", selected=True)))
         .with_variable(_query_variable("x_axis", "X axis", sql_x_key_variable(db), hide=True))
         .with_variable(_query_variable("node", "node", sql_node_variable(db), multi=True,
                                        include_all=True))
+        # rank 0 by default: a job of many ranks opens on one rank's output and metadata
+        .with_variable(_query_variable("rank", "rank", sql_rank_variable(db), multi=True,
+                                       include_all=True)
+                       .current(dm.VariableOption(text="0", value="0", selected=True)))
         .with_panel(header)
         .with_panel(insights)
         .with_panel(logs)
+        .with_panel(by_rank)
         .with_panel(table)
         .with_panel(x_axis)
         .with_panel(by_time)

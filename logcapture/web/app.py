@@ -195,6 +195,11 @@ class _Api:
         return _json(_clean(await _call(self.pages.metadata, request.path_params["ref"],
                                         request.query_params.get("rank") or None)))
 
+    async def job_log(self, request: Request) -> Response:
+        q = request.query_params
+        return _json(await _call(self.pages.job_log, request.path_params["ref"],
+                                 q.get("rank", ""), q.get("node", ""), _limit(request)))
+
     async def follow(self, request: Request) -> Response:
         ref = request.path_params["ref"]
         stderr = _flag(request, "stderr")
@@ -275,6 +280,8 @@ def create_app(pages: Pages, token: str, port: int | None = None) -> Starlette:
         Route("/api/runs/{ref}/insights", _per_run(pages.insights)),
         Route("/api/runs/{ref}/log", api.log),
         Route("/api/runs/{ref}/follow", api.follow),
+        Route("/api/runs/{ref}/tasks", _per_run(pages.tasks)),
+        Route("/api/runs/{ref}/joblog", api.job_log),
         Route("/api/runs/{ref}/metadata", api.metadata),
         Route("/api/runs/{ref}/resources", _per_run(pages.resources)),
         Route("/api/runs/{ref}/export", api.export),

@@ -128,6 +128,19 @@ class Pages:
         page = self._ask(self.reader.log, run, stderr, before, after, limit)
         return {"run": run, **page}
 
+    def tasks(self, ref: str) -> dict[str, Any]:
+        """The tasks of the job ``ref`` names (``rankview.tasks_of``; none for a run)."""
+        from ..rankview import tasks_of
+
+        return {"tasks": self._ask(tasks_of, self.reader, check_ref(ref))}
+
+    def job_log(self, ref: str, ranks: str, nodes: str, limit: int) -> dict[str, Any]:
+        """The log of a job of several ranks (``rankview.page``): its chosen ranks and nodes
+        merged, labelled and folded."""
+        from ..rankview import page
+
+        return self._ask(page, self.reader, check_ref(ref), ranks, nodes, limit)
+
     def metadata(self, ref: str, rank: str | None = None) -> dict[str, Any]:
         """The run's metadata; of a job with task runs (``jobview``), the metadata of the
         ranks ``rank`` names (default 0; ``all``; ``0-3``), each row with its rank, one
