@@ -19,6 +19,7 @@ from pages import LOGCAPTURE, Serve, capture, chromium, env_for, have_chromium, 
 pytestmark = pytest.mark.skipif(not have_chromium(), reason="needs Debian's chromium and "
                                 "chromium-driver (.ci/run installs them)")
 
+from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
 from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
@@ -413,7 +414,9 @@ def test_a_job_of_several_ranks_shows_rank_0_then_every_rank(tmp_path_factory, b
         assert [o.get_attribute("value") for o in pick.find_elements(By.TAG_NAME, "option")] \
             == ["all", "0", "1"]
         pick.find_element(By.CSS_SELECTOR, 'option[value="all"]').click()
-        wait(d).until(lambda d: len(legend(d, chart)) == 4)
+        # the chart is drawn anew for the new series: an entry read as it goes is let pass
+        WebDriverWait(d, 20, poll_frequency=0.1, ignored_exceptions=(
+            StaleElementReferenceException,)).until(lambda d: len(legend(d, chart)) == 4)
         assert set(legend(d, chart)) == {"loss (rank 0)", "rank (rank 0)", "loss (rank 1)",
                                          "rank (rank 1)"}
         ranks = {r.find_elements(By.TAG_NAME, "td")[1].text
