@@ -141,8 +141,9 @@ def export_job(reader: Any, ref: str, run: str, what: str, values: tuple[str, ..
     every = task_runs(reader, ref)
     if not every or what not in ("lines", "metadata"):
         if values:
-            raise UsageError(f"--rank: {ref} has no tasks of srun steps captured "
-                             "(`logcapture ls JOB` lists them), or --what samples was asked")
+            raise UsageError(f"--rank reads the lines or metadata of a job's tasks of srun "
+                             f"steps: {ref} has none captured (`logcapture ls JOB` lists "
+                             f"them), or --what {what} was asked")
         return None
     ranks = chosen_ranks(values) if values else None
     tasks = [t for t in every if ranks is None or t["rank"] in ranks]
