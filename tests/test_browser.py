@@ -426,6 +426,7 @@ def test_a_job_of_several_ranks_shows_rank_0_then_every_rank(tmp_path_factory, b
         assert ranks == {"0", "1"}
         d.save_screenshot(str(shots / "job-ranks.png"))
         assert console_errors(d) == []
+        d.get("about:blank")  # before this page's server stops: no request of it fails later
 
 
 # Real tqdm and Keras bars (tests/captured/, recorded with the libraries by capture_tool.py)
