@@ -351,17 +351,28 @@ def _may_read(user_id: str) -> bool:
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @_store_option
 @_source_option
+@click.option("--rank", "ranks", multiple=True, metavar="N|all",
+              help="A job of several ranks: whose metadata keys and X axis (default 0; a "
+                   "rank, a range like 0-3, or all).")
 @click.argument("run_ref", metavar="RUN", required=False)
 def show(spool: Path | None, as_json: bool, store_dsn: str | None, source: str,
-         run_ref: str | None) -> None:
+         ranks: tuple[str, ...], run_ref: str | None) -> None:
     """Summarise RUN (a job id as Slurm users write it, a run id, default: the latest run):
     job, state, exit status, times, resources with their units, lines per stream, dropped
     repetitions, one line per mode change, metadata keys (from the store once the run is
-    shipped, else the spool). --json: the same fields, snake_case, numbers as numbers."""
+    shipped, else the spool). A job of several ranks: its ranks, the root cause among them,
+    each node's figures. --json: the same fields, snake_case, numbers as numbers."""
     from contextlib import closing
+
+    from .jobview import chosen_ranks, describe_job
 
     with closing(_reader(spool, store_dsn, source)) as reader:
         info = reader.describe(reader.resolve(run_ref))
+        if run_ref is not None:
+            info = describe_job(reader, run_ref, info, chosen_ranks(ranks))
+    if ranks and "ranks" not in info:
+        raise UsageError(f"--rank: {run_ref or 'the run'} is no job with tasks of srun steps "
+                         "captured")
     if as_json:
         click.echo(json.dumps(info, indent=2, default=str))
         return
@@ -905,20 +916,25 @@ def db_init(store_dsn: str | None, ttl_days: int | None, row_policies: bool) -> 
               default="csv", show_default=True, help="The file format.")
 @click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False),
               default=None, help="Write here (default: standard output).")
+@click.option("--rank", "ranks", multiple=True, metavar="N",
+              help="A job of several ranks: only these ranks' lines or metadata (a rank, a "
+                   "range like 0-3; repeatable). Default: the batch script's and every rank's.")
 def export_cmd(spool: Path | None, store_dsn: str | None, source: str, run_ref: str,
-               what: str, fmt: str, output: Path | None) -> None:
+               what: str, fmt: str, output: Path | None, ranks: tuple[str, ...]) -> None:
     """Write your own data of RUN: its lines, metadata (one column per key), resource
     samples or progress-bar points, as CSV, NDJSON or Parquet, from the store once the run
     is shipped, else from the spool. RUN: a run id, a Slurm job id, or `latest` (your
     newest run)."""
     from contextlib import closing, nullcontext
 
-    from .store import check_export, write_rows
+    from .jobview import export_job
+    from .store import check_export, export_rows, write_rows
 
     check_export(what, fmt)
     with closing(_reader(spool, store_dsn, source)) as reader:
         run = reader.resolve(run_ref)
-        rows = reader.export_rows(run, what)
+        job = export_job(reader, run_ref, run, what, ranks)
+        rows = reader.export_rows(run, what) if job is None else export_rows(what, job)
         # the engine writes the file: the store's when there is one, else an in-memory one
         with reader.held() if reader.held.available else nullcontext() as store:
             if output is None:

@@ -157,13 +157,13 @@ LAYERS: list[tuple[str, list[str]]] = [
     # redact is a stage, and its rules (what a configured pattern may be) are read by config.
     ("records and rules", ["", "errors", "records", "sgr", "config", "jobref", "search",
                            "logview", "rankview", "xaxis", "views", "userfiles", "redact",
-                           "progress", "arrays", "sections"]),
+                           "progress", "arrays", "sections", "ranklabel"]),
     ("capture stages and sources", ["frame", "runner", "render", "filter", "classify", "limit",
                                     "spool", "sampling"]),
     ("libraries over records", ["insights", "store", "runs", "grafana", "slurm.jobrecords",
                                 "slurm.jobs", "slurm.rootsafe"]),
     ("wiring", ["pipeline", "capture", "ship", "slurm.nodesampler"]),
-    ("reading", ["query", "reader", "web"]),
+    ("reading", ["query", "jobview", "reader", "web"]),
     ("entry points", ["cli", "entry", "__main__", "slurm", "slurm.wrapper", "slurm.hooks",
                       "slurm.__main__"]),
 ]

@@ -493,6 +493,53 @@ def test_sections_fold_and_unfold_with_their_durations(site, browser, shots):
     # line 3 is "ok" (pip 1, wheel 2), inside the folded "Running tests"
     d.get(s.base + "/job/ci#L3")
     wait(d).until(lambda d: log_texts(d, "#log .row.hl") == ["ok"])
+
+
+def test_a_job_of_several_ranks_shows_rank_0_then_every_rank(tmp_path_factory, browser,
+                                                              shots):
+    """Job 77's two tasks captured as `logcapture slurm task` captures them (test_jobview):
+    the job page graphs rank 0's metadata, and every rank's, one series each, on request."""
+    from test_jobview import JOB, RANK, _capture
+
+    tmp = tmp_path_factory.mktemp("ranks")
+    env = env_for(tmp)
+    (tmp / "rank.py").write_text(RANK)
+    _capture(env, JOB, f"job_id={JOB},nodelist=n[1-3]", "sh", "-c", "echo batch; exit 1")
+    for rank, node in ((0, "n1"), (1, "n3")):
+        _capture(env, f"{JOB}.0.{rank}", f"job_id={JOB},step=0,rank={rank},local_rank=0,"
+                 f"node={node}", sys.executable, str(tmp / "rank.py"), str(rank))
+    d = browser
+    with Serve(env) as s:
+        d.get(s.url)
+        wait(d).until(ec.presence_of_element_located((By.CSS_SELECTOR, "#runs-table tr")))
+        d.get(s.base + f"/job/{JOB}")
+        wait(d).until(lambda d: d.execute_script("return document.body.dataset.ready") == "1")
+        chart = "Metadata by step"
+        wait(d).until(ec.presence_of_element_located(
+            (By.CSS_SELECTOR, f'.chart[data-title="{chart}"]')))
+        # the job's insights across its ranks, as `show 77` lists them
+        wait(d).until(lambda d: "ValueError on rank 1 (node n3)" in d.find_element(
+            By.TAG_NAME, "body").text)
+        assert legend(d, chart) == {"loss (rank 0)": True, "rank (rank 0)": True}
+        head = [c.text.lower() for c in d.find_elements(By.CSS_SELECTOR, "#metadata-table th")]
+        assert head[:2] == ["time", "rank"]
+        pick = d.find_element(By.ID, "metadata-rank")
+        assert [o.get_attribute("value") for o in pick.find_elements(By.TAG_NAME, "option")] \
+            == ["all", "0", "1"]
+        pick.find_element(By.CSS_SELECTOR, 'option[value="all"]').click()
+        # the chart is drawn anew for the new series: an entry read as it goes is let pass
+        WebDriverWait(d, 20, poll_frequency=0.1, ignored_exceptions=(
+            StaleElementReferenceException,)).until(lambda d: len(legend(d, chart)) == 4)
+        assert set(legend(d, chart)) == {"loss (rank 0)", "rank (rank 0)", "loss (rank 1)",
+                                         "rank (rank 1)"}
+        ranks = {r.find_elements(By.TAG_NAME, "td")[1].text
+                 for r in d.find_elements(By.CSS_SELECTOR, "#metadata-table tbody tr")}
+        assert ranks == {"0", "1"}
+        d.save_screenshot(str(shots / "job-ranks.png"))
+        assert console_errors(d) == []
+        d.get("about:blank")  # before this page's server stops: no request of it fails later
+
+
 # Real tqdm and Keras bars (tests/captured/, recorded with the libraries by capture_tool.py)
 # written again at the pace they were drawn, a redraw every 0.05 s, under `logcapture run`.
 REPLAY = ("import re, sys, time\nraw = open(sys.argv[1], 'rb').read()\n"

@@ -14,7 +14,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .. import jobref
+from .. import jobref, ranklabel
 from ..errors import NotFound, StoreAuthError, StoreError, StoreUnavailable, UsageError
 from ..logview import ts_ns
 from ..records import redactions_by_kind
@@ -578,11 +578,14 @@ class _Queries(_Connection):
         found = {(stream, int(seq)): text for stream, seq, text in rows}
         last = {k: int(v) for k, v in self._query(
             "SELECT stream, max(seq) FROM lines WHERE " + cond + " GROUP BY stream", p)}
-        heads: dict[str, int] = {}
+        # the last head of each stream and rank label: ranks sharing a terminal print their
+        # tracebacks interleaved, each rank's own
+        heads: dict[tuple[str, str | None], int] = {}
         for (stream, seq), text in found.items():
-            if traceback_head in text and seq > heads.get(stream, -1):
-                heads[stream] = seq
-        for stream, head in heads.items():
+            where = (stream, ranklabel.split(text).key)
+            if traceback_head in text and seq > heads.get(where, -1):
+                heads[where] = seq
+        for (stream, _), head in heads.items():
             if last.get(stream, head) - head > traceback_lines + trailing:
                 continue  # printed long before the end: not the fatal one
             q = {**p, "stream": stream, "lo": head, "hi": head + traceback_lines}

@@ -200,6 +200,11 @@ class _Api:
                                  _flag(request, "stderr"), q.get("before"), q.get("after"),
                                  _limit(request), _line(request)))
 
+    async def metadata(self, request: Request) -> Response:
+        # ?rank=N|all: which ranks' metadata of a job with task runs (default 0)
+        return _json(_clean(await _call(self.pages.metadata, request.path_params["ref"],
+                                        request.query_params.get("rank") or None)))
+
     async def job_log(self, request: Request) -> Response:
         q = request.query_params
         return _json(await _call(self.pages.job_log, request.path_params["ref"],
@@ -287,7 +292,7 @@ def create_app(pages: Pages, token: str, port: int | None = None) -> Starlette:
         Route("/api/runs/{ref}/follow", api.follow),
         Route("/api/runs/{ref}/tasks", _per_run(pages.tasks)),
         Route("/api/runs/{ref}/joblog", api.job_log),
-        Route("/api/runs/{ref}/metadata", _per_run(pages.metadata)),
+        Route("/api/runs/{ref}/metadata", api.metadata),
         Route("/api/runs/{ref}/resources", _per_run(pages.resources)),
         Route("/api/runs/{ref}/progress", _per_run(pages.progress)),
         Route("/api/arrays/{ref}", _per_run(pages.array)),

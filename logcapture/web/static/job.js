@@ -472,8 +472,23 @@
   }
 
   let tableRows = 200;
+  // A job whose srun tasks were captured: whose metadata (rank 0 by default, one or all).
+  let rank = "0";
+  function drawRankPicker(m) {
+    const pick = document.getElementById("rank-pick");
+    pick.hidden = !m.ranks;
+    if (!m.ranks) return;
+    const select = document.getElementById("metadata-rank");
+    const options = ["all", ...m.ranks.map(String)];
+    if (select.options.length !== options.length) {
+      select.replaceChildren(...options.map(r => el("option", {value: r, text: r === "all" ? "all ranks" : r})));
+      select.onchange = () => { rank = select.value; loadMetadata(); };
+    }
+    select.value = rank;
+  }
   async function loadMetadata() {
-    const m = await api(base + "/metadata");
+    const m = await api(base + "/metadata?rank=" + encodeURIComponent(rank));
+    drawRankPicker(m);
     const graphs = document.getElementById("graphs");
     if (!m.keys.length) {
       graphs.replaceChildren(el("div", {class: "empty",
@@ -506,11 +521,13 @@
       return;
     }
     const numeric = new Set(m.columns.filter(c => m.rows.slice(0, 50).some(r => typeof r.fields[c] === "number")));
-    const head = el("tr", {}, el("th", {text: "time"}),
+    const ranked = m.rows[0].rank !== undefined;
+    const head = el("tr", {}, el("th", {text: "time"}), ...(ranked ? [el("th", {text: "rank", class: "num"})] : []),
                     ...m.columns.map(c => el("th", {text: c, class: numeric.has(c) ? "num" : ""})));
     const body = el("tbody");
     for (const r of m.rows.slice(0, tableRows)) {
       body.append(el("tr", {}, el("td", {class: "mono", text: time(r.ts)}),
+        ...(ranked ? [el("td", {class: "num", text: value(r.rank)})] : []),
         ...m.columns.map(c => el("td", {class: typeof r.fields[c] === "number" ? "num" : "",
                                         text: value(r.fields[c])}))));
     }
