@@ -21,7 +21,7 @@ from . import __version__
 from .errors import LogcaptureError, UsageError, Warner, failure
 from .records import MODES, OUTPUT_STREAMS, STDERR, STREAMS_MERGED
 from .search import DEFAULT_LIMIT as DEFAULT_SEARCH_LIMIT
-from .spool import default_root
+from .spool.layout import default_root
 
 # ------------------------------------------------------------------------------ helpers
 
@@ -518,7 +518,7 @@ def check(uid: int | None, file: Path | None) -> None:
     1 when it is invalid or missing. A job started with an invalid file still runs, logged
     in mode disabled (only /LOGCOMMAND lines are kept) until the file is fixed.
     """
-    from .config import load_optin, optin_path
+    from .config.optin import load_optin, optin_path
 
     path = file if file is not None else optin_path()
     result = load_optin(path, uid=uid)
@@ -630,7 +630,7 @@ def reader_serve(socket_path: Path | None, store_dsn: str | None,
     import logging
     import signal
 
-    from .config import load_admin
+    from .config.admin import load_admin
     from .reader.client import DEFAULT_SOCKET
     from .reader.server import ReadService
     from .reader.sessions import store_sessions
@@ -825,7 +825,7 @@ def agent(spool: Path | None, store_dsn: str | None, batch_bytes: int, interval:
     /var/spool/logcapture), the node samplers' samples (<spool root>/.samples) included.
     While jobs run it finds stalls and metrics that turned NaN, stores every finished run's
     insights, and sends the messages users asked for in their .logoptin (docs/insights.md)."""
-    from .config import load_admin
+    from .config.admin import load_admin
     from .insights.notify import Notifier
     from .ship import Agent, describe_dsn
     from .slurm.jobrecords import NOTIFIED_DIR, samples_job_ended

@@ -71,17 +71,15 @@ from .records import (
 from .runs import RunSummary, find_run, follow_records, job_candidates, summarize
 from .search import Found, Hit, Pattern, Request, answer, context_of, line_of, merge
 from .ship import is_shipped
-from .spool import (
+from .spool.layout import Segment, find_run_dirs, segments
+from .spool.reading import (
     ReadStats,
-    Segment,
-    find_run_dirs,
     iter_run,
     lines_of_kinds,
     parse_lines,
     read_lines,
     records_of_kinds,
     segment_data,
-    segments,
 )
 from .store import EXPORTS, Store, export_rows, redact
 
@@ -346,7 +344,7 @@ def spool_insights(run_dir: Path, start: Any, end: Any, thresholds: Any = None
     every line: the diagnosis reads only the candidates (``Diagnoser``), found by their
     needles in each segment's bytes (``matchers.LOWERED_NEEDLES``), with the lines of a
     traceback that follow one, and the metadata and samples by their kind
-    (``spool.records_of_kinds``). ``ls`` lists its first kind."""
+    (``spool.reading.records_of_kinds``). ``ls`` lists its first kind."""
     diagnoser = Diagnoser()
     samples: list[dict[str, Any]] = []
     metadata: list[dict[str, Any]] = []

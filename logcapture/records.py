@@ -49,7 +49,7 @@ MODES = (ENABLED, METADATA, DISABLED)
 
 # The state of a run whose writer went away before the command's outcome was known (the
 # wrapper killed, its node crashed or rebooted) and that Slurm did not close: its end is its
-# last output (spool.close_abandoned, Pipeline.finish_lost).
+# last output (spool.abandoned.close_abandoned, Pipeline.finish_lost).
 LOST = "LOST"
 
 # Note kinds.
@@ -62,8 +62,9 @@ NOTE_KINDS = (NOTE_REPEAT, NOTE_BLANK, NOTE_CUT, NOTE_WARNING, NOTE_MODE)
 
 
 # How the job's stdout and stderr were captured, in the start record's config["streams"]:
-# two ptys, or one for both (they went to the same file or terminal, runner.same_destination)
-# whose stream is stdout. A start record without the key is from before there was a choice.
+# two ptys, or one for both (they went to the same file or terminal,
+# runner.descriptors.same_destination) whose stream is stdout. A start record without the key
+# is from before there was a choice.
 STREAMS_SEPARATE = "separate"
 STREAMS_MERGED = "merged"
 

@@ -1,7 +1,8 @@
 """Reading runs back from the spool: find a run, summarise it, follow it live.
 
 Used by the read layer (``query.py``). Reads, and writes one thing: the end of a run whose
-writer is gone (``spool.close_abandoned``), so that no run stays RUNNING after its process.
+writer is gone (``spool.abandoned.close_abandoned``), so that no run stays RUNNING after its
+process.
 """
 
 from __future__ import annotations
@@ -20,16 +21,9 @@ from .records import (
     Record,
     Start,
 )
-from .spool import (
-    ReadStats,
-    close_abandoned,
-    find_run_dirs,
-    iter_run,
-    parse_lines,
-    read_lines,
-    read_segment,
-    segments,
-)
+from .spool.abandoned import close_abandoned
+from .spool.layout import find_run_dirs, segments
+from .spool.reading import ReadStats, iter_run, parse_lines, read_lines, read_segment
 
 
 def _first_record(run_dir: Path) -> Record | None:
@@ -158,7 +152,7 @@ ABANDON_CHECK = 5.0
 def follow_records(run_dir: Path, poll: float = 0.25,
                    check: float = ABANDON_CHECK) -> Iterator[Record]:
     """Every record of a run, then new ones as they are written, until the end record (one
-    that ``spool.close_abandoned`` writes when the writer is gone, too)."""
+    that ``spool.abandoned.close_abandoned`` writes when the writer is gone, too)."""
     tail = SpoolTail(run_dir)
     checked = time.monotonic()
     while True:

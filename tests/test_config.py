@@ -14,12 +14,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from logcapture.config import (
+from logcapture.config.admin import AdminConfig, load_admin
+from logcapture.config.optin import (
     OPTIN_MAX_BYTES,
-    AdminConfig,
     OptinConfig,
     OptinResult,
-    load_admin,
     load_optin,
     optin_path,
 )
@@ -96,7 +95,8 @@ def test_no_files_and_an_empty_optin_never_load_pyyaml(tmp_path):
     # Every job's wrapper reads both files; PyYAML (~12 ms of CPU) is loaded only when one of
     # them holds something to parse, or a LOGCAPTURE_<KEY> override needs a YAML scalar.
     empty = write(tmp_path, "")
-    code = ("import sys\nfrom logcapture.config import load_admin, load_optin\n"
+    code = ("import sys\nfrom logcapture.config.admin import load_admin\n"
+            "from logcapture.config.optin import load_optin\n"
             f"r = load_optin({str(empty)!r})\n"
             f"a = load_admin({str(tmp_path / 'none.yaml')!r}, env={{}})\n"
             "print(r.opted_in, r.config.mode, a.flush_interval, 'yaml.reader' in sys.modules)\n"
@@ -248,7 +248,7 @@ def test_fifo_is_refused_without_hanging(tmp_path):
     fifo = tmp_path / ".logoptin"
     os.mkfifo(fifo)
     # Run in a child with a timeout: a blocking open would hang forever.
-    code = ("import sys; from logcapture.config import load_optin; "
+    code = ("import sys; from logcapture.config.optin import load_optin; "
             "r = load_optin(sys.argv[1]); print(r.config.mode); print(r.problems[0])")
     done = subprocess.run([sys.executable, "-c", code, str(fifo)], capture_output=True,
                           text=True, timeout=30)

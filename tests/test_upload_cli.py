@@ -19,7 +19,8 @@ import pytest
 from logcapture import store as S
 from logcapture.cli import main
 from logcapture.records import End, Line, Metadata, Note, Start
-from logcapture.spool import SpoolWriter, create_run_dir, segments
+from logcapture.spool.layout import create_run_dir, segments
+from logcapture.spool.writer import SpoolWriter
 
 T0 = time.time()
 

@@ -12,8 +12,10 @@ from pathlib import Path
 from ..errors import SpoolError, StoreAuthError, StoreDataError, StoreError
 from ..insights.notify import Notifier
 from ..records import NOTE_WARNING, Note
-from ..spool import SEGMENT_BYTES, open_segment, segment_index
-from ..spool import mtime as _mtime
+from ..spool.layout import mtime as _mtime
+from ..spool.layout import segment_index
+from ..spool.reading import open_segment
+from ..spool.writer import SEGMENT_BYTES
 from ..store import Identity, SegmentProbe, Store
 from .cursor import RunCursor
 from .diagnosis import JobInfo, diagnose_run
@@ -84,7 +86,7 @@ def _ship_direct(store: Store, group: list[tuple[_RunJob, _Pending]],
                  result: UploadResult) -> None:
     """Ship whole closed segments that the store reads itself (``Store.probe_segments``,
     ``Store.insert_segments``): no decompressing or copying here. Each segment is opened here
-    (``spool.open_segment``: refused unless a plain file of the run directory's owner) and
+    (``spool.reading.open_segment``: refused unless a plain file of the run directory's owner) and
     the store reads that descriptor. A segment the store cannot read, one whose last line is
     torn, and a group the store refuses as data are read here instead and go the bytes way
     (``_ship_batch``, which skips and reports bad lines, or sets the segment aside) when

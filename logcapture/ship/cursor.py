@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import SpoolError
-from ..spool import CURSOR_NAME
+from ..spool.layout import CURSOR_NAME
 from ..store import flock_within
 from ..userfiles import RefusedFile, UserDir
 

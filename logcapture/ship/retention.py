@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 
 from ..errors import SpoolError
-from ..spool import segments
+from ..spool.layout import segments
 from .cursor import RunCursor
 from .pending import _Pending
 from .result import UploadResult

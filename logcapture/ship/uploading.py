@@ -17,7 +17,7 @@ from ..errors import (
 )
 from ..insights.notify import Notifier
 from ..runs import find_run
-from ..spool import find_run_dirs
+from ..spool.layout import find_run_dirs
 from ..store import Identity, Store, open_store, redact
 from .batches import BATCH_BYTES, _take_warnings, ship_run
 from .cursor import lock_cursor

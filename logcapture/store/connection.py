@@ -89,13 +89,13 @@ def default_store_path(env: Mapping[str, str] = os.environ) -> Path:
 
 def resolve_dsn(dsn: str | None = None, env: Mapping[str, str] = os.environ) -> str:
     """``--store``, else ``$LOGCAPTURE_STORE``, else ``store:`` in the admin config file
-    (``$LOGCAPTURE_CONFIG`` or ``/etc/logcapture/config.yaml``, ``config.load_admin``), else
+    (``$LOGCAPTURE_CONFIG`` or ``/etc/logcapture/config.yaml``, ``config.admin.load_admin``), else
     the embedded default ``chdb://$XDG_STATE_HOME/logcapture/store``."""
     if dsn:
         return dsn
     if env.get("LOGCAPTURE_STORE"):
         return env["LOGCAPTURE_STORE"]
-    from ..config import load_admin
+    from ..config.admin import load_admin
 
     return load_admin(env=env).store or f"chdb://{default_store_path(env)}"
 
