@@ -65,6 +65,7 @@ from .records import (
     Sample,
     Start,
     from_dict,
+    kind_suffix,
     redactions_by_kind,
     streams_of,
 )
@@ -408,7 +409,8 @@ def _record_dict(raw: bytes) -> dict[str, Any] | None:
     return d if isinstance(d, dict) else None
 
 
-_LINE_END = b'"kind":"line"}'  # records.Line.to_json writes the kind last
+_LINE_END = kind_suffix("line")  # a record's kind is its last key
+_END = kind_suffix("end")
 
 
 def _feed_candidates(diagnoser: Diagnoser, data: bytes) -> None:
@@ -831,7 +833,7 @@ class SpoolRun:
 
     def _is_ended(self, segs: list[Segment]) -> bool:
         if not self._ended and segs:
-            self._ended = any(line.endswith(b'"kind":"end"}')
+            self._ended = any(line.endswith(_END)
                               for line in self._read(segs[-1])[-64:])
         return self._ended
 

@@ -11,6 +11,12 @@ Stages exchange these types and nothing else. Encoding is
 ``record.to_dict()`` -> ``json.dumps``; decoding is ``from_dict(obj)``, which raises
 ``RecordError`` naming the field that was wrong.
 
+A record's kind is its last key (``kind_suffix``): every encoded record ends with
+``"kind":"<kind>"}``, so a reader can pick records of a kind out of a segment's bytes without
+parsing JSON. ``kind_suffix`` is the one place that spells those bytes; the writers here and
+every byte-level test of a kind elsewhere (spool reading, shipping, live checks, the read
+layer, the store's ingest) use it.
+
 The records are named tuples (``collections.namedtuple``): immutable, made at C speed, and
 cheap to define. Every job pays for this module's import twice over (the wrapper and the capture
 worker start with it): frozen dataclasses cost ~10-18 ms of CPU more at each start here
@@ -78,6 +84,21 @@ def streams_of(config: Mapping[str, Any]) -> str:
 
 
 _IDENTITY = ("run", "stream", "seq", "ts")
+
+
+def kind_suffix(kind: str) -> bytes:
+    """The bytes that end the NDJSON line of every record of ``kind`` (before its newline):
+    the contract that a record's kind is its last key. ``to_dict`` puts ``kind`` last and the
+    hot paths (``Line``, ``Lines``, ``Metadata``) write it last; a quote inside a string value
+    is escaped, so no text can end a line with these bytes. Every byte-level test of a
+    record's kind goes through this function (tests/test_records.py holds writer and readers
+    to it)."""
+    return b'"kind":"' + kind.encode() + b'"}'
+
+
+# How the hot paths end a line and a metadata record.
+_LINE_KIND = kind_suffix("line").decode()
+_METADATA_KIND = kind_suffix("metadata").decode()
 _NO_ITEMS: Mapping[str, Any] = MappingProxyType({})  # the default of every dict field
 
 
@@ -153,7 +174,7 @@ class Line(_record_tuple("Line", "text", defaults=("",)), Record):
         # (a test holds the two equal).
         return (f'{{"run":{_string(self.run)},"stream":{_string(self.stream)},'
                 f'"seq":{int(self.seq)},"ts":{float(self.ts)!r},"text":{_string(self.text)},'
-                f'"kind":"line"}}')
+                f'{_LINE_KIND}')
 
 
 class Lines(_record_tuple("Lines", "texts", "spans", defaults=((), ())), Record):
@@ -196,7 +217,7 @@ class Lines(_record_tuple("Lines", "texts", "spans", defaults=((), ())), Record)
             quote = ""  # each text through the C string encoder (quotes included)
             bodies = map(_string, texts)
         head = f'{{"run":{_string(self.run)},"stream":{_string(self.stream)},"seq":'
-        end = f'{quote},"kind":"line"}}'
+        end = f'{quote},{_LINE_KIND}'
         # [seq, tail, body, end + newline + head] per line, joined once.
         parts = [f',"ts":{float(self.ts)!r},"text":{quote}'] * (4 * n)
         if self.spans:
@@ -252,7 +273,7 @@ class Metadata(_record_tuple("Metadata", "fields", defaults=(_NO_ITEMS,)), Recor
             except ValueError:  # a non-finite number somewhere: the generic way
                 return dumps(self.to_dict())
             return (f'{{"run":{_string(self.run)},"stream":{_string(self.stream)},'
-                    f'"seq":{self.seq},"ts":{ts!r},"fields":{body},"kind":"metadata"}}')
+                    f'"seq":{self.seq},"ts":{ts!r},"fields":{body},{_METADATA_KIND}')
         return dumps(self.to_dict())
 
 

@@ -20,6 +20,7 @@ from .records import (
     Line,
     Record,
     Start,
+    kind_suffix,
 )
 from .spool.abandoned import close_abandoned
 from .spool.layout import find_run_dirs, segments
@@ -46,8 +47,9 @@ def _end_record(run_dir: Path) -> End | None:
         lines, _ = read_lines(segs[-1])
     except SpoolError:
         return None
+    end = kind_suffix("end")
     for raw in reversed(lines):
-        if b'"kind":"end"' in raw:
+        if raw.endswith(end):
             for rec in parse_lines(segs[-1].path.name, [raw], 0, ReadStats()):
                 if isinstance(rec, End):
                     return rec

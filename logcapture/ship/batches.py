@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..errors import SpoolError, StoreAuthError, StoreDataError, StoreError
 from ..insights.notify import Notifier
-from ..records import NOTE_WARNING, Note
+from ..records import NOTE_WARNING, Note, kind_suffix
 from ..spool.layout import mtime as _mtime
 from ..spool.layout import segment_index
 from ..spool.reading import open_segment
@@ -29,7 +29,7 @@ BATCH_BYTES = 64 * 1024 * 1024  # bench_store: 16 MiB inserts ran 20-30 % slower
 # them (no memory here), and 256 MiB (2M lines; two inserts at once, each about one part of
 # ~1M rows) ran 1.1-1.2x the rate of 64 MiB groups in bench_store, with fewer parts to merge.
 DIRECT_BATCHES = 4
-_END_MARK = b'"kind":"end"'  # a string value can never contain this unescaped
+_END_MARK = kind_suffix("end")  # a string value can never contain this unescaped
 
 
 def _accept(piece: _Piece, rows: int, result: UploadResult) -> None:

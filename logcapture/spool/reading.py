@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from ..errors import RecordError, SpoolError
-from ..records import Record, from_dict
+from ..records import Record, from_dict, kind_suffix
 from ..userfiles import UserDir
 from .layout import Segment, segment_name, segments
 
@@ -153,8 +153,8 @@ def read_lines(seg: Segment, skip: int = 0) -> tuple[list[bytes], bool]:
 
 def lines_of_kinds(seg: Segment, kinds: Iterable[str]) -> dict[str, list[bytes]]:
     """The complete lines of a segment whose record is of one of ``kinds``, in order, found by
-    the ``"kind":"..."}`` that ends such a record's line (``to_json`` writes ``kind`` last; a
-    quote inside a string is escaped, so the text of a line cannot end one) without splitting
+    the bytes that end such a record's line (``records.kind_suffix``: a record's kind is its
+    last key, and the text of a line cannot imitate it) without splitting
     the segment into lines: the graphs' metadata and samples of a 2M-line run take the
     segments' decompression and little more."""
     data, _ = segment_data(seg)
@@ -165,7 +165,7 @@ def records_of_kinds(data: bytes, kinds: Iterable[str]) -> dict[str, list[bytes]
     """``lines_of_kinds`` of a segment's data already read."""
     found: dict[str, list[bytes]] = {}
     for kind in kinds:
-        tail = b'"kind":"' + kind.encode() + b'"}\n'
+        tail = kind_suffix(kind) + b"\n"
         out: list[bytes] = []
         end = data.find(tail)
         while end >= 0:
