@@ -13,7 +13,7 @@ import os
 import re
 import stat
 from collections import namedtuple
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from ..errors import ConfigError
@@ -33,7 +33,7 @@ from .checking import (
     webhook,
     yaml,
 )
-from .defaults import ADMIN_DEFAULTS
+from .defaults import ADMIN_DEFAULTS, RENAMED_KEYS
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: this module is on every job's start path
 if TYPE_CHECKING:
@@ -77,7 +77,7 @@ class AdminConfig(namedtuple("AdminConfig", tuple(ADMIN_DEFAULTS),  # type: igno
         store: str | None
         spool_root: str | None
         sample_interval: float
-        retention_days: int
+        store_ttl_days: int | None
         cluster: str
         flush_interval: float
         flush_records: int
@@ -110,7 +110,7 @@ _ADMIN_SCHEMA: Schema = {
     "store": dsn,
     "spool_root": string,
     "sample_interval": positive_number,
-    "retention_days": positive_int,
+    "store_ttl_days": positive_int,
     "cluster": string,
     "flush_interval": positive_number,
     "flush_records": positive_int,
@@ -138,6 +138,8 @@ _ADMIN_SCHEMA: Schema = {
     "redact_variables": _variable_globs,
     "redact_patterns": redact_list,
 }
+# The old names of renamed keys, checked as the new ones (load_admin warns and renames).
+_ADMIN_SCHEMA.update({old: _ADMIN_SCHEMA[new] for old, new in RENAMED_KEYS.items()})
 
 
 def admin_path(env: Mapping[str, str] = os.environ) -> Path:
@@ -148,12 +150,14 @@ def _env_name(key: str) -> str:
     return "LOGCAPTURE_" + key.upper()
 
 
-def load_admin(path: Path | str | None = None,
-               env: Mapping[str, str] = os.environ) -> AdminConfig:
+def load_admin(path: Path | str | None = None, env: Mapping[str, str] = os.environ,
+               warn: Callable[[str], None] | None = None) -> AdminConfig:
     """The admin config: defaults, then the file (``path``, else ``$LOGCAPTURE_CONFIG``, else
     ``/etc/logcapture/config.yaml``; a missing file is fine), then ``LOGCAPTURE_<KEY>``
     variables. Raises ``ConfigError`` listing every problem, the first one's line, column and
-    key in its attributes."""
+    key in its attributes. A renamed key (``defaults.RENAMED_KEYS``) is read under its old
+    name too, and ``warn`` (the commands an administrator runs: the agent, the read service,
+    ``db init``; never a job's wrapper, whose stderr is the job's) is told the new name."""
     file = Path(path) if path is not None else admin_path(env)
     name = str(file)
     values: dict[str, Any] = {}
@@ -203,6 +207,13 @@ def load_admin(path: Path | str | None = None,
             + "\n  ".join(problems))
         raise ConfigError(summary, path=name, line=first[1], column=first[2], key=first[3],
                           problems=problems)
+    for old, new in RENAMED_KEYS.items():
+        if old in values:
+            value = values.pop(old)
+            values.setdefault(new, value)
+            if warn is not None:
+                warn(f"{name}: '{old}' is deprecated, use '{new}' (the same setting; "
+                     f"{_env_name(new)} in the environment)")
     return AdminConfig(**values)
 
 

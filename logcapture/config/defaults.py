@@ -1,23 +1,34 @@
-"""The defaults of the administrator's settings, by key: one list of keys and their defaults,
-from which ``admin.AdminConfig`` takes its fields (docs/admin.md lists them).
+"""The defaults of the administrator's settings and their names: one list of keys and their
+defaults, from which ``admin.AdminConfig`` takes its fields (docs/admin.md lists them), and the
+named defaults that other modules use where no config is read (the spool writer, the shipper,
+the CLI's options), so that each has one value.
 """
 
 from __future__ import annotations
 
-TYPE_CHECKING = False  # not typing.TYPE_CHECKING: this module is on every job's start path
-if TYPE_CHECKING:
-    pass
+# The spool writer's flushing and rotation (spool.writer.SpoolWriter's defaults).
+FLUSH_INTERVAL = 0.5  # seconds between spool flushes (a quiet line lands within 1 s)
+FLUSH_RECORDS = 1000  # flush after this many buffered records
+SEGMENT_BYTES = 8 * 1024 * 1024  # rotate spool segments at this size
+# Days a closed spool segment is kept after the store accepted all its lines (the shipper's
+# ``--retention-days``; 0: at once). Not the store's TTL (``store_ttl_days``).
+SPOOL_RETENTION_DAYS = 7.0
+# Admin keys renamed, old -> new: the old name is still read, with a warning naming the new
+# one. ``retention_days`` was the store's TTL, which read as the spool's retention.
+RENAMED_KEYS = {"retention_days": "store_ttl_days"}
 
 
 ADMIN_DEFAULTS = {
     "store": None,
     "spool_root": None,
     "sample_interval": 10.0,  # seconds between resource samples
-    "retention_days": 90,  # the store's TTL
+    # Days the store keeps rows: the TTL ``logcapture db init`` sets when run without
+    # --ttl-days (None: it leaves the TTL as it is).
+    "store_ttl_days": None,
     "cluster": "",  # the cluster's name in records; "" = Slurm's ClusterName when known
-    "flush_interval": 0.5,  # seconds between spool flushes (a quiet line lands within 1 s)
-    "flush_records": 1000,  # flush after this many buffered records
-    "segment_bytes": 8 * 1024 * 1024,  # rotate spool segments at this size
+    "flush_interval": FLUSH_INTERVAL,
+    "flush_records": FLUSH_RECORDS,
+    "segment_bytes": SEGMENT_BYTES,
     # Free space the spool leaves on its filesystem (bytes, 512M, or 5%): below it no more
     # lines are stored, with a note (journald's SystemKeepFree=).
     "spool_keep_free": "0",

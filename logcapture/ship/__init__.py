@@ -55,14 +55,14 @@ from .identity import identity_from_spool, trusted_identity
 from .pending import _RunJob
 from .quota import QUOTA_REFRESH, QUOTA_SEQ, UserQuota, user_quota
 from .result import UploadResult
-from .retention import RETENTION_DAYS, retire_shipped
+from .retention import retire_shipped
 from .retry import RETRY, STORE_WAIT, RetryPolicy, Warn
 from .uploading import DEADLINE, describe_dsn, upload
 
 __all__ = [
     "BATCH_BYTES", "BATCH_INTERVAL", "CURSOR_LOCK_NAME", "CURSOR_NAME", "DEADLINE",
     "DIRECT_BATCHES", "LIVE_EVERY", "MAX_CURSOR_BYTES", "QUOTA_REFRESH", "QUOTA_SEQ",
-    "REMIND_EVERY", "RETENTION_DAYS", "RETRY", "SAMPLES_DIR", "SAMPLES_IDLE", "SET_ASIDE_SEQ",
+    "REMIND_EVERY", "RETRY", "SAMPLES_DIR", "SAMPLES_IDLE", "SET_ASIDE_SEQ",
     "STOP_GRACE", "STORE_WAIT", "SWEEP_EVERY", "Agent", "AgentStats", "AgentStopped", "Cursor",
     "JobInfo", "RetryPolicy", "RunCursor", "ShippedHook", "UploadResult", "UserQuota", "Warn",
     "_RunJob", "describe_dsn", "diagnose_run", "identity_from_spool", "is_shipped", "lock_cursor",

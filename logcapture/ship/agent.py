@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from ..config.defaults import SPOOL_RETENTION_DAYS
 from ..errors import LogcaptureError, SpoolError, StoreAuthError, StoreError
 from ..insights.live import LiveWatch
 from ..insights.notify import Notifier
@@ -30,7 +31,7 @@ from .diagnosis import JobInfo, diagnose_run, notify_event
 from .identity import identity_from_spool
 from .pending import _RunJob
 from .result import UploadResult
-from .retention import RETENTION_DAYS, retire_shipped
+from .retention import retire_shipped
 from .retry import RETRY, STORE_WAIT, RetryPolicy, Warn
 
 BATCH_INTERVAL = 2.0
@@ -133,7 +134,7 @@ class Agent:
 
     def __init__(self, spool_root: Path, dsn: str | None = None, *,
                  batch_bytes: int = BATCH_BYTES, batch_interval: float = BATCH_INTERVAL,
-                 poll: float = 0.25, retention_days: float | None = RETENTION_DAYS,
+                 poll: float = 0.25, retention_days: float | None = SPOOL_RETENTION_DAYS,
                  identify: Callable[[Path], Identity] = identity_from_spool,
                  job_ended: Callable[[Path], bool] = lambda run_dir: False,
                  samples_idle: float = SAMPLES_IDLE, warn: Warn | None = None,

@@ -29,14 +29,12 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from ..config.defaults import FLUSH_INTERVAL, FLUSH_RECORDS, SEGMENT_BYTES
 from ..errors import SpoolError
 from ..records import Record
 from .layout import RESERVE_NAME, gzip_compress, lock_run, segment_name
 from .reading import run_lines
 
-SEGMENT_BYTES = 8 * 1024 * 1024
-FLUSH_INTERVAL = 1.0
-FLUSH_RECORDS = 1000
 MAX_PENDING = 200_000
 # Room kept on disk for a run's last records (its end record, the note of a loss): a file
 # of this size made when the run starts and removed at close, before the last write, as

@@ -109,9 +109,16 @@ def redact(dsn: str) -> str:
     return dsn
 
 
-def flock_within(fd: int, wait: float, poll: float) -> bool:
+# Seconds between tries of a lock another process holds (the embedded store's, a run's
+# shipping cursor's): short next to the waits (seconds), so a waiter takes a freed lock within
+# a few tens of milliseconds, and cheap (one flock(2) a try).
+LOCK_POLL = 0.02
+
+
+def flock_within(fd: int, wait: float, poll: float = LOCK_POLL) -> bool:
     """Take an exclusive flock on ``fd``, trying again every ``poll`` seconds for at most
-    ``wait`` seconds (at least once). False when another holder kept it all that time."""
+    ``wait`` seconds (at least once). False when another holder kept it all that time. Every
+    lock waited for with a bound is waited for here."""
     import time
 
     deadline = time.monotonic() + wait
@@ -153,7 +160,7 @@ def _lock_or_wait(fd: int, lock_path: Path, wait: float) -> bool:
     except OSError:
         pass  # not ours to write (another user's store): wait all the same
     try:
-        return flock_within(fd, wait, poll=0.05)
+        return flock_within(fd, wait)
     finally:
         if want is not None:
             os.close(want)
