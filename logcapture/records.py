@@ -96,6 +96,20 @@ def kind_suffix(kind: str) -> bytes:
     return b'"kind":"' + kind.encode() + b'"}'
 
 
+# How a record about the run as a whole begins (to_json: run, stream, seq, ...; a run id has
+# no quote, and a quote inside a string value is escaped, so no text can imitate it).
+_RUN_STREAM = b'","stream":"run","'
+_RUN_STREAM_WITHIN = 160
+
+
+def run_lines(data: bytes) -> list[bytes]:
+    """The NDJSON lines of ``data`` (each ending in a newline) that are records about the run
+    as a whole (start, notes, end): what is kept when the output cannot be. Like
+    ``kind_suffix``, a byte-level contract of the encoding (``to_dict`` writes ``run`` and
+    ``stream`` first)."""
+    return [ln for ln in data.splitlines(True) if _RUN_STREAM in ln[:_RUN_STREAM_WITHIN]]
+
+
 # How the hot paths end a line and a metadata record.
 _LINE_KIND = kind_suffix("line").decode()
 _METADATA_KIND = kind_suffix("metadata").decode()

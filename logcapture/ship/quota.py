@@ -6,8 +6,7 @@ import time
 from collections.abc import Callable
 
 from ..errors import LogcaptureError, StoreError
-from ..records import NOTE_WARNING, Note
-from ..spool.reading import run_lines
+from ..records import NOTE_WARNING, Note, run_lines
 from ..store import Store
 from .pending import _Piece, _RunJob
 from .result import UploadResult

@@ -25,18 +25,6 @@ from .layout import Segment, segment_name, segments
 
 TYPE_CHECKING = False  # not typing's: importing typing costs every job ~8 ms (records.py)
 
-# How a record about the run as a whole begins (to_json: run, stream, seq, ...; a run id has
-# no quote, and a quote inside a string value is escaped, so no text can imitate it).
-_RUN_STREAM = b'","stream":"run","'
-_RUN_STREAM_WITHIN = 160
-
-
-def run_lines(data: bytes) -> list[bytes]:
-    """The NDJSON lines of ``data`` (each ending in a newline) that are records about the run
-    as a whole (start, notes, end): what is kept when the output cannot be."""
-    return [ln for ln in data.splitlines(True) if _RUN_STREAM in ln[:_RUN_STREAM_WITHIN]]
-
-
 class ReadStats:
     """What reading a run met: ``lines`` complete lines read (the cursor unit), ``torn`` an
     incomplete last line of a closed segment or finished run, ``bad`` the lines that are not

@@ -31,9 +31,8 @@ from pathlib import Path
 
 from ..config.defaults import FLUSH_INTERVAL, FLUSH_RECORDS, SEGMENT_BYTES
 from ..errors import SpoolError
-from ..records import Record
+from ..records import Record, run_lines
 from .layout import RESERVE_NAME, gzip_compress, lock_run, segment_name
-from .reading import run_lines
 
 MAX_PENDING = 200_000
 # Room kept on disk for a run's last records (its end record, the note of a loss): a file
