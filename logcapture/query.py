@@ -132,7 +132,7 @@ class Reader(Protocol):
     def log(self, run: str, stderr: bool = False, before: str | None = None,
             after: str | None = None, limit: int = LOG_PAGE) -> dict[str, Any]:
         """One page of the run's log as ``logview`` shows it (the job page's question):
-        ``entries`` ``[cursor, stream, kind, text, ts]`` in order, the newest ``limit`` before
+        ``entries``, each ``{cursor, stream, kind, text, ts}`` in order, the newest ``limit`` before
         the cursor ``before`` (default: the newest) or the oldest after ``after``; ``more``:
         entries lie beyond the page; ``ended``: the run's end record is in."""
         ...
@@ -750,8 +750,11 @@ def _page_limit(limit: int) -> int:
     return max(1, min(int(limit), LOG_PAGE_MAX))
 
 
-def _entry_json(ts: float, stream: str, seq: int, kind: str, text: str) -> list[Any]:
-    return [cursor_of(ts, stream, seq), stream, kind, text, ts]
+def _entry_json(ts: float, stream: str, seq: int, kind: str, text: str) -> dict[str, Any]:
+    """An entry as the page and the read service carry it: named fields, so a field added
+    later (a line number, styles, a rank) breaks no reader."""
+    return {"cursor": cursor_of(ts, stream, seq), "stream": stream, "kind": kind, "text": text,
+            "ts": ts}
 
 
 def _ts_of(raw: bytes) -> int | None:

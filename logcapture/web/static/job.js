@@ -81,7 +81,7 @@
   const stderrSwitch = document.getElementById("stderr-switch");
   const tsMode = document.getElementById("ts-mode");
   const live = document.getElementById("live");
-  let entries = [];  // [cursor, stream, kind, text, ts], oldest first, both streams
+  let entries = [];  // {cursor, stream, kind, text, ts}, oldest first, both streams
   let view = [];  // the entries the switches show
   let runStart = null;  // the run's start (header), for times since start
   // ?at=CURSOR (a search result's link): open the log at that line, marked, instead of at
@@ -89,11 +89,11 @@
   let at = LC.params().get("at");
   let older = false, loadingOlder = false, generation = 0, source = null;
 
-  const shown = e => e[1] === "stdout" ? stdoutSwitch.checked
-                   : e[1] === "stderr" ? stderrSwitch.checked : true;
+  const shown = e => e.stream === "stdout" ? stdoutSwitch.checked
+                   : e.stream === "stderr" ? stderrSwitch.checked : true;
   function stamp(ts) {
     if (tsMode.value === "since") {
-      const t0 = runStart !== null ? runStart : (entries.length ? entries[0][4] : ts);
+      const t0 = runStart !== null ? runStart : (entries.length ? entries[0].ts : ts);
       const s = Math.max(0, ts - t0), h = Math.floor(s / 3600), m = Math.floor(s / 60) % 60;
       const sec = (s % 60).toFixed(3).padStart(6, "0");
       return "+" + (h ? `${h}:${String(m).padStart(2, "0")}` : String(m)) + ":" + sec;
@@ -112,7 +112,7 @@
     const out = [];
     if (older) out.push(el("div", {class: "more", text: loadingOlder ? "loading older lines…" : "scroll up for older lines"}));
     for (let i = first; i < last; i++) {
-      const [cursor, stream, kind, text, ts] = view[i];
+      const {cursor, stream, kind, text, ts} = view[i];
       const err = stream === "stderr";
       const cls = "row " + (kind === "line" ? stream : kind) + (err ? " stderr" : "") +
                   (cursor === at ? " at" : "");
@@ -138,7 +138,7 @@
     loadingOlder = true;
     const gen = generation;
     try {
-      const page = await api(`${base}/log?stderr=1&before=${encodeURIComponent(entries[0][0])}` +
+      const page = await api(`${base}/log?stderr=1&before=${encodeURIComponent(entries[0].cursor)}` +
                              `&limit=${PAGE}`);
       if (gen !== generation) return;
       const added = page.entries.filter(shown).length;
@@ -184,13 +184,13 @@
     const q = `${base}/log?stderr=1&limit=${PAGE}`;
     const from = `${BigInt(ns) - 1n}:${stream}:${seq}`;  // just before the line: it comes first
     const after = await api(`${q}&after=${encodeURIComponent(from)}`);
-    const first = after.entries.length ? after.entries[0][0] : at;
+    const first = after.entries.length ? after.entries[0].cursor : at;
     const before = await api(`${q}&before=${encodeURIComponent(first)}`);
     if (gen !== generation) return;
     entries = before.entries.concat(after.entries);
     view = entries.filter(shown);
     older = before.more;
-    const i = Math.max(0, view.findIndex(e => e[0] === at));
+    const i = Math.max(0, view.findIndex(e => e.cursor === at));
     drawRows();
     logBox.scrollTop = (older ? ROW : 0) + Math.max(0, i * ROW - logBox.clientHeight / 2);
     drawRows();
@@ -220,7 +220,7 @@
   }
 
   function follow(gen) {
-    const after = entries.length ? "&after=" + encodeURIComponent(entries[entries.length - 1][0]) : "";
+    const after = entries.length ? "&after=" + encodeURIComponent(entries[entries.length - 1].cursor) : "";
     const es = new EventSource(`${base}/follow?stderr=1${after}`);
     source = es;
     setLive(true, "live");
