@@ -1,5 +1,5 @@
-"""config.py: the user's .logoptin (never raises, falls back to mode disabled) and the admin
-config (raises ConfigError naming file, line, column and key)."""
+"""config/: the user's .logoptin (config.optin: never raises, falls back to mode disabled)
+and the admin config (config.admin: raises ConfigError naming file, line, column and key)."""
 
 from __future__ import annotations
 
