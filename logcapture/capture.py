@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from .redact import Redactor
+    from .runner.outcome import Beside
 
 
 def run_command(spool: Path | None, run_id: str | None, mode: str | None, sample: bool,
@@ -64,9 +65,11 @@ def run_command(spool: Path | None, run_id: str | None, mode: str | None, sample
 def capture_command(argv: list[str], *, spool_root: Path, run_id: str | None = None,
                     mode: str | None = None, warn: Callable[[str], None],
                     env: dict[str, str] | None = None,
-                    slurm: dict[str, str] | None = None, sample: bool = True) -> int:
+                    slurm: dict[str, str] | None = None, sample: bool = True,
+                    beside: Beside | None = None) -> int:
     """Run ``argv`` under ptys with capture; return the exit code for ``sys.exit`` (after
-    re-raising the command's signal if it was killed by one).
+    re-raising the command's signal if it was killed by one). ``beside``:
+    ``runner.outcome.Options.beside``.
 
     This process reads the ptys and copies the bytes to the real outputs, nothing more;
     rendering, classifying, spooling and resource sampling run in a capture worker process
@@ -84,7 +87,7 @@ def capture_command(argv: list[str], *, spool_root: Path, run_id: str | None = N
         slurm=slurm, sample=sample)
     try:
         outcome = run(argv, worker, Options(env=base_env, warn=warn, winsize=winsize,
-                                            merge=bool(merge), closed=closed))
+                                            merge=bool(merge), closed=closed, beside=beside))
     except NoTerminal as e:
         # No pty or no file descriptor left: the command runs as if logcapture were not
         # there, in this process, so its exit status and signals are the

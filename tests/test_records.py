@@ -18,6 +18,7 @@ from logcapture.records import (
     Lines,
     Metadata,
     Note,
+    Progress,
     Record,
     Sample,
     Start,
@@ -39,6 +40,8 @@ def _one_of_each() -> list[Record]:
         Metadata(run="r", stream="stdout", seq=4, ts=1.8, fields={"loss": 0.5, "k": TRICKY}),
         Metadata(run="r", stream="stdout", seq=5, ts=1.9, fields={"loss": math.nan}),
         Sample(run="r", stream="sample:h", seq=0, ts=2.0, node="h"),
+        Progress(run="r", stream="progress:stdout", seq=0, ts=2.5, label=TRICKY, n=3.0,
+                 total=10.0),
         End(run="r", stream="run", seq=1, ts=3.0, exit_status=0, signal=None,
             state="COMPLETED", duration=2.0),
     ]

@@ -108,6 +108,7 @@ def test_a_two_row_live_display_keeps_its_final_state_across_idle_commits() -> N
 def test_golden_files_present() -> None:
     names = set(_golden())
     for want in ("tqdm", "tqdm_nested", "rich_progress", "colour_logging", "dd_progress",
+                 "lightning_rich", "lightning_tqdm",
                  "curses", "rich_live_fd_write", "rich_console_log", "tqdm_too_wide",
                  "tqdm_write_long", "pip_download_narrow"):
         assert want in names

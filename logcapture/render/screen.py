@@ -25,9 +25,8 @@ from .patterns import PATTERNS
 
 # DECSC savepoints kept (pyte's list is unbounded).
 _MAX_SAVEPOINTS = 64
-# Idle commits a live display outlasts without a redraw before its rows commit: the pipeline
-# calls ``idle`` after 0.3 s of quiet and every 0.5 s on a busy stream, so a display that has
-# not been redrawn for some 3-5 s is taken to have stopped.
+# Busy commits with the cursor below a live display, and no redraw, before the display is taken
+# to have stopped: the pipeline commits a busy stream every 0.5 s, so some 5 s of other output.
 LIVE_IDLES = 10
 
 log = logging.getLogger("logcapture.render")
@@ -206,6 +205,30 @@ class Screen(pyte.Screen):
         self.end_carry()
         buf.clear()
 
+    def live_lines(self) -> list[str]:
+        """The logical lines on the screen, none of them committed yet, joined across soft
+        wraps, trailing spaces stripped. All of them, not only the cursor's and those below
+        it: a program that redraws several rows (nested bars) may be read while its cursor
+        is on any of them."""
+        buf = self.buffer
+        rows = [y for y, row in buf.items() if row]
+        if not rows:
+            return []
+        out: list[str] = []
+        parts: list[str] = []
+        for y in range(max(rows) + 1):
+            row = buf.get(y)
+            wrapped = row.wrapped if row is not None else 0
+            parts.append(cells_text(row, wrapped or None))
+            if not wrapped:
+                text = "".join(parts).rstrip(" ")
+                parts = []
+                if text:
+                    out.append(text)
+        if parts:
+            out.append("".join(parts).rstrip(" "))
+        return out
+
     def commit_above_cursor(self, quiet: bool = True) -> None:
         """Commit the logical lines above the cursor's and move the cursor's line to the top,
         except the rows of a live display (``live``): a program that redraws several rows (a
@@ -214,15 +237,15 @@ class Screen(pyte.Screen):
         never kept. When the cursor has gone below them, the display has ended if the stream
         is ``quiet`` (it ended with a newline); on a busy stream lines were printed above it
         (``tqdm.write``, rich's ``console.log``), which pushed it down: it is taken to end at
-        the cursor's row, as high as it was. It is let go after ``LIVE_IDLES`` commits with no
-        redraw (a display redrawn so seldom that a state may be kept twice, as before)."""
+        the cursor's row, as high as it was, for at most ``LIVE_IDLES`` such commits with no
+        redraw (then its rows commit: a display redrawn so seldom may keep a state twice)."""
         live = self.live
-        if live is not None:
+        y = self.cursor.y
+        if live is not None and y > live[1]:
             self.live_idles += 1
-            y = self.cursor.y
-            if self.live_idles > LIVE_IDLES or (y > live[1] and quiet):
+            if quiet or self.live_idles > LIVE_IDLES:
                 self.live = live = None
-            elif y > live[1]:
+            else:
                 self.live = live = (y - (live[1] - live[0]), y)
         cy = self.chain_start(self.cursor.y if live is None
                               else max(0, min(self.cursor.y, live[0])))

@@ -18,11 +18,20 @@ WORKER_TIMEOUT = 20.0  # seconds a worker may accept nothing before it is given 
 
 
 if TYPE_CHECKING:
-    from typing import Protocol
+    from typing import Any, Protocol
 
     class Sink(Protocol):
         def feed(self, stream: str, data: bytes, now: float) -> None: ...
         def tick(self, now: float) -> None: ...
+
+    class Beside(Protocol):
+        """Writers beside the command that the reader serves in its rounds (Options.beside).
+        ``start`` is given the reader, a ``readloop.ReadLoop`` (its ``poller``, ``drain_ptys``
+        and ``pass_through``; not named here, as the read loop is built on this module)."""
+        def open(self, slaves: Mapping[int, str]) -> None: ...
+        def start(self, loop: Any) -> None: ...
+        def round(self, events: list[tuple[int, int]], now: float, now_m: float) -> bool: ...
+        def stop(self) -> None: ...
 
 
 # Named tuples, as the records are (records.py says why).
@@ -30,14 +39,15 @@ if TYPE_CHECKING:
 
 class Options(namedtuple("Options", (
         "env", "stdin_fd", "stdout_fd", "stderr_fd", "winsize", "drain_idle", "drain_timeout",
-        "warn", "on_start", "worker_buffer", "worker_timeout", "merge", "closed"),
+        "warn", "on_start", "worker_buffer", "worker_timeout", "merge", "closed", "beside"),
         defaults=(None, 0, 1, 2, None, 0.5, 5.0, None, None, WORKER_BUFFER, WORKER_TIMEOUT,
-                  False, frozenset()))):
+                  False, frozenset(), None))):
     """How ``run`` runs a command. ``winsize``: (rows, columns), None for the caller's;
     ``on_start``: called with the child's pid; ``merge``: one pty for stdout and stderr,
     copied to ``stdout_fd`` and fed as stream ``stdout`` (``same_destination`` says when);
     ``closed``: which of 0, 1, 2 the caller had closed (``reserve_std_fds``), closed again in
-    the command."""
+    the command; ``beside``: another writer to the command's outputs that the reader serves
+    too (a ``Beside``: ``slurm.forward.Forwarder``, srun's output in a batch job)."""
 
     __slots__ = ()
     if TYPE_CHECKING:
@@ -54,6 +64,7 @@ class Options(namedtuple("Options", (
         worker_timeout: float
         merge: bool
         closed: frozenset[int]
+        beside: Beside | None
 
 
 class Outcome(namedtuple("Outcome", (

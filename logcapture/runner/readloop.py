@@ -116,6 +116,9 @@ class ReadLoop:
         self.lead = list(masters)  # the order of the next round's first pass
         self.reads = 0  # pty reads that returned data
         self.lingers = 0  # LINGER waits
+        self.beside = opts.beside
+        if self.beside is not None:
+            self.beside.start(self)
 
     def run(self) -> None:
         while self.open_fds:
@@ -131,6 +134,8 @@ class ReadLoop:
             except InterruptedError:  # pragma: no cover - PEP 475 retries
                 continue
             self._round(events)
+        if self.beside is not None:
+            self.beside.stop()
 
     # --- before the wait -----------------------------------------------------------------
     def _look_for_exit(self, now: float) -> None:
@@ -221,10 +226,12 @@ class ReadLoop:
         if lingered:
             now_m = time.monotonic()
         now = time.time()
-        sent = False
+        # The writers beside the command first: what srun wrote before it exited is copied
+        # before what the job wrote after (slurm.forward).
+        sent = self.beside is not None and self.beside.round(events, now, now_m)
         if self._wake_up(events):
             bursts = self._read_ptys(lingered)
-            sent = self._hand_over(bursts, lingered, now, now_m)
+            sent = self._hand_over(bursts, lingered, now, now_m) or sent
         self._pass_on(sent, now, now_m)
         if self.hang_up:
             self._hang_up_broken()
@@ -374,6 +381,26 @@ class ReadLoop:
         elif self.plain is not None and now_m - self.last_tick >= TICK:
             self.last_tick = now_m
             self._tick_plain(now)
+
+    # --- for the writers beside the command (Options.beside) ------------------------------
+    def drain_ptys(self, now: float, now_m: float) -> bool:
+        """Read and copy out what the ptys hold now; whether the worker was given output."""
+        return self._hand_over(self._read_ptys(False), False, now, now_m)
+
+    def pass_through(self, stream: str, data: bytes, kept: bytes, now: float,
+                     now_m: float) -> bool:
+        """Bytes another writer meant for the command's ``stream`` output: copied there;
+        ``kept`` (of them) captured as that stream. Whether the worker was given output."""
+        self.last_data = now_m  # output all the same: the drain waits for it
+        if data:
+            self._copy(stream, data)
+        if not kept:
+            return False
+        if self.worker is not None:
+            self.worker.send(frame.KIND[stream], [kept], now, now_m)
+            return True
+        self._feed_plain(stream, kept, now)
+        return False
 
     # --- the outputs -----------------------------------------------------------------------
     def _copy(self, stream: str, data: bytes) -> None:

@@ -59,6 +59,8 @@ def run(argv: Sequence[str], sink: Sink | Worker | None,
     started = time.time()
     began = time.monotonic()  # the end's clock (_outcome)
     floor_kib = resident_kib()
+    if opts.beside is not None:  # before the command starts: it may start an srun at once
+        opts.beside.open({out_s: STDOUT} if opts.merge else {out_s: STDOUT, err_s: STDERR})
     try:
         try:
             # (preexec_fn only where the caller had a standard descriptor closed: the
