@@ -18,10 +18,11 @@ from typing import Any
 import click
 
 from . import __version__
+from .config.defaults import SPOOL_RETENTION_DAYS
 from .errors import LogcaptureError, UsageError, Warner, failure
 from .records import MODES, OUTPUT_STREAMS, STDERR, STREAMS_MERGED
 from .search import DEFAULT_LIMIT as DEFAULT_SEARCH_LIMIT
-from .spool import default_root
+from .spool.layout import default_root
 
 # ------------------------------------------------------------------------------ helpers
 
@@ -57,7 +58,7 @@ def _retention_options(f: Any) -> Any:
     """--retention-days and --keep (the shipper's ``retention_days``: None with --keep)."""
     f = click.option("--keep", is_flag=True, help="Never delete shipped spool segments.")(f)
     return click.option(
-        "--retention-days", type=float, default=7.0, show_default=True,
+        "--retention-days", type=float, default=SPOOL_RETENTION_DAYS, show_default=True,
         help="Delete a closed spool segment this many days after the store accepted "
              "it (0: at once).")(f)
 
@@ -526,7 +527,7 @@ def check(uid: int | None, file: Path | None) -> None:
     1 when it is invalid or missing. A job started with an invalid file still runs, logged
     in mode disabled (only /LOGCOMMAND lines are kept) until the file is fixed.
     """
-    from .config import load_optin, optin_path
+    from .config.optin import load_optin, optin_path
 
     path = file if file is not None else optin_path()
     result = load_optin(path, uid=uid)
@@ -638,13 +639,13 @@ def reader_serve(socket_path: Path | None, store_dsn: str | None,
     import logging
     import signal
 
-    from .config import load_admin
+    from .config.admin import load_admin
     from .reader.client import DEFAULT_SOCKET
     from .reader.server import ReadService
     from .reader.sessions import store_sessions
     from .store import redact, resolve_dsn
 
-    admin = load_admin()
+    admin = load_admin(warn=Warner())
     path = socket_path or Path(admin.reader_socket or DEFAULT_SOCKET)
     group = admin_group or admin.admin_group
     logging.basicConfig(level=logging.INFO, format="logcapture reader: %(message)s")
@@ -833,14 +834,14 @@ def agent(spool: Path | None, store_dsn: str | None, batch_bytes: int, interval:
     /var/spool/logcapture), the node samplers' samples (<spool root>/.samples) included.
     While jobs run it finds stalls and metrics that turned NaN, stores every finished run's
     insights, and sends the messages users asked for in their .logoptin (docs/insights.md)."""
-    from .config import load_admin
+    from .config.admin import load_admin
     from .insights.notify import Notifier
     from .ship import Agent, describe_dsn
     from .slurm.jobrecords import NOTIFIED_DIR, samples_job_ended
     from .store import check_engine
 
     check_engine(store_dsn)  # a store to ship to, before waiting for anything to ship
-    admin = load_admin()
+    admin = load_admin(warn=Warner())
     # Root's agent ships the node's spool root, where the prolog and the job wrapper write.
     root = spool if spool is not None else default_root(process="agent",
                                                         configured=admin.spool_root)
@@ -889,15 +890,18 @@ def db_group() -> None:
 @db_group.command(name="init")
 @_store_option
 @click.option("--ttl-days", type=int, default=None,
-              help="Rows expire after this many days (0: never; default: the config file's "
-                   "retention_days when set, else leave the TTL as it is).")
+              help="Rows expire after this many days (0: never; default: the admin config's "
+                   "store_ttl_days when set, else leave the TTL as it is).")
 @click.option("--row-policies", is_flag=True,
               help="Create row policies: each ClickHouse user sees only rows they own; the "
                    "role logcapture_admin sees all (a server only).")
 def db_init(store_dsn: str | None, ttl_days: int | None, row_policies: bool) -> None:
     """Create or migrate the store's schema (versioned; running it again changes nothing)."""
+    from .config.admin import load_admin
     from .store import open_store, redact, resolve_dsn
 
+    if ttl_days is None:
+        ttl_days = load_admin(warn=Warner()).store_ttl_days
     with open_store(store_dsn, wait=30.0, create=False) as st:
         version = st.init_schema(ttl_days=ttl_days, row_policies=row_policies)
     click.echo(f"logcapture: schema version {version} in {redact(resolve_dsn(store_dsn))}"

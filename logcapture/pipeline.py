@@ -42,7 +42,7 @@ from .records import (
     Start,
 )
 from .sections import MarkerBytes
-from .spool import SpoolWriter
+from .spool.writer import SpoolWriter
 
 TYPE_CHECKING = False  # not typing's: importing typing costs every job ~8 ms (records.py)
 if TYPE_CHECKING:
@@ -152,7 +152,8 @@ def _by_group(items: list[Rendered | Dropped], lines: list[Rendered],
 
 
 class Pipeline:
-    """Sink for ``runner.run``: ``feed(stream, data, now)``, ``tick(now)``; then ``finish``."""
+    """Sink for ``runner.spawn.run``: ``feed(stream, data, now)``, ``tick(now)``; then
+    ``finish``."""
 
     def __init__(self, run_id: str, spool: SpoolWriter, *, mode: str, columns: int, rows: int,
                  warn: Callable[[str], None] | None = None, merged: bool = False,

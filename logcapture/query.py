@@ -78,6 +78,7 @@ from .records import (
     Sample,
     Start,
     from_dict,
+    kind_suffix,
     redactions_by_kind,
     streams_of,
 )
@@ -91,17 +92,15 @@ from .runs import (
 )
 from .search import Found, Hit, Pattern, Request, answer, context_of, line_of, merge
 from .ship import is_shipped
-from .spool import (
+from .spool.layout import Segment, find_run_dirs, segments
+from .spool.reading import (
     ReadStats,
-    Segment,
-    find_run_dirs,
     iter_run,
     lines_of_kinds,
     parse_lines,
     read_lines,
     records_of_kinds,
     segment_data,
-    segments,
 )
 from .store import EXPORTS, Store, export_rows, redact
 
@@ -378,7 +377,7 @@ def spool_insights(run_dir: Path, start: Any, end: Any, thresholds: Any = None
     every line: the diagnosis reads only the candidates (``Diagnoser``), found by their
     needles in each segment's bytes (``matchers.LOWERED_NEEDLES``), with the lines of a
     traceback that follow one, and the metadata and samples by their kind
-    (``spool.records_of_kinds``). ``ls`` lists its first kind."""
+    (``spool.reading.records_of_kinds``). ``ls`` lists its first kind."""
     diagnoser = Diagnoser()
     samples: list[dict[str, Any]] = []
     metadata: list[dict[str, Any]] = []
@@ -442,7 +441,8 @@ def _record_dict(raw: bytes) -> dict[str, Any] | None:
     return d if isinstance(d, dict) else None
 
 
-_LINE_END = b'"kind":"line"}'  # records.Line.to_json writes the kind last
+_LINE_END = kind_suffix("line")  # a record's kind is its last key
+_END = kind_suffix("end")
 
 
 def _feed_candidates(diagnoser: Diagnoser, data: bytes) -> None:
@@ -905,7 +905,7 @@ class SpoolRun:
 
     def _is_ended(self, segs: list[Segment]) -> bool:
         if not self._ended and segs:
-            self._ended = any(line.endswith(b'"kind":"end"}')
+            self._ended = any(line.endswith(_END)
                               for line in self._read(segs[-1])[-64:])
         return self._ended
 

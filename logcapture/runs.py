@@ -1,7 +1,8 @@
 """Reading runs back from the spool: find a run, summarise it, follow it live.
 
 Used by the read layer (``query.py``). Reads, and writes one thing: the end of a run whose
-writer is gone (``spool.close_abandoned``), so that no run stays RUNNING after its process.
+writer is gone (``spool.abandoned.close_abandoned``), so that no run stays RUNNING after its
+process.
 """
 
 from __future__ import annotations
@@ -21,17 +22,17 @@ from .records import (
     Line,
     Record,
     Start,
+    kind_suffix,
 )
-from .spool import (
+from .spool.abandoned import close_abandoned
+from .spool.layout import find_run_dirs, segments
+from .spool.reading import (
     ReadStats,
-    close_abandoned,
-    find_run_dirs,
     iter_run,
     parse_lines,
     read_lines,
     read_segment,
     segment_data,
-    segments,
 )
 
 
@@ -55,8 +56,9 @@ def _end_record(run_dir: Path) -> End | None:
         lines, _ = read_lines(segs[-1])
     except SpoolError:
         return None
+    end = kind_suffix("end")
     for raw in reversed(lines):
-        if b'"kind":"end"' in raw:
+        if raw.endswith(end):
             for rec in parse_lines(segs[-1].path.name, [raw], 0, ReadStats()):
                 if isinstance(rec, End):
                     return rec
@@ -161,7 +163,7 @@ ABANDON_CHECK = 5.0
 def follow_records(run_dir: Path, poll: float = 0.25,
                    check: float = ABANDON_CHECK) -> Iterator[Record]:
     """Every record of a run, then new ones as they are written, until the end record (one
-    that ``spool.close_abandoned`` writes when the writer is gone, too)."""
+    that ``spool.abandoned.close_abandoned`` writes when the writer is gone, too)."""
     tail = SpoolTail(run_dir)
     checked = time.monotonic()
     while True:

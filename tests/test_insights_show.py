@@ -207,7 +207,8 @@ def test_ls_diagnosis_reads_candidates_only_and_agrees_with_shows(tmp_path: Path
     traceback that spans segments."""
     from logcapture.query import spool_facts, spool_insights
     from logcapture.records import End, Line, Metadata, Start
-    from logcapture.spool import SpoolWriter, create_run_dir, segments
+    from logcapture.spool.layout import create_run_dir, segments
+    from logcapture.spool.writer import SpoolWriter
 
     run = "failed-error"
     w = SpoolWriter(create_run_dir(tmp_path, run), fsync=False, segment_bytes=4096)

@@ -21,7 +21,9 @@ from pages import Serve, env_for, lc
 from logcapture.logview import LogView, numbered_lines, sort_key
 from logcapture.pipeline import Pipeline
 from logcapture.records import Command, Line, Metadata, Note
-from logcapture.spool import SpoolWriter, create_run_dir, iter_run, segments
+from logcapture.spool.layout import create_run_dir, segments
+from logcapture.spool.reading import iter_run
+from logcapture.spool.writer import SpoolWriter
 
 R = "r"
 

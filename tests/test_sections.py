@@ -15,7 +15,9 @@ from logcapture.logview import LogView, note_text
 from logcapture.pipeline import Pipeline
 from logcapture.records import NOTE_SECTION, NOTE_SECTION_END, Line, Note
 from logcapture.sections import MarkerBytes, Sections, duration_text, marker
-from logcapture.spool import SpoolWriter, create_run_dir, iter_run
+from logcapture.spool.layout import create_run_dir
+from logcapture.spool.reading import iter_run
+from logcapture.spool.writer import SpoolWriter
 
 # As the tools print them:
 # - GitHub Actions' toolkit (@actions/core startGroup/endGroup) writes "::group::NAME" and

@@ -46,7 +46,7 @@ class Thresholds(namedtuple("Thresholds", (
 
 def admin_thresholds() -> Thresholds:
     """The thresholds of the admin config (the defaults when it cannot be read)."""
-    from ..config import load_admin
+    from ..config.admin import load_admin
     from ..errors import ConfigError
 
     try:

@@ -40,7 +40,7 @@ def expected_socket(env: Mapping[str, str] = os.environ, default: str = DEFAULT_
         value = env["LOGCAPTURE_READER_SOCKET"]
         return Path(value) if value else None
     try:
-        from ..config import load_admin
+        from ..config.admin import load_admin
 
         configured = load_admin(env=env).reader_socket
         if configured:
