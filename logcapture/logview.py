@@ -55,6 +55,7 @@ from .records import (
     Note,
     Record,
     dumps,
+    kind_suffix,
 )
 from .sections import duration_text
 from .sgr import Span, spans
@@ -186,8 +187,8 @@ def numbered_lines(raw: Iterable[bytes]) -> int:
     return sum(1 for r in raw if r.endswith(NUMBERED_ENDS))
 
 
-# How a numbered record's JSON ends (its kind last).
-NUMBERED_ENDS = tuple(f'"kind":"{kind}"}}'.encode() for kind in NUMBERED)
+# How a numbered record's JSON ends (its kind last: records.kind_suffix).
+NUMBERED_ENDS = tuple(kind_suffix(kind) for kind in NUMBERED)
 
 
 # --- The same rules in ClickHouse SQL ------------------------------------------------------
