@@ -868,7 +868,7 @@ def _trusted_job_info(run_dir: Path) -> dict[str, Any]:
 
 
 def _trusted_identity(run_dir: Path) -> Any:
-    from .ship import trusted_identity
+    from .ownership import trusted_identity
 
     return trusted_identity(run_dir)
 

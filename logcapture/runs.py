@@ -1,6 +1,6 @@
 """Reading runs back from the spool: find a run, summarise it, follow it live.
 
-Used by the read layer (``query.py``). Reads, and writes one thing: the end of a run whose
+Used by the read layer (``query``). Reads, and writes one thing: the end of a run whose
 writer is gone (``spool.close_abandoned``), so that no run stays RUNNING after its process.
 """
 

@@ -159,8 +159,8 @@ LAYERS: list[tuple[str, list[str]]] = [
                            "xaxis", "views", "userfiles", "redact"]),
     ("capture stages and sources", ["frame", "runner", "render", "filter", "classify", "limit",
                                     "spool", "sampling"]),
-    ("libraries over records", ["insights", "store", "runs", "grafana", "slurm.jobrecords",
-                                "slurm.jobs", "slurm.rootsafe"]),
+    ("libraries over records", ["insights", "store", "runs", "ownership", "grafana",
+                                "slurm.jobrecords", "slurm.jobs", "slurm.rootsafe"]),
     ("wiring", ["pipeline", "capture", "ship", "slurm.nodesampler"]),
     ("reading", ["query", "reader", "web"]),
     ("entry points", ["cli", "entry", "__main__", "slurm", "slurm.wrapper", "slurm.hooks",
@@ -271,10 +271,19 @@ def test_no_import_cycles() -> None:
 
 def test_the_layer_checks_can_fail() -> None:
     graph = _import_graph()
-    assert "store" in graph["query"] and "capture" in graph["cli"]
+    assert "store" in graph["query.store_reader"] and "capture" in graph["cli"]
     assert _layer("store.queries") == _layer("store") < _layer("query") < _layer("cli")
     assert _layer("nonexistent") is None and _layer("slurm.new") == _layer("slurm")
     import graphlib
 
     with pytest.raises(graphlib.CycleError):
         tuple(graphlib.TopologicalSorter({**graph, "records": {"cli"}}).static_order())
+
+
+def test_who_owns_a_run_is_decided_below_the_shipper_and_the_readers() -> None:
+    # The privacy rule (ownership.trusted_identity) is one module both use, importing
+    # neither: the read layer does not reach into the shipper for it.
+    graph = _import_graph()
+    assert _layer("ownership") < _layer("ship") < _layer("query")  # type: ignore[operator]
+    assert not {t for t in graph["ownership"] if t.split(".")[0] in ("ship", "query")}
+    assert "ownership" in graph["query.local_reader"] and "ownership" in graph["ship"]

@@ -200,7 +200,8 @@ def test_ls_diagnosis_reads_candidates_only_and_agrees_with_shows(tmp_path: Path
     """query.spool_insights (ls: candidates found in the segments' bytes) gives what
     spool_facts (show: every line) gives, also for a run whose name is an error word and a
     traceback that spans segments."""
-    from logcapture.query import spool_facts, spool_insights
+    from logcapture.query.show import spool_facts
+    from logcapture.query.spool_insights import spool_insights
     from logcapture.records import End, Line, Metadata, Start
     from logcapture.spool import SpoolWriter, create_run_dir, segments
 

@@ -17,6 +17,7 @@ from typing import Any
 from ..errors import LogcaptureError, SpoolError, StoreAuthError, StoreError
 from ..insights.live import LiveWatch
 from ..insights.notify import Notifier
+from ..ownership import identity_from_spool
 from ..records import LOST
 from ..spool import close_abandoned, find_run_dirs, segments, writer_gone
 from ..spool import mtime as _mtime
@@ -25,7 +26,6 @@ from ..userfiles import UserDir
 from .batches import BATCH_BYTES, ShippedHook, ship_runs
 from .cursor import RunCursor, lock_cursor
 from .diagnosis import JobInfo, diagnose_run, notify_event
-from .identity import identity_from_spool
 from .pending import _RunJob
 from .reading import _begun
 from .result import UploadResult

@@ -1,4 +1,4 @@
-"""Reading spool segments as bytes, for shipping (and a run's first line, its Start record).
+"""Reading spool segments as bytes, for shipping.
 
 A whole closed segment bound for the embedded store is opened by the shipper (as every file
 of a user's run directory is: ``userfiles``, no link followed, a regular file of the
@@ -11,12 +11,11 @@ holds one batch and one segment, whatever the backlog after an outage.
 
 from __future__ import annotations
 
-import os
-import zlib
 from pathlib import Path
 
 from ..errors import SpoolError
-from ..spool import Segment, open_segment, segment_data, segments
+from ..ownership import first_line
+from ..spool import Segment, segment_data, segments
 
 
 def read_segment_bytes(seg: Segment, skip: int = 0) -> tuple[bytes, int, bool, Segment]:
@@ -36,34 +35,6 @@ def read_segment_bytes(seg: Segment, skip: int = 0) -> tuple[bytes, int, bool, S
     return body, body.count(b"\n"), torn, seg
 
 
-def _first_line(seg: Segment, limit: int = 1 << 20) -> bytes:
-    """The first complete line of a segment (the Start record), reading at most ~``limit``
-    bytes: 64 KiB at a time until a newline for an open segment (the agent asks for every
-    live run's at every flush)."""
-    fd, seg = open_segment(seg)
-    try:
-        if seg.closed:
-            raw = os.read(fd, limit)
-        else:
-            raw = b""
-            while len(raw) < limit:
-                chunk = os.read(fd, 1 << 16)
-                raw += chunk
-                if not chunk or b"\n" in chunk:
-                    break
-    finally:
-        os.close(fd)
-    if seg.closed:
-        try:
-            data = zlib.decompressobj(wbits=31).decompress(raw, limit)
-        except zlib.error as e:
-            raise SpoolError(f"segment {seg.path} is corrupt: {e}") from None
-    else:
-        data = raw
-    nl = data.find(b"\n")
-    return data[:nl] if nl >= 0 else b""
-
-
 def _begun(run_dir: Path) -> bool:
     """Whether the run's first line is complete (the agent reads a run's identity only then);
     True when that cannot be told, so that shipping reports the problem."""
@@ -71,6 +42,6 @@ def _begun(run_dir: Path) -> bool:
         segs = segments(run_dir)
         if not segs:
             return False
-        return segs[0].closed or bool(_first_line(segs[0]))
+        return segs[0].closed or bool(first_line(segs[0]))
     except SpoolError:
         return True
