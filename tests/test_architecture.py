@@ -271,7 +271,7 @@ def test_no_import_cycles() -> None:
 
 def test_the_layer_checks_can_fail() -> None:
     graph = _import_graph()
-    assert "store" in graph["query.store_reader"] and "capture" in graph["cli"]
+    assert "store" in graph["query.store_reader"] and "capture" in graph["cli.capture_commands"]
     assert _layer("store.queries") == _layer("store") < _layer("query") < _layer("cli")
     assert _layer("nonexistent") is None and _layer("slurm.new") == _layer("slurm")
     import graphlib

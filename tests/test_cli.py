@@ -39,6 +39,24 @@ def test_every_command_has_help_and_is_documented() -> None:
         assert f"logcapture {name}" in docs, f"`logcapture {name}` is missing from docs/"
 
 
+def test_only_the_cli_package_main_turns_errors_into_exit_codes() -> None:
+    # The commands raise; cli.main alone catches LogcaptureError and says it (errors.failure).
+    import ast
+
+    import logcapture.cli
+
+    package = Path(logcapture.cli.__file__).parent
+    catching = []
+    for path in sorted(package.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            caught = node.type if isinstance(node, ast.ExceptHandler) else None
+            names = {n.id for n in ast.walk(caught) if isinstance(n, ast.Name)} if caught else set()
+            if "LogcaptureError" in names or isinstance(node, ast.Call) and getattr(
+                    node.func, "id", None) == "failure":
+                catching.append(path.name)
+    assert catching and set(catching) == {"__init__.py"}, catching
+
+
 def test_run_then_ls_logs_show(lc_env: dict[str, str]) -> None:
     script = ("import sys\n"
               "for i in range(11): sys.stdout.write(f'\\rprogress {i*10}%'); sys.stdout.flush()\n"
