@@ -18,14 +18,16 @@ import os
 import sys
 from pathlib import Path
 
-# run's options (cli.capture_commands.run): the ones that take a value, and the --sample/--no-sample flag.
+# run's options (cli.capture_commands.run): the ones that take a value, and the
+# --sample/--no-sample flag.
 _VALUE_OPTIONS = {"--spool": "spool", "--run-id": "run_id", "--mode": "mode"}
 _FLAGS = {"--sample": True, "--no-sample": False}
 
 
 def parse_run(args: list[str]) -> dict | None:
     """``run``'s parameters from ``args`` (the words after ``logcapture``), as click would
-    pass them to ``run`` (``cli.capture_commands``); None when click must look at them (not a plain ``run``)."""
+    pass them to ``run`` (``cli.capture_commands``); None when click must look at them (not a
+    plain ``run``)."""
     if not args or args[0] != "run":
         return None
     from .records import MODES

@@ -210,6 +210,31 @@ def test_new_lines_arrive_without_reloading(site, browser, shots):
     assert console_errors(d) == []
 
 
+def test_sizes_and_durations_read_as_in_the_terminal(site, browser, shots):
+    # The page's common.js writes what views.size and views.duration write (`ls`, `show`):
+    # the cases of tests/format_cases.json, which tests/test_summary_row.py runs in Python.
+    import json
+
+    from logcapture import views
+
+    s, _ = site
+    d = browser
+    d.get(s.url)
+    wait(d).until(ec.presence_of_element_located((By.CSS_SELECTOR, "#runs-table tr[data-run]")))
+    cases = json.loads((Path(__file__).resolve().parent / "format_cases.json").read_text())
+    got = d.execute_script(
+        "const c = arguments[0];"
+        "return {size: c.size.map(([v]) => [v, LC.bytes(v)]),"
+        "        duration: c.duration.map(([v]) => [v, LC.duration(v)])};", cases)
+    assert got == cases
+    # The runs table: each run's duration as `ls` writes the row's (summary_row).
+    runs = d.execute_script("return fetch('/api/runs').then(r => r.json())")
+    cells = {r.get_attribute("data-run"): r.find_elements(By.TAG_NAME, "td")[6].text
+             for r in d.find_elements(By.CSS_SELECTOR, "#runs-table tbody tr")}
+    assert cells == {r["run"]: views.duration(r["duration"]) for r in runs}
+    assert console_errors(d) == []
+
+
 def test_a_wrong_token_gets_403(site, browser, shots):
     s, _ = site
     d = browser

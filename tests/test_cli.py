@@ -72,7 +72,7 @@ def test_run_then_ls_logs_show(lc_env: dict[str, str]) -> None:
     assert ls.returncode == 0
     row = [ln for ln in ls.stdout.decode().splitlines() if ln.startswith("demo-1")]
     name = Path(sys.executable).name
-    assert row and row[0].split()[:4] == ["demo-1", name, "COMPLETED", "0:0"]
+    assert row and row[0].split()[:4] == ["demo-1", name, "COMPLETED", "0"]
     for command in ("ls", "logs", "show"):  # a job that is not there: the same error
         missing = run_lc([command, "99999"], lc_env)
         assert (missing.returncode, missing.stdout) == (1, b""), command

@@ -189,9 +189,9 @@ def test_header(store):
                    "duration": 120.0, "nodes": "node1, node2", "gpus": 4}
     [row] = run_sql(store, JOB_UID, query_of(JOB_UID, "Job"), run="2001")
     assert row["exit_status"] == "signal 9" and row["state"] == "SIGNALED"
-    assert row["job"] == "./sim" and row["nodes"] == "node4" and row["gpus"] == 0
+    assert row["job"] == "sim" and row["nodes"] == "node4" and row["gpus"] == 0
     [row] = run_sql(store, JOB_UID, query_of(JOB_UID, "Job"), run="1002")
-    assert row["state"] == "RUNNING" and row["exit_status"] == "" and row["job"] == "bash sweep.sh"
+    assert row["state"] == "RUNNING" and row["exit_status"] == "" and row["job"] == "bash"
 
 
 def test_logs_stdout_notes_and_the_stderr_switch(store):

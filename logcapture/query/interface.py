@@ -16,8 +16,8 @@ from ..logview import cursor_of
 
 # The keys of a run summary (``Reader.runs``), the same from the spool and from the store.
 SUMMARY_KEYS = ("run", "owner", "uid", "job_id", "cluster", "host", "state", "exit_status",
-                "signal", "start", "end", "duration", "lines", "redactions", "command", "slurm",
-                "source", "insights", *JOB_KEYS)
+                "signal", "start", "end", "last", "duration", "lines", "redactions", "command",
+                "slurm", "source", "insights", *JOB_KEYS)
 FOLLOW_POLL = 0.5  # seconds between a follower's reads of the store
 LOG_PAGE = 1000  # entries in a page of a log (``Reader.log``) unless asked otherwise
 LOG_PAGE_MAX = 5000

@@ -14,6 +14,7 @@ from ..runs import summarize
 from ..search import Found, Hit, Pattern, Request, context_of, line_of, merge
 from ..ship import is_shipped
 from ..spool import find_run_dirs, iter_run
+from ..summary_row import run_name
 from .summaries import summary_of_spool
 
 
@@ -43,7 +44,7 @@ def search_spool(root: Path, req: Request, mine: Callable[[Path], tuple[str, int
             hits += matched
             runs[(s.run_id, who[0])] = {
                 "run": s.run_id, "owner": who[0], "job_id": summary["job_id"],
-                "name": summary["slurm"].get("job_name") or " ".join(summary["command"]),
+                "name": run_name(summary["slurm"], summary["command"]),
                 "state": s.state, "start": summary["start"], "source": "spool"}
     return merge([Found(hits, runs, False)], req.limit)
 

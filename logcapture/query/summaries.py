@@ -29,6 +29,7 @@ def summary_of_spool(s: RunSummary, owner: str, uid: int, run_dir: Path | None =
             "exit_status": end.exit_status if end else None,
             "signal": end.signal if end else None,
             "start": start.ts if start else None, "end": end.ts if end else None,
+            "last": s.last,
             "duration": end.duration if end else None, "lines": s.lines,
             "redactions": sum(redactions_by_kind(end.counts).values()) if end else None,
             "command": list(start.command or ()) if start else [], "slurm": slurm,
