@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import LOGCAPTURE, lc
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -46,8 +47,6 @@ from logcapture.records import (
 )
 from logcapture.runs import find_run
 from logcapture.spool import Segment, SpoolWriter, create_run_dir, iter_run, segments
-
-from .conftest import LOGCAPTURE, run_lc
 
 PY = sys.executable
 
@@ -89,7 +88,7 @@ JOB = textwrap.dedent("""
 
 def test_the_worker_writes_what_the_in_process_pipeline_writes(
         tmp_path: Path, lc_env: dict[str, str], spool: Path) -> None:
-    res = run_lc(["run", "--", PY, "-c", JOB], lc_env)
+    res = lc(["run", "--", PY, "-c", JOB], lc_env)
     assert res.returncode == 0, res.stderr
     assert res.stderr == b"to err\n"
     records = list(iter_run(find_run(spool, None)))
