@@ -62,9 +62,11 @@ def run_command(spool: Path | None, run_id: str | None, mode: str | None, sample
 def capture_command(argv: list[str], *, spool_root: Path, run_id: str | None = None,
                     mode: str | None = None, warn: Callable[[str], None],
                     env: dict[str, str] | None = None,
-                    slurm: dict[str, str] | None = None, sample: bool = True) -> int:
+                    slurm: dict[str, str] | None = None, sample: bool = True,
+                    beside: runner.Beside | None = None) -> int:
     """Run ``argv`` under ptys with capture; return the exit code for ``sys.exit`` (after
-    re-raising the command's signal if it was killed by one).
+    re-raising the command's signal if it was killed by one). ``beside``:
+    ``runner.Options.beside``.
 
     This process reads the ptys and copies the bytes to the real outputs, nothing more;
     rendering, classifying, spooling and resource sampling run in a capture worker process
@@ -83,7 +85,7 @@ def capture_command(argv: list[str], *, spool_root: Path, run_id: str | None = N
     try:
         outcome = runner.run(argv, worker, runner.Options(env=base_env, warn=warn,
                                                           winsize=winsize, merge=bool(merge),
-                                                          closed=closed))
+                                                          closed=closed, beside=beside))
     except runner.NoTerminal as e:
         # No pty or no file descriptor left: the command runs as if logcapture were not
         # there, in this process, so its exit status and signals are the

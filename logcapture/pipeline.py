@@ -21,6 +21,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
+from functools import partial
 from itertools import accumulate, compress, groupby, repeat
 
 from .classify import COMMAND_PREFIX, strictness
@@ -59,6 +60,10 @@ _ESCAPES = re.compile(
     r"|[\x00-\x08\x0b-\x1f\x7f]")  # other C0 controls
 
 
+def _idle(renderer: Renderer | _PlainLines, quiet: bool) -> list[Rendered]:
+    return renderer.idle(quiet)
+
+
 class _PlainLines:
     """The fallback renderer: split on newlines, keep the text after the last carriage return,
     strip escape sequences, cut long lines. Same interface as ``Renderer``."""
@@ -80,7 +85,7 @@ class _PlainLines:
             self._partial = self._partial[-4 * self._limit:]
         return [self._line(p) for p in parts]
 
-    def idle(self) -> list[Rendered]:
+    def idle(self, quiet: bool = True) -> list[Rendered]:
         return []
 
     def finish(self) -> list[Rendered]:
@@ -252,7 +257,7 @@ class Pipeline:
             if quiet or mono - self._last_idle[stream] >= IDLE_EVERY:
                 self._idled[stream] = quiet
                 self._last_idle[stream] = mono
-                self._through(stream, lambda r: r.idle(), idle=True)
+                self._through(stream, partial(_idle, quiet=quiet), idle=True)
         self._release()
 
     def tick_due(self) -> float | None:

@@ -141,20 +141,28 @@ if TYPE_CHECKING:
         def feed(self, stream: str, data: bytes, now: float) -> None: ...
         def tick(self, now: float) -> None: ...
 
+    class Beside(Protocol):
+        """Writers beside the command that the reader serves in its rounds (Options.beside)."""
+        def open(self, slaves: Mapping[int, str]) -> None: ...
+        def start(self, loop: _ReadLoop) -> None: ...
+        def round(self, events: list[tuple[int, int]], now: float, now_m: float) -> bool: ...
+        def stop(self) -> None: ...
+
 
 # Named tuples, as the records are (records.py says why).
 
 
 class Options(namedtuple("Options", (
         "env", "stdin_fd", "stdout_fd", "stderr_fd", "winsize", "drain_idle", "drain_timeout",
-        "warn", "on_start", "worker_buffer", "worker_timeout", "merge", "closed"),
+        "warn", "on_start", "worker_buffer", "worker_timeout", "merge", "closed", "beside"),
         defaults=(None, 0, 1, 2, None, 0.5, 5.0, None, None, WORKER_BUFFER, WORKER_TIMEOUT,
-                  False, frozenset()))):
+                  False, frozenset(), None))):
     """How ``run`` runs a command. ``winsize``: (rows, columns), None for the caller's;
     ``on_start``: called with the child's pid; ``merge``: one pty for stdout and stderr,
     copied to ``stdout_fd`` and fed as stream ``stdout`` (``same_destination`` says when);
     ``closed``: which of 0, 1, 2 the caller had closed (``reserve_std_fds``), closed again in
-    the command."""
+    the command; ``beside``: another writer to the command's outputs that the reader serves
+    too (a ``Beside``: ``slurm.forward.Forwarder``, srun's output in a batch job)."""
 
     __slots__ = ()
     if TYPE_CHECKING:
@@ -171,6 +179,7 @@ class Options(namedtuple("Options", (
         worker_timeout: float
         merge: bool
         closed: frozenset[int]
+        beside: Beside | None
 
 
 class Outcome(namedtuple("Outcome", (
@@ -773,6 +782,8 @@ def run(argv: Sequence[str], sink: Sink | Worker | None,
     started = time.time()
     began = time.monotonic()  # the end's clock (_outcome)
     floor_kib = _resident_kib()
+    if opts.beside is not None:  # before the command starts: it may start an srun at once
+        opts.beside.open({out_s: STDOUT} if opts.merge else {out_s: STDOUT, err_s: STDERR})
     try:
         try:
             # (preexec_fn only where the caller had a standard descriptor closed: the
@@ -943,6 +954,9 @@ class _ReadLoop:
         self.lead = list(masters)  # the order of the next round's first pass
         self.reads = 0  # pty reads that returned data
         self.lingers = 0  # LINGER waits
+        self.beside = opts.beside
+        if self.beside is not None:
+            self.beside.start(self)
 
     def run(self) -> None:
         while self.open_fds:
@@ -958,6 +972,8 @@ class _ReadLoop:
             except InterruptedError:  # pragma: no cover - PEP 475 retries
                 continue
             self._round(events)
+        if self.beside is not None:
+            self.beside.stop()
 
     # --- before the wait -----------------------------------------------------------------
     def _look_for_exit(self, now: float) -> None:
@@ -1048,10 +1064,12 @@ class _ReadLoop:
         if lingered:
             now_m = time.monotonic()
         now = time.time()
-        sent = False
+        # The writers beside the command first: what srun wrote before it exited is copied
+        # before what the job wrote after (slurm.forward).
+        sent = self.beside is not None and self.beside.round(events, now, now_m)
         if self._wake_up(events):
             bursts = self._read_ptys(lingered)
-            sent = self._hand_over(bursts, lingered, now, now_m)
+            sent = self._hand_over(bursts, lingered, now, now_m) or sent
         self._pass_on(sent, now, now_m)
         if self.hang_up:
             self._hang_up_broken()
@@ -1201,6 +1219,26 @@ class _ReadLoop:
         elif self.plain is not None and now_m - self.last_tick >= TICK:
             self.last_tick = now_m
             self._tick_plain(now)
+
+    # --- for the writers beside the command (Options.beside) ------------------------------
+    def drain_ptys(self, now: float, now_m: float) -> bool:
+        """Read and copy out what the ptys hold now; whether the worker was given output."""
+        return self._hand_over(self._read_ptys(False), False, now, now_m)
+
+    def pass_through(self, stream: str, data: bytes, kept: bytes, now: float,
+                     now_m: float) -> bool:
+        """Bytes another writer meant for the command's ``stream`` output: copied there;
+        ``kept`` (of them) captured as that stream. Whether the worker was given output."""
+        self.last_data = now_m  # output all the same: the drain waits for it
+        if data:
+            self._copy(stream, data)
+        if not kept:
+            return False
+        if self.worker is not None:
+            self.worker.send(frame.KIND[stream], [kept], now, now_m)
+            return True
+        self._feed_plain(stream, kept, now)
+        return False
 
     # --- the outputs -----------------------------------------------------------------------
     def _copy(self, stream: str, data: bytes) -> None:

@@ -190,7 +190,35 @@ print("finished")
 RECIPES["pip_download_narrow"] = [*RECIPES["pip_download"]]
 
 #: Window size (columns, rows) of the recipes not run at 80x24.
+# Lightning 2.6's two progress bars (rich's and tqdm's) over a real training run: two epochs
+# with validation, captured on an NVIDIA H100 (PyTorch 2.11) at 120x30.
+RECIPES["lightning_rich"] = [PY, "-c", r'''
+import sys, warnings
+import torch, lightning as L
+from torch.utils.data import DataLoader, TensorDataset
+warnings.filterwarnings("ignore")
+class M(L.LightningModule):
+    def __init__(self):
+        super().__init__(); self.l = torch.nn.Linear(32, 1)
+    def training_step(self, b, i):
+        loss = torch.nn.functional.mse_loss(self.l(b[0]), b[1])
+        self.log("train_loss", loss, prog_bar=True); return loss
+    def validation_step(self, b, i):
+        self.log("val_loss", torch.nn.functional.mse_loss(self.l(b[0]), b[1]), prog_bar=True)
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+ds = TensorDataset(torch.randn(20000, 32), torch.randn(20000, 1))
+bar = (L.pytorch.callbacks.RichProgressBar() if sys.argv[1] == "rich"
+       else L.pytorch.callbacks.TQDMProgressBar())
+t = L.Trainer(max_epochs=2, devices=1, callbacks=[bar], logger=False,
+              enable_checkpointing=False)
+t.fit(M(), DataLoader(ds, batch_size=64), DataLoader(ds, batch_size=256))
+''', "rich"]
+RECIPES["lightning_tqdm"] = [*RECIPES["lightning_rich"][:-1], "tqdm"]
+
 SIZES: dict[str, tuple[int, int]] = {
+    "lightning_rich": (120, 30),
+    "lightning_tqdm": (120, 30),
     "rich_live_fd_write": (120, 24),
     "tqdm_write_long": (60, 24),
     "pip_download_narrow": (50, 24),

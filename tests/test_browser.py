@@ -109,7 +109,7 @@ def test_a_person_reads_a_run(site, browser, shots):
     # marked
     order = d.execute_script(
         "return fetch(location.pathname.replace('/job/', '/api/runs/') + '/log?stderr=1')"
-        ".then(r => r.json()).then(p => p.entries.map(e => e[3]))")
+        ".then(r => r.json()).then(p => p.entries.map(e => e.text))")
     assert texts == order
     assert log_texts(d, "#log .row.stderr") == [f"warning: checkpoint {e} slow"
                                                 for e in (4, 8, 12)]

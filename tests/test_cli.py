@@ -205,7 +205,7 @@ def test_logs_shows_what_the_job_page_and_grafana_show(lc_env: dict[str, str],
     res = lc(["run", "--run-id", "view-1", "--no-sample", "--", "sh", "-c", job], lc_env)
     assert res.returncode == 0, res.stderr
     with closing(LocalReader(Path(lc_env["LOGCAPTURE_SPOOL"]), source="spool")) as reader:
-        page = [e[3] for e in reader.log("view-1", stderr=True)["entries"]]
+        page = [e["text"] for e in reader.log("view-1", stderr=True)["entries"]]
     assert page[0] == '{"a": 1}' and page[-1] == '{"b":2}' and page.count('{"a": 1}') == 1
     assert len([t for t in page if "mode changed" in t]) == 1 and "hidden" not in page
     logs = lc(["logs", "view-1", "--source", "spool"], lc_env)

@@ -721,15 +721,14 @@ def test_metadata_encodes_as_the_generic_encoding(fields: dict[str, Any], ts: fl
 
 def test_a_redraw_that_moves_the_cursor_up_cannot_date_later_lines_earlier(
         tmp_path: Path) -> None:
-    # stderr redraws a bar by moving the cursor up (two newlines, one row: the renderer is
-    # back in line mode when the call returns); then stdout disables logging and stderr prints
-    # a token. Counting newlines would give the token the bar's read time, before the
-    # command: a line of a stream whose renderer had the full emulator gets the last read
-    # time fed to it instead, until it is committed in line mode again.
+    # stderr redraws a bar by moving the cursor up (two newlines, one row); then stdout
+    # disables logging and stderr prints a token. Counting newlines would give the token the
+    # bar's read time, before the command: a line of a stream whose renderer had the full
+    # emulator gets the last read time fed to it instead, until it is committed in line mode
+    # again.
     p = Pipeline("r", SpoolWriter(create_run_dir(tmp_path, "r"), fsync=False), mode="enabled",
                  columns=80, rows=24)
     p.feed("stderr", b"bar 1\n\x1b[1A\x1b[2Kbar 2\n", 10.0, 10.0)
-    assert p.renderers["stderr"].line_mode
     p.feed("stdout", b'/LOGCOMMAND {"mode": "disabled"}\n', 11.0, 11.0)
     p.feed("stderr", b"TOKEN-42\n", 12.0, 12.0)
     p.finish(exit_status=0, signal=None, state="COMPLETED", duration=1.0, bytes_read={})

@@ -147,13 +147,13 @@ def test_a_cursor_opens_the_log_at_its_own_entry_from_spool_and_store(tmp_path: 
         r = Q.LocalReader(tmp_path / "spool", dsn, source=source)
         try:
             entries = r.log("ns")["entries"]
-            assert [e[3] for e in entries] == [f"line {i}" for i in range(4)]
+            assert [e["text"] for e in entries] == [f"line {i}" for i in range(4)]
             for i, e in enumerate(entries):
-                ns, stream, seq = parse_cursor(e[0])
+                ns, stream, seq = parse_cursor(e["cursor"])
                 after = r.log("ns", after=f"{ns - 1}:{stream}:{seq}")["entries"]
-                assert [x[3] for x in after] == [f"line {j}" for j in range(i, 4)], source
+                assert [x["text"] for x in after] == [f"line {j}" for j in range(i, 4)], source
                 before = r.log("ns", before=f"{ns + 1}:{stream}:{seq}")["entries"]
-                assert [x[3] for x in before] == [f"line {j}" for j in range(i + 1)], source
+                assert [x["text"] for x in before] == [f"line {j}" for j in range(i + 1)], source
         finally:
             r.close()
 

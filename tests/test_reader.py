@@ -527,8 +527,8 @@ def test_a_page_of_the_log_through_the_service_is_the_stores(service: ReadServic
     assert first == direct.log("202", limit=50)
     assert r.summary("202") == direct.summary("202")
     assert len(first["entries"]) == 50 and first["more"] and first["ended"]
-    older = r.log("202", before=first["entries"][0][0], limit=50)
-    assert older == direct.log("202", before=first["entries"][0][0], limit=50)
+    older = r.log("202", before=first["entries"][0]["cursor"], limit=50)
+    assert older == direct.log("202", before=first["entries"][0]["cursor"], limit=50)
     assert older["entries"] and older["entries"][-1] != first["entries"][0]
     with pytest.raises(NotFound):
         r.log("101")  # lcuser1's

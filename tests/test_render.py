@@ -7,6 +7,7 @@ what pure pyte renders, and the result does not depend on how the bytes were chu
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -63,9 +64,51 @@ def test_golden(name: str) -> None:
     assert [line.text for line in got] == expected
 
 
+@pytest.mark.parametrize("name", _golden())
+def test_golden_with_an_idle_commit_between_redraws(name: str) -> None:
+    # The pipeline commits on a busy stream every 0.5 s, between two redraws of a live display
+    # (each redraw starts with \r here): no intermediate state of a display is kept. Its very
+    # first state may be, when an idle falls before the program first moved up over it.
+    raw = (CAPTURED / f"{name}.input").read_bytes()
+    expected = json.loads((CAPTURED / f"{name}.output").read_text(encoding="utf-8"))
+    columns, rows = size(name)
+    r = Renderer(columns=columns, rows=rows)
+    got = []
+    for part in re.split(rb"(?=\r)", raw):
+        got += r.feed(part) + r.idle(quiet=False)
+    texts = [line.text for line in got + r.finish()]
+    in_order = iter(texts)
+    assert all(line in in_order for line in expected), texts
+    assert len(texts) - len(expected) <= 1, texts
+
+
+def test_a_two_row_live_display_keeps_its_final_state_across_idle_commits() -> None:
+    # Lightning's rich progress bar at 80 columns: the bar and its metrics on the row below,
+    # redrawn by rich's Live (rich/live_render.py, position_cursor: \r, erase the line, then
+    # up and erase for each row above), with a busy stream's commit after every refresh; the
+    # stream then goes quiet after the display's last newline and the line after it.
+    def rows(n: int) -> list[str]:
+        return [f"Epoch 1/1  {'━' * (n // 20)} {n}/313 0:00:01 242.9it/s",
+                f"{' ' * 36}0:00:00 train_loss: {n / 1000:.3f}"]
+
+    def frame(n: int) -> bytes:
+        bar, metrics = rows(n)
+        return f"\x1b[35m{bar}\x1b[0m\n\x1b[3m{metrics}\x1b[0m".encode()
+
+    r = Renderer()
+    out = r.feed(b"Total FLOPs: 0\n" + frame(0)) + r.idle()
+    for n in [*range(10, 313, 10), 313]:
+        out += r.feed(b"\r\x1b[2K\x1b[1A\x1b[2K" + frame(n)) + r.idle(quiet=False)
+    out += r.feed(b"\n`Trainer.fit` stopped\n") + r.idle() + r.finish()
+    # The first state went out with the line before it, before any redraw; then the last.
+    assert [line.text for line in out] == ["Total FLOPs: 0", rows(0)[0], *rows(313),
+                                           "`Trainer.fit` stopped"]
+
+
 def test_golden_files_present() -> None:
     names = set(_golden())
     for want in ("tqdm", "tqdm_nested", "rich_progress", "colour_logging", "dd_progress",
+                 "lightning_rich", "lightning_tqdm",
                  "curses", "rich_live_fd_write", "rich_console_log", "tqdm_too_wide",
                  "tqdm_write_long", "pip_download_narrow"):
         assert want in names

@@ -51,6 +51,19 @@ def test_first_line_is_the_url_with_a_token_on_loopback(site):
     assert len(s.token) >= 24
 
 
+@pytest.mark.parametrize(("path", "title", "here"), [("/", "Runs", "/"),
+                                                  ("/job/train", "Job", None),
+                                                  ("/compare", "Compare", "/compare")])
+def test_each_page_is_the_one_layout_around_its_own_main(site, path, title, here):
+    html = get(site, path).text
+    assert html.startswith("<!doctype html>") and html.count("<head>") == 1
+    assert f"<title>{title} · logcapture</title>" in html
+    assert html.count("<main>") == 1 and html.rstrip().endswith("</html>")
+    marked = [a for a in html.split("<a ") if 'class="here"' in a.split(">")[0]]
+    assert [a.split('"')[1] for a in marked] == ([here] if here else [])
+    assert ("uPlot.min.css" in html) == (path != "/")  # the chart styles where charts are
+
+
 @pytest.mark.parametrize("path", ["/", "/job/train", "/api/runs", "/api/runs/train/log",
                                   "/api/search?q=epoch", "/static/app.css"])
 def test_no_token_no_page(site, path):
@@ -110,21 +123,21 @@ def entries_of(site, run: str, **kw: Any) -> list[list[Any]]:
 
 @pytest.mark.parametrize("run", ["train", "shipped"])  # the spool's and the store's
 def test_log_shows_lines_notes_and_stderr_on_the_switch(site, run):
-    texts = [e[3] for e in entries_of(site, run)]
+    texts = [e["text"] for e in entries_of(site, run)]
     assert texts[0] == "loading data" and texts[-1] == "done"
     assert "[logcapture: previous line repeated 2 more times, dropped]" in texts
     assert texts.count('{"epoch": 1, "loss": 1.997002, "acc": 0.283469, "lr": 0.1}') == 1
     assert not any("checkpoint" in t for t in texts)
     with_err = entries_of(site, run, stderr=1)
-    errs = [e for e in with_err if e[1] == "stderr"]
-    assert [e[3] for e in errs] == [f"warning: checkpoint {e} slow" for e in (4, 8, 12)]
-    kinds = {e[3]: e[2] for e in with_err}
+    errs = [e for e in with_err if e["stream"] == "stderr"]
+    assert [e["text"] for e in errs] == [f"warning: checkpoint {e} slow" for e in (4, 8, 12)]
+    kinds = {e["text"]: e["kind"] for e in with_err}
     assert kinds["[logcapture: previous line repeated 2 more times, dropped]"] == "note"
 
 
 def test_the_spool_and_the_store_show_the_same_log(site):
-    def strip(es: list[list[Any]]) -> list[tuple[str, str, str]]:
-        return [(e[1], e[2], e[3]) for e in es]
+    def strip(es: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+        return [(e["stream"], e["kind"], e["text"]) for e in es]
     assert strip(entries_of(site, "train", stderr=1)) == strip(entries_of(site, "shipped",
                                                                           stderr=1))
 
@@ -142,21 +155,21 @@ def test_a_run_shipped_twice_shows_once(site):
 def test_a_long_log_opens_at_its_newest_lines_and_pages_back(site):
     page = get(site, "/api/runs/big/log", limit=500).json()
     assert page["more"] and len(page["entries"]) == 500
-    assert page["entries"][-1][3] == "line 2999"
-    seen = [e[3] for e in page["entries"]]
-    before = page["entries"][0][0]
+    assert page["entries"][-1]["text"] == "line 2999"
+    seen = [e["text"] for e in page["entries"]]
+    before = page["entries"][0]["cursor"]
     while True:
         page = get(site, "/api/runs/big/log", limit=700, before=before).json()
-        seen = [e[3] for e in page["entries"]] + seen
+        seen = [e["text"] for e in page["entries"]] + seen
         if not page["more"]:
             break
-        before = page["entries"][0][0]
+        before = page["entries"][0]["cursor"]
     assert [t for t in seen if not t.startswith("{")] == [f"line {i}" for i in range(3000)]
     assert [t for t in seen if t.startswith("{")] == [
         json.dumps({"step": i}) for i in range(0, 3000, 250)]  # once each
     after = get(site, "/api/runs/big/log", limit=5, stderr=1).json()["entries"]
-    newer = get(site, "/api/runs/big/log", limit=5, stderr=1, after=after[1][0]).json()
-    assert [e[3] for e in newer["entries"]] == [e[3] for e in after[2:]]
+    newer = get(site, "/api/runs/big/log", limit=5, stderr=1, after=after[1]["cursor"]).json()
+    assert [e["text"] for e in newer["entries"]] == [e["text"] for e in after[2:]]
 
 
 def test_pages_of_a_spool_run_are_its_whole_log_in_order(site):
@@ -173,8 +186,8 @@ def test_pages_of_a_spool_run_are_its_whole_log_in_order(site):
         while True:
             page = get(site, "/api/runs/big/log", limit=limit, stderr=1,
                        **({"before": before} if before else {})).json()
-            back = [e[3] for e in page["entries"]] + back
-            before = page["entries"][0][0]
+            back = [e["text"] for e in page["entries"]] + back
+            before = page["entries"][0]["cursor"]
             if not page["more"]:
                 break
         assert back == want
@@ -183,10 +196,10 @@ def test_pages_of_a_spool_run_are_its_whole_log_in_order(site):
         fwd, after = back[:0], "0:stdout:0"
         while True:
             page = get(site, "/api/runs/big/log", limit=limit, stderr=1, after=after).json()
-            fwd += [e[3] for e in page["entries"]]
+            fwd += [e["text"] for e in page["entries"]]
             if not page["more"]:
                 break
-            after = page["entries"][-1][0]
+            after = page["entries"][-1]["cursor"]
         assert fwd == want
 
 
@@ -293,7 +306,7 @@ def test_grafana_panels_show_what_the_page_shows(site):
         panel = json.loads(grafana_rows(env, run, node))
         for st in ("0", "1"):
             grafana_log = [r["body"] for r in panel["Output/" + st]][::-1]
-            assert grafana_log == [e[3] for e in want["log"][int(st)]], (run, st)
+            assert grafana_log == [e["text"] for e in want["log"][int(st)]], (run, st)
         [hdr] = panel["Job/0"]
         assert (hdr["user"], hdr["state"], hdr["exit_status"], hdr["nodes"], hdr["gpus"]) == (
             want["header"]["user"], want["header"]["state"], want["header"]["exit"],
@@ -364,8 +377,9 @@ def test_search_finds_lines_in_spool_and_store_runs_and_links_to_them(site):
         page = get(site, f"/api/runs/{run}/log", after=f"{int(ns) - 1}:{stream}:{seq}",
                    limit="100")
         assert page.status_code == 200, page.text
-        at = [e for e in page.json()["entries"] if e[0] == hit["cursor"]]  # a burst: one stamp
-        assert [e[3] for e in at] == [hit["text"]]
+        # a burst: one stamp
+        at = [e for e in page.json()["entries"] if e["cursor"] == hit["cursor"]]
+        assert [e["text"] for e in at] == [hit["text"]]
 
 
 def test_search_errors_are_400_and_sql_is_only_text(site):

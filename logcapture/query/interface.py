@@ -53,7 +53,7 @@ class Reader(Protocol):
     def log(self, run: str, stderr: bool = False, before: str | None = None,
             after: str | None = None, limit: int = LOG_PAGE) -> dict[str, Any]:
         """One page of the run's log as ``logview`` shows it (the job page's question):
-        ``entries`` ``[cursor, stream, kind, text, ts]`` in order, the newest ``limit`` before
+        ``entries``, each ``{cursor, stream, kind, text, ts}`` in order, the newest ``limit`` before
         the cursor ``before`` (default: the newest) or the oldest after ``after``; ``more``:
         entries lie beyond the page; ``ended``: the run's end record is in."""
         ...
@@ -89,6 +89,8 @@ def page_limit(limit: int) -> int:
     return max(1, min(int(limit), LOG_PAGE_MAX))
 
 
-def entry_json(ts: float, stream: str, seq: int, kind: str, text: str) -> list[Any]:
-    """A log entry as ``Reader.log`` sends it: ``[cursor, stream, kind, text, ts]``."""
-    return [cursor_of(ts, stream, seq), stream, kind, text, ts]
+def entry_json(ts: float, stream: str, seq: int, kind: str, text: str) -> dict[str, Any]:
+    """An entry as the page and the read service carry it (``Reader.log``): named fields, so
+    a field added later (a line number, styles, a rank) breaks no reader."""
+    return {"cursor": cursor_of(ts, stream, seq), "stream": stream, "kind": kind, "text": text,
+            "ts": ts}

@@ -117,9 +117,12 @@ class Renderer:
         self._process(text, final=False)
         return self._drain()
 
-    def idle(self) -> list[Rendered]:
-        """The stream has been quiet: commit the rows above the cursor (final lines), but not
-        the cursor row, which may still be redrawn. Safe to call at any time."""
+    def idle(self, quiet: bool = True) -> list[Rendered]:
+        """Commit the rows above the cursor (final lines), but not the cursor row, which may
+        still be redrawn, nor the rows of a live display the program is redrawing
+        (``Screen.commit_above_cursor``). ``quiet``: the stream has paused (else it is busy
+        and this is a periodic commit), so a live display the cursor has left has ended. Safe
+        to call at any time."""
         if self._line_mode:
             self._out.extend(self._pending)
             self._pending.clear()
@@ -130,7 +133,7 @@ class Renderer:
             s = self._screen
             assert s is not None  # line mode is left only through _to_screen
             if s.margins is None and not s.mode & ALT_SCREEN:
-                self._guard(s.commit_above_cursor)
+                self._guard(s.commit_above_cursor, quiet)
                 self._maybe_line_mode()
         return self._drain()
 
@@ -397,7 +400,8 @@ class Renderer:
 
         s = self._screen
         assert s is not None and self._stream is not None
-        if not self._stream._taking_plain_text or s.margins is not None or s.savepoints:
+        if (not self._stream._taking_plain_text or s.margins is not None or s.savepoints
+                or s.live is not None):  # line mode would commit a live display's rows
             return
         if (s.mode & BLOCKERS or AUTOWRAP not in s.mode or s.charset
                 or s.g0_charset is not LAT1_MAP or s.carry_open):

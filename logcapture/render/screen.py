@@ -25,6 +25,9 @@ from .patterns import PATTERNS
 
 # DECSC savepoints kept (pyte's list is unbounded).
 _MAX_SAVEPOINTS = 64
+# Busy commits with the cursor below a live display, and no redraw, before the display is taken
+# to have stopped: the pipeline commits a busy stream every 0.5 s, so some 5 s of other output.
+LIVE_IDLES = 10
 
 log = logging.getLogger("logcapture.render")
 
@@ -117,6 +120,11 @@ class Screen(pyte.Screen):
         self.carry_open = False
         self.tabs_default = True
         self.unknown = 0
+        # The rows (top, bottom) a program is redrawing in place, by moving the cursor up over
+        # them: a live display (rich's progress, nested tqdm bars, docker's layers). ``idle``
+        # leaves them on the screen while the cursor is among them (``commit_above_cursor``).
+        self.live: tuple[int, int] | None = None
+        self.live_idles = 0
         super().__init__(columns, rows)
         self.buffer = defaultdict(lambda: _Row(_DEFAULT))
         self.mode.add(mo.LNM)
@@ -188,6 +196,7 @@ class Screen(pyte.Screen):
         return last
 
     def commit_all(self) -> None:
+        self.live = None
         buf = self.buffer
         for y in range(self.last_row() + 1):
             self.hand_on(buf.get(y))
@@ -196,11 +205,30 @@ class Screen(pyte.Screen):
         self.end_carry()
         buf.clear()
 
-    def commit_above_cursor(self) -> None:
-        """Commit the logical lines above the cursor's and move the cursor's line to the top."""
-        cy = self.chain_start(self.cursor.y)
+    def commit_above_cursor(self, quiet: bool = True) -> None:
+        """Commit the logical lines above the cursor's and move the cursor's line to the top,
+        except the rows of a live display (``live``): a program that redraws several rows (a
+        bar and its metrics below it, one bar per worker) rests its cursor on the last or the
+        first of them, and a state committed between two redraws would be a line the terminal
+        never kept. When the cursor has gone below them, the display has ended if the stream
+        is ``quiet`` (it ended with a newline); on a busy stream lines were printed above it
+        (``tqdm.write``, rich's ``console.log``), which pushed it down: it is taken to end at
+        the cursor's row, as high as it was, for at most ``LIVE_IDLES`` such commits with no
+        redraw (then its rows commit: a display redrawn so seldom may keep a state twice)."""
+        live = self.live
+        y = self.cursor.y
+        if live is not None and y > live[1]:
+            self.live_idles += 1
+            if quiet or self.live_idles > LIVE_IDLES:
+                self.live = live = None
+            else:
+                self.live = live = (y - (live[1] - live[0]), y)
+        cy = self.chain_start(self.cursor.y if live is None
+                              else max(0, min(self.cursor.y, live[0])))
         if cy <= 0:
             return
+        if live is not None:
+            self.live = (live[0] - cy, live[1] - cy)
         buf = self.buffer
         for y in range(cy):
             self.hand_on(buf.pop(y, None))
@@ -219,9 +247,33 @@ class Screen(pyte.Screen):
         self.mode.add(mo.LNM)
         self.tabs_default = True
 
+    def went_up(self, old: int, new: int | None = None) -> None:
+        """The cursor moved from row ``old`` up to row ``new`` (the cursor's row, or above the
+        screen's top where a move went past it: rows an ``idle`` already committed): those
+        rows are being redrawn. A move up from the bottom of the live rows (or below them)
+        starts a new redraw; one from within them (the next bar of the same redraw) widens
+        it."""
+        if new is None:
+            new = self.cursor.y
+        if new >= old:
+            return
+        live = self.live
+        self.live = (new, old) if live is None or old >= live[1] else (min(live[0], new),
+                                                                        live[1])
+        self.live_idles = 0
+
+    def cursor_up(self, count: int | None = None) -> None:
+        old = self.cursor.y
+        top = self.margins.top if self.margins is not None and old >= self.margins.top else 0
+        super().cursor_up(count)
+        self.went_up(old, old - (count or 1) if self.cursor.y == top else None)
+
     def index(self) -> None:
         top, bottom = self.margins or (0, self.lines - 1)
         if self.cursor.y == bottom:
+            live = self.live
+            if live is not None and top == 0:  # the live rows scroll up with the screen
+                self.live = None if live[1] == 0 else (live[0] - 1, live[1] - 1)
             buf = self.buffer
             row = buf.pop(top, None)
             if top == 0:
@@ -262,7 +314,9 @@ class Screen(pyte.Screen):
     def reverse_index(self) -> None:
         top = self.margins.top if self.margins else 0
         scrolls = self.cursor.y == top
+        old = self.cursor.y
         super().reverse_index()
+        self.went_up(old)
         if scrolls:  # a blank row came in at the top
             self.break_above(top)
 
@@ -516,15 +570,19 @@ class Screen(pyte.Screen):
             y += self.margins.top
             if not self.margins.top <= y <= self.margins.bottom:
                 return
+        old = self.cursor.y
         self.cursor.x = max(0, min(col, self.columns - 1))
         self.cursor.y = y
         self.ensure_vbounds()
+        self.went_up(old)
 
     def cursor_to_line(self, line: int | None = None) -> None:
+        old = self.cursor.y
         self.cursor.y = (line or 1) - 1
         if mo.DECOM in self.mode and self.margins is not None:
             self.cursor.y += self.margins.top
         self.ensure_vbounds()
+        self.went_up(old)
 
     def save_cursor(self) -> None:
         super().save_cursor()

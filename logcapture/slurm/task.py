@@ -99,7 +99,7 @@ class StatusListener:
                 conn, _ = self.sock.accept()
             except OSError:
                 return
-            if _peer_uid(conn) != 0:  # slurmstepd runs as root; nobody else tells a status
+            if peer_uid(conn) != 0:  # slurmstepd runs as root; nobody else tells a status
                 conn.close()
                 continue
             data = b""
@@ -134,7 +134,8 @@ class StatusListener:
         self.sock.close()
 
 
-def _peer_uid(conn: socket.socket) -> int:
+def peer_uid(conn: socket.socket) -> int:
+    """The uid of the process at the other end of a unix socket (SO_PEERCRED); -1 unknown."""
     import socket
     import struct
 

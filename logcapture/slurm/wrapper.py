@@ -160,6 +160,7 @@ def _captured(job: list[str], opts: dict[str, str]) -> int:
     # public part beside the spool. A missing file means the defaults.
     env["LOGCAPTURE_CONFIG"] = str(root / PUBLIC_CONFIG)
     spool: Path | None = None
+    beside = None
     if run_id is not None:
         job_dir = root / env["SLURM_JOB_ID"]
         try:
@@ -176,6 +177,11 @@ def _captured(job: list[str], opts: dict[str, str]) -> int:
         from .task import TASKS_VAR
 
         env[TASKS_VAR] = str(spool)
+        # And srun's copy of what the tasks print is not stored again with the batch script
+        # (slurm.forward: the plugin hands srun's output to this reader through pipes).
+        from .forward import Forwarder, batch_address
+
+        beside = Forwarder(batch_address(env["SLURM_JOB_ID"]))
     else:
         spool = default_root(env)
         warn(f"the job's spool directory under {root} is missing (did the logcapture prolog "
@@ -185,4 +191,4 @@ def _captured(job: list[str], opts: dict[str, str]) -> int:
     # inventory still goes into the Start record.
     sample = not node_sampler_running(str(root), env.get("SLURM_JOB_ID", ""))
     return capture_command(job, spool_root=spool, run_id=run_id, warn=warn, env=env,
-                           sample=sample)
+                           sample=sample, beside=beside)

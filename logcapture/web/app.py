@@ -21,6 +21,7 @@ import math
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
+from string import Template
 from typing import Any
 
 import anyio.to_thread
@@ -28,7 +29,7 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import (
-    FileResponse,
+    HTMLResponse,
     JSONResponse,
     PlainTextResponse,
     Response,
@@ -141,9 +142,29 @@ async def _call(fn: Callable[..., Any], *args: Any) -> Any:
     return await anyio.to_thread.run_sync(fn, *args)
 
 
-def _html(name: str) -> Callable[[Request], Any]:
+# The pages: (file of its <main> and scripts, title, whether it draws charts). Each is put
+# into layout.html, the one head and top bar they share, once when the app is built.
+PAGES = {"/": ("runs.html", "Runs", False), "/job/{ref}": ("job.html", "Job", True),
+         "/compare": ("compare.html", "Compare", True)}
+_NAV = (("/", "Runs"), ("/compare", "Compare"))
+
+
+def page_html(path: str) -> str:
+    """The whole HTML of the page served at ``path`` (a key of ``PAGES``)."""
+    name, title, charts = PAGES[path]
+    nav = "".join(f'<a href="{href}"' + (' class="here"' if href == path else "")
+                  + (' id="compare-link"' if href == "/compare" else "") + f">{text}</a>"
+                  for href, text in _NAV)
+    styles = '<link rel="stylesheet" href="/static/vendor/uPlot.min.css">\n' if charts else ""
+    return Template((STATIC / "layout.html").read_text()).substitute(
+        title=title, styles=styles, nav=nav, main=(STATIC / name).read_text())
+
+
+def _html(path: str) -> Callable[[Request], Any]:
+    html = page_html(path)
+
     async def endpoint(request: Request) -> Response:
-        return FileResponse(STATIC / name, media_type="text/html")
+        return HTMLResponse(html)
     return endpoint
 
 
@@ -169,6 +190,11 @@ class _Api:
                                  _flag(request, "stderr"), q.get("before"), q.get("after"),
                                  _limit(request)))
 
+    async def job_log(self, request: Request) -> Response:
+        q = request.query_params
+        return _json(await _call(self.pages.job_log, request.path_params["ref"],
+                                 q.get("rank", ""), q.get("node", ""), _limit(request)))
+
     async def follow(self, request: Request) -> Response:
         ref = request.path_params["ref"]
         stderr = _flag(request, "stderr")
@@ -189,7 +215,7 @@ class _Api:
         quiet = 0.0
         while True:
             if page["entries"]:
-                cursor, quiet = page["entries"][-1][0], 0.0
+                cursor, quiet = page["entries"][-1]["cursor"], 0.0
                 yield "event: entries\ndata: " + json.dumps({"entries": page["entries"]}) + "\n\n"
             if page["ended"] and not page["more"]:
                 yield "event: end\ndata: {}\n\n"
@@ -243,14 +269,14 @@ def create_app(pages: Pages, token: str, port: int | None = None) -> Starlette:
             await _call(pages.close)
 
     routes = [
-        Route("/", _html("runs.html")),
-        Route("/job/{ref}", _html("job.html")),
-        Route("/compare", _html("compare.html")),
+        *(Route(path, _html(path)) for path in PAGES),
         Route("/api/runs", api.runs),
         Route("/api/runs/{ref}", _per_run(pages.header)),
         Route("/api/runs/{ref}/insights", _per_run(pages.insights)),
         Route("/api/runs/{ref}/log", api.log),
         Route("/api/runs/{ref}/follow", api.follow),
+        Route("/api/runs/{ref}/tasks", _per_run(pages.tasks)),
+        Route("/api/runs/{ref}/joblog", api.job_log),
         Route("/api/runs/{ref}/metadata", _per_run(pages.metadata)),
         Route("/api/runs/{ref}/resources", _per_run(pages.resources)),
         Route("/api/runs/{ref}/export", api.export),

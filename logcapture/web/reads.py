@@ -122,6 +122,19 @@ class Pages:
         page = self._ask(self.reader.log, run, stderr, before, after, limit)
         return {"run": run, **page}
 
+    def tasks(self, ref: str) -> dict[str, Any]:
+        """The tasks of the job ``ref`` names (``rankview.tasks_of``; none for a run)."""
+        from ..rankview import tasks_of
+
+        return {"tasks": self._ask(tasks_of, self.reader, check_ref(ref))}
+
+    def job_log(self, ref: str, ranks: str, nodes: str, limit: int) -> dict[str, Any]:
+        """The log of a job of several ranks (``rankview.page``): its chosen ranks and nodes
+        merged, labelled and folded."""
+        from ..rankview import page
+
+        return self._ask(page, self.reader, check_ref(ref), ranks, nodes, limit)
+
     def metadata(self, ref: str) -> dict[str, Any]:
         run = self.resolve(ref)
         return metadata(self._ask(self.reader.metadata, run)[::-1])

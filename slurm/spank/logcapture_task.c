@@ -8,7 +8,7 @@
  * In slurm_spank_task_init (the task process, as the job's user, just before it execs the
  * step's program) it acts only when the job's environment holds LOGCAPTURE_TASKS, which the
  * job wrapper exports for a user who opted in, and never in the batch or extern step (the
- * wrapper captures the batch script itself), nor in a task that has a terminal (srun --pty).
+ * wrapper captures the batch script itself), nor in a task of an `srun --pty` step.
  * It starts `python -I -m logcapture slurm task` detached (a grandchild, so the task never
  * sees an unknown child), with the task's own
  * stdout and stderr as its stdout and stderr and one end of a socketpair as fd 3. The Python
@@ -24,9 +24,22 @@
  * run: once every task of the step has exited slurmstepd kills what is left in the step,
  * the capture process included.
  *
- * Any failure leaves the task as it was, uncaptured, with one line in slurmd's log
- * (slurm_error/slurm_info). The plugin never returns an error to Slurm: with `optional` in
- * plugstack.conf a missing plugin is skipped too.
+ * In srun (local context, as the user) it keeps the tasks' lines from being stored a second
+ * time with the batch script: srun writes what its tasks print to its own stdout and stderr,
+ * the batch script's pty. In slurm_spank_init_post_opt, when the job's tasks are captured
+ * (LOGCAPTURE_TASKS names a directory of the user's and the interpreter is there), it connects
+ * to the batch capture (the abstract unix socket logcapture/batch/JOB, whose peer must be the
+ * user: SO_PEERCRED), sends srun's fds 1 and 2 (SCM_RIGHTS) and gets back, for each that is
+ * the batch's pty, the write end of a pipe that the batch capture copies to the batch's
+ * outputs as it copies the pty, without storing it (logcapture/slurm/forward.py). It puts them
+ * on fds 1 and 2; in slurm_spank_exit it puts the originals back and waits (bounded) until
+ * the batch capture has copied all srun wrote, so that what the script prints next comes
+ * after it. When there is no batch capture (an srun outside a captured batch script, or in a
+ * task) nothing changes.
+ *
+ * Any failure leaves the task (or srun) as it was, uncaptured (or not forwarded), with one
+ * line in slurmd's log (slurm_error/slurm_info) or on srun's stderr. The plugin never returns
+ * an error to Slurm: with `optional` in plugstack.conf a missing plugin is skipped too.
  */
 #define _GNU_SOURCE /* struct ucred, SO_PEERCRED (unix(7)) */
 #include <errno.h>
@@ -38,6 +51,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -53,8 +67,12 @@ SPANK_PLUGIN(logcapture_task, 1);
 #define READY_TIMEOUT_MS 10000 /* Python's start on a loaded node, at most */
 #define FINISH_TIMEOUT_MS 20000 /* the capture process's drain and end record, at most */
 #define CAPTURE_FD 3
+#define FORWARD_TIMEOUT_MS 5000 /* the batch capture's answer to srun, at most */
 
 static char python[4096] = "";
+static int forward_sock = -1;            /* srun: the batch capture, while srun forwards */
+static int forward_saved[3] = {-1, -1, -1}; /* srun: its fds 1 and 2 as they were */
+static int forward_tried = 0;
 
 /* The abstract socket name of one task's capture process (unix(7): a leading NUL byte). The
  * Python side (logcapture.slurm.task.status_address) makes the same name. */
@@ -70,16 +88,28 @@ static socklen_t task_address(struct sockaddr_un *addr, uint32_t job, uint32_t s
     return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n);
 }
 
+/* The abstract socket name of a job's batch capture; logcapture.slurm.forward.batch_address
+ * makes the same. */
+static socklen_t batch_address(struct sockaddr_un *addr, const char *job)
+{
+    int n;
+
+    memset(addr, 0, sizeof(*addr));
+    addr->sun_family = AF_UNIX;
+    n = snprintf(addr->sun_path + 1, sizeof(addr->sun_path) - 1, "logcapture/batch/%s", job);
+    return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n);
+}
+
 int slurm_spank_init(spank_t sp, int ac, char **av)
 {
     int i;
 
-    if (!spank_remote(sp))
-        return ESPANK_SUCCESS;
+    if (!spank_remote(sp) && spank_context() != S_CTX_LOCAL)
+        return ESPANK_SUCCESS; /* sbatch, salloc: nothing to do */
     for (i = 0; i < ac; i++) {
         if (strncmp(av[i], "python=", 7) == 0)
             snprintf(python, sizeof(python), "%s", av[i] + 7);
-        else
+        else if (spank_remote(sp))
             slurm_info("logcapture_task: unknown plugstack.conf argument %s ignored", av[i]);
     }
     return ESPANK_SUCCESS;
@@ -182,7 +212,7 @@ static int receive_slaves(int sock, int fds[2])
 
 int slurm_spank_task_init(spank_t sp, int ac, char **av)
 {
-    char optin[8];
+    char optin[8], port[16];
     spank_err_t found;
     uint32_t job = 0, step = 0, task = 0;
     int local = 0, sv[2], fds[2] = {-1, -1}, n;
@@ -205,8 +235,12 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
     }
     if (!captured_step(step))
         return ESPANK_SUCCESS;
-    /* srun --pty: the task has a terminal of its own; an interactive step is left as it is. */
-    if (isatty(STDOUT_FILENO))
+    /* srun --pty: the task has a terminal of its own; an interactive step is left as it is.
+     * A terminal without SLURM_PTY_PORT is slurmstepd's for unbuffered output (srun -u, or
+     * --pty that srun disregarded because its stdout is no terminal, as in a batch script):
+     * its output goes through srun as any step's, and the task is captured. */
+    if (isatty(STDOUT_FILENO)
+        && spank_getenv(sp, "SLURM_PTY_PORT", port, sizeof(port)) == ESPANK_SUCCESS)
         return ESPANK_SUCCESS;
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0) {
         slurm_error("logcapture_task: %u.%u task %u not captured: socketpair: %m",
@@ -237,6 +271,172 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
     if (n > 1)
         close(fds[1]);
     close(sv[0]);
+    return ESPANK_SUCCESS;
+}
+
+/* Poll `fd` for input for at most `ms` milliseconds; > 0 when it has some. */
+static int wait_input(int fd, int ms)
+{
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    int r;
+
+    do {
+        r = poll(&p, 1, ms);
+    } while (r < 0 && errno == EINTR);
+    return r;
+}
+
+/* Is `path` a directory of this user's (not a link): the job's spool the wrapper exported, as
+ * logcapture.slurm.task.job_spool checks it. */
+static int own_directory(const char *path)
+{
+    struct stat st;
+
+    return path != NULL && path[0] == '/' && lstat(path, &st) == 0 && S_ISDIR(st.st_mode)
+        && st.st_uid == getuid();
+}
+
+/* Put the received pipe(s) on srun's fds 1 and 2 as `map` says (module comment); 0 when done,
+ * -1 (and fds 1 and 2 as they were) when not. */
+static int forward_fds(const char *map, const int *fds, int n)
+{
+    int i, fd, k;
+
+    for (i = 0; i < 2; i++) {
+        fd = i + 1;
+        if (map[i] == '-')
+            continue;
+        k = map[i] - '0';
+        if (k < 0 || k >= n)
+            goto undo;
+        forward_saved[fd] = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+        if (forward_saved[fd] < 0 || dup2(fds[k], fd) < 0)
+            goto undo;
+    }
+    return 0;
+undo:
+    for (fd = 1; fd <= 2; fd++) {
+        if (forward_saved[fd] >= 0) {
+            dup2(forward_saved[fd], fd);
+            close(forward_saved[fd]);
+            forward_saved[fd] = -1;
+        }
+    }
+    return -1;
+}
+
+/* srun: hand its fds 1 and 2 to the batch capture (the module comment). */
+static void forward_start(void)
+{
+    const char *job = getenv("SLURM_JOB_ID");
+    struct sockaddr_un addr;
+    struct ucred peer;
+    socklen_t len = sizeof(peer), alen;
+    int sock, std[2] = {STDOUT_FILENO, STDERR_FILENO}, fds[2] = {-1, -1}, n = 0, i;
+    char byte = 'F', reply[3], buf[CMSG_SPACE(2 * sizeof(int))];
+    struct iovec iov = {.iov_base = &byte, .iov_len = 1};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = buf,
+                         .msg_controllen = sizeof(buf)};
+    struct cmsghdr *c;
+    ssize_t got;
+
+    if (python[0] == '\0' || access(python, X_OK) != 0 || !own_directory(getenv(OPTIN_VAR))
+        || job == NULL || job[0] == '\0' || strlen(job) > 20 || strspn(job, "0123456789")
+        != strlen(job))
+        return; /* the job's tasks are not captured: srun's output is the batch's to keep */
+    sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (sock < 0)
+        return;
+    alen = batch_address(&addr, job);
+    if (connect(sock, (struct sockaddr *)&addr, alen) < 0) {
+        close(sock); /* no batch capture here: srun in a task, or the job is not captured */
+        return;
+    }
+    if (getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &peer, &len) < 0 || peer.uid != getuid()) {
+        slurm_info("logcapture_task: the batch capture's socket is not yours; srun's output "
+                   "is not forwarded");
+        close(sock);
+        return;
+    }
+    memset(buf, 0, sizeof(buf));
+    c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(2 * sizeof(int));
+    memcpy(CMSG_DATA(c), std, sizeof(std));
+    if (sendmsg(sock, &msg, MSG_NOSIGNAL) != 1) {
+        close(sock); /* fd 1 or 2 closed (srun >&-): leave them */
+        return;
+    }
+    if (wait_input(sock, FORWARD_TIMEOUT_MS) <= 0) {
+        slurm_info("logcapture_task: the batch capture did not answer in %d s; srun's output "
+                   "is not forwarded", FORWARD_TIMEOUT_MS / 1000);
+        close(sock);
+        return;
+    }
+    iov.iov_base = reply;
+    iov.iov_len = sizeof(reply);
+    msg.msg_controllen = sizeof(buf);
+    got = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC | MSG_WAITALL);
+    for (c = CMSG_FIRSTHDR(&msg); got > 0 && c != NULL; c = CMSG_NXTHDR(&msg, c)) {
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+            n = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+            if (n > 2)
+                n = 2;
+            memcpy(fds, CMSG_DATA(c), n * sizeof(int));
+        }
+    }
+    if (got == (ssize_t)sizeof(reply) && reply[0] == 'F' && forward_fds(reply + 1, fds, n) == 0)
+        forward_sock = sock;
+    else
+        close(sock); /* N--: neither fd is the batch's pty */
+    for (i = 0; i < n; i++)
+        close(fds[i]);
+}
+
+/* srun, at its exit: the original fds back, and wait until the batch capture has copied
+ * everything srun wrote. */
+static void forward_end(void)
+{
+    char byte = 'E';
+    int fd;
+
+    if (forward_sock < 0)
+        return;
+    for (fd = 1; fd <= 2; fd++) {
+        if (forward_saved[fd] >= 0) {
+            dup2(forward_saved[fd], fd); /* closes srun's pipe end */
+            close(forward_saved[fd]);
+            forward_saved[fd] = -1;
+        }
+    }
+    if (send(forward_sock, &byte, 1, MSG_NOSIGNAL) == 1
+        && wait_input(forward_sock, FORWARD_TIMEOUT_MS) > 0)
+        (void)recv(forward_sock, &byte, 1, 0);
+    close(forward_sock);
+    forward_sock = -1;
+}
+
+int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
+{
+    (void)sp;
+    (void)ac;
+    (void)av;
+    /* Once (srun calls it for each component of a heterogeneous step), in srun only. */
+    if (spank_context() == S_CTX_LOCAL && !forward_tried) {
+        forward_tried = 1;
+        forward_start();
+    }
+    return ESPANK_SUCCESS;
+}
+
+int slurm_spank_exit(spank_t sp, int ac, char **av)
+{
+    (void)sp;
+    (void)ac;
+    (void)av;
+    if (spank_context() == S_CTX_LOCAL)
+        forward_end();
     return ESPANK_SUCCESS;
 }
 

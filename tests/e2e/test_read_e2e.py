@@ -291,7 +291,7 @@ def test_serve_as_a_user_shows_their_jobs_through_the_read_service(rd: Cluster) 
             runs = get("/api/runs").json()
             assert j1.id in {r["job_id"] for r in runs}
             assert j2.id not in {r["job_id"] for r in runs} and "theirs" not in str(runs)
-            texts = [e[3] for e in get(f"/api/runs/{j1.id}/log", stderr="1").json()["entries"]]
+            texts = [e["text"] for e in get(f"/api/runs/{j1.id}/log", stderr="1").json()["entries"]]
             assert "u1 visible line" in texts and "u1 after the secret" in texts
             meta = get(f"/api/runs/{j1.id}/metadata").json()
             assert [r["fields"] for r in meta["rows"]] == [{"epoch": 1, "u1_metric": 0.5}]

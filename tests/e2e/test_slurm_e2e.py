@@ -60,11 +60,13 @@ def test_an_opted_in_job_is_captured_rendered_and_recorded(lc: Cluster) -> None:
     stdout = lines(records)
     assert f"hello from {job.id}" in stdout
     assert "progress 5/5" in stdout and not any("progress 1/5" in t for t in stdout)
-    assert "from an srun step" in stdout
+    # The srun step's line is its task's (J.0.0), stored once: not again with the script.
+    assert "from an srun step" not in stdout
+    assert lines(lc.records(job, f"{job.id}.0.0")) == ["from an srun step"]
     # No -e: stdout and stderr share the output file, so they are one stream, in order.
     assert lines(records, "stderr") == []
     assert stdout.index('{"epoch": 1, "loss": 0.5}') < stdout.index("to stderr") \
-        < stdout.index("from an srun step")
+        < stdout.index("stdout is a tty")
     assert [r["fields"] for r in records if r["kind"] == "metadata"] == [
         {"epoch": 1, "loss": 0.5}]
     start = records[0]
@@ -85,7 +87,13 @@ def test_an_opted_in_job_is_captured_rendered_and_recorded(lc: Cluster) -> None:
     r = lc.as_user(U1, [str(lc.env["LOGCAPTURE_BIN"]) + "/logcapture", "logs", "--spool",
                         str(lc.spool_root / job.id), job.id])
     assert r.returncode == 0, r.stderr
-    assert "from an srun step" in r.stdout
+    # The job's log: the script's lines and its task's (one rank: no label), each once.
+    assert f"hello from {job.id}" in r.stdout
+    assert r.stdout.splitlines().count("from an srun step") == 1
+    r = lc.as_user(U1, [str(lc.env["LOGCAPTURE_BIN"]) + "/logcapture", "logs", "--spool",
+                        str(lc.spool_root / job.id), job.id, "--rank", "0"])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["from an srun step"]
 
 
 UNTOUCHED = r"""#!/bin/bash
