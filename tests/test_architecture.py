@@ -157,7 +157,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     # redact is a stage, and its rules (what a configured pattern may be) are read by config.
     ("records and rules", ["", "errors", "records", "config", "jobref", "search", "logview",
                            "rankview", "xaxis", "summary_row", "views", "userfiles",
-                           "redact"]),
+                           "redact", "progress", "arrays"]),
     ("capture stages and sources", ["frame", "runner", "render", "filter", "classify", "limit",
                                     "spool", "sampling"]),
     ("libraries over records", ["insights", "store", "runs", "ownership", "grafana",

@@ -282,7 +282,7 @@ GRAFANA = textwrap.dedent("""
                 for stderr in ("0", "1"):
                     sql = interpolate(t["rawSql"], {"run": sys.argv[1], "stderr": stderr,
                                                     "node": sys.argv[2], "x_axis": "",
-                                                    "rank": ["0"]},
+                                                    "rank": []},
                                       datetime(2000, 1, 1, tzinfo=timezone.utc),
                                       datetime(2100, 1, 1, tzinfo=timezone.utc))
                     res = st.client.query(sql)

@@ -46,7 +46,8 @@ def ls_cmd(spool: Path | None, store_dsn: str | None, source: str, as_json: bool
     (as sacct says it), exit code, start, duration, nodes, lines, insights (the first kind
     `show` explains, and how many more). JOB: only that job's runs (an array job's tasks, a
     requeued job's earlier runs), and each task of its srun steps (JOB.STEP.RANK, its node),
-    which are left out of the list of all runs."""
+    which are left out of the list of all runs. For an array job, a last line counts its
+    tasks by state and first insight."""
     from contextlib import closing
 
     from .. import jobref
@@ -70,6 +71,12 @@ def ls_cmd(spool: Path | None, store_dsn: str | None, source: str, as_json: bool
         return
     for line in table(ls_rows(summaries)):
         click.echo(line)
+    if job is not None:
+        from ..arrays import summary_for, summary_text
+
+        array = summary_for(job, summaries)
+        if array is not None:  # an array job: its tasks by state and first insight
+            click.echo(summary_text(array))
 
 
 @click.command()
@@ -326,7 +333,7 @@ def serve(spool: Path | None, store_dsn: str | None, port: int, host: str,
 @store_option
 @source_option
 @click.argument("run_ref", metavar="RUN")
-@click.option("--what", type=click.Choice(["lines", "metadata", "samples"]),
+@click.option("--what", type=click.Choice(["lines", "metadata", "samples", "progress"]),
               default="metadata", show_default=True, help="Which data to write.")
 @click.option("--format", "fmt", type=click.Choice(["csv", "ndjson", "parquet"]),
               default="csv", show_default=True, help="The file format.")
@@ -334,9 +341,10 @@ def serve(spool: Path | None, store_dsn: str | None, port: int, host: str,
               default=None, help="Write here (default: standard output).")
 def export_cmd(spool: Path | None, store_dsn: str | None, source: str, run_ref: str,
                what: str, fmt: str, output: Path | None) -> None:
-    """Write your own data of RUN: its lines, metadata (one column per key) or resource
-    samples, as CSV, NDJSON or Parquet, from the store once the run is shipped, else from the
-    spool. RUN: a run id, a Slurm job id, or `latest` (your newest run)."""
+    """Write your own data of RUN: its lines, metadata (one column per key), resource
+    samples or progress-bar points, as CSV, NDJSON or Parquet, from the store once the run
+    is shipped, else from the spool. RUN: a run id, a Slurm job id, or `latest` (your
+    newest run)."""
     from contextlib import closing, nullcontext
 
     from ..store import check_export, write_rows

@@ -250,10 +250,12 @@ class LocalReader:
 
     def export_rows(self, run: str, what: str) -> list[dict[str, Any]]:
         if what not in EXPORTS:
-            raise UsageError(f"--what must be lines, metadata or samples, not {what!r}")
-        if self._dir(run) is None:
+            raise UsageError(f"--what must be lines, metadata, samples or progress, not {what!r}")
+        run_dir = self._dir(run)
+        if run_dir is None:
             return self.store.export_rows(run, what)
         recs = (self.lines(run) if what == "lines" else
+                self._cached(run_dir).progress() if what == "progress" else
                 self.metadata(run) if what == "metadata" else self.samples(run))
         return export_rows(what, recs)
 

@@ -13,6 +13,7 @@ from .. import jobref
 from ..insights import Diagnoser, run_insights
 from ..insights.efficiency import admin_thresholds
 from ..insights.report import store_insights
+from ..progress import bars as progress_bars
 from ..records import (
     NOTE_BLANK,
     NOTE_MODE,
@@ -24,6 +25,7 @@ from ..records import (
     Line,
     Metadata,
     Note,
+    Progress,
     Sample,
     Start,
     redactions_by_kind,
@@ -54,6 +56,7 @@ class RunFacts(NamedTuple):
     spool_problems: str | None = None
     stored_in: str | None = None
     insights: list[dict[str, Any]] = []  # Insight.to_dict() (logcapture.insights)
+    progress: list[dict[str, Any]] = []  # progress record dicts (logcapture.progress)
 
 
 def describe(facts: RunFacts) -> dict[str, Any]:
@@ -111,6 +114,7 @@ def describe(facts: RunFacts) -> dict[str, Any]:
     info["warnings"] = facts.warnings
     info["spool_problems"] = facts.spool_problems
     info["stored_in"] = facts.stored_in
+    info["progress"] = progress_bars(facts.progress)
     return info
 
 
@@ -148,6 +152,7 @@ def spool_facts(run_dir: Path, owner: str, uid: int) -> RunFacts:
     metadata: list[dict[str, Any]] = []  # stream order is time order
     metadata_records: list[dict[str, Any]] = []
     samples: list[dict[str, Any]] = []
+    progress: list[dict[str, Any]] = []
     diagnoser = Diagnoser()
     for rec in iter_run(run_dir, stats):
         if isinstance(rec, Line):
@@ -163,6 +168,8 @@ def spool_facts(run_dir: Path, owner: str, uid: int) -> RunFacts:
             metadata_records.append(rec.to_dict())
         elif isinstance(rec, Sample):
             samples.append(rec.to_dict())
+        elif isinstance(rec, Progress):
+            progress.append(rec.to_dict())
         elif isinstance(rec, Command):
             commands += 1
         elif isinstance(rec, Note):
@@ -185,7 +192,8 @@ def spool_facts(run_dir: Path, owner: str, uid: int) -> RunFacts:
                             thresholds=admin_thresholds(), missing_segments=len(unread))
     return RunFacts(run_dir.name, owner, uid, start, end, dict(lines), dict(repeats),
                     dict(blanks), commands, modes, sorted(keys), metadata, samples, warnings,
-                    spool_problems=problems, insights=[i.to_dict() for i in insights])
+                    spool_problems=problems, insights=[i.to_dict() for i in insights],
+                    progress=progress)
 
 
 def store_facts(st: Store, run: str, owner: str | None) -> RunFacts:
@@ -206,5 +214,6 @@ def store_facts(st: Store, run: str, owner: str | None) -> RunFacts:
         samples, sum(r[3] for r in notes if r[1] == NOTE_WARNING),
         stored_in=redact(st.dsn),
         insights=store_insights(st, run, info["start_record"], info["end_record"], samples,
-                                owner))
+                                owner),
+        progress=st.progress(run, owner))
 

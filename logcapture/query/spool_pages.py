@@ -188,6 +188,18 @@ class SpoolRun:
             self._scanned[seg.index] = (meta, samples)
         return meta, samples
 
+    def progress(self) -> list[dict[str, Any]]:
+        """Progress records, in spool order."""
+        out: list[dict[str, Any]] = []
+        for seg in segments(self.run_dir):
+            try:
+                found = lines_of_kinds(seg, ("progress",))
+            except SpoolError:
+                continue
+            out += [r.to_dict() for r in parse_lines(seg.path.name, found["progress"], 0,
+                                                     ReadStats())]
+        return out
+
     def metadata(self) -> list[dict[str, Any]]:
         """Metadata records, newest first (as ``Reader.metadata``)."""
         with self._lock:

@@ -178,6 +178,8 @@ class StoreReader:
                 recs = st.lines(run, owner=self.owner)
             elif what == "metadata":
                 recs = st.metadata(run, self.owner)
+            elif what == "progress":
+                recs = st.progress(run, self.owner)
             else:
                 recs = st.samples(run, self.owner)
         return export_rows(what, recs)

@@ -279,6 +279,8 @@ def create_app(pages: Pages, token: str, port: int | None = None) -> Starlette:
         Route("/api/runs/{ref}/joblog", api.job_log),
         Route("/api/runs/{ref}/metadata", _per_run(pages.metadata)),
         Route("/api/runs/{ref}/resources", _per_run(pages.resources)),
+        Route("/api/runs/{ref}/progress", _per_run(pages.progress)),
+        Route("/api/arrays/{ref}", _per_run(pages.array)),
         Route("/api/runs/{ref}/export", api.export),
         Route("/api/compare", api.compare),
         Route("/api/search", api.search),

@@ -431,7 +431,7 @@
   // ------------------------------------------------------------------ downloads
   function drawDownloads() {
     const box = document.getElementById("downloads");
-    for (const what of ["lines", "metadata", "samples"]) {
+    for (const what of ["lines", "metadata", "samples", "progress"]) {
       const group = el("span", {class: "group"}, el("span", {class: "muted", text: what}));
       for (const fmt of ["csv", "ndjson", "parquet"]) {
         group.append(el("a", {class: "button", download: "", text: fmt.toUpperCase(),
