@@ -63,6 +63,7 @@ class Bench:
                         LOGCAPTURE_DEV_SLURMD_PORT=str(slurmd), LOGCAPTURE_DEV_CLUSTER="bench")
         self.pw = pwd.getpwnam(USER) if self._has_user() else None
         self.saved: dict[Path, bytes] = {}
+        self.last_job = ""
 
     @staticmethod
     def _has_user() -> bool:
@@ -113,7 +114,7 @@ class Bench:
         else:
             path.unlink(missing_ok=True)
 
-    def job_seconds(self, script: str) -> float:
+    def job_seconds(self, script: str, output: str = "/dev/null") -> float:
         home = Path(self.pw.pw_dir)
         path = home / "bench-job.sh"
         path.write_text(script)
@@ -122,7 +123,7 @@ class Bench:
         r = subprocess.run(
             ["setpriv", f"--reuid={self.pw.pw_uid}", f"--regid={self.pw.pw_gid}",
              "--init-groups", "env", f"SLURM_CONF={self.env['SLURM_CONF']}", f"HOME={home}",
-             "sbatch", "--parsable", "--output=/dev/null", str(path)],
+             "sbatch", "--parsable", f"--output={output}", str(path)],
             cwd=home, capture_output=True, text=True, check=True, timeout=60)
         job = r.stdout.strip().split(";")[0]
         while True:
@@ -131,6 +132,7 @@ class Bench:
             state = next((t.split("=", 1)[1] for t in out.split()
                           if t.startswith("JobState=")), "")
             if state in FINAL:
+                self.last_job = job
                 return time.perf_counter() - t0
             time.sleep(0.02)
 

@@ -66,6 +66,7 @@ SPANK_PLUGIN(logcapture_task, 1);
 #define OPTIN_VAR "LOGCAPTURE_TASKS"
 #define READY_TIMEOUT_MS 10000 /* Python's start on a loaded node, at most */
 #define FINISH_TIMEOUT_MS 20000 /* the capture process's drain and end record, at most */
+#define EXIT_TIMEOUT_MS (FINISH_TIMEOUT_MS + 2000) /* and its exit after that */
 #define CAPTURE_FD 3
 #define FORWARD_TIMEOUT_MS 5000 /* the batch capture's answer to srun, at most */
 
@@ -498,11 +499,26 @@ int slurm_spank_task_exit(spank_t sp, int ac, char **av)
 
         r = left > 0 ? poll(&p, 1, (int)left) : 0;
     } while (r < 0 && errno == EINTR);
-    if (r > 0)
-        (void)recv(sock, reply, sizeof(reply), 0);
-    else
+    if (r <= 0)
         slurm_info("logcapture_task: %u.%u task %u: the capture process did not finish in "
                    "%d s", job, step, task, FINISH_TIMEOUT_MS / 1000);
+    /* After the reply, end of file: the capture process keeps the connection open until it
+     * exits. Once this returns and the step's last task is gone, slurmstepd waits for the
+     * step's processes to be gone too (proctrack/cgroup looks again after 1 s, then 2, ...),
+     * so a capture process still exiting then would hold the step up by a second. An exited
+     * one counts until init reaps it (the double fork made init its parent): a node whose
+     * init reaps orphans late still waits that second (docs/architecture.md). */
+    while (r > 0 && recv(sock, reply, sizeof(reply), 0) > 0) {
+        do {
+            struct pollfd p = {.fd = sock, .events = POLLIN};
+            long left = EXIT_TIMEOUT_MS - elapsed_ms(&start);
+
+            r = left > 0 ? poll(&p, 1, (int)left) : 0;
+        } while (r < 0 && errno == EINTR);
+        if (r <= 0)
+            slurm_info("logcapture_task: %u.%u task %u: the capture process did not exit in "
+                       "time", job, step, task);
+    }
     close(sock);
     return ESPANK_SUCCESS;
 }
