@@ -137,18 +137,27 @@ class Bench:
             time.sleep(0.02)
 
 
+def new_bench(name: str) -> Bench | None:
+    """A Bench in a new temporary directory others can reach; None (and why) without root
+    or Slurm."""
+    if os.geteuid() != 0 or not shutil.which("slurmctld", path="/usr/sbin:/usr/bin"):
+        print(f"{name}: needs root and slurm-wlm (run slurm/ci-setup.sh)", file=sys.stderr)
+        return None
+    base = Path(tempfile.mkdtemp(prefix="logcapture-bench-", dir="/tmp"))
+    base.chmod(0o755)
+    return Bench(base)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=7, help="jobs per case for the trivial job")
     ap.add_argument("--lines", type=int, default=1_000_000, help="lines of the big job")
     ap.add_argument("--big-runs", type=int, default=2, help="jobs per case for the big job")
     args = ap.parse_args()
-    if os.geteuid() != 0 or not shutil.which("slurmctld", path="/usr/sbin:/usr/bin"):
-        print("bench_slurm: needs root and slurm-wlm (run slurm/ci-setup.sh)", file=sys.stderr)
+    b = new_bench("bench_slurm")
+    if b is None:
         return 2
-    base = Path(tempfile.mkdtemp(prefix="logcapture-bench-", dir="/tmp"))
-    base.chmod(0o755)
-    b = Bench(base)
+    base = b.dir.parent
     trivial = "#!/bin/bash\necho hello\n"
     big = f"#!/bin/bash\nseq {args.lines}\n"
     cases = {}

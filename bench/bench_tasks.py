@@ -32,7 +32,6 @@ import os
 import shutil
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -40,7 +39,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 from bench_runner import TRAINING, load  # noqa: E402
-from bench_slurm import Bench  # noqa: E402
+from bench_slurm import new_bench  # noqa: E402
 
 TASKS = 4
 WORK = {
@@ -85,12 +84,10 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2, help="jobs per case and workload")
     ap.add_argument("--only", default="empty,flood,training")
     args = ap.parse_args()
-    if os.geteuid() != 0 or not shutil.which("slurmctld", path="/usr/sbin:/usr/bin"):
-        print("bench_tasks: needs root and slurm-wlm (run slurm/ci-setup.sh)", file=sys.stderr)
+    b = new_bench("bench_tasks")
+    if b is None:
         return 2
-    base = Path(tempfile.mkdtemp(prefix="logcapture-bench-", dir="/tmp"))
-    base.chmod(0o755)
-    b = Bench(base)
+    base = b.dir.parent
     results: dict[str, dict[str, list[float]]] = {}
     try:
         b.up()

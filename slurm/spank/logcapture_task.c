@@ -449,6 +449,14 @@ static long elapsed_ms(const struct timespec *since)
     return (now.tv_sec - since->tv_sec) * 1000L + (now.tv_nsec - since->tv_nsec) / 1000000L;
 }
 
+/* Poll `fd` for input until `limit_ms` after `since`; > 0 when it has some. */
+static int wait_input_until(int fd, const struct timespec *since, long limit_ms)
+{
+    long left = limit_ms - elapsed_ms(since);
+
+    return left > 0 ? wait_input(fd, (int)left) : 0;
+}
+
 int slurm_spank_task_exit(spank_t sp, int ac, char **av)
 {
     uint32_t job = 0, step = 0, task = 0;
@@ -493,12 +501,7 @@ int slurm_spank_task_exit(spank_t sp, int ac, char **av)
     }
     /* A reply, or end of file: the capture process is done. */
     clock_gettime(CLOCK_MONOTONIC, &start);
-    do {
-        struct pollfd p = {.fd = sock, .events = POLLIN};
-        long left = FINISH_TIMEOUT_MS - elapsed_ms(&start);
-
-        r = left > 0 ? poll(&p, 1, (int)left) : 0;
-    } while (r < 0 && errno == EINTR);
+    r = wait_input_until(sock, &start, FINISH_TIMEOUT_MS);
     if (r <= 0)
         slurm_info("logcapture_task: %u.%u task %u: the capture process did not finish in "
                    "%d s", job, step, task, FINISH_TIMEOUT_MS / 1000);
@@ -509,12 +512,7 @@ int slurm_spank_task_exit(spank_t sp, int ac, char **av)
      * one counts until init reaps it (the double fork made init its parent): a node whose
      * init reaps orphans late still waits that second (docs/architecture.md). */
     while (r > 0 && recv(sock, reply, sizeof(reply), 0) > 0) {
-        do {
-            struct pollfd p = {.fd = sock, .events = POLLIN};
-            long left = EXIT_TIMEOUT_MS - elapsed_ms(&start);
-
-            r = left > 0 ? poll(&p, 1, (int)left) : 0;
-        } while (r < 0 && errno == EINTR);
+        r = wait_input_until(sock, &start, EXIT_TIMEOUT_MS);
         if (r <= 0)
             slurm_info("logcapture_task: %u.%u task %u: the capture process did not exit in "
                        "time", job, step, task);
