@@ -284,6 +284,7 @@ class Classifier:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
         self.run = run
         self.mode = mode
+        self._initial = mode
         self._noted = noted
         self.counts: dict[str, dict[str, int]] = {
             stream: dict.fromkeys(COUNT_KEYS, 0) for stream in OUTPUT_STREAMS
@@ -299,6 +300,7 @@ class Classifier:
         self._hold: dict[str, tuple[str, float]] = {}
         self._commands = 0
         self._outer: str | None = None  # the mode a held batch stands in for
+        self._changes: list[tuple[float, str]] = []  # (ts, mode) of each mode change
         self._lock = threading.RLock()
 
     # ------------------------------------------------------------------------------ numbering
@@ -337,6 +339,21 @@ class Classifier:
             if held is not None:
                 return self._under(held, lambda: self._one(stream, item, ts))
             return self._one(stream, item, ts)
+
+    def keeps_progress(self, ts: float) -> bool:
+        """May a progress point read at ``ts`` be kept? Only where the mode keeps the text
+        it was read from: ``enabled`` all through ``HOLD`` seconds before ``ts`` up to ``ts``
+        (a bar redrawn across a command in one read may belong to either side of it). The
+        caller asks once every line read up to ``ts`` has been classified."""
+        with self._lock:
+            before = self._initial
+            for at, mode in self._changes:
+                if at > ts:
+                    break
+                if at > ts - HOLD and before != ENABLED:
+                    return False
+                before = mode
+            return before == ENABLED
 
     def _held(self, stream: str, ts: float) -> str | None:
         """The stricter mode a hold puts on ``stream``'s lines read at ``ts``, or None."""
@@ -611,6 +628,7 @@ class Classifier:
                     self._hold[other] = (mode, max(until, ts + HOLD))
         self.mode = new
         if new != before:
+            self._changes.append((ts, new))
             old = before
             # The mode applies to both streams: say so in both, so a reader of either stream
             # (dashboards show stdout only) sees why output stops or starts.

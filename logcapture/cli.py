@@ -11,7 +11,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -200,7 +200,8 @@ def ls_cmd(spool: Path | None, store_dsn: str | None, source: str, as_json: bool
     (as sacct says it), exit code, start, duration, nodes, lines, insights (the first kind
     `show` explains, and how many more). JOB: only that job's runs (an array job's tasks, a
     requeued job's earlier runs), and each task of its srun steps (JOB.STEP.RANK, its node),
-    which are left out of the list of all runs."""
+    which are left out of the list of all runs. For an array job, a last line counts its
+    tasks by state and first insight."""
     from contextlib import closing
 
     from . import jobref
@@ -224,6 +225,12 @@ def ls_cmd(spool: Path | None, store_dsn: str | None, source: str, as_json: bool
         return
     for line in table(ls_rows(summaries)):
         click.echo(line)
+    if job is not None:
+        from .arrays import summary_for, summary_text
+
+        array = summary_for(job, summaries)
+        if array is not None:  # an array job: its tasks by state and first insight
+            click.echo(summary_text(array))
 
 
 @cli.command()
@@ -244,22 +251,29 @@ def logs(spool: Path | None, stream: str, follow: bool, store_dsn: str | None, s
     """Print the log of RUN (a run id or Slurm job id; default: the latest run) as the job
     page and Grafana show it (logview.py): rendered lines, commands, notes, and metadata
     lines the log does not already show. From the store once the run is shipped, else from
-    the spool. With --rank or --node, the lines of the job's tasks instead (each task of its
-    srun steps is a run: `logcapture ls JOB` lists them), in the order they were read, each
-    prefixed with its rank as `srun --label` does when several ranks are shown."""
+    the spool. A job with tasks of srun steps (each a run: `logcapture ls JOB` lists them):
+    the batch script's lines and its tasks' merged in the order they were read, each task's
+    prefixed with its rank as `srun --label` does, the same line of several ranks shown once
+    with a note naming them; --rank and --node: only those tasks (one rank: as printed)."""
     from contextlib import closing
+    from itertools import islice
 
     from .logview import NOTE, LogView
+    from .rankview import job_runs, read_job, several_ranks, text_lines
     from .records import from_dict
 
     streams = OUTPUT_STREAMS if stream == "all" else (stream,)
     view = LogView(streams=streams)
     with closing(_reader(spool, store_dsn, source)) as reader:
-        if ranks or nodes:
-            if follow:
-                raise UsageError("--follow reads one run: name a task run (`logcapture ls "
-                                 "JOB` lists them) instead of --rank/--node")
-            _print_tasks(reader, run_ref, streams, ranks, nodes)
+        if follow and (ranks or nodes):
+            raise UsageError("--follow reads one run: name a task run (`logcapture ls "
+                             "JOB` lists them) instead of --rank/--node")
+        # A job of several ranks (rankview.py): its runs' entries merged, labelled, folded
+        runs = None if follow else job_runs(reader, run_ref, ranks, nodes)
+        if runs is not None:
+            lines = text_lines(read_job(reader, runs, streams), several_ranks(runs))
+            while batch := list(islice(lines, 1000)):  # 1000 lines an echo
+                click.echo("\n".join(batch))
             return
         run = _wait_for_job(reader, run_ref) if follow else reader.resolve(run_ref)
         printed = False  # any output of the job's (notes are logcapture's)
@@ -281,47 +295,6 @@ def logs(spool: Path | None, stream: str, follow: bool, store_dsn: str | None, s
             click.echo("logcapture: stdout and stderr of this run went to the same place and "
                        "were captured as one stream, in the order written: see --stream "
                        "stdout (#SBATCH -e FILE or 2>FILE keeps them apart)", err=True)
-
-
-def _print_tasks(reader: Any, ref: str | None, streams: tuple[str, ...],
-                 ranks: tuple[str, ...], nodes: tuple[str, ...]) -> None:
-    """``logs JOB --rank/--node``: the chosen task runs' lines, merged by the time each was
-    read (each run's own order kept), labelled ``RANK: `` when more than one rank is shown."""
-    import heapq
-
-    from . import jobref
-    from .errors import NotFound
-    from .logview import LogView
-    from .records import from_dict
-
-    if ref is None or jobref.parse(ref) is None:
-        raise UsageError("--rank and --node read the tasks of a Slurm job: name the job "
-                         "(`logcapture logs JOB --rank 0`)")
-    wanted = jobref.parse_ranks(ranks) if ranks else None
-    found = jobref.tasks(ref, reader.runs(), wanted, set(nodes) if nodes else None)
-    if not found:
-        what = " and ".join(filter(None, (f"rank {', '.join(ranks)}" if ranks else "",
-                                          f"node {', '.join(nodes)}" if nodes else "")))
-        raise NotFound(f"job {ref} has no captured task with {what} (`logcapture ls {ref}` "
-                       "lists its tasks)")
-    prefix = {str(s["run"]): f"{s['rank']}: " for s in found}
-
-    def read(run: str) -> Iterator[dict[str, Any]]:
-        yield from reader.lines(run, None if len(streams) > 1 else streams[0])
-
-    merged = heapq.merge(*map(read, prefix), key=lambda d: float(d.get("ts") or 0.0))
-    several = len(set(prefix.values())) > 1
-    views = {run: LogView(streams=streams) for run in prefix}  # each task's log its own
-    batch: list[str] = []
-    for d in merged:
-        run = str(d.get("run"))
-        for e in views[run].feed((from_dict(d),)):
-            batch.append(prefix[run] + e.text if several else e.text)
-        if len(batch) >= 1000:  # a thousand lines an echo
-            click.echo("\n".join(batch))
-            batch.clear()
-    if batch:
-        click.echo("\n".join(batch))
 
 
 def _wait_for_job(reader: Any, ref: str | None, poll: float = 1.0) -> str:
@@ -415,15 +388,21 @@ def show(spool: Path | None, as_json: bool, store_dsn: str | None, source: str,
 @_spool_option
 @_store_option
 @_source_option
+@click.option("--rank", "ranks", multiple=True, metavar="N",
+              help="Only the tasks of srun steps with this rank (of --job's jobs, else of "
+                   "any): N, a range 0-3 or a list 0-3,8; repeatable.")
+@click.option("--node", "nodes", multiple=True, metavar="NAME",
+              help="Only the tasks that ran on this node; repeatable.")
 def search(pattern: str, regex: bool, jobs: tuple[str, ...], since: str | None,
            until: str | None, stream: str | None, states: tuple[str, ...], context: int,
            limit: int, as_json: bool, spool: Path | None, store_dsn: str | None,
-           source: str) -> None:
+           source: str, ranks: tuple[str, ...], nodes: tuple[str, ...]) -> None:
     """Find the lines of your runs that match PATTERN, newest first, grouped by run.
 
     PATTERN is words, all of which must occur in a line as whole tokens (case-sensitive:
     `NCCL timeout`), and "quoted phrases" that must occur as written
-    (`'"CUDA out of memory"'`); with --regex a regular expression. Exit status: 0 when lines
+    (`'"CUDA out of memory"'`); with --regex a regular expression. --rank and --node: only
+    in the tasks of srun steps with those ranks, on those nodes. Exit status: 0 when lines
     matched, 1 when none did, 2 on an error (as grep's)."""
     from contextlib import closing
 
@@ -438,6 +417,10 @@ def search(pattern: str, regex: bool, jobs: tuple[str, ...], since: str | None,
                   context, limit).checked()
     with closing(_reader(spool, store_dsn, source)) as reader:
         try:
+            if ranks or nodes:  # the task runs they name (rankview.py)
+                from .rankview import task_run_ids
+
+                req = req._replace(jobs=task_run_ids(reader, jobs, ranks, nodes))
             found = reader.search(req.to_dict())
         except NotFound as e:  # a --job that names none of the caller's runs
             raise UsageError(e.message) from None
@@ -902,7 +885,7 @@ def db_init(store_dsn: str | None, ttl_days: int | None, row_policies: bool) -> 
 @_store_option
 @_source_option
 @click.argument("run_ref", metavar="RUN")
-@click.option("--what", type=click.Choice(["lines", "metadata", "samples"]),
+@click.option("--what", type=click.Choice(["lines", "metadata", "samples", "progress"]),
               default="metadata", show_default=True, help="Which data to write.")
 @click.option("--format", "fmt", type=click.Choice(["csv", "ndjson", "parquet"]),
               default="csv", show_default=True, help="The file format.")
@@ -910,9 +893,10 @@ def db_init(store_dsn: str | None, ttl_days: int | None, row_policies: bool) -> 
               default=None, help="Write here (default: standard output).")
 def export_cmd(spool: Path | None, store_dsn: str | None, source: str, run_ref: str,
                what: str, fmt: str, output: Path | None) -> None:
-    """Write your own data of RUN: its lines, metadata (one column per key) or resource
-    samples, as CSV, NDJSON or Parquet, from the store once the run is shipped, else from the
-    spool. RUN: a run id, a Slurm job id, or `latest` (your newest run)."""
+    """Write your own data of RUN: its lines, metadata (one column per key), resource
+    samples or progress-bar points, as CSV, NDJSON or Parquet, from the store once the run
+    is shipped, else from the spool. RUN: a run id, a Slurm job id, or `latest` (your
+    newest run)."""
     from contextlib import closing, nullcontext
 
     from .store import check_export, write_rows

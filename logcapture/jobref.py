@@ -189,6 +189,20 @@ def parse_ranks(values: Iterable[str]) -> set[int]:
     return ranks
 
 
+def format_ranks(ranks: Iterable[int]) -> str:
+    """Ranks as ``--rank`` takes them back (``parse_ranks``): ``0-3, 8`` for 0, 1, 2, 3, 8."""
+    parts: list[str] = []
+    run: list[int] = []
+    for r in sorted(set(ranks)):
+        if run and r != run[-1] + 1:
+            parts.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+            run = []
+        run.append(r)
+    if run:
+        parts.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ", ".join(parts)
+
+
 def tasks(text: str, summaries: Iterable[Mapping[str, Any]], ranks: set[int] | None = None,
           nodes: set[str] | None = None) -> list[Mapping[str, Any]]:
     """The task runs of the job ``text`` names (its latest run unless ``J.N`` names an earlier

@@ -146,7 +146,8 @@ def _note_text_sql() -> str:
 
 
 def log_sql(db: str, run_cond: str, stderr: str, where: str = "1", order: str = "DESC",
-            limit: str = "10000", ts: str = "ts", final: bool = True) -> str:
+            limit: str = "10000", ts: str = "ts", final: bool = True, runs: bool = False
+            ) -> str:
     """ClickHouse SQL for a run's log entries: columns ``ts`` (DateTime64), ``stream``,
     ``seq``, ``kind``, ``text``, ordered by ``(ts, stream, seq)`` in ``order``, at most
     ``limit``. The printed twin of a metadata record shares its time stamp (one classifier
@@ -159,14 +160,16 @@ def log_sql(db: str, run_cond: str, stderr: str, where: str = "1", order: str = 
     is the expression returned as ``ts``. Without ``final`` the tables are read without
     FINAL: a record shipped twice and not yet merged comes twice, for the caller to drop
     (FINAL merges the parts of the range first: right after a large upload, several times
-    the time)."""
+    the time). With ``runs`` (``run_cond`` selects several runs: a job's tasks) each entry
+    also carries its ``run``, and a metadata record's twin is looked up in its own run."""
     db = f"{db}." if db else ""
+    key = "run, " if runs else ""
     fin = "FINAL" if final else ""
     shown = f"(stream = '{STDOUT}' OR ({stderr} = 1 AND stream = '{STDERR}'))"
     # Each branch is ordered and limited by the tables' sort key (run, ts, stream, seq), so
     # a page reads its rows in key order and stops: a page of a 2M-line log costs one page.
     page = f"{where} ORDER BY ts {order}, stream {order}, seq {order} LIMIT {limit}"
-    lines = (f"SELECT ts, stream, seq, kind, text FROM {db}lines {fin} "
+    lines = (f"SELECT {key}ts, stream, seq, kind, text FROM {db}lines {fin} "
              f"WHERE {run_cond} AND {shown} AND {page}")
     # A page full of lines ends at its last line's time: older (newer) metadata cannot be
     # on it, and a metadata record's printed twin is looked up only among the page's times.
@@ -176,23 +179,23 @@ def log_sql(db: str, run_cond: str, stderr: str, where: str = "1", order: str = 
     else:
         bound = (f"ts <= (SELECT if(count() >= {limit}, max(ts), "
                  f"toDateTime64('2262-01-01 00:00:00', 9, 'UTC')) FROM ({lines}))")
-    metadata = (f"SELECT ts, stream, seq, fields FROM {db}metadata {fin} "
+    metadata = (f"SELECT {key}ts, stream, seq, fields FROM {db}metadata {fin} "
                 f"WHERE {run_cond} AND {shown} AND {bound} AND {page}")
     return f"""
-SELECT {ts} AS ts, stream, seq, kind, text FROM (
+SELECT {key}{ts} AS ts, stream, seq, kind, text FROM (
     SELECT * FROM ({lines})
     UNION ALL
     SELECT * FROM (
-        SELECT ts, stream, seq, '{NOTE}' AS kind, {_note_text_sql()} AS text
+        SELECT {key}ts, stream, seq, '{NOTE}' AS kind, {_note_text_sql()} AS text
         FROM {db}notes {fin}
         WHERE {run_cond}
           AND (stream = '{RUN}'
                OR ({shown} AND NOT (note = '{NOTE_MODE}' AND stream != '{STDOUT}')))
           AND {page})
     UNION ALL
-    SELECT ts, stream, seq, '{METADATA}' AS kind, fields AS text FROM ({metadata})
-    WHERE (stream, seq) NOT IN (
-        SELECT stream, seq + 1 FROM {db}lines
+    SELECT {key}ts, stream, seq, '{METADATA}' AS kind, fields AS text FROM ({metadata})
+    WHERE ({key}stream, seq) NOT IN (
+        SELECT {key}stream, seq + 1 FROM {db}lines
         WHERE {run_cond} AND kind = '{LINE}' AND ts IN (SELECT ts FROM ({metadata})))
 )
 ORDER BY ts {order}, stream {order}, seq {order}

@@ -22,7 +22,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from functools import partial
-from itertools import accumulate, compress, groupby, repeat
+from itertools import accumulate, compress, groupby, islice, repeat
 
 from .classify import COMMAND_PREFIX, strictness
 from .limit import OutputLimit
@@ -36,6 +36,7 @@ from .records import (
     Dropped,
     End,
     Note,
+    Progress,
     Rendered,
     Start,
 )
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
     from .filter import LineFilter
     from .redact import Redactor
     from .render import Renderer
+    from .render.progress import Point
 
 # The stages (render pulls in pyte and wcwidth's tables) are imported where a Pipeline is
 # made: in the capture worker, after the fork, so the wrapper starts the command sooner.
@@ -54,6 +56,10 @@ LINE_LIMIT = 65536  # render.LINE_LIMIT, held equal by tests/test_pipeline.py
 
 IDLE_COMMIT = 0.3  # seconds a stream must be quiet before its finished lines are committed
 IDLE_EVERY = 0.5  # seconds between commits of a stream that is never quiet
+# Seconds after a stream drew over a line that its committed lines may end a bar: a bar's
+# final state comes with its last carriage return (tqdm's and Keras' close write "\r...\n"),
+# and is committed within the read (a line scrolled off) or at the next idle commit.
+REDRAWN = 1.0
 
 _ESCAPES = re.compile(
     r"\x1b(\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)?|[@-Z\\-_])"  # CSI, OSC, ESC x
@@ -192,6 +198,21 @@ class Pipeline:
         self._idled = {s: True for s in OUTPUT_STREAMS}
         self._last_idle = {s: 0.0 for s in OUTPUT_STREAMS}
         self._faulted: set[str] = set()
+        from .render.progress import ProgressTracker
+
+        # Progress bars as data (docs/rendering.md): each stream's bars, and their points
+        # waiting, as (read time, stream, point), until every line read up to them has been
+        # classified, so that the mode they were read in decides whether they are kept.
+        self.trackers = {s: ProgressTracker() for s in OUTPUT_STREAMS}
+        self._points: deque[tuple[float, str, Point]] = deque()
+        self._progress_seq = dict.fromkeys(OUTPUT_STREAMS, 0)
+        # When the stream last drew over a line (the read time of its last carriage return,
+        # or of a step the full emulator took): its committed lines are searched for bars'
+        # final states only within REDRAWN of it or while a bar is live, its live lines only
+        # once it has drawn over one at all; so a flood of plain lines costs one search for a
+        # byte a read (bench/bench_progress.py).
+        self._redrawn_at = dict.fromkeys(OUTPUT_STREAMS, -_NEVER)
+        self._screens = dict.fromkeys(OUTPUT_STREAMS, 0)
 
     # --- run-level records ---------------------------------------------------------------
     def _next_run_seq(self) -> int:
@@ -242,6 +263,8 @@ class Pipeline:
             self._known = ended
         self._newlines[stream] = n
         self._fed[stream] = now
+        if b"\r" in data:
+            self._redrawn_at[stream] = now
         self._through(stream, lambda r: r.feed(data))
 
     def tick(self, now: float, mono: float | None = None) -> None:
@@ -288,8 +311,10 @@ class Pipeline:
             return
         exact = exact and getattr(r, "line_mode", True) and getattr(r, "screens", 0) == screens
         self._exact[stream] = exact
+        waiting = len(self._waiting[stream])
         if lines:
             self._time(stream, lines)
+        self._track(stream, r, list(islice(self._waiting[stream], waiting, None)), final)
         if (idle or final) and getattr(self.renderers[stream], "line_mode", True):
             # Every row above the cursor is committed: the newlines fed so far are used up
             # (a redraw that moved the cursor up may have overwritten some of them).
@@ -298,6 +323,61 @@ class Pipeline:
             self._exact[stream] = True
         if not idle and not final:
             self._release()
+
+    def _track(self, stream: str, r: Renderer | _PlainLines,
+               committed: list[tuple[float, list[Rendered]]], final: bool) -> None:
+        """The stream's progress bars after a renderer step: the lines it committed (with
+        their read times), its live lines at most once a second, every bar's end at the
+        stream's end."""
+        from .render import Renderer
+
+        tracker = self.trackers[stream]
+        ts = self._fed[stream]
+        screens = getattr(r, "screens", 0)
+        if screens != self._screens[stream] or not getattr(r, "line_mode", True):
+            self._screens[stream] = screens
+            self._redrawn_at[stream] = ts
+        if self._redrawn_at[stream] == -_NEVER:
+            return  # nothing drawn over yet: no bar
+        recent = ts - self._redrawn_at[stream] <= REDRAWN or tracker.live or final
+        try:
+            points = [p for at, lines in committed if recent
+                      for p in tracker.committed([line.text for line in lines], at)]
+            if final:
+                points += tracker.finish(ts)
+            elif tracker.due(ts) and isinstance(r, Renderer):
+                points += tracker.sample(r.live(), ts, r.redrawn())
+        except Exception as e:  # noqa: BLE001 - the job's output never breaks capture
+            self._fault(stream, "following progress bars on", e)
+            return
+        self._points.extend((p.ts, stream, p) for p in points)
+
+    def _emit_progress(self, final: bool = False) -> None:
+        """Spool the progress points whose read time every line before them has passed
+        (classified: the mode they were read in is known), those the mode kept."""
+        points = self._points
+        out: list[Progress] = []
+        while points:
+            ts, stream, p = points[0]
+            if not final and not self._settled(ts):
+                break
+            points.popleft()
+            if not self.classifier.keeps_progress(ts):
+                continue
+            seq = self._progress_seq[stream]
+            self._progress_seq[stream] = seq + 1
+            out.append(Progress(
+                run=self.run_id, stream=f"progress:{stream}", seq=seq, ts=p.ts, bar=p.bar,
+                label=self.redactor.text(p.state.label), n=p.state.n, total=p.state.total,
+                unit=p.state.unit, rate=p.rate, elapsed=p.elapsed, done=int(p.done)))
+        if out:
+            self.spool.write(out)
+
+    def _settled(self, ts: float) -> bool:
+        """Has every line read at or before ``ts`` been handed to the classifier?"""
+        return ts <= self._known and all(
+            (not q or q[0][0] > ts) and self._horizon(s) > ts
+            for s, q in self._waiting.items())
 
     def _time(self, stream: str, lines: list[Rendered]) -> None:
         """Give committed lines their read times: the k-th line of a stream whose lines are
@@ -347,6 +427,8 @@ class Pipeline:
         finally:
             for stream, run in groupby(released, key=operator.itemgetter(0)):
                 self._emit_run(stream, [(ts, lines) for _, ts, lines in run])
+            if self._points:
+                self._emit_progress(final)
 
     def _release_into(self, released: list[tuple[str, float, list[Rendered]]],
                       final: bool) -> None:

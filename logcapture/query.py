@@ -50,6 +50,7 @@ from .insights.matchers import LOWERED_NEEDLES
 from .insights.report import store_insights
 from .jobref import JOB_KEYS
 from .logview import Entry, LogView, cursor_of, parse_cursor, sort_key, ts_ns
+from .progress import bars as progress_bars
 from .records import (
     NOTE_BLANK,
     NOTE_MODE,
@@ -62,6 +63,7 @@ from .records import (
     Line,
     Metadata,
     Note,
+    Progress,
     Sample,
     Start,
     from_dict,
@@ -185,6 +187,7 @@ class RunFacts(NamedTuple):
     spool_problems: str | None = None
     stored_in: str | None = None
     insights: list[dict[str, Any]] = []  # Insight.to_dict() (logcapture.insights)
+    progress: list[dict[str, Any]] = []  # progress record dicts (logcapture.progress)
 
 
 def describe(facts: RunFacts) -> dict[str, Any]:
@@ -242,6 +245,7 @@ def describe(facts: RunFacts) -> dict[str, Any]:
     info["warnings"] = facts.warnings
     info["spool_problems"] = facts.spool_problems
     info["stored_in"] = facts.stored_in
+    info["progress"] = progress_bars(facts.progress)
     return info
 
 
@@ -279,6 +283,7 @@ def spool_facts(run_dir: Path, owner: str, uid: int) -> RunFacts:
     metadata: list[dict[str, Any]] = []  # stream order is time order
     metadata_records: list[dict[str, Any]] = []
     samples: list[dict[str, Any]] = []
+    progress: list[dict[str, Any]] = []
     diagnoser = Diagnoser()
     for rec in iter_run(run_dir, stats):
         if isinstance(rec, Line):
@@ -294,6 +299,8 @@ def spool_facts(run_dir: Path, owner: str, uid: int) -> RunFacts:
             metadata_records.append(rec.to_dict())
         elif isinstance(rec, Sample):
             samples.append(rec.to_dict())
+        elif isinstance(rec, Progress):
+            progress.append(rec.to_dict())
         elif isinstance(rec, Command):
             commands += 1
         elif isinstance(rec, Note):
@@ -316,7 +323,8 @@ def spool_facts(run_dir: Path, owner: str, uid: int) -> RunFacts:
                             thresholds=admin_thresholds(), missing_segments=len(unread))
     return RunFacts(run_dir.name, owner, uid, start, end, dict(lines), dict(repeats),
                     dict(blanks), commands, modes, sorted(keys), metadata, samples, warnings,
-                    spool_problems=problems, insights=[i.to_dict() for i in insights])
+                    spool_problems=problems, insights=[i.to_dict() for i in insights],
+                    progress=progress)
 
 
 def store_facts(st: Store, run: str, owner: str | None) -> RunFacts:
@@ -337,7 +345,8 @@ def store_facts(st: Store, run: str, owner: str | None) -> RunFacts:
         samples, sum(r[3] for r in notes if r[1] == NOTE_WARNING),
         stored_in=redact(st.dsn),
         insights=store_insights(st, run, info["start_record"], info["end_record"], samples,
-                                owner))
+                                owner),
+        progress=st.progress(run, owner))
 
 
 def spool_insights(run_dir: Path, start: Any, end: Any, thresholds: Any = None
@@ -652,6 +661,8 @@ class StoreReader:
                 recs = st.lines(run, owner=self.owner)
             elif what == "metadata":
                 recs = st.metadata(run, self.owner)
+            elif what == "progress":
+                recs = st.progress(run, self.owner)
             else:
                 recs = st.samples(run, self.owner)
         return export_rows(what, recs)
@@ -928,6 +939,18 @@ class SpoolRun:
             self._scanned[seg.index] = (meta, samples)
         return meta, samples
 
+    def progress(self) -> list[dict[str, Any]]:
+        """Progress records, in spool order."""
+        out: list[dict[str, Any]] = []
+        for seg in segments(self.run_dir):
+            try:
+                found = lines_of_kinds(seg, ("progress",))
+            except SpoolError:
+                continue
+            out += [r.to_dict() for r in parse_lines(seg.path.name, found["progress"], 0,
+                                                     ReadStats())]
+        return out
+
     def metadata(self) -> list[dict[str, Any]]:
         """Metadata records, newest first (as ``Reader.metadata``)."""
         with self._lock:
@@ -1160,10 +1183,12 @@ class LocalReader:
         if what not in EXPORTS:
             from .errors import UsageError
 
-            raise UsageError(f"--what must be lines, metadata or samples, not {what!r}")
-        if self._dir(run) is None:
+            raise UsageError(f"--what must be lines, metadata, samples or progress, not {what!r}")
+        run_dir = self._dir(run)
+        if run_dir is None:
             return self.store.export_rows(run, what)
         recs = (self.lines(run) if what == "lines" else
+                self._cached(run_dir).progress() if what == "progress" else
                 self.metadata(run) if what == "metadata" else self.samples(run))
         return export_rows(what, recs)
 

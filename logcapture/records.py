@@ -295,6 +295,29 @@ class End(_record_tuple("End", "exit_status", "signal", "state", "duration", "co
         counts: Mapping[str, Mapping[str, int]]
 
 
+class Progress(_record_tuple("Progress", "bar", "label", "n", "total", "unit", "rate",
+                             "elapsed", "done",
+                             defaults=(0, "", 0.0, None, "", None, None, 0)), Record):
+    """One point of a progress bar the renderer collapsed (docs/rendering.md, "Progress as
+    data"). ``stream`` is ``progress:stdout`` or ``progress:stderr`` (the bar's output
+    stream), ``seq`` counts that stream's points; ``bar`` numbers the stream's bars from 0;
+    ``label`` (redacted as a line is), ``n`` and ``total`` (None when the bar has none) in
+    ``unit``; ``rate`` per second and ``elapsed`` seconds (None when unknown); ``done`` 1 on
+    the bar's final state. At most one point a second per bar, and its final state."""
+
+    __slots__ = ()
+    kind = "progress"
+    if TYPE_CHECKING:
+        bar: int
+        label: str
+        n: float
+        total: float | None
+        unit: str
+        rate: float | None
+        elapsed: float | None
+        done: int
+
+
 def redactions_by_kind(counts: Any) -> dict[str, int]:
     """The secrets an End record's ``counts`` say were replaced by ``***``, by kind (those
     with any), as every reader reports them: a number per kind, never what they were."""
@@ -347,7 +370,7 @@ class Dropped(namedtuple("Dropped", ("note", "count"))):
 
 
 KINDS: dict[str, type[Record]] = {
-    cls.kind: cls for cls in (Start, Line, Note, Command, Metadata, Sample, End)
+    cls.kind: cls for cls in (Start, Line, Note, Command, Metadata, Sample, End, Progress)
 }
 
 

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from . import jobref
+from .progress import bar_text
 
 LS_COLUMNS = ("JOBID", "NAME", "STATE", "EXIT", "START", "DURATION", "NODES", "LINES",
               "INSIGHTS")
@@ -184,6 +185,10 @@ def show_lines(info: Mapping[str, Any]) -> list[str]:
         for key, label, fmt in _RESOURCES:
             if res.get(key) is not None:
                 out.append(("", f"  {label}: {fmt(res[key])}"))
+    bars = info.get("progress") or []
+    if bars:
+        out.append(("progress bars", str(len(bars))))
+        out += [("", "  " + bar_text(b)) for b in bars]
     kinds = info.get("redactions_by_kind") or {}
     by_kind = ", ".join(f"{k} {n}" for k, n in kinds.items())
     add("redactions", f"{info.get('redactions')} ({by_kind})" if kinds

@@ -68,6 +68,49 @@ with Progress() as progress:
         time.sleep(0.02)
 print("all done")
 """],
+    # Keras 3's own progress bar (keras.utils.Progbar, what model.fit prints at verbose=1),
+    # two epochs of 30 steps with a loss, each step 0.05 s: the numpy backend needs no GPU.
+    "keras_progbar": [PY, "-c", """
+import os, time
+os.environ.setdefault("KERAS_BACKEND", "numpy")
+from keras.utils import Progbar
+for epoch in (1, 2):
+    print(f"Epoch {epoch}/2")
+    bar = Progbar(30)
+    for step in range(1, 31):
+        time.sleep(0.05)
+        bar.update(step, values=[("loss", 1.0 / (step + 30 * epoch))])
+print("trained")
+"""],
+    # tqdm over 3 seconds: a series of several points (at most one a second).
+    "tqdm_slow": [PY, "-c", """
+import time
+from tqdm import tqdm
+for _ in tqdm(range(60), desc="train", mininterval=0.1):
+    time.sleep(0.05)
+print("done")
+"""],
+    # wget's own bar, downloading 3 MB over about 2 s from a local server (no network).
+    "wget_download": [PY, "-c", """
+import http.server, subprocess, tempfile, threading, time
+class Slow(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", str(30 * 100_000))
+        self.end_headers()
+        for _ in range(30):
+            self.wfile.write(b"x" * 100_000)
+            self.wfile.flush()
+            time.sleep(0.07)
+    def log_message(self, *a):
+        pass
+srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+threading.Thread(target=srv.serve_forever, daemon=True).start()
+with tempfile.TemporaryDirectory() as d:
+    subprocess.run(["wget", "--no-verbose", "--show-progress", "--progress=bar:force",
+                    "-O", d + "/model.bin", f"http://127.0.0.1:{srv.server_port}/model.bin"])
+print("downloaded")
+"""],
     "pip_download": [PY, "-c", """
 import time
 from pip._internal.cli.progress_bars import get_download_progress_renderer

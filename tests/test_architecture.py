@@ -156,7 +156,8 @@ def test_the_slurm_modules_import_only_os_and_sys_at_module_level(path: Path) ->
 LAYERS: list[tuple[str, list[str]]] = [
     # redact is a stage, and its rules (what a configured pattern may be) are read by config.
     ("records and rules", ["", "errors", "records", "config", "jobref", "search", "logview",
-                           "xaxis", "views", "userfiles", "redact"]),
+                           "rankview", "xaxis", "views", "userfiles", "redact", "progress",
+                           "arrays"]),
     ("capture stages and sources", ["frame", "runner", "render", "filter", "classify", "limit",
                                     "spool", "sampling"]),
     ("libraries over records", ["insights", "store", "runs", "grafana", "slurm.jobrecords",

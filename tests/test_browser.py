@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from pages import LOGCAPTURE, Serve, capture, chromium, env_for, have_chromium, write_gpu_run
+from test_arrays import write_array
 
 pytestmark = pytest.mark.skipif(not have_chromium(), reason="needs Debian's chromium and "
                                 "chromium-driver (.ci/run installs them)")
@@ -160,7 +161,8 @@ def test_resources_per_node_and_downloads(site, browser, shots):
     assert fact.text.split() == ["REDACTIONS", "3"]
     links = [a.get_attribute("href") for a in
              d.find_elements(By.CSS_SELECTOR, "#downloads a")]
-    assert len(links) == 9 and any("what=metadata&format=parquet" in h for h in links)
+    assert len(links) == 12 and any("what=metadata&format=parquet" in h for h in links)
+    assert any("what=progress&format=csv" in h for h in links)
     d.execute_script("document.getElementById('resources-panel').scrollIntoView()")
     d.save_screenshot(str(shots / "resources.png"))
     assert console_errors(d) == []
@@ -378,4 +380,102 @@ def test_both_streams_merged_each_switchable_times_three_ways(site, browser, sho
     assert not d.find_element(By.CSS_SELECTOR, "#log .row .n").is_displayed()
     d.save_screenshot(str(shots / "log-no-time.png"))
     select.find_element(By.CSS_SELECTOR, "option[value=clock]").click()
+    assert console_errors(d) == []
+
+
+# Real tqdm and Keras bars (tests/captured/, recorded with the libraries by capture_tool.py)
+# written again at the pace they were drawn, a redraw every 0.05 s, under `logcapture run`.
+REPLAY = ("import re, sys, time\nraw = open(sys.argv[1], 'rb').read()\n"
+          "for c in re.split(rb'(?=\\r)', raw):\n"
+          "    sys.stderr.buffer.write(c); sys.stderr.flush(); time.sleep(0.05)\n")
+
+
+@pytest.fixture(scope="module")
+def progress_site(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("progress")
+    env = env_for(tmp)
+    captured = Path(__file__).parent / "captured"
+    for name in ("tqdm_slow", "keras_progbar"):
+        subprocess.run([*LOGCAPTURE, "run", "--run-id", name, "--", sys.executable, "-c",
+                        REPLAY, str(captured / f"{name}.input")], env=env, check=True,
+                       capture_output=True, timeout=120)
+    write_array(Path(env["LOGCAPTURE_SPOOL"]))
+    with Serve(env) as s:
+        yield s
+
+
+def test_progress_bars_are_graphed(progress_site, browser, shots):
+    s = progress_site
+    d = browser
+    d.get(s.url)
+    d.get(s.base + "/job/keras_progbar")
+    wait(d).until(lambda d: d.execute_script(
+        "return document.getElementById('progress-panel').dataset.ready") == "1")
+    panel = d.find_element(By.ID, "progress-panel")
+    assert panel.is_displayed()
+    rows = d.find_elements(By.CSS_SELECTOR, "#progress-table tbody tr")
+    assert len(rows) == 2  # one bar per epoch
+    assert all("30 / 30 step (100 %)" in r.text for r in rows)
+    titles = [c.get_attribute("data-title") for c in
+              d.find_elements(By.CSS_SELECTOR, "#progress-graphs .chart")]
+    assert titles == ["Progress rate (per second)", "Progress completion"]
+    # the two epochs' bars (no label, on stderr) are one line of the graph
+    assert legend(d, "Progress completion") == {"(no label) (stderr)": True}
+    completion = d.execute_script(
+        "return fetch(location.pathname.replace('/job/', '/api/runs/') + '/progress')"
+        ".then(r => r.json()).then(p => p.completion['(no label) (stderr)'])")
+    values = [v for v in completion if v is not None]
+    assert values[-1] == 100 and min(values) < 100
+    panel_y = d.execute_script("document.getElementById('progress-panel').scrollIntoView();"
+                               "return window.scrollY")
+    assert panel_y >= 0
+    d.save_screenshot(str(shots / "progress.png"))
+
+    d.get(s.base + "/job/tqdm_slow")
+    wait(d).until(lambda d: d.execute_script(
+        "return document.getElementById('progress-panel').dataset.ready") == "1")
+    assert "train" in d.find_element(By.ID, "progress-table").text
+    assert legend(d, "Progress rate (per second)") == {"train (stderr)": True}
+    assert console_errors(d) == []
+
+
+def test_a_run_without_bars_has_no_progress_panel(site, browser):
+    s, _ = site
+    d = browser
+    d.get(s.url)
+    d.get(s.base + "/job/train")
+    wait(d).until(lambda d: d.execute_script("return document.body.dataset.ready") == "1")
+    wait(d).until(lambda d: d.execute_script(
+        "return fetch(location.pathname.replace('/job/', '/api/runs/') + '/progress')"
+        ".then(r => r.json()).then(p => p.bars.length)") == 0)
+    assert not d.find_element(By.ID, "progress-panel").is_displayed()
+
+
+def test_an_array_job_at_a_glance_links_each_group(progress_site, browser, shots):
+    s = progress_site
+    d = browser
+    d.get(s.url)
+    d.get(s.base + "/?job=500")
+    summary = wait(d).until(lambda d: d.find_element(By.ID, "array-summary")
+                            if d.find_element(By.ID, "array-summary").is_displayed() else None)
+    # the same words as `ls 500` ends with (tests/test_arrays.py)
+    assert summary.text == ("Array job 500: 12 tasks: 7 COMPLETED, 4 FAILED (cuda-oom 2, "
+                            "failed 1, nccl-error 1), 1 TIMEOUT (failed 1)")
+    wait(d).until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#runs-table tbody tr")) == 12)
+    d.save_screenshot(str(shots / "array.png"))
+    summary.find_element(By.LINK_TEXT, "cuda-oom 2").click()
+    wait(d).until(lambda d: "insight=cuda-oom" in d.current_url)
+    wait(d).until(lambda d: sorted(r.get_attribute("data-run") for r in d.find_elements(
+        By.CSS_SELECTOR, "#runs-table tbody tr")) == ["508", "509"])
+    d.find_element(By.ID, "array-summary").find_element(By.LINK_TEXT, "7 COMPLETED").click()
+    wait(d).until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#runs-table tbody tr")) == 7)
+    # a task's own page: the array at a glance, linked the same way
+    d.get(s.base + "/job/508")
+    panel = wait(d).until(lambda d: d.find_element(By.ID, "array-panel")
+                          if d.find_element(By.ID, "array-panel").is_displayed() else None)
+    assert panel.text == ("Task 8 of array job 500: 12 tasks: 7 COMPLETED, 4 FAILED (cuda-oom "
+                          "2, failed 1, nccl-error 1), 1 TIMEOUT (failed 1)")
+    panel.find_element(By.LINK_TEXT, "nccl-error 1").click()
+    wait(d).until(lambda d: [r.get_attribute("data-run") for r in d.find_elements(
+        By.CSS_SELECTOR, "#runs-table tbody tr")] == ["510"])
     assert console_errors(d) == []

@@ -124,7 +124,7 @@ DASHBOARDS = all_dashboards()
 
 # Variable values per dashboard uid, as a viewer would pick them.
 VARIABLES: dict[str, dict[str, Any]] = {
-    JOB_UID: {"run": "1001", "stderr": "0", "node": "node1", "x_axis": "epoch"},
+    JOB_UID: {"run": "1001", "stderr": "0", "node": "node1", "x_axis": "epoch", "rank": ["0"]},
     JOBS_UID: {"user": ["alice", "bob"]},
     COMPARE_UID: {"runs": ["1001", "1002"], "key": "loss"},
     SEARCH_UID: {"pattern": "slow warning", "user": ["alice", "bob"]},

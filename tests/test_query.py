@@ -150,9 +150,9 @@ def test_a_cursor_opens_the_log_at_its_own_entry_from_spool_and_store(tmp_path: 
             for i, e in enumerate(entries):
                 ns, stream, seq = Q.parse_cursor(e["cursor"])
                 after = r.log("ns", after=f"{ns - 1}:{stream}:{seq}")["entries"]
-                assert [x[3] for x in after] == [f"line {j}" for j in range(i, 4)], source
+                assert [x["text"] for x in after] == [f"line {j}" for j in range(i, 4)], source
                 before = r.log("ns", before=f"{ns + 1}:{stream}:{seq}")["entries"]
-                assert [x[3] for x in before] == [f"line {j}" for j in range(i + 1)], source
+                assert [x["text"] for x in before] == [f"line {j}" for j in range(i + 1)], source
         finally:
             r.close()
 

@@ -667,3 +667,37 @@ def test_an_embedded_store_of_another_user_is_one_clear_error() -> None:
             assert "no permission to open the embedded store" in res.stderr, res.stderr
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_migration_5_stores_progress_points(tmp_path: Path) -> None:
+    """A store at schema version 4 gets the progress table; its ``ingest`` is made anew (an
+    engine Null table takes no ALTER of its constraints) and every view still feeds from it:
+    progress points, metadata and samples all land, and a forged kind is still refused."""
+    in_own_process("check_migration_5", tmp_path / "store")
+
+
+def check_migration_5(path: str) -> None:
+    from logcapture.records import Progress
+
+    with S.open_store(f"chdb://{path}", create=False) as st:
+        st.client.command(S.schema._SCHEMA_VERSION_DDL)
+        for version, statements in S.MIGRATIONS[:4]:
+            for sql in statements:
+                st.client.command(sql)
+            st.client.command(f"INSERT INTO schema_version (version) VALUES ({version})")
+    with S.open_store(f"chdb://{path}") as st:
+        assert st.schema_version() == S.SCHEMA_VERSION
+        points = [Progress(run="p5", stream="progress:stderr", seq=i, ts=1_790_000_000.5 + i,
+                           bar=0, label="train", n=float(10 * i), total=30.0, unit="it",
+                           rate=10.0 if i else None, elapsed=float(i), done=int(i == 3))
+                  for i in range(4)]
+        st.insert_records([*sample_records("p5"), *points], ident("p5"))
+        got = st.progress("p5", "alice")
+        assert [(d["seq"], d["n"], d["rate"], d["done"]) for d in got] == [
+            (0, 0.0, None, 0), (1, 10.0, 10.0, 0), (2, 20.0, 10.0, 0), (3, 30.0, 10.0, 1)]
+        assert got[0]["ts"] == 1_790_000_000.5 and got[0]["total"] == 30.0
+        assert st.progress("p5", "bob") == []  # another owner's rows are not read
+        assert st.metadata("p5", "alice") and st.samples("p5", "alice")
+        bad = points[0].to_dict() | {"kind": "forged"}
+        result = st.insert_records([bad], ident("p5"))
+        assert result.rows == 0 and result.bad

@@ -276,7 +276,8 @@ GRAFANA = textwrap.dedent("""
             for t in p.get("targets", []):
                 for stderr in ("0", "1"):
                     sql = interpolate(t["rawSql"], {"run": sys.argv[1], "stderr": stderr,
-                                                    "node": sys.argv[2], "x_axis": ""},
+                                                    "node": sys.argv[2], "x_axis": "",
+                                                    "rank": []},
                                       datetime(2000, 1, 1, tzinfo=timezone.utc),
                                       datetime(2100, 1, 1, tzinfo=timezone.utc))
                     res = st.client.query(sql)

@@ -106,17 +106,53 @@ LEFT JOIN (
 """
 
 
+def _level_and_source(e: str = "") -> str:
+    """A log entry's level and source columns for Grafana's logs panel (``e``: the entries'
+    table alias with its dot, or '')."""
+    return f"""multiIf({e}kind = 'note' AND startsWith({e}text, '[logcapture: warning'), 'warning',
+               {e}kind IN ('note', 'command'), 'debug',
+               {e}stream = 'stderr', 'error', 'info') AS level,
+       if({e}kind = 'note', 'logcapture', {e}stream) AS source"""
+
+
 def sql_logs(db: str) -> str:
     # The job's log as the page and `logcapture logs` show it (logview.log_sql: each metadata
     # line and each mode change once), newest 10000; stderr only when the switch is on.
     return f"""
 SELECT ts AS timestamp, text AS body,
-       multiIf(kind = 'note' AND startsWith(text, '[logcapture: warning'), 'warning',
-               kind IN ('note', 'command'), 'debug',
-               stream = 'stderr', 'error', 'info') AS level,
-       if(kind = 'note', 'logcapture', stream) AS source
+       {_level_and_source()}
 FROM ({log_sql(db, f"run = {RUN}", "${stderr}")})
 ORDER BY timestamp DESC, stream DESC, seq DESC
+"""
+
+
+def _task_runs(db: str) -> str:
+    """The task runs of the job run ``$run`` (``slurm.task``: run id ``<run>.<step>.<rank>``,
+    a ``rank`` in the Start record's Slurm identity), with their rank and node."""
+    return f"""
+    SELECT run, JSONExtractString(ifNull(slurm, ''), 'rank') AS rank,
+           JSONExtractString(ifNull(slurm, ''), 'node') AS node
+    FROM {db}.runs FINAL
+    WHERE startsWith(run, concat({RUN}, '.')) AND rank != ''
+      AND length(splitByChar('.', substring(run, length({RUN}) + 2))) = 2"""
+
+
+def sql_rank_variable(db: str) -> str:
+    return (f"SELECT DISTINCT rank FROM ({_task_runs(db)}) "
+            "ORDER BY toUInt64OrZero(rank), rank")
+
+
+def sql_logs_by_rank(db: str) -> str:
+    # The lines of the job's tasks of the chosen ranks on the chosen nodes, each run's as
+    # logview shows a log, labelled "RANK: " as srun --label does (rankview.label).
+    tasks = (f"SELECT run FROM ({_task_runs(db)}) WHERE has([${{rank:singlequote}}], rank) "
+             "AND has([${node:singlequote}], node)")
+    return f"""
+SELECT e.ts AS timestamp, concat(t.rank, ': ', e.text) AS body,
+       {_level_and_source("e.")}, t.rank AS rank, t.node AS node
+FROM ({log_sql(db, f"run IN ({tasks})", "${stderr}", runs=True)}) AS e
+INNER JOIN ({_task_runs(db)}) AS t ON t.run = e.run
+ORDER BY timestamp DESC, toUInt64OrZero(rank) DESC, e.stream DESC, e.seq DESC
 """
 
 
@@ -222,7 +258,9 @@ LIMIT 1000
 
 
 def sql_node_variable(db: str) -> str:
-    return f"SELECT DISTINCT node FROM {db}.samples FINAL WHERE run = {RUN} ORDER BY node"
+    # The nodes the job's samples came from, and those its tasks ran on.
+    return (f"SELECT DISTINCT node FROM (SELECT node FROM {db}.samples FINAL WHERE run = {RUN}"
+            f" UNION ALL SELECT node FROM ({_task_runs(db)})) WHERE node != '' ORDER BY node")
 
 
 def _jobs_in_range(db: str) -> str:
@@ -503,6 +541,14 @@ def job_details(db: str = DEFAULT_DATABASE) -> gdash.Dashboard:
             .show_time(True).wrap_log_message(True).enable_log_details(True)
             .sort_order(cm.LogsSortOrder.ASCENDING).dedup_strategy(cm.LogsDedupStrategy.NONE)
             .height(14).span(24))
+    by_rank = (glogs.Panel().title("Output by rank").datasource(datasource_ref())
+               .description("The lines of the job's tasks (each task of its srun steps) of "
+                            "the ranks and nodes chosen above, each labelled RANK: as srun "
+                            "--label does; empty for a job without captured tasks")
+               .with_target(_q(sql_logs_by_rank(db), FORMAT_LOGS))
+               .show_time(True).wrap_log_message(True).enable_log_details(True)
+               .sort_order(cm.LogsSortOrder.ASCENDING)
+               .dedup_strategy(cm.LogsDedupStrategy.NONE).height(14).span(24))
     table = (gtable.Panel().title("Metadata (newest first)").datasource(datasource_ref())
              .with_target(_q(sql_metadata_table(db)))
              .with_transformation(dm.DataTransformerConfig(id_val="extractFields", options={
@@ -531,9 +577,12 @@ def job_details(db: str = DEFAULT_DATABASE) -> gdash.Dashboard:
         .with_variable(_query_variable("x_axis", "X axis", sql_x_key_variable(db), hide=True))
         .with_variable(_query_variable("node", "node", sql_node_variable(db), multi=True,
                                        include_all=True))
+        .with_variable(_query_variable("rank", "rank", sql_rank_variable(db), multi=True,
+                                       include_all=True))
         .with_panel(header)
         .with_panel(insights)
         .with_panel(logs)
+        .with_panel(by_rank)
         .with_panel(table)
         .with_panel(x_axis)
         .with_panel(by_time)

@@ -32,7 +32,8 @@ op             arguments                                      answer
 ``describe``   ``run``                                        value: the ``show`` mapping
 ``metadata``   ``run``                                        items: metadata records, newest first
 ``samples``    ``run``                                        items: sample records, oldest first
-``export``     ``run``, ``what`` (lines, metadata, samples)    items: export rows
+``export``     ``run``, ``what`` (lines, metadata, samples,   items: export rows
+               progress)
 ``search``     ``request`` (``search.Request`` as an object)  value: the search's answer
                                                               (``search.answer``)
 =============  =============================================  ==================================

@@ -105,6 +105,7 @@ class Renderer:
         self._cur = ""
         self._x = 0
         self._cut = 0
+        self._redrawn = False  # the cursor's line was drawn over after a carriage return
         if not self.fast_path:
             self._to_screen()
 
@@ -155,6 +156,27 @@ class Renderer:
             s.cursor.x = s.cursor.y = 0
             self._maybe_line_mode()
         return self._drain()
+
+    def live(self) -> list[str]:
+        """The lines the renderer still holds, which the program may redraw, as they stand:
+        where progress bars are (render/progress.py): the lines not committed yet and the
+        cursor's line (a program that moves the cursor up redraws the rows above it: rich's
+        bars, nested tqdm bars). Nothing while a full-screen program has the screen."""
+        if self._line_mode:
+            cur = self._cur.rstrip(" ")
+            return [r.text for r in self._pending] + ([cur] if cur else [])
+        from .screen import ALT_SCREEN
+
+        s = self._screen
+        assert s is not None  # line mode is left only through _to_screen
+        return [] if s.mode & ALT_SCREEN else s.live_lines()
+
+    def redrawn(self) -> str | None:
+        """The cursor's line when the program drew over it after a carriage return (a ``\\r``
+        counter), in line mode; else None."""
+        if self._line_mode and self._redrawn:
+            return self._cur.rstrip(" ") or None
+        return None
 
     @property
     def line_mode(self) -> bool:
@@ -262,6 +284,8 @@ class Renderer:
                 if len(self._cur) > screen:
                     return pos  # the line's first rows scrolled off: pyte models where it goes
                 self._x = 0
+                if self._cur:
+                    self._redrawn = True
             elif k == 3:
                 pass  # SGR: no effect on text
             else:
@@ -286,6 +310,7 @@ class Renderer:
             return
         parts = s.split("\n")
         self._draw(parts[0])
+        self._redrawn = False
         pending = self._pending
         raw = self._raw
         pending.append(Rendered(self._cur.rstrip(" "), self._cut))
@@ -387,6 +412,7 @@ class Renderer:
         self._pending.clear()
         self._raw.clear()
         self._cur, self._x, self._cut = "", 0, 0
+        self._redrawn = False
         self._line_mode = False
 
     def _maybe_line_mode(self) -> None:

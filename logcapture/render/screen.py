@@ -205,6 +205,30 @@ class Screen(pyte.Screen):
         self.end_carry()
         buf.clear()
 
+    def live_lines(self) -> list[str]:
+        """The logical lines on the screen, none of them committed yet, joined across soft
+        wraps, trailing spaces stripped. All of them, not only the cursor's and those below
+        it: a program that redraws several rows (nested bars) may be read while its cursor
+        is on any of them."""
+        buf = self.buffer
+        rows = [y for y, row in buf.items() if row]
+        if not rows:
+            return []
+        out: list[str] = []
+        parts: list[str] = []
+        for y in range(max(rows) + 1):
+            row = buf.get(y)
+            wrapped = row.wrapped if row is not None else 0
+            parts.append(cells_text(row, wrapped or None))
+            if not wrapped:
+                text = "".join(parts).rstrip(" ")
+                parts = []
+                if text:
+                    out.append(text)
+        if parts:
+            out.append("".join(parts).rstrip(" "))
+        return out
+
     def commit_above_cursor(self, quiet: bool = True) -> None:
         """Commit the logical lines above the cursor's and move the cursor's line to the top,
         except the rows of a live display (``live``): a program that redraws several rows (a

@@ -1,5 +1,5 @@
-"""Exporting a run's lines, metadata or samples as CSV, NDJSON or Parquet, written by the
-engine (the store's, else an in-memory embedded one)."""
+"""Exporting a run's lines, metadata, samples or progress points as CSV, NDJSON or Parquet,
+written by the engine (the store's, else an in-memory embedded one)."""
 
 from __future__ import annotations
 
@@ -14,13 +14,13 @@ from ..records import dumps
 from .connection import _Connection, _StoreLock, classify
 from .queries import _Queries
 
-EXPORTS = ("lines", "metadata", "samples")
+EXPORTS = ("lines", "metadata", "samples", "progress")
 EXPORT_FORMATS = ("csv", "ndjson", "parquet")
 
 
 def check_export(what: str, fmt: str) -> None:
     if what not in EXPORTS:
-        raise UsageError(f"--what must be lines, metadata or samples, not {what!r}")
+        raise UsageError(f"--what must be lines, metadata, samples or progress, not {what!r}")
     if fmt not in EXPORT_FORMATS:
         raise UsageError(f"--format must be csv, ndjson or parquet, not {fmt!r}")
 
@@ -28,7 +28,14 @@ def check_export(what: str, fmt: str) -> None:
 def export_rows(what: str, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The rows ``export`` writes from one run's record dicts of that kind: its output records
     (``lines``), metadata records (one column per key) or sample records (``job.KEY`` and
-    ``gpuN.KEY`` columns)."""
+    ``gpuN.KEY`` columns) or progress records (one row a point: ``ts``, ``stream``, ``bar``,
+    ``label``, ``n``, ``total``, ``unit``, ``rate``, ``elapsed``, ``done``)."""
+    if what == "progress":
+        return [{"ts": d["ts"], "stream": str(d["stream"]).removeprefix("progress:"),
+                 "bar": d["bar"], "label": d["label"], "n": d["n"], "total": d["total"],
+                 "unit": d["unit"], "rate": d["rate"], "elapsed": d["elapsed"],
+                 "done": bool(d["done"])}
+                for d in sorted(records, key=lambda d: (d["ts"], d["stream"], d["seq"]))]
     if what == "lines":
         return [{"ts": d["ts"], "stream": d["stream"], "seq": d["seq"], "kind": d["kind"],
                  "text": _line_text(d)} for d in records]
@@ -199,6 +206,8 @@ class _Export(_Queries):
         self.run_info(run, owner)  # NotFound when absent
         if what == "lines":
             recs = self.lines(run, owner=owner)
+        elif what == "progress":
+            recs = self.progress(run, owner)
         else:
             recs = self.metadata(run, owner) if what == "metadata" else self.samples(run, owner)
         rows = export_rows(what, recs)

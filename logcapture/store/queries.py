@@ -466,6 +466,17 @@ class _Queries(_Connection):
                  "ts": _ns_to_float(r[2]), "node": r[3], "gpus": _loads(r[4], []),
                  "job": _loads(r[5], {})} for r in rows]
 
+    def progress(self, run: str, owner: str | None = None) -> list[dict[str, Any]]:
+        """Progress records of the run (points of its bars), oldest first."""
+        cond, p = self._run_cond(run, owner)
+        rows = self._query("SELECT stream, seq, toUnixTimestamp64Nano(ts), bar, label, n, total, "
+                           "unit, rate, elapsed, done FROM progress FINAL WHERE " + cond
+                           + " ORDER BY ts, stream, seq", p)
+        return [{"kind": "progress", "run": run, "stream": r[0], "seq": r[1],
+                 "ts": _ns_to_float(r[2]), "bar": r[3], "label": r[4], "n": r[5],
+                 "total": r[6], "unit": r[7], "rate": r[8], "elapsed": r[9], "done": r[10]}
+                for r in rows]
+
     def records(self, run: str, owner: str | None = None) -> list[dict[str, Any]]:
         """Every record of the run, as spool record dicts (start first, end last)."""
         info = self.run_info(run, owner)

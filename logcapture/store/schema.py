@@ -13,12 +13,12 @@ from collections.abc import Iterable
 from ..errors import StoreError, UsageError
 from .connection import _IDENT_RE, _Connection, redact
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 # The tables a user-facing name may refer to (the identifier allow-list).
-TABLES = ("runs", "lines", "notes", "metadata", "samples", "insights")
+TABLES = ("runs", "lines", "notes", "metadata", "samples", "insights", "progress")
 ALL_TABLES = ("ingest", *TABLES, "schema_version")
 VIEWS = ("ingest_runs_seen", "ingest_runs", "ingest_lines", "ingest_notes", "ingest_metadata",
-         "ingest_samples")
+         "ingest_samples", "ingest_progress")
 ADMIN_ROLE = "logcapture_admin"
 
 # Columns shared by every per-record table: the trusted identity first, then the record's.
@@ -79,11 +79,10 @@ SELECT assumeNotNull(_run) AS run, assumeNotNull(_owner) AS owner, assumeNotNull
     node, gpus, job, {_numbers("job")} AS job_metrics
 FROM ingest WHERE kind = 'sample'"""
 
-MIGRATIONS: list[tuple[int, list[str]]] = [
-    (1, [
-        # Everything a spool line may hold, plus the trusted identity spliced in by
-        # Store.insert_ndjson. Engine Null: nothing is kept here, the views route rows.
-        """CREATE TABLE IF NOT EXISTS ingest (
+# Everything a spool line may hold, plus the trusted identity spliced in by
+# Store.insert_ndjson. Engine Null: nothing is kept here, the views route rows. (As migration 1
+# made it; migration 5 makes it anew with the columns of later record kinds.)
+_INGEST = """CREATE TABLE IF NOT EXISTS ingest (
     _run Nullable(String), _owner Nullable(String), _uid Nullable(UInt32),
     _cluster String, _job_id String,
     kind Nullable(String), run String, stream Nullable(String), seq Nullable(UInt64),
@@ -98,7 +97,11 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
         AND _uid IS NOT NULL,
     CONSTRAINT record CHECK kind IN ('start', 'line', 'note', 'command', 'metadata', 'sample',
         'end') AND stream IS NOT NULL AND seq IS NOT NULL AND ts IS NOT NULL
-) ENGINE = Null""",
+) ENGINE = Null"""
+
+MIGRATIONS: list[tuple[int, list[str]]] = [
+    (1, [
+        _INGEST,
         """CREATE TABLE IF NOT EXISTS runs (
     run String,
     owner LowCardinality(String),
@@ -249,6 +252,36 @@ ORDER BY (run, owner, kind)""",
         f"ALTER TABLE ingest MODIFY COLUMN ts {_TS_INPUT}",
         "ALTER TABLE ingest_metadata MODIFY QUERY " + _METADATA_VIEW,
         "ALTER TABLE ingest_samples MODIFY QUERY " + _SAMPLES_VIEW,
+    ]),
+    # 5: progress bars as data (records.Progress, docs/rendering.md): the ``ingest`` columns
+    # of a progress record, the kind accepted by its constraint, and a table of points fed
+    # by a view as the other records' are. A point is a few numbers (at most one a second
+    # per bar), so the table keeps them as columns.
+    (5, [
+        # An engine Null table takes no ALTER of its constraints: it is made anew (it keeps
+        # no rows; the views name it, and go on feeding from the new one).
+        "DROP TABLE IF EXISTS ingest",
+        _INGEST.replace("ts Nullable(DateTime64(9, 'UTC'))", f"ts {_TS_INPUT}")
+        .replace("    counts String,\n",
+                 "    counts String,\n    bar UInt32, label String, n Float64, "
+                 "total Nullable(Float64), unit String,\n    rate Nullable(Float64), "
+                 "elapsed Nullable(Float64), done UInt8,\n")
+        .replace("'sample',\n        'end')", "'sample',\n        'end', 'progress')"),
+        f"""CREATE TABLE IF NOT EXISTS progress ({_ID_COLUMNS}
+    bar UInt32,
+    label String CODEC(ZSTD(1)),
+    n Float64,
+    total Nullable(Float64),
+    unit LowCardinality(String),
+    rate Nullable(Float64),
+    elapsed Nullable(Float64),
+    done UInt8
+) {_RECORD_TABLE}""",
+        """CREATE MATERIALIZED VIEW IF NOT EXISTS ingest_progress TO progress AS
+SELECT assumeNotNull(_run) AS run, assumeNotNull(_owner) AS owner, assumeNotNull(_uid) AS uid,
+    assumeNotNull(stream) AS stream, assumeNotNull(seq) AS seq, assumeNotNull(ts) AS ts,
+    bar, label, n, total, unit, rate, elapsed, done
+FROM ingest WHERE kind = 'progress'""",
     ]),
 ]
 

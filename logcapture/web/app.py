@@ -190,6 +190,11 @@ class _Api:
                                  _flag(request, "stderr"), q.get("before"), q.get("after"),
                                  _limit(request)))
 
+    async def job_log(self, request: Request) -> Response:
+        q = request.query_params
+        return _json(await _call(self.pages.job_log, request.path_params["ref"],
+                                 q.get("rank", ""), q.get("node", ""), _limit(request)))
+
     async def follow(self, request: Request) -> Response:
         ref = request.path_params["ref"]
         stderr = _flag(request, "stderr")
@@ -270,8 +275,12 @@ def create_app(pages: Pages, token: str, port: int | None = None) -> Starlette:
         Route("/api/runs/{ref}/insights", _per_run(pages.insights)),
         Route("/api/runs/{ref}/log", api.log),
         Route("/api/runs/{ref}/follow", api.follow),
+        Route("/api/runs/{ref}/tasks", _per_run(pages.tasks)),
+        Route("/api/runs/{ref}/joblog", api.job_log),
         Route("/api/runs/{ref}/metadata", _per_run(pages.metadata)),
         Route("/api/runs/{ref}/resources", _per_run(pages.resources)),
+        Route("/api/runs/{ref}/progress", _per_run(pages.progress)),
+        Route("/api/arrays/{ref}", _per_run(pages.array)),
         Route("/api/runs/{ref}/export", api.export),
         Route("/api/compare", api.compare),
         Route("/api/search", api.search),

@@ -71,6 +71,26 @@ class Pages:
     def runs(self) -> list[dict[str, Any]]:
         return [run_row(s) for s in self._ask(self.reader.runs)]
 
+    def array(self, job: str) -> dict[str, Any]:
+        """The array job ``job``'s tasks by state and first insight (``arrays``, as ``ls
+        JOB`` ends with), each group with its runs, so the runs page can list them."""
+        from .. import jobref
+        from ..arrays import first_insight, summary_for, summary_text
+
+        found = jobref.select(job, self._ask(self.reader.runs))
+        summary = summary_for(job, found)
+        if summary is None:
+            raise jobref.not_found(job) if not found else UsageError(
+                f"{job[:40]!r} is not an array job")
+        latest = jobref.latest_runs(found)
+        for group in summary["states"]:
+            members = [s for s in found if s["run"] in latest and s.get("rank") is None
+                       and s.get("state") == group["state"]]
+            group["runs"] = [s["run"] for s in members]
+            for i in group["insights"]:
+                i["runs"] = [s["run"] for s in members if first_insight(s) == i["kind"]]
+        return {**summary, "text": summary_text(summary)}
+
     def search(self, params: Mapping[str, str]) -> dict[str, Any]:
         """``logcapture search`` from the runs page: the query string's ``q`` (the pattern),
         ``regex``, ``context``, ``limit``, ``since`` (an age such as ``7d``), ``state`` and
@@ -121,9 +141,27 @@ class Pages:
         page = self._ask(self.reader.log, run, stderr, before, after, limit)
         return {"run": run, **page}
 
+    def tasks(self, ref: str) -> dict[str, Any]:
+        """The tasks of the job ``ref`` names (``rankview.tasks_of``; none for a run)."""
+        from ..rankview import tasks_of
+
+        return {"tasks": self._ask(tasks_of, self.reader, check_ref(ref))}
+
+    def job_log(self, ref: str, ranks: str, nodes: str, limit: int) -> dict[str, Any]:
+        """The log of a job of several ranks (``rankview.page``): its chosen ranks and nodes
+        merged, labelled and folded."""
+        from ..rankview import page
+
+        return self._ask(page, self.reader, check_ref(ref), ranks, nodes, limit)
+
     def metadata(self, ref: str) -> dict[str, Any]:
         run = self.resolve(ref)
         return metadata(self._ask(self.reader.metadata, run)[::-1])
+
+    def progress(self, ref: str) -> dict[str, Any]:
+        from .progress import progress_graphs
+
+        return progress_graphs(self._ask(self.reader.export_rows, self.resolve(ref), "progress"))
 
     def resources(self, ref: str) -> dict[str, Any]:
         return resources(self._ask(self.reader.samples, self.resolve(ref)))
@@ -132,7 +170,8 @@ class Pages:
         """The bytes of ``logcapture export RUN --what WHAT --format FMT``, a file name and its
         media type."""
         if what not in EXPORTS:
-            raise UsageError(f"what must be lines, metadata or samples, not {what[:40]!r}")
+            raise UsageError(f"what must be lines, metadata, samples or progress, not "
+                             f"{what[:40]!r}")
         if fmt not in FORMATS:
             raise UsageError(f"format must be csv, ndjson or parquet, not {fmt[:40]!r}")
         run = self.resolve(ref)
@@ -170,7 +209,8 @@ def run_row(s: Mapping[str, Any]) -> dict[str, Any]:
             "command": command, "user": s.get("owner") or "", "state": s["state"],
             "exit": exit_text(s.get("exit_status"), s.get("signal")),
             "start": s.get("start"), "duration": duration, "nodes": s.get("host") or "",
-            "source": s.get("source", "")}
+            "source": s.get("source", ""), "array_job_id": str(slurm.get("array_job_id") or ""),
+            "array_task_id": str(slurm.get("array_task_id") or "")}
 
 
 def header(summary: Mapping[str, Any], samples: list[dict[str, Any]]) -> dict[str, Any]:

@@ -74,7 +74,7 @@
   // Both streams, merged in read order as the store sorts them (docs/architecture.md), each
   // switchable on the page: the entries hold both, the switches choose which rows are drawn.
   // The first page fills a screen and some scrolling; older pages come larger as one scrolls.
-  const ROW = 20, FIRST = 300, PAGE = 1000, OVERSCAN = 30, FILL_PAGES = 10;
+  const ROW = 20, FIRST = 300, PAGE = 1000, OVERSCAN = 30, FILL_PAGES = 10, PAGE_MAX = 5000;
   const logBox = document.getElementById("log");
   const rowsBox = document.getElementById("log-rows");
   const stdoutSwitch = document.getElementById("stdout-switch");
@@ -119,7 +119,7 @@
       const row = el("div", {class: cls, "data-cursor": cursor, "data-stream": stream},
         el("span", {class: "n", text: stamp(ts), title: time(ts)}),
         el("span", {class: "s", text: err ? "err" : "", title: err ? "stderr" : null}),
-        el("span", {class: "t", text: text}));
+        ...rankParts(view[i], el("span", {class: "t", text: text})));
       row.style.top = (top + i * ROW) + "px";
       out.push(row);
     }
@@ -200,6 +200,7 @@
   async function loadLog() {
     const gen = ++generation;
     if (source) { source.close(); source = null; }
+    if (tasks.length) return loadJobLog(gen);
     if (at) return loadAt(gen);
     const page = await api(`${base}/log?stderr=1&limit=${FIRST}`);
     if (gen !== generation) return;
@@ -249,6 +250,69 @@
       setTimeout(() => { if (gen === generation) follow(gen); }, 2000);
     };
   }
+
+  // ------------------------------------------------------------------ ranks
+  // A job whose srun steps' tasks were captured (each a run: `logcapture ls JOB`): its log is
+  // the batch script's and its tasks' merged in read order, each task's entry labelled with
+  // its rank in the rank's colour, the same line of several ranks once with a note
+  // (rankview.py, as `logcapture logs JOB`); the rank and node filters pick tasks. The newest
+  // entries come at once (no older pages) and are read again while the job runs.
+  let tasks = [];  // {run, step, rank, node, state}
+  const rankFilter = document.getElementById("rank-filter");
+  const nodeFilter = document.getElementById("node-filter");
+
+  async function loadTasks() {
+    tasks = (await api(base + "/tasks")).tasks;
+    if (!tasks.length) return;
+    const option = v => el("option", {value: String(v), text: String(v)});
+    rankFilter.append(...[...new Set(tasks.map(t => t.rank))].sort((a, b) => a - b).map(option));
+    nodeFilter.append(...[...new Set(tasks.map(t => t.node))].sort().map(option));
+    document.getElementById("rank-filters").hidden = false;
+  }
+
+  async function loadJobLog(gen) {
+    const q = `rank=${encodeURIComponent(rankFilter.value)}&node=${encodeURIComponent(nodeFilter.value)}`;
+    const page = await api(`${base}/joblog?${q}&limit=${PAGE_MAX}`);
+    if (gen !== generation) return;
+    const stick = !entries.length || atBottom();
+    entries = page.entries;
+    view = entries.filter(shown);
+    older = false;
+    drawRows();
+    if (stick) { toBottom(); drawRows(); }
+    setLive(!page.ended, page.ended ? "" : "live");
+    if (page.more) document.getElementById("log-count").textContent +=
+      " (the newest; `logcapture logs` prints all)";
+    if (!page.ended) setTimeout(() => {
+      if (gen === generation) loadJobLog(gen).catch(err => LC.showError(rowsBox, err));
+    }, 5000);
+  }
+
+  // A distinct, stable colour per rank: hues a golden angle apart.
+  function rankColour(rank) {
+    return `hsl(${(rank * 137.508) % 360}, 70%, 42%)`;
+  }
+
+  // The rank label before a task's text and the note after a folded line.
+  function rankParts(e, textSpan) {
+    if (e.rank === undefined || e.rank === null) {  // the batch script's own, or no tasks
+      return tasks.length ? [el("span", {class: "r"}), textSpan] : [textSpan];
+    }
+    const label = el("span", {class: "r", text: e.rank + ":", "data-rank": String(e.rank),
+                              title: `rank ${e.rank} on ${e.node}`});
+    label.style.color = rankColour(e.rank);
+    const parts = [label, textSpan];
+    if (e.note) parts.push(el("span", {class: "fold", text: e.note}));
+    return parts;
+  }
+
+  function refilter() {
+    generation++;
+    entries = [];
+    loadJobLog(generation).catch(err => LC.showError(rowsBox, err));
+  }
+  rankFilter.addEventListener("change", refilter);
+  nodeFilter.addEventListener("change", refilter);
 
   logBox.addEventListener("scroll", () => {
     drawRows();
@@ -367,7 +431,7 @@
   // ------------------------------------------------------------------ downloads
   function drawDownloads() {
     const box = document.getElementById("downloads");
-    for (const what of ["lines", "metadata", "samples"]) {
+    for (const what of ["lines", "metadata", "samples", "progress"]) {
       const group = el("span", {class: "group"}, el("span", {class: "muted", text: what}));
       for (const fmt of ["csv", "ndjson", "parquet"]) {
         group.append(el("a", {class: "button", download: "", text: fmt.toUpperCase(),
@@ -384,7 +448,8 @@
   drawDownloads();
   loadHeader().catch(err => LC.showError(document.getElementById("facts"), err));
   loadInsights().catch(err => LC.showError(document.getElementById("insights"), err));
-  loadLog().then(() => ready("log")).catch(err => LC.showError(rowsBox, err));
+  loadTasks().catch(() => {}).then(loadLog).then(() => ready("log"))
+    .catch(err => LC.showError(rowsBox, err));
   Promise.all([loadMetadata(), loadResources()]).then(() => ready("graphs"))
     .catch(err => LC.showError(document.getElementById("graphs"), err));
   setInterval(() => {

@@ -1,4 +1,6 @@
-/* The runs page: newest first, filter by state and name, pick runs to compare. */
+/* The runs page: newest first, filter by state and name, pick runs to compare. With ?job=J
+   (an array job): its tasks by state and first insight, each group a link that lists its
+   runs (?job=J&state=S[&insight=K]). */
 "use strict";
 
 (() => {
@@ -12,8 +14,10 @@
 
   const q = LC.params();
   nameFilter.value = q.get("name") || "";
+  let only = null;  // the runs of the array job group the URL names
 
   function matches(r) {
+    if (only && !only.has(r.run)) return false;
     const state = stateFilter.value;
     const text = nameFilter.value.trim().toLowerCase();
     if (state && r.state !== state) return false;
@@ -63,7 +67,34 @@
     location.href = "/compare?runs=" + [...picked].map(encodeURIComponent).join(",");
   });
 
-  api("/api/runs").then(data => {
+  async function loadArray(job) {
+    const a = await api("/api/arrays/" + encodeURIComponent(job));
+    const link = (text, params, title) => el("a", {href: "/?" + new URLSearchParams(params),
+                                                   text, title: title || ""});
+    const state = q.get("state"), insight = q.get("insight");
+    const groups = [];
+    for (const g of a.states) {
+      const why = g.insights.map(i => [link(`${i.kind} ${i.count}`,
+        {job, state: g.state, insight: i.kind}, `${g.state} with ${i.kind} first`), ", "]).flat();
+      groups.push(link(`${g.count} ${g.state}`, {job, state: g.state}));
+      if (why.length) groups.push(" (", ...why.slice(0, -1), ")");
+      groups.push(", ");
+      if (g.state === state) {
+        const picked = insight ? g.insights.find(i => i.kind === insight) : null;
+        only = new Set(picked ? picked.runs : g.runs);
+      }
+    }
+    if (!state) only = new Set(a.states.flatMap(g => g.runs));
+    document.getElementById("array-summary").replaceChildren(
+      el("span", {class: "muted", text: "Array job "}), link(job, {job}),
+      el("span", {text: `: ${a.tasks} task${a.tasks === 1 ? "" : "s"}: `}),
+      ...groups.slice(0, -1));
+    document.getElementById("array-summary").hidden = false;
+    document.getElementById("array-summary").dataset.text = a.text;
+  }
+
+  const arrayJob = q.get("job");
+  (arrayJob ? loadArray(arrayJob) : Promise.resolve()).then(() => api("/api/runs")).then(data => {
     runs = data;
     const states = [...new Set(runs.map(r => r.state))].sort();
     for (const s of states) stateFilter.append(el("option", {value: s, text: s}));

@@ -1,0 +1,59 @@
+"""A job of two ranks read by rank on a real Slurm 22.05 cluster, as real users: `logs JOB`
+merges the tasks' lines labelled with their ranks and folds the line both ranks printed,
+`--rank` keeps each rank's own line, `search --rank` looks in that rank only, and another user
+reads none of it."""
+
+from __future__ import annotations
+
+import pytest
+
+from .conftest import Cluster
+
+pytestmark = pytest.mark.slurm
+
+U1, U2 = "lcuser1", "lcuser2"
+
+# Both ranks print the same line at once; rank 1 prints its own line a moment later.
+RANKS = r"""#!/bin/bash
+#SBATCH -n 2
+echo "batch starts"
+srun python3 -c '
+import os, time
+r = os.environ["SLURM_PROCID"]
+print("identical line from every rank", flush=True)
+time.sleep(1.5 + 0.2 * int(r))
+print(f"rank {r} is done", flush=True)
+'
+"""
+
+
+def test_a_job_of_two_ranks_read_merged_folded_and_by_rank(lc: Cluster) -> None:
+    lc.optin(U1, "")
+    job = lc.submit(U1, RANKS, name="ranks")
+    assert lc.wait(job, timeout=90)[job.id] == ("COMPLETED", "0:0")
+    j = job.id
+    bin_ = lc.env["LOGCAPTURE_BIN"] + "/logcapture"
+    own = ["--spool", str(lc.spool_root / j), "--source", "spool"]
+
+    r = lc.as_user(U1, [bin_, "logs", *own, j])
+    assert r.returncode == 0, r.stderr
+    got = r.stdout.splitlines()
+    i = got.index("0: identical line from every rank")
+    assert got[i + 1] == "[logcapture: same line from 2 ranks (0-1)]", got
+    assert "1: identical line from every rank" not in got
+    assert got.index("0: rank 0 is done") < got.index("1: rank 1 is done"), got
+
+    r = lc.as_user(U1, [bin_, "logs", *own, j, "--rank", "1"])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["identical line from every rank", "rank 1 is done"]
+
+    r = lc.as_user(U1, [bin_, "search", *own, "done", "--job", j, "--rank", "1"])
+    assert r.returncode == 0, r.stderr
+    assert "rank 1 is done" in r.stdout and "rank 0 is done" not in r.stdout, r.stdout
+    assert f"== {j}.0.1 " in r.stdout
+
+    # Another user sees none of it, by job or by rank.
+    for args in (["logs", *own, j], ["logs", *own, j, "--rank", "0"],
+                 ["search", *own, "done", "--job", j, "--rank", "0"]):
+        r = lc.as_user(U2, [bin_, *args])
+        assert r.returncode != 0 and "identical" not in r.stdout + r.stderr, (args, r)

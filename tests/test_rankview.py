@@ -1,0 +1,279 @@
+"""The log of a job of several ranks (logcapture/rankview.py): its task runs merged in time
+order, labelled as ``srun --label`` does, the same line of several ranks folded, from a spool
+and from the real embedded store, and as one user only."""
+
+from __future__ import annotations
+
+import os
+import pwd
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
+from pathlib import Path
+
+import pytest
+
+from logcapture import query as Q
+from logcapture import rankview as RV
+from logcapture import store as S
+from logcapture.cli import main
+from logcapture.errors import NotFound, UsageError
+from logcapture.logview import COMMAND, LINE, NOTE, Entry
+from logcapture.records import End, Line, Start
+from logcapture.spool import SpoolWriter, create_run_dir
+
+T0 = 1_790_000_000.25
+ME = pwd.getpwuid(os.getuid()).pw_name
+NODE = {0: "n1", 1: "n1", 2: "n2", 3: "n2"}
+
+
+def _e(ts: float, text: str, kind: str = LINE, stream: str = "stdout", seq: int = 0) -> Entry:
+    return Entry(ts, stream, seq, kind, text)
+
+
+def _task(rank: int | None, run: str = "") -> dict:
+    return {"run": run or (f"9.0.{rank}" if rank is not None else "9"), "rank": rank,
+            "nodes": NODE.get(rank, "n1") if rank is not None else "n[1-2]"}
+
+
+def _fold(logs: list) -> list[str]:
+    return list(RV.text_lines(RV.fold(RV.merge(logs)), True))
+
+
+# --- the rules, on entries -----------------------------------------------------------------
+def test_sixty_four_ranks_printing_one_line_show_it_once_with_the_ranks_named() -> None:
+    logs = [(_task(r), [_e(T0 + r / 100, "identical line from every rank")])
+            for r in range(64)]
+    assert _fold(logs) == ["0: identical line from every rank",
+                           "[logcapture: same line from 64 ranks (0-63)]"]
+    assert RV.fold_note([5, 1, 2, 3, 9]) == "[logcapture: same line from 5 ranks (1-3, 5, 9)]"
+
+
+def test_a_rank_that_printed_something_else_stays_its_own_line_in_time_order() -> None:
+    logs = [(_task(0), [_e(T0, "same"), _e(T0 + 3, "later")]),
+            (_task(1), [_e(T0 + 0.2, "same")]),
+            (_task(2), [_e(T0 + 0.1, "different")]),
+            (_task(3), [_e(T0 + 0.9, "same")])]
+    assert _fold(logs) == ["0: same", "[logcapture: same line from 3 ranks (0-1, 3)]",
+                           "2: different", "0: later"]
+
+
+def test_only_lines_within_the_window_of_the_first_are_folded() -> None:
+    w = RV.FOLD_WINDOW
+    logs = [(_task(0), [_e(T0, "tick")]), (_task(1), [_e(T0 + w, "tick")]),
+            (_task(2), [_e(T0 + w + 0.01, "tick")]), (_task(3), [_e(T0 + 2 * w, "tick")])]
+    assert _fold(logs) == ["0: tick", "[logcapture: same line from 2 ranks (0-1)]",
+                           "2: tick", "[logcapture: same line from 2 ranks (2-3)]"]
+
+
+def test_a_rank_repeating_its_line_another_stream_notes_commands_and_the_batch_never_fold() -> None:
+    logs = [(_task(None), [_e(T0, "x")]),
+            (_task(0), [_e(T0, "x"), _e(T0 + 0.1, "x", seq=1), _e(T0 + 0.2, "n", NOTE),
+                        _e(T0 + 0.3, "c", COMMAND)]),
+            (_task(1), [_e(T0 + 0.05, "x", stream="stderr"), _e(T0 + 0.2, "n", NOTE),
+                        _e(T0 + 0.3, "c", COMMAND)])]
+    assert _fold(logs) == ["x", "0: x", "1: x", "0: x", "0: n", "1: n", "0: c", "1: c"]
+
+
+def test_folding_holds_only_the_window_and_keeps_every_entry() -> None:
+    # 20,000 entries of 4 ranks, each line common to all: one line and one note per step,
+    # and at most a window's entries held at once (the generator yields as it reads).
+    def entries(rank: int) -> Iterator[Entry]:
+        for i in range(5000):
+            yield _e(T0 + i * 0.5 + rank * 0.01, f"step {i}", seq=i)
+
+    out = RV.fold(RV.merge([(_task(r), entries(r)) for r in range(4)]))
+    first = [next(out) for _ in range(3)]
+    assert [(f.entry.text, f.ranks) for f in first] == [
+        ("step 0", (0, 1, 2, 3)), ("step 1", (0, 1, 2, 3)), ("step 2", (0, 1, 2, 3))]
+    assert sum(1 for _ in out) == 5000 - 3
+
+
+# --- through the readers, from a spool and from the store ----------------------------------
+def job_records(owner: str, uid: int, job: str = "50") -> dict[str, list]:
+    """Job ``job``: its batch run and four tasks on two nodes. Ranks 0-2 print one line
+    together, rank 3 something else; all print "done", rank 3 seconds later."""
+    runs = {job: [Start(run=job, stream="run", seq=0, ts=T0, command=["job.sh"], user=owner,
+                        uid=uid, host="n1", slurm={"job_id": job, "nodelist": "n[1-2]"}),
+                  Line(run=job, stream="stdout", seq=0, ts=T0 + 0.5, text=f"start of {owner}"),
+                  Line(run=job, stream="stdout", seq=1, ts=T0 + 8, text="end of job"),
+                  End(run=job, stream="run", seq=1, ts=T0 + 9, exit_status=0,
+                      state="COMPLETED", duration=9.0)]}
+    for r in range(4):
+        run = f"{job}.0.{r}"
+        other = "rank 3 is different" if r == 3 else "identical line from every rank"
+        runs[run] = [
+            Start(run=run, stream="run", seq=0, ts=T0 + 1, command=["train.py"], user=owner,
+                  uid=uid, host=NODE[r], slurm={"job_id": job, "step": "0", "rank": str(r),
+                                                "local_rank": str(r % 2), "node": NODE[r]}),
+            Line(run=run, stream="stdout", seq=0, ts=T0 + 1 + r / 100, text=f"rank {r} step 0"),
+            Line(run=run, stream="stdout", seq=1, ts=T0 + (2.05 if r == 3 else 2 + r / 10),
+                 text=other),
+            Line(run=run, stream="stdout", seq=2, ts=T0 + (7.3 if r == 3 else 5 + r / 10),
+                 text="done"),
+            End(run=run, stream="run", seq=1, ts=T0 + 7.5, exit_status=0, state="COMPLETED",
+                duration=6.5)]
+    return runs
+
+
+ALL_RANKS = ["start of " + ME, "0: rank 0 step 0", "1: rank 1 step 0", "2: rank 2 step 0",
+             "3: rank 3 step 0", "0: identical line from every rank",
+             "[logcapture: same line from 3 ranks (0-2)]", "3: rank 3 is different", "0: done",
+             "[logcapture: same line from 3 ranks (0-2)]", "3: done", "end of job"]
+RANK_1 = ["rank 1 step 0", "identical line from every rank", "done"]
+NODE_N2 = ["2: rank 2 step 0", "3: rank 3 step 0", "3: rank 3 is different",
+           "2: identical line from every rank", "2: done", "3: done"]
+
+
+def store_of(tmp_path: Path, *jobs: tuple[str, int, str]) -> str:
+    """A real embedded store holding each (owner, uid, job id)'s job (``job_records``)."""
+    dsn = f"chdb://{tmp_path / 'store'}"
+    with S.open_store(dsn) as st:
+        for who, uid, job in jobs:
+            for run, recs in job_records(who, uid, job).items():
+                st.insert_records(recs, S.Identity(run=run, user=who, uid=uid, cluster="c1",
+                                                   job_id=job))
+    return dsn
+
+
+def write_job(root: Path, owner: str, job: str) -> Path:
+    """``job_records`` in a spool as the Slurm layout has them (ROOT/JOB/RUN)."""
+    for run, recs in job_records(owner, os.getuid(), job).items():
+        w = SpoolWriter(create_run_dir(root / job, run), fsync=False)
+        w.write(recs)
+        w.close()
+    return root
+
+
+@pytest.fixture
+def spool(tmp_path: Path) -> Path:
+    return write_job(tmp_path / "spool", ME, "50")
+
+
+def logs(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, list[str], str]:
+    try:
+        main(["logs", *args])
+        code = 0
+    except SystemExit as e:
+        code = int(e.code or 0)
+    out = capsys.readouterr()
+    return code, out.out.splitlines(), out.err
+
+
+def test_logs_of_a_job_merges_labels_and_folds_its_ranks_from_the_spool(
+        spool: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    where = ["--spool", str(spool), "--source", "spool"]
+    assert logs(capsys, "50", *where)[:2] == (0, ALL_RANKS)
+    assert logs(capsys, "50", "--rank", "1", *where)[:2] == (0, RANK_1)
+    assert logs(capsys, "50", "--node", "n2", *where)[:2] == (0, NODE_N2)
+    code, out, _ = logs(capsys, "50", "--rank", "0-1", "--rank", "3", *where)
+    assert out[3:5] == ["0: identical line from every rank",
+                        "[logcapture: same line from 2 ranks (0-1)]"]
+    assert logs(capsys, "50.0.2", *where)[1] == ["rank 2 step 0",
+                                                 "identical line from every rank", "done"]
+    code, out, err = logs(capsys, "50", "--rank", "7", *where)
+    assert code != 0 and "no captured task with rank 7" in err
+    code, out, err = logs(capsys, "50.0.2", "--rank", "0", *where)
+    assert code != 0 and "name the job" in err
+
+
+def test_logs_of_a_job_reads_the_same_from_the_store(
+        spool: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    dsn = store_of(tmp_path, (ME, os.getuid(), "50"))
+    where = ["--spool", str(tmp_path / "empty"), "--source", "store", "--store", dsn]
+    assert logs(capsys, "50", *where)[:2] == (0, ALL_RANKS)
+    assert logs(capsys, "50", "--rank", "1", *where)[:2] == (0, RANK_1)
+    assert logs(capsys, "50", "--node", "n2", *where)[:2] == (0, NODE_N2)
+
+
+@contextmanager
+def held(dsn: str) -> Iterator[S.Store]:
+    with S.open_store(dsn, must_exist=True) as st:
+        yield st
+
+
+def test_a_user_never_sees_another_users_tasks_of_the_same_job_id(tmp_path: Path) -> None:
+    dsn = store_of(tmp_path, ("alice", 1001, "50"), ("bob", 1002, "50"), ("bob", 1002, "60"))
+    with closing(Q.StoreReader(lambda: held(dsn), "alice")) as alice:
+        runs = RV.job_runs(alice, "50")
+        assert runs is not None and len(runs) == 5
+        text = [RV.label(e, True) for e in RV.read_job(alice, runs, ("stdout", "stderr"))]
+        assert text[0] == "start of alice" and "start of bob" not in text
+        assert text.count("0: done") == 1  # bob's four tasks are not folded in
+        with pytest.raises(NotFound):
+            RV.job_runs(alice, "60", ranks=["0"])
+        assert RV.job_runs(alice, "60") is None  # the run's own log says it is not hers
+        with pytest.raises(NotFound):
+            alice.resolve("60")
+
+
+def test_a_filter_on_something_that_is_no_job_is_refused(spool: Path) -> None:
+    with closing(Q.LocalReader(spool, source="spool")) as r:
+        with pytest.raises(UsageError):
+            RV.job_runs(r, None, ranks=["0"])
+        assert RV.job_runs(r, "50.0.1") is None
+
+
+def search(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict | str]:
+    import json
+
+    try:
+        main(["search", "--json", *args])
+        code = 0
+    except SystemExit as e:
+        code = int(e.code or 0)
+    out = capsys.readouterr()
+    return code, json.loads(out.out) if out.out else out.err
+
+
+def _runs(found: dict | str) -> set[str]:
+    assert isinstance(found, dict), found
+    return {g["run"] for g in found["groups"]}
+
+
+@pytest.mark.parametrize("source", ["spool", "store"])
+def test_search_by_rank_and_node(spool: Path, tmp_path: Path, source: str,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    where = ["--spool", str(spool), "--source", "spool"]
+    if source == "store":
+        dsn = store_of(tmp_path, (ME, os.getuid(), "50"))
+        where = ["--spool", str(tmp_path / "empty"), "--source", "store", "--store", dsn]
+    assert _runs(search(capsys, "done", *where)[1]) == {f"50.0.{r}" for r in range(4)}
+    assert _runs(search(capsys, "done", "--job", "50", "--rank", "0-1", *where)[1]) == {
+        "50.0.0", "50.0.1"}
+    assert _runs(search(capsys, "done", "--node", "n2", *where)[1]) == {"50.0.2", "50.0.3"}
+    assert _runs(search(capsys, "done", "--rank", "3", "--node", "n2", *where)[1]) == {
+        "50.0.3"}
+    code, found = search(capsys, "job", "--rank", "0", *where)  # the batch's "end of job"
+    assert code == 1 and _runs(found) == set()
+    code, err = search(capsys, "done", "--rank", "7", *where)
+    assert code == 2 and "no captured task with rank 7" in str(err)
+
+
+def test_search_by_rank_finds_only_the_users_own_tasks(tmp_path: Path) -> None:
+    from logcapture.search import Request
+
+    dsn = store_of(tmp_path, ("alice", 1001, "50"), ("bob", 1002, "50"))
+    with closing(Q.StoreReader(lambda: held(dsn), "alice")) as alice:
+        runs = RV.task_run_ids(alice, ["50"], ["0-3"])
+        found = alice.search(Request("done", jobs=runs).to_dict())
+    assert {g["owner"] for g in found["groups"]} == {"alice"} and found["matches"] == 4
+
+
+def test_the_job_pages_answer_names_rank_node_and_fold_and_keeps_the_newest(spool: Path) -> None:
+    with closing(Q.LocalReader(spool, source="spool")) as r:
+        assert [(t["run"], t["rank"], t["node"]) for t in RV.tasks_of(r, "50")] == [
+            (f"50.0.{k}", k, NODE[k]) for k in range(4)]
+        assert RV.tasks_of(r, "50.0.1") == []  # a run, not a job
+        whole = RV.page(r, "50")
+        assert not whole["more"] and whole["ended"]
+        assert [e["text"] for e in whole["entries"]] == [
+            t.split(": ", 1)[-1] for t in ALL_RANKS if not t.startswith("[")]
+        folded = [e for e in whole["entries"] if "note" in e]
+        assert [(e["rank"], e["node"], e["ranks"], e["note"]) for e in folded] == [
+            (0, "n1", [0, 1, 2], "[logcapture: same line from 3 ranks (0-2)]")] * 2
+        assert whole["entries"][0]["rank"] is None and whole["entries"][0]["run"] == "50"
+        newest = RV.page(r, "50", limit=2)
+        assert newest["more"] and [e["text"] for e in newest["entries"]] == ["done",
+                                                                              "end of job"]
+        assert [e["rank"] for e in RV.page(r, "50", "2-3", "n2")["entries"]] == [2, 3, 3, 2,
+                                                                                  2, 3]
