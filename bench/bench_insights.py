@@ -43,8 +43,10 @@ from logcapture import store as S  # noqa: E402
 from logcapture.insights import report  # noqa: E402
 from logcapture.insights.live import LiveWatch  # noqa: E402
 from logcapture.records import End, Line, Start  # noqa: E402
-from logcapture.ship import UploadResult, diagnose_run, read_segment_bytes  # noqa: E402
-from logcapture.spool import SpoolWriter, create_run_dir, segments  # noqa: E402
+from logcapture.ship import UploadResult, diagnose_run  # noqa: E402
+from logcapture.spool.layout import create_run_dir, segments  # noqa: E402
+from logcapture.spool.reading import read_segment_bytes  # noqa: E402
+from logcapture.spool.writer import SpoolWriter  # noqa: E402
 
 TAIL = ["Traceback (most recent call last):",
         '  File "/home/u/train.py", line 88, in <module>', "    main()",
@@ -184,7 +186,7 @@ def bench_ls(tmp: Path, n: int, rounds: int) -> None:
 
     from logcapture.insights.matchers import CANDIDATE
     from logcapture.runs import summarize
-    from logcapture.spool import segment_data
+    from logcapture.spool.reading import segment_data
 
     root = tmp / "ls-spool"
     write_run(root, "train-1", n)

@@ -18,10 +18,11 @@ from typing import Any
 import click
 
 from . import __version__
+from .config.defaults import SPOOL_RETENTION_DAYS
 from .errors import LogcaptureError, UsageError, Warner, failure
 from .records import MODES, OUTPUT_STREAMS, STDERR, STREAMS_MERGED
 from .search import DEFAULT_LIMIT as DEFAULT_SEARCH_LIMIT
-from .spool import default_root
+from .spool.layout import default_root
 
 # ------------------------------------------------------------------------------ helpers
 
@@ -57,7 +58,7 @@ def _retention_options(f: Any) -> Any:
     """--retention-days and --keep (the shipper's ``retention_days``: None with --keep)."""
     f = click.option("--keep", is_flag=True, help="Never delete shipped spool segments.")(f)
     return click.option(
-        "--retention-days", type=float, default=7.0, show_default=True,
+        "--retention-days", type=float, default=SPOOL_RETENTION_DAYS, show_default=True,
         help="Delete a closed spool segment this many days after the store accepted "
              "it (0: at once).")(f)
 
@@ -142,7 +143,8 @@ def format_insights(insights: list[dict[str, Any]], evidence: int = 3) -> list[s
         out.append(f"  {i['kind']}: {i['message']}")
         quoted = [e for e in i.get("evidence") or () if e.get("text") is not None]
         for e in quoted[-evidence:]:
-            out.append(f"    {e['stream']} line {e['seq']}: {e['text']}")
+            where = f"line {e['line']} ({e['stream']})" if e.get("line") else e["stream"]
+            out.append(f"    {where}: {e['text']}")
         if i.get("hint"):
             out.append(f"    try: {i['hint']}")
     return out
@@ -245,9 +247,16 @@ def ls_cmd(spool: Path | None, store_dsn: str | None, source: str, as_json: bool
                    "N, a range 0-3 or a list 0-3,8; repeatable.")
 @click.option("--node", "nodes", multiple=True, metavar="NAME",
               help="Only the tasks that ran on this node; repeatable.")
+@click.option("--color", type=click.Choice(["auto", "always", "never"]), default="auto",
+              show_default=True, help="Write the lines' colours back as ANSI escape sequences "
+              "(auto: when stdout is a terminal and NO_COLOR is not set).")
+@click.option("-n", "--line-numbers", "numbers", is_flag=True,
+              help="Number the lines as the job page and search do: one number a line in "
+                   "the run's log, both streams counted; notes have none.")
 @click.argument("run_ref", metavar="RUN", required=False)
 def logs(spool: Path | None, stream: str, follow: bool, store_dsn: str | None, source: str,
-         ranks: tuple[str, ...], nodes: tuple[str, ...], run_ref: str | None) -> None:
+         ranks: tuple[str, ...], nodes: tuple[str, ...], color: str, numbers: bool,
+         run_ref: str | None) -> None:
     """Print the log of RUN (a run id or Slurm job id; default: the latest run) as the job
     page and Grafana show it (logview.py): rendered lines, commands, notes, and metadata
     lines the log does not already show. From the store once the run is shipped, else from
@@ -258,10 +267,13 @@ def logs(spool: Path | None, stream: str, follow: bool, store_dsn: str | None, s
     from contextlib import closing
     from itertools import islice
 
-    from .logview import NOTE, LogView
+    from .logview import NOTE, LogView, numbered_text
     from .rankview import job_runs, read_job, several_ranks, text_lines
     from .records import from_dict
+    from .sgr import shown_text, wants_color
 
+    paint = wants_color(color, sys.stdout.isatty(), os.environ)
+    text = numbered_text(shown_text(paint)) if numbers else shown_text(paint)
     streams = OUTPUT_STREAMS if stream == "all" else (stream,)
     view = LogView(streams=streams)
     with closing(_reader(spool, store_dsn, source)) as reader:
@@ -271,25 +283,26 @@ def logs(spool: Path | None, stream: str, follow: bool, store_dsn: str | None, s
         # A job of several ranks (rankview.py): its runs' entries merged, labelled, folded
         runs = None if follow else job_runs(reader, run_ref, ranks, nodes)
         if runs is not None:
-            lines = text_lines(read_job(reader, runs, streams), several_ranks(runs))
+            lines = text_lines(read_job(reader, runs, streams), several_ranks(runs), text)
             while batch := list(islice(lines, 1000)):  # 1000 lines an echo
-                click.echo("\n".join(batch))
+                click.echo("\n".join(batch), color=paint)
             return
         run = _wait_for_job(reader, run_ref) if follow else reader.resolve(run_ref)
         printed = False  # any output of the job's (notes are logcapture's)
         if follow:  # each entry as it comes
             for d in reader.follow(run):
                 for e in view.feed((from_dict(d),)):
-                    click.echo(e.text)
+                    click.echo(text(e), color=paint)
                     printed = printed or e.kind != NOTE
         else:
+            # Numbers count both streams: read both when numbering.
             entries = view.feed(from_dict(d) for d in reader.lines(
-                run, None if stream == "all" else stream))
+                run, None if stream == "all" or numbers else stream))
             printed = any(e.kind != NOTE for e in entries)
             # A thousand lines an echo (one echo a line is a third of a 10,000-line log's
             # whole command).
             for i in range(0, len(entries), 1000):
-                click.echo("\n".join(e.text for e in entries[i:i + 1000]))
+                click.echo("\n".join(map(text, entries[i:i + 1000])), color=paint)
         if stream == STDERR and not printed and not follow and str(
                 reader.describe(run).get("streams", "")).startswith(STREAMS_MERGED):
             click.echo("logcapture: stdout and stderr of this run went to the same place and "
@@ -339,17 +352,28 @@ def _may_read(user_id: str) -> bool:
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @_store_option
 @_source_option
+@click.option("--rank", "ranks", multiple=True, metavar="N|all",
+              help="A job of several ranks: whose metadata keys and X axis (default 0; a "
+                   "rank, a range like 0-3, or all).")
 @click.argument("run_ref", metavar="RUN", required=False)
 def show(spool: Path | None, as_json: bool, store_dsn: str | None, source: str,
-         run_ref: str | None) -> None:
+         ranks: tuple[str, ...], run_ref: str | None) -> None:
     """Summarise RUN (a job id as Slurm users write it, a run id, default: the latest run):
     job, state, exit status, times, resources with their units, lines per stream, dropped
     repetitions, one line per mode change, metadata keys (from the store once the run is
-    shipped, else the spool). --json: the same fields, snake_case, numbers as numbers."""
+    shipped, else the spool). A job of several ranks: its ranks, the root cause among them,
+    each node's figures. --json: the same fields, snake_case, numbers as numbers."""
     from contextlib import closing
+
+    from .jobview import chosen_ranks, describe_job
 
     with closing(_reader(spool, store_dsn, source)) as reader:
         info = reader.describe(reader.resolve(run_ref))
+        if run_ref is not None:
+            info = describe_job(reader, run_ref, info, chosen_ranks(ranks))
+    if ranks and "ranks" not in info:
+        raise UsageError(f"--rank: {run_ref or 'the run'} is no job with tasks of srun steps "
+                         "captured")
     if as_json:
         click.echo(json.dumps(info, indent=2, default=str))
         return
@@ -433,8 +457,9 @@ def search(pattern: str, regex: bool, jobs: tuple[str, ...], since: str | None,
 
 
 def _print_search(found: dict[str, Any], limit: int) -> None:
-    """grep's -n layout under a heading per run: STREAM:SEQ:TEXT for a matching line,
-    STREAM:SEQ-TEXT for context, ``--`` where lines were left out."""
+    """grep's -n layout under a heading per run: STREAM:N:TEXT for a matching line,
+    STREAM:N-TEXT for context (N: the line number, as `logs -n` and the page give it),
+    ``--`` where lines were left out."""
     from .query import current_user
 
     me = current_user()[0]
@@ -457,7 +482,8 @@ def _print_search(found: dict[str, Any], limit: int) -> None:
         for d in g["lines"]:
             if d["gap"]:
                 click.echo("--")
-            click.echo(f"{d['stream']}:{d['seq']}{':' if d['match'] else '-'}{d['text']}")
+            click.echo(f"{d['stream']}:{d.get('line') or '?'}{':' if d['match'] else '-'}"
+                       f"{d['text']}")
     if found["truncated"]:
         click.echo(f"logcapture: showing the newest {limit} matching lines; there are more "
                    "(--limit N for more, --since/--job/--state to narrow)", err=True)
@@ -501,7 +527,7 @@ def check(uid: int | None, file: Path | None) -> None:
     1 when it is invalid or missing. A job started with an invalid file still runs, logged
     in mode disabled (only /LOGCOMMAND lines are kept) until the file is fixed.
     """
-    from .config import load_optin, optin_path
+    from .config.optin import load_optin, optin_path
 
     path = file if file is not None else optin_path()
     result = load_optin(path, uid=uid)
@@ -613,13 +639,13 @@ def reader_serve(socket_path: Path | None, store_dsn: str | None,
     import logging
     import signal
 
-    from .config import load_admin
+    from .config.admin import load_admin
     from .reader.client import DEFAULT_SOCKET
     from .reader.server import ReadService
     from .reader.sessions import store_sessions
     from .store import redact, resolve_dsn
 
-    admin = load_admin()
+    admin = load_admin(warn=Warner())
     path = socket_path or Path(admin.reader_socket or DEFAULT_SOCKET)
     group = admin_group or admin.admin_group
     logging.basicConfig(level=logging.INFO, format="logcapture reader: %(message)s")
@@ -808,14 +834,14 @@ def agent(spool: Path | None, store_dsn: str | None, batch_bytes: int, interval:
     /var/spool/logcapture), the node samplers' samples (<spool root>/.samples) included.
     While jobs run it finds stalls and metrics that turned NaN, stores every finished run's
     insights, and sends the messages users asked for in their .logoptin (docs/insights.md)."""
-    from .config import load_admin
+    from .config.admin import load_admin
     from .insights.notify import Notifier
     from .ship import Agent, describe_dsn
     from .slurm.jobrecords import NOTIFIED_DIR, samples_job_ended
     from .store import check_engine
 
     check_engine(store_dsn)  # a store to ship to, before waiting for anything to ship
-    admin = load_admin()
+    admin = load_admin(warn=Warner())
     # Root's agent ships the node's spool root, where the prolog and the job wrapper write.
     root = spool if spool is not None else default_root(process="agent",
                                                         configured=admin.spool_root)
@@ -864,15 +890,18 @@ def db_group() -> None:
 @db_group.command(name="init")
 @_store_option
 @click.option("--ttl-days", type=int, default=None,
-              help="Rows expire after this many days (0: never; default: the config file's "
-                   "retention_days when set, else leave the TTL as it is).")
+              help="Rows expire after this many days (0: never; default: the admin config's "
+                   "store_ttl_days when set, else leave the TTL as it is).")
 @click.option("--row-policies", is_flag=True,
               help="Create row policies: each ClickHouse user sees only rows they own; the "
                    "role logcapture_admin sees all (a server only).")
 def db_init(store_dsn: str | None, ttl_days: int | None, row_policies: bool) -> None:
     """Create or migrate the store's schema (versioned; running it again changes nothing)."""
+    from .config.admin import load_admin
     from .store import open_store, redact, resolve_dsn
 
+    if ttl_days is None:
+        ttl_days = load_admin(warn=Warner()).store_ttl_days
     with open_store(store_dsn, wait=30.0, create=False) as st:
         version = st.init_schema(ttl_days=ttl_days, row_policies=row_policies)
     click.echo(f"logcapture: schema version {version} in {redact(resolve_dsn(store_dsn))}"
@@ -891,20 +920,25 @@ def db_init(store_dsn: str | None, ttl_days: int | None, row_policies: bool) -> 
               default="csv", show_default=True, help="The file format.")
 @click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False),
               default=None, help="Write here (default: standard output).")
+@click.option("--rank", "ranks", multiple=True, metavar="N",
+              help="A job of several ranks: only these ranks' lines or metadata (a rank, a "
+                   "range like 0-3; repeatable). Default: the batch script's and every rank's.")
 def export_cmd(spool: Path | None, store_dsn: str | None, source: str, run_ref: str,
-               what: str, fmt: str, output: Path | None) -> None:
+               what: str, fmt: str, output: Path | None, ranks: tuple[str, ...]) -> None:
     """Write your own data of RUN: its lines, metadata (one column per key), resource
     samples or progress-bar points, as CSV, NDJSON or Parquet, from the store once the run
     is shipped, else from the spool. RUN: a run id, a Slurm job id, or `latest` (your
     newest run)."""
     from contextlib import closing, nullcontext
 
-    from .store import check_export, write_rows
+    from .jobview import export_job
+    from .store import check_export, export_rows, write_rows
 
     check_export(what, fmt)
     with closing(_reader(spool, store_dsn, source)) as reader:
         run = reader.resolve(run_ref)
-        rows = reader.export_rows(run, what)
+        job = export_job(reader, run_ref, run, what, ranks)
+        rows = reader.export_rows(run, what) if job is None else export_rows(what, job)
         # the engine writes the file: the store's when there is one, else an in-memory one
         with reader.held() if reader.held.available else nullcontext() as store:
             if output is None:

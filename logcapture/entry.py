@@ -102,6 +102,6 @@ def main(argv: list[str] | None = None) -> None:
         except OSError:
             pass
         code = said[1]
-    from .runner import leave
+    from .runner.exits import leave
 
     leave(code)  # without the interpreter's teardown: the command has ended

@@ -49,7 +49,18 @@ from .insights.efficiency import admin_thresholds
 from .insights.matchers import LOWERED_NEEDLES
 from .insights.report import store_insights
 from .jobref import JOB_KEYS
-from .logview import Entry, LogView, cursor_of, parse_cursor, sort_key, ts_ns
+from .logview import (
+    NUMBERED_ENDS,
+    Entry,
+    LogView,
+    cursor_of,
+    just_before,
+    numbered_evidence,
+    numbered_lines,
+    parse_cursor,
+    sort_key,
+    ts_ns,
+)
 from .progress import bars as progress_bars
 from .records import (
     NOTE_BLANK,
@@ -67,23 +78,29 @@ from .records import (
     Sample,
     Start,
     from_dict,
+    kind_suffix,
     redactions_by_kind,
     streams_of,
 )
-from .runs import RunSummary, find_run, follow_records, job_candidates, summarize
+from .runs import (
+    RunSummary,
+    find_run,
+    follow_records,
+    job_candidates,
+    line_numbers,
+    summarize,
+)
 from .search import Found, Hit, Pattern, Request, answer, context_of, line_of, merge
 from .ship import is_shipped
-from .spool import (
+from .spool.layout import Segment, find_run_dirs, segments
+from .spool.reading import (
     ReadStats,
-    Segment,
-    find_run_dirs,
     iter_run,
     lines_of_kinds,
     parse_lines,
     read_lines,
     records_of_kinds,
     segment_data,
-    segments,
 )
 from .store import EXPORTS, Store, export_rows, redact
 
@@ -133,11 +150,13 @@ class Reader(Protocol):
         ...
 
     def log(self, run: str, stderr: bool = False, before: str | None = None,
-            after: str | None = None, limit: int = LOG_PAGE) -> dict[str, Any]:
+            after: str | None = None, limit: int = LOG_PAGE, line: int | None = None
+            ) -> dict[str, Any]:
         """One page of the run's log as ``logview`` shows it (the job page's question):
-        ``entries``, each ``{cursor, stream, kind, text, ts}`` in order, the newest ``limit`` before
-        the cursor ``before`` (default: the newest) or the oldest after ``after``; ``more``:
-        entries lie beyond the page; ``ended``: the run's end record is in."""
+        ``entries``, each ``{cursor, stream, kind, text, ts, line}`` in order, the newest
+        ``limit`` before the cursor ``before`` (default: the newest) or the oldest after
+        ``after``, or from the line numbered ``line`` on (``#L123``; NotFound when there is
+        none); ``more``: entries lie beyond the page; ``ended``: the run's end record is in."""
         ...
 
     def describe(self, run: str) -> dict[str, Any]:
@@ -323,7 +342,9 @@ def spool_facts(run_dir: Path, owner: str, uid: int) -> RunFacts:
                             thresholds=admin_thresholds(), missing_segments=len(unread))
     return RunFacts(run_dir.name, owner, uid, start, end, dict(lines), dict(repeats),
                     dict(blanks), commands, modes, sorted(keys), metadata, samples, warnings,
-                    spool_problems=problems, insights=[i.to_dict() for i in insights],
+                    spool_problems=problems, insights=numbered_evidence(
+                        [i.to_dict() for i in insights],
+                        lambda keys: line_numbers(run_dir, keys)),
                     progress=progress)
 
 
@@ -344,8 +365,9 @@ def store_facts(st: Store, run: str, owner: str | None) -> RunFacts:
         t["commands"], t["modes"], t["metadata_keys"], [d["fields"] for d in metadata],
         samples, sum(r[3] for r in notes if r[1] == NOTE_WARNING),
         stored_in=redact(st.dsn),
-        insights=store_insights(st, run, info["start_record"], info["end_record"], samples,
-                                owner),
+        insights=numbered_evidence(
+            store_insights(st, run, info["start_record"], info["end_record"], samples, owner),
+            lambda keys: st.line_numbers(run, owner, keys)),
         progress=st.progress(run, owner))
 
 
@@ -355,7 +377,7 @@ def spool_insights(run_dir: Path, start: Any, end: Any, thresholds: Any = None
     every line: the diagnosis reads only the candidates (``Diagnoser``), found by their
     needles in each segment's bytes (``matchers.LOWERED_NEEDLES``), with the lines of a
     traceback that follow one, and the metadata and samples by their kind
-    (``spool.records_of_kinds``). ``ls`` lists its first kind."""
+    (``spool.reading.records_of_kinds``). ``ls`` lists its first kind."""
     diagnoser = Diagnoser()
     samples: list[dict[str, Any]] = []
     metadata: list[dict[str, Any]] = []
@@ -419,7 +441,8 @@ def _record_dict(raw: bytes) -> dict[str, Any] | None:
     return d if isinstance(d, dict) else None
 
 
-_LINE_END = b'"kind":"line"}'  # records.Line.to_json writes the kind last
+_LINE_END = kind_suffix("line")  # a record's kind is its last key
+_END = kind_suffix("end")
 
 
 def _feed_candidates(diagnoser: Diagnoser, data: bytes) -> None:
@@ -632,9 +655,12 @@ class StoreReader:
             sleep(poll)
 
     def log(self, run: str, stderr: bool = False, before: str | None = None,
-            after: str | None = None, limit: int = LOG_PAGE) -> dict[str, Any]:
+            after: str | None = None, limit: int = LOG_PAGE, line: int | None = None
+            ) -> dict[str, Any]:
         limit = _page_limit(limit)
         with self.session() as st:
+            if line is not None:
+                after = just_before(st.line_key(run, self.owner, line), run, line)
             rows, more, ended = st.log_page(run, self.owner, stderr,
                                             parse_cursor(before) if before else None,
                                             parse_cursor(after) if after else None, limit)
@@ -761,11 +787,17 @@ def _page_limit(limit: int) -> int:
     return max(1, min(int(limit), LOG_PAGE_MAX))
 
 
-def _entry_json(ts: float, stream: str, seq: int, kind: str, text: str) -> dict[str, Any]:
+def _entry_json(ts: float, stream: str, seq: int, kind: str, text: str,
+                style: tuple[Any, ...] = (), line: int = 0) -> dict[str, Any]:
     """An entry as the page and the read service carry it: named fields, so a field added
-    later (a line number, styles, a rank) breaks no reader."""
-    return {"cursor": cursor_of(ts, stream, seq), "stream": stream, "kind": kind, "text": text,
-            "ts": ts}
+    later (a rank) breaks no reader. ``style``: a line's colour spans ``[start, end, "sgr"]``
+    (code points, ``logcapture.sgr``), only when it has any; ``line``: its line number, null
+    for none."""
+    d = {"cursor": cursor_of(ts, stream, seq), "stream": stream, "kind": kind, "text": text,
+         "ts": ts, "line": line or None}
+    if style:
+        d["style"] = [list(s) for s in style]
+    return d
 
 
 def _ts_of(raw: bytes) -> int | None:
@@ -817,6 +849,7 @@ class SpoolRun:
         self.run_dir = run_dir
         self._lines: OrderedDict[int, list[bytes]] = OrderedDict()
         self._scanned: dict[int, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {}
+        self._counted: dict[int, int] = {}
         self._ended = False
         self._lock = threading.Lock()
 
@@ -843,11 +876,36 @@ class SpoolRun:
             prime = self._read(segs[i - 1])[-self.PRIME:] + prime
         view = LogView(stderr=True)
         view.feed(parse_lines("", prime, 0, ReadStats()))
+        view.lines = sum(map(self._numbered, segs[:i])) + numbered_lines(lines[:a])
         return view.feed(parse_lines(segs[i].path.name, lines[a:b], a, ReadStats()))
+
+    def line_key(self, n: int) -> tuple[int, str, int] | None:
+        """The cursor key of the line numbered ``n``, or None."""
+        with self._lock:
+            for seg in segments(self.run_dir):
+                count = self._numbered(seg)
+                if n > count:
+                    n -= count
+                    continue
+                raw = [r for r in self._read(seg) if r.endswith(NUMBERED_ENDS)]
+                if 0 < n <= len(raw):
+                    d = json.loads(raw[n - 1])
+                    return ts_ns(d["ts"]), d["stream"], int(d["seq"])
+                return None
+        return None
+
+    def _numbered(self, seg: Segment) -> int:
+        """The segment's lines that have a line number (kept once it is closed)."""
+        got = self._counted.get(seg.index) if seg.closed else None
+        if got is None:
+            got = numbered_lines(self._read(seg))
+            if seg.closed:
+                self._counted[seg.index] = got
+        return got
 
     def _is_ended(self, segs: list[Segment]) -> bool:
         if not self._ended and segs:
-            self._ended = any(line.endswith(b'"kind":"end"}')
+            self._ended = any(line.endswith(_END)
                               for line in self._read(segs[-1])[-64:])
         return self._ended
 
@@ -960,6 +1018,7 @@ class SpoolRun:
     def samples(self) -> list[dict[str, Any]]:
         with self._lock:
             return [d for seg in segments(self.run_dir) for d in self._scan(seg)[1]]
+
 
 
 def _cursor_key(e: Entry) -> tuple[int, str, int]:
@@ -1148,11 +1207,15 @@ class LocalReader:
         return summary_of_spool(summarize(run_dir), *who, run_dir)
 
     def log(self, run: str, stderr: bool = False, before: str | None = None,
-            after: str | None = None, limit: int = LOG_PAGE) -> dict[str, Any]:
+            after: str | None = None, limit: int = LOG_PAGE, line: int | None = None
+            ) -> dict[str, Any]:
         run_dir = self._dir(run)
         if run_dir is None:
-            return self.store.log(run, stderr, before, after, limit)
-        return self._cached(run_dir).page(stderr, before, after, _page_limit(limit))
+            return self.store.log(run, stderr, before, after, limit, line)
+        spool_run = self._cached(run_dir)
+        if line is not None:
+            after = just_before(spool_run.line_key(line), run, line)
+        return spool_run.page(stderr, before, after, _page_limit(limit))
 
     def _cached(self, run_dir: Path) -> SpoolRun:
         cached = self._cache.get(run_dir)
@@ -1276,11 +1339,14 @@ def _array_ref(slurm: dict[str, Any]) -> str:
 def _search_run(run_dir: Path, pattern: Pattern, req: Request, owner: str) -> list[Hit]:
     """One spool run's matching lines, each with its context in its stream."""
     streams: dict[str, list[dict[str, Any]]] = {}
+    n = 0  # the line number (logview.py): both streams count
     for rec in iter_run(run_dir):
-        if isinstance(rec, (Line, Command)) and rec.stream in OUTPUT_STREAMS and (
-                req.stream is None or rec.stream == req.stream):
-            streams.setdefault(rec.stream, []).append(
-                {"stream": rec.stream, "seq": rec.seq, "ts": rec.ts, "text": rec.text})
+        if isinstance(rec, (Line, Command)) and rec.stream in OUTPUT_STREAMS:
+            n += 1
+            if req.stream is None or rec.stream == req.stream:
+                streams.setdefault(rec.stream, []).append(
+                    {"stream": rec.stream, "seq": rec.seq, "ts": rec.ts, "text": rec.text,
+                     "line": n})
     hits = []
     for lines in streams.values():
         for i, d in enumerate(lines):

@@ -121,19 +121,21 @@ def fold(items: Iterable[RankEntry], window: float = FOLD_WINDOW) -> Iterator[Ra
         yield group.result()
 
 
-def label(item: RankEntry, several: bool) -> str:
+def label(item: RankEntry, several: bool, text: Any = None) -> str:
     """The text of an entry as ``logs`` prints it: ``RANK: `` before a task's entry when
-    ``several`` ranks are shown (as ``srun --label``)."""
+    ``several`` ranks are shown (as ``srun --label``). ``text``: what an entry prints as
+    (``sgr.shown_text``; default its text)."""
+    shown = item.entry.text if text is None else text(item.entry)
     if several and item.rank is not None:
-        return f"{item.rank}: {item.entry.text}"
-    return item.entry.text
+        return f"{item.rank}: {shown}"
+    return shown
 
 
-def text_lines(items: Iterable[RankEntry], several: bool) -> Iterator[str]:
+def text_lines(items: Iterable[RankEntry], several: bool, text: Any = None) -> Iterator[str]:
     """The lines ``logs`` prints for a job's merged entries: each labelled, a folded line
     followed by its note."""
     for item in items:
-        yield label(item, several)
+        yield label(item, several, text)
         if item.folded:
             yield fold_note(item.ranks)
 
@@ -194,10 +196,9 @@ def read_job(reader: Any, runs: list[Mapping[str, Any]], streams: tuple[str, ...
     from .logview import LogView
     from .records import from_dict
 
-    stream = None if len(streams) > 1 else streams[0]
-
     def entries(run: str) -> list[Entry]:
-        return LogView(streams=streams).feed(from_dict(d) for d in reader.lines(run, stream))
+        # both streams read: a line's number counts both (the view shows ``streams``)
+        return LogView(streams=streams).feed(from_dict(d) for d in reader.lines(run, None))
 
     return job_log([(run, entries(str(run["run"]))) for run in runs])
 
@@ -270,6 +271,8 @@ def page(reader: Any, ref: str, ranks: str = "", nodes: str = "", limit: int = 1
              "text": e.text, "ts": e.ts, "run": item.run, "rank": item.rank, "node": item.node}
         if item.folded:
             d["ranks"], d["note"] = list(item.ranks), fold_note(item.ranks)
+        if e.style:  # a line's colours (logcapture.sgr), as query's entries carry them
+            d["style"] = [list(s) for s in e.style]
         entries.append(d)
     return {"entries": entries, "more": more,
             "ended": all(r.get("state") not in ("RUNNING", "EMPTY") for r in runs)}

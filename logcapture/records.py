@@ -11,6 +11,12 @@ Stages exchange these types and nothing else. Encoding is
 ``record.to_dict()`` -> ``json.dumps``; decoding is ``from_dict(obj)``, which raises
 ``RecordError`` naming the field that was wrong.
 
+A record's kind is its last key (``kind_suffix``): every encoded record ends with
+``"kind":"<kind>"}``, so a reader can pick records of a kind out of a segment's bytes without
+parsing JSON. ``kind_suffix`` is the one place that spells those bytes; the writers here and
+every byte-level test of a kind elsewhere (spool reading, shipping, live checks, the read
+layer, the store's ingest) use it.
+
 The records are named tuples (``collections.namedtuple``): immutable, made at C speed, and
 cheap to define. Every job pays for this module's import twice over (the wrapper and the capture
 worker start with it): frozen dataclasses cost ~10-18 ms of CPU more at each start here
@@ -49,7 +55,7 @@ MODES = (ENABLED, METADATA, DISABLED)
 
 # The state of a run whose writer went away before the command's outcome was known (the
 # wrapper killed, its node crashed or rebooted) and that Slurm did not close: its end is its
-# last output (spool.close_abandoned, Pipeline.finish_lost).
+# last output (spool.abandoned.close_abandoned, Pipeline.finish_lost).
 LOST = "LOST"
 
 # Note kinds.
@@ -58,12 +64,18 @@ NOTE_BLANK = "blank"  # a run of blank lines collapsed to one; count = lines dro
 NOTE_CUT = "cut"  # a line longer than the limit was cut; count = characters dropped
 NOTE_WARNING = "warning"  # something went wrong (bad command, bad config, internal fault)
 NOTE_MODE = "mode"  # the mode changed (from .logoptin or a /LOGCOMMAND)
-NOTE_KINDS = (NOTE_REPEAT, NOTE_BLANK, NOTE_CUT, NOTE_WARNING, NOTE_MODE)
+# A CI fold marker (sections.py): a section starts (text its title, count 1 when it opens
+# collapsed) or ends (text its title, count its duration in ms).
+NOTE_SECTION = "section"
+NOTE_SECTION_END = "section_end"
+NOTE_KINDS = (NOTE_REPEAT, NOTE_BLANK, NOTE_CUT, NOTE_WARNING, NOTE_MODE, NOTE_SECTION,
+              NOTE_SECTION_END)
 
 
 # How the job's stdout and stderr were captured, in the start record's config["streams"]:
-# two ptys, or one for both (they went to the same file or terminal, runner.same_destination)
-# whose stream is stdout. A start record without the key is from before there was a choice.
+# two ptys, or one for both (they went to the same file or terminal,
+# runner.descriptors.same_destination) whose stream is stdout. A start record without the key
+# is from before there was a choice.
 STREAMS_SEPARATE = "separate"
 STREAMS_MERGED = "merged"
 
@@ -77,6 +89,35 @@ def streams_of(config: Mapping[str, Any]) -> str:
 
 
 _IDENTITY = ("run", "stream", "seq", "ts")
+
+
+def kind_suffix(kind: str) -> bytes:
+    """The bytes that end the NDJSON line of every record of ``kind`` (before its newline):
+    the contract that a record's kind is its last key. ``to_dict`` puts ``kind`` last and the
+    hot paths (``Line``, ``Lines``, ``Metadata``) write it last; a quote inside a string value
+    is escaped, so no text can end a line with these bytes. Every byte-level test of a
+    record's kind goes through this function (tests/test_records.py holds writer and readers
+    to it)."""
+    return b'"kind":"' + kind.encode() + b'"}'
+
+
+# How a record about the run as a whole begins (to_json: run, stream, seq, ...; a run id has
+# no quote, and a quote inside a string value is escaped, so no text can imitate it).
+_RUN_STREAM = b'","stream":"run","'
+_RUN_STREAM_WITHIN = 160
+
+
+def run_lines(data: bytes) -> list[bytes]:
+    """The NDJSON lines of ``data`` (each ending in a newline) that are records about the run
+    as a whole (start, notes, end): what is kept when the output cannot be. Like
+    ``kind_suffix``, a byte-level contract of the encoding (``to_dict`` writes ``run`` and
+    ``stream`` first)."""
+    return [ln for ln in data.splitlines(True) if _RUN_STREAM in ln[:_RUN_STREAM_WITHIN]]
+
+
+# How the hot paths end a line and a metadata record.
+_LINE_KIND = kind_suffix("line").decode()
+_METADATA_KIND = kind_suffix("metadata").decode()
 _NO_ITEMS: Mapping[str, Any] = MappingProxyType({})  # the default of every dict field
 
 
@@ -139,35 +180,50 @@ class Start(_record_tuple("Start", "command", "cwd", "user", "uid", "host", "pid
         config: Mapping[str, Any]
 
 
-class Line(_record_tuple("Line", "text", defaults=("",)), Record):
-    """One rendered line of the job's output, as a terminal would show it."""
+class Line(_record_tuple("Line", "text", "style", defaults=("", ())), Record):
+    """One rendered line of the job's output, as a terminal would show it. ``style``: its
+    colours and attributes as spans ``[start, end, "sgr"]`` (``logcapture.sgr``); a plain
+    line has none, and then no ``style`` key either."""
 
     __slots__ = ()
     kind = "line"
     if TYPE_CHECKING:
         text: str
+        style: tuple[tuple[int, int, str], ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = Record.to_dict(self)
+        if not self.style:
+            del d["style"]
+        return d
 
     def to_json(self) -> str:
         # The per-line hot path: the same bytes as dumps(self.to_dict()), built directly
-        # (a test holds the two equal).
+        # (a test holds the two equal). ``kind`` stays last (store.ingest tells line records
+        # by it).
+        if self.style:
+            return dumps(self.to_dict())
         return (f'{{"run":{_string(self.run)},"stream":{_string(self.stream)},'
                 f'"seq":{int(self.seq)},"ts":{float(self.ts)!r},"text":{_string(self.text)},'
-                f'"kind":"line"}}')
+                f'{_LINE_KIND}')
 
 
-class Lines(_record_tuple("Lines", "texts", "spans", defaults=((), ())), Record):
+class Lines(_record_tuple("Lines", "texts", "spans", "styles", defaults=((), (), ())),
+            Record):
     """Consecutive ``Line`` records of one stream, ``seq``, ``seq + 1``, ...: the classifier's
     batch output (``Classifier.feed_many``), so that a burst of plain lines costs no object per
     line. They share one ``ts``, unless ``spans`` gives their read times as ``(ts, count)``
     runs in order (the lines of several reads classified as one: ``Classifier.feed_plain``;
     ``ts`` is then the first span's). Never in the spool as such: ``to_json`` gives exactly
-    the NDJSON lines of ``lines()``, joined by newlines (a test holds them equal)."""
+    the NDJSON lines of ``lines()``, joined by newlines (a test holds them equal). ``styles``,
+    when any line has one, holds each line's ``Line.style`` (empty when all are plain)."""
 
     __slots__ = ()
     kind = "lines"
     if TYPE_CHECKING:
         texts: tuple[str, ...]
         spans: tuple[tuple[float, int], ...]
+        styles: tuple[tuple[tuple[int, int, str], ...], ...]
 
     def times(self) -> list[float]:
         """Each line's read time."""
@@ -176,15 +232,18 @@ class Lines(_record_tuple("Lines", "texts", "spans", defaults=((), ())), Record)
         return [ts for ts, k in self.spans for _ in range(k)]
 
     def lines(self) -> list[Line]:
-        return [Line(self.run, self.stream, seq, ts, text)
-                for seq, (ts, text) in enumerate(zip(self.times(), self.texts, strict=True),
-                                                 self.seq)]
+        styles = self.styles or repeat((), len(self.texts))
+        return [Line(self.run, self.stream, seq, ts, text, style)
+                for seq, (ts, text, style) in enumerate(
+                    zip(self.times(), self.texts, styles, strict=True), self.seq)]
 
     def to_json(self) -> str:
         texts = self.texts
         n = len(texts)
         if not n:
             return ""
+        if self.styles:  # coloured lines: each its own way (plain batches take the bulk path)
+            return "\n".join([line.to_json() for line in self.lines()])
         # Line.to_json for each text, built in bulk with C-level operations only.
         concat = "".join(texts)
         if concat.isascii() and len(concat) == len(
@@ -195,7 +254,7 @@ class Lines(_record_tuple("Lines", "texts", "spans", defaults=((), ())), Record)
             quote = ""  # each text through the C string encoder (quotes included)
             bodies = map(_string, texts)
         head = f'{{"run":{_string(self.run)},"stream":{_string(self.stream)},"seq":'
-        end = f'{quote},"kind":"line"}}'
+        end = f'{quote},{_LINE_KIND}'
         # [seq, tail, body, end + newline + head] per line, joined once.
         parts = [f',"ts":{float(self.ts)!r},"text":{quote}'] * (4 * n)
         if self.spans:
@@ -251,7 +310,7 @@ class Metadata(_record_tuple("Metadata", "fields", defaults=(_NO_ITEMS,)), Recor
             except ValueError:  # a non-finite number somewhere: the generic way
                 return dumps(self.to_dict())
             return (f'{{"run":{_string(self.run)},"stream":{_string(self.stream)},'
-                    f'"seq":{self.seq},"ts":{ts!r},"fields":{body},"kind":"metadata"}}')
+                    f'"seq":{self.seq},"ts":{ts!r},"fields":{body},{_METADATA_KIND}')
         return dumps(self.to_dict())
 
 
@@ -331,15 +390,17 @@ def redactions_by_kind(counts: Any) -> dict[str, int]:
 # identity yet: the classifier numbers what it keeps.
 
 
-class Rendered(namedtuple("Rendered", ("text", "cut"), defaults=(0,))):
+class Rendered(namedtuple("Rendered", ("text", "cut", "style"), defaults=(0, ()))):
     """One committed screen line of one stream. ``cut`` counts characters dropped because the
-    line was longer than the line limit (0 when whole). A named tuple: the renderer makes one
-    per line, and a tuple is made at C speed (``rendered_many``)."""
+    line was longer than the line limit (0 when whole); ``style`` its spans of colour
+    (``logcapture.sgr``), empty when plain. A named tuple: the renderer makes one per line,
+    and a tuple is made at C speed (``rendered_many``)."""
 
     __slots__ = ()
     if TYPE_CHECKING:
         text: str
         cut: int
+        style: tuple[tuple[int, int, str], ...]
 
 
 _new_tuple = tuple.__new__
@@ -349,7 +410,7 @@ _new_rendered = partial(_new_tuple, Rendered)
 def rendered_many(texts: Iterable[str]) -> list[Rendered]:
     """``[Rendered(text) for text in texts]`` with no Python code per line (the renderer's
     per-line hot path); tests/test_pipeline.py holds the two equal."""
-    return list(map(_new_rendered, zip(texts, repeat(0))))
+    return list(map(_new_rendered, zip(texts, repeat(0), repeat(()))))
 
 
 def new_metadata(run: str, stream: str, seq: int, ts: float,

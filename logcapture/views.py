@@ -132,6 +132,33 @@ _RESOURCES = (  # key of describe()["resources"], label, formatter
 )
 
 
+def rank_lines(info: Mapping[str, Any]) -> list[str]:
+    """A job of several ranks (``jobview.describe_job``): one line per task, then each
+    node's resource figures beside the ranks that ran there."""
+    ranks = info.get("ranks") or []
+    if not ranks:
+        return []
+    rows: list[tuple[str, ...]] = [
+        (f"  rank {r['rank']}", f"node {r['node'] or '?'}", f"step {r['step']}",
+         str(r.get("state") or "RUNNING"), exit_code(r.get("exit_status"), r.get("signal")),
+         _cut(str(r.get("failure") or ""), 100)) for r in ranks]
+    out = ["ranks:", *table(rows)]
+    nodes = info.get("nodes_by_rank") or []
+    if nodes:
+        out.append("nodes:")
+    for n in nodes:
+        figures = [f"{label} {fmt(n[key])}" for key, label, fmt in (
+            ("cpu_efficiency", "CPU efficiency", percent),
+            ("cpus_allocated", "of CPUs", str),
+            ("memory_rss_peak_bytes", "peak memory", size),
+            ("gpu_utilization_mean_percent", "mean GPU utilization",
+             lambda v: percent(v / 100.0)),
+            ("gpu_memory_used_peak_bytes", "peak GPU memory", size)) if n.get(key) is not None]
+        out.append(f"  {n['node']} (rank {n['ranks']}): "
+                   + (", ".join(figures) if figures else "no samples"))
+    return out
+
+
 def _per_stream(counts: Mapping[str, int] | None) -> str:
     if not counts:
         return "-"
@@ -177,14 +204,17 @@ def show_lines(info: Mapping[str, Any]) -> list[str]:
         text = m.get("text") if isinstance(m, Mapping) else m
         out.append(("", f"  {when + '  ' if when else ''}{text}"))
     keys = info.get("metadata_keys") or []
-    add("metadata keys", ", ".join(keys) if keys else "none")
-    add("x axis", info.get("x_axis"))
+    of = info.get("metadata_ranks")  # a job of several ranks: whose metadata
+    of = f" (rank {of})" if of is not None else ""
+    add(f"metadata keys{of}", ", ".join(keys) if keys else "none")
+    add(f"x axis{of}", info.get("x_axis"))
     res = info.get("resources") or {}
     if res:
         out.append(("resources", ""))
         for key, label, fmt in _RESOURCES:
             if res.get(key) is not None:
                 out.append(("", f"  {label}: {fmt(res[key])}"))
+    out += [("", line) for line in rank_lines(info)]
     bars = info.get("progress") or []
     if bars:
         out.append(("progress bars", str(len(bars))))

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from logcapture.records import End, Line, Metadata, Note, Sample, Start
-from logcapture.spool import SpoolWriter, create_run_dir
+from logcapture.spool.layout import create_run_dir
+from logcapture.spool.writer import SpoolWriter
 
 LOGCAPTURE = [sys.executable, "-m", "logcapture"]
 

@@ -155,15 +155,15 @@ def test_the_slurm_modules_import_only_os_and_sys_at_module_level(path: Path) ->
 # by slurmd, the node sampler as a daemon).
 LAYERS: list[tuple[str, list[str]]] = [
     # redact is a stage, and its rules (what a configured pattern may be) are read by config.
-    ("records and rules", ["", "errors", "records", "config", "jobref", "search", "logview",
-                           "rankview", "xaxis", "views", "userfiles", "redact", "progress",
-                           "arrays"]),
+    ("records and rules", ["", "errors", "records", "sgr", "config", "jobref", "search",
+                           "logview", "rankview", "xaxis", "views", "userfiles", "redact",
+                           "progress", "arrays", "sections", "ranklabel"]),
     ("capture stages and sources", ["frame", "runner", "render", "filter", "classify", "limit",
                                     "spool", "sampling"]),
     ("libraries over records", ["insights", "store", "runs", "grafana", "slurm.jobrecords",
                                 "slurm.jobs", "slurm.rootsafe"]),
     ("wiring", ["pipeline", "capture", "ship", "slurm.nodesampler"]),
-    ("reading", ["query", "reader", "web"]),
+    ("reading", ["query", "jobview", "reader", "web"]),
     ("entry points", ["cli", "entry", "__main__", "slurm", "slurm.wrapper", "slurm.hooks",
                       "slurm.__main__"]),
 ]
@@ -279,3 +279,26 @@ def test_the_layer_checks_can_fail() -> None:
 
     with pytest.raises(graphlib.CycleError):
         tuple(graphlib.TopologicalSorter({**graph, "records": {"cli"}}).static_order())
+
+
+# No module over MAX_LINES lines: a module that long holds more than one concern. The files
+# listed here are over it and being split; the list is exact, so it shrinks as they are.
+MAX_LINES = 800
+OVER_MAX_LINES = {"query.py", "cli.py"}
+
+
+def _lines(path: Path) -> int:
+    with open(path, "rb") as f:
+        return sum(1 for _ in f)
+
+
+def test_no_module_is_over_800_lines() -> None:
+    over = {str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
+            if _lines(p) > MAX_LINES}
+    assert over <= OVER_MAX_LINES, f"over {MAX_LINES} lines: {sorted(over - OVER_MAX_LINES)}"
+
+
+@pytest.mark.xfail(reason="query.py and cli.py are being split", strict=True)
+def test_the_modules_over_800_lines_are_split() -> None:
+    over = [name for name in sorted(OVER_MAX_LINES) if _lines(PACKAGE / name) > MAX_LINES]
+    assert not over, f"over {MAX_LINES} lines: {over}"

@@ -12,7 +12,8 @@ from conftest import run_lc
 
 from logcapture.arrays import array_summary, summary_text
 from logcapture.records import End, Line, Start
-from logcapture.spool import SpoolWriter, create_run_dir
+from logcapture.spool.layout import create_run_dir
+from logcapture.spool.writer import SpoolWriter
 
 OOM = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a "
        "total capacity of 79.11 GiB of which 1.5 GiB is free.")

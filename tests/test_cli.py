@@ -151,7 +151,8 @@ def test_ls_and_logs_read_the_slurm_layout_of_the_admins_spool_root(
         lc_env: dict[str, str], tmp_path: Path) -> None:
     # Under the admin's spool root a job's runs sit one level down: ROOT/JOB/RUN.
     from logcapture.records import Line, Start
-    from logcapture.spool import SpoolWriter, create_run_dir
+    from logcapture.spool.layout import create_run_dir
+    from logcapture.spool.writer import SpoolWriter
 
     root = tmp_path / "slurm-spool"
     run_dir = create_run_dir(root / "77", "77")
@@ -203,7 +204,7 @@ def test_logs_shows_what_the_job_page_and_grafana_show(lc_env: dict[str, str],
 def test_ls_json_of_a_start_record_without_optional_fields(tmp_path: Path) -> None:
     """A start record that leaves out its optional fields (an older or hand-made spool) gets
     their defaults, which ``ls --json`` still writes as JSON."""
-    from logcapture.spool import create_run_dir
+    from logcapture.spool.layout import create_run_dir
 
     run_dir = create_run_dir(tmp_path, "bare")
     (run_dir / "seg-000000.ndjson").write_text(

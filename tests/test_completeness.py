@@ -16,14 +16,10 @@ from pathlib import Path
 import pytest
 
 from logcapture.records import LOST, End, Line, Note, Start
-from logcapture.spool import (
-    ABANDONED_SLURM_GRACE,
-    SpoolWriter,
-    close_abandoned,
-    create_run_dir,
-    iter_run,
-    writer_gone,
-)
+from logcapture.spool.abandoned import ABANDONED_SLURM_GRACE, close_abandoned, writer_gone
+from logcapture.spool.layout import create_run_dir
+from logcapture.spool.reading import iter_run
+from logcapture.spool.writer import SpoolWriter
 
 from .conftest import LOGCAPTURE, run_lc
 
@@ -114,7 +110,7 @@ def test_a_run_is_not_ended_while_its_writer_lives(tmp_path: Path) -> None:
     worker is); a wrapper of a version without the lock is told apart by its pid; a run of
     another host is that host's to end."""
     run_dir = create_run_dir(tmp_path, "live")
-    code = ("import sys, time; from pathlib import Path; from logcapture.spool import "
+    code = ("import sys, time; from pathlib import Path; from logcapture.spool.writer import "
             "SpoolWriter; from logcapture.records import Start; "
             f"w = SpoolWriter(Path({str(run_dir)!r}), fsync=False); "
             "w.write([Start(run='live', stream='run', seq=0, ts=time.time(), command=['x'], "
@@ -331,7 +327,9 @@ def test_spool_keep_free_stops_storing_lines_before_the_disk_is_full(
 
 
 def test_spool_keep_free_takes_bytes_or_a_percentage(tmp_path: Path) -> None:
-    from logcapture.config import ConfigError, keep_free_bytes, load_admin
+    from logcapture.config.admin import load_admin
+    from logcapture.config.checking import keep_free_bytes
+    from logcapture.errors import ConfigError
 
     assert keep_free_bytes("512M", tmp_path) == 512 << 20
     assert keep_free_bytes("2GiB", tmp_path) == 2 << 30

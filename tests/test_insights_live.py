@@ -245,7 +245,7 @@ while not os.path.exists({str(flag)!r}) and time.time() - t < 60:
 
 
 def test_the_webhook_url_never_reaches_the_jobs_copy_of_the_config(tmp_path: Path) -> None:
-    from logcapture.config import load_admin
+    from logcapture.config.admin import load_admin
     from logcapture.slurm.jobrecords import public_config
 
     path = tmp_path / "config.yaml"

@@ -72,7 +72,12 @@ def test_show_lists_insights_first_from_the_spool_and_the_store(
     with open_store(store, must_exist=True) as st:
         stored = st.insights("fail-1")
         assert [i["kind"] for i in stored] == kinds
-        assert stored[0]["evidence"] == spool_json["insights"][0]["evidence"]
+        # (show adds each line's number when it reads them: the same from the store)
+        assert [{**e, "line": None} for e in stored[0]["evidence"]] == [
+            {**e, "line": None} for e in spool_json["insights"][0]["evidence"]]
+        assert [e["line"] for e in store_json["insights"][0]["evidence"]] == [
+            e["line"] for e in spool_json["insights"][0]["evidence"]]
+        assert all(e["line"] for e in spool_json["insights"][0]["evidence"] if e["text"])
         n = st.client.command("SELECT count() FROM insights FINAL WHERE kind = 'cuda-oom' "
                               "AND numbers['size_bytes'] = 20 * 1048576")
         assert int(n) == 1
@@ -202,7 +207,8 @@ def test_ls_diagnosis_reads_candidates_only_and_agrees_with_shows(tmp_path: Path
     traceback that spans segments."""
     from logcapture.query import spool_facts, spool_insights
     from logcapture.records import End, Line, Metadata, Start
-    from logcapture.spool import SpoolWriter, create_run_dir, segments
+    from logcapture.spool.layout import create_run_dir, segments
+    from logcapture.spool.writer import SpoolWriter
 
     run = "failed-error"
     w = SpoolWriter(create_run_dir(tmp_path, run), fsync=False, segment_bytes=4096)
@@ -221,6 +227,8 @@ def test_ls_diagnosis_reads_candidates_only_and_agrees_with_shows(tmp_path: Path
     assert len(segments(tmp_path / run)) > 2
     show = spool_facts(tmp_path / run, "u", 1000).insights
     ls = [i.to_dict() for i in spool_insights(tmp_path / run, recs[0], recs[-1])]
+    # show numbers the evidence lines (the log's: 200 stdout lines before the traceback)
+    assert [e.pop("line") for i in show for e in i["evidence"]] == [280, 282, None]  # NaN: metadata
     assert ls == show
     assert [i["kind"] for i in ls] == ["cuda-oom", "nan-metric"]
     assert ls[0]["message"].endswith("at /home/u/m39.py:39 in f39")

@@ -11,7 +11,7 @@ import pytest
 from logcapture import jobref, views
 from logcapture.errors import NotFound, UsageError
 from logcapture.query import job_usage
-from logcapture.runner import children_usage
+from logcapture.runner.outcome import children_usage
 from logcapture.slurm.jobs import end_state
 
 

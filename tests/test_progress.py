@@ -15,7 +15,9 @@ from logcapture.progress import bar_text, bars, parse_bar
 from logcapture.records import Progress
 from logcapture.render import Renderer
 from logcapture.render.progress import Point, ProgressTracker
-from logcapture.spool import SpoolWriter, create_run_dir, iter_run
+from logcapture.spool.layout import create_run_dir
+from logcapture.spool.reading import iter_run
+from logcapture.spool.writer import SpoolWriter
 from logcapture.store.export import export_rows
 
 CAPTURED = Path(__file__).parent / "captured"

@@ -19,7 +19,8 @@ from logcapture import store as S
 from logcapture.errors import NotFound
 from logcapture.records import End, Line, Metadata, Note, Sample, Start
 from logcapture.ship import trusted_identity
-from logcapture.spool import SpoolWriter, create_run_dir
+from logcapture.spool.layout import create_run_dir
+from logcapture.spool.writer import SpoolWriter
 
 T0 = 1_790_000_000.5
 ME = pwd.getpwuid(os.getuid()).pw_name

@@ -26,7 +26,7 @@ from logcapture.sampling.gpu import GpuCollector, job_gpus_from_env
 from logcapture.sampling.job import JobCollector, find_job_cgroup, read_cgroup_pids
 from logcapture.sampling.sampler import Sampler, inventory, sample_interval
 from logcapture.sampling.summary import summarize
-from logcapture.spool import iter_run
+from logcapture.spool.reading import iter_run
 
 from .conftest import run_lc
 

@@ -328,8 +328,9 @@ def test_spool_runs_are_searched_until_shipped(lc_env: dict[str, str], tmp_path:
     assert before.returncode == 0, before.stderr
     out = before.stdout.decode()
     assert "sp-1" in out and "[not yet shipped]" in out
-    assert "stdout:1:NCCL WARN timeout on rank 3" in out and "stdout:0-starting" in out
-    assert "stdout:2-done" in out and "stderr:0:NCCL error" in out
+    # STREAM:N: with the line number (both streams counted), as logs -n gives it
+    assert "stdout:2:NCCL WARN timeout on rank 3" in out and "stdout:1-starting" in out
+    assert "stdout:3-done" in out and "stderr:4:NCCL error" in out
 
     assert run_lc(["upload", "--run", "sp-1"], env).returncode == 0
     after = json.loads(run_lc(["search", "NCCL", "--json", "-C", "1"], env).stdout)

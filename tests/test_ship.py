@@ -29,7 +29,9 @@ from logcapture.ship import agent as ship_agent
 from logcapture.ship import identity as ship_identity
 from logcapture.ship import pending as ship_pending
 from logcapture.ship import uploading as ship_uploading
-from logcapture.spool import Segment, SpoolWriter, create_run_dir, iter_run, segments
+from logcapture.spool.layout import Segment, create_run_dir, segments
+from logcapture.spool.reading import iter_run
+from logcapture.spool.writer import SpoolWriter
 
 T0 = time.time()
 HELPER = r"""
@@ -258,7 +260,7 @@ def test_closed_segments_are_read_by_the_store_itself(tmp_path: Path, dsn: str,
     root = tmp_path / "spool"
     rd = make_run(root, "direct", 3000, segment_bytes=16 * 1024, end=False)
     read_here: list[str] = []
-    real = ship.read_segment_bytes
+    real = ship_pending.read_segment_bytes
 
     def spy(seg, skip=0):  # noqa: ANN001, ANN202
         read_here.append(seg.path.name)
@@ -864,7 +866,7 @@ def test_a_backlog_is_read_one_segment_at_a_time_as_its_batches_ship(
     runs = [f"backlog-{how}-{i}" for i in range(4)]
     for run in runs:
         make_run(root, run, n, segment_bytes=seg_bytes)
-    real_open, real_read = S.open_store, ship.read_segment_bytes
+    real_open, real_read = S.open_store, ship_pending.read_segment_bytes
     read = [0]  # bytes the shipper read from the spool
     sent = [0]  # bytes the store was given
     held: list[int] = []  # read and not yet sent, at each insert

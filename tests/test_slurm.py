@@ -31,7 +31,8 @@ from logcapture.sampling.node import (
     job_pids_from_environ,
 )
 from logcapture.slurm import hooks, jobrecords, jobs, nodesampler, rootsafe, wrapper
-from logcapture.spool import SpoolWriter, iter_run
+from logcapture.spool.reading import iter_run
+from logcapture.spool.writer import SpoolWriter
 
 REPO = Path(__file__).resolve().parent.parent
 LUA = REPO / "slurm" / "job_submit.lua"
@@ -522,7 +523,7 @@ def test_epilog_removes_the_spool_of_a_run_the_agent_shipped_first(root: Path) -
 
 
 # Runs Python with the system spool root (the documented /var/spool/logcapture) set to argv[1].
-AT_SYSTEM_ROOT = "import sys, logcapture.spool as s; s.SYSTEM_ROOT = sys.argv.pop(1); "
+AT_SYSTEM_ROOT = "import sys, logcapture.spool.layout as s; s.SYSTEM_ROOT = sys.argv.pop(1); "
 
 
 @root_only
@@ -532,9 +533,9 @@ def test_with_no_spool_root_configured_the_agent_ships_what_prolog_and_wrapper_s
     and root's agent (no --spool) all take the default system spool root, here ``root`` in
     each of their processes, and the agent ships the job; the agent's own per-user spool
     ($LOGCAPTURE_SPOOL unset, $XDG_STATE_HOME) stays unread."""
-    from logcapture import spool
+    from logcapture.spool import layout
 
-    monkeypatch.setattr(spool, "SYSTEM_ROOT", str(root))
+    monkeypatch.setattr(layout, "SYSTEM_ROOT", str(root))
     env = _hook_env(root)
     config = tmp_path / "no-spool-root.yaml"
     config.write_text("cluster: unit\n")
@@ -667,7 +668,7 @@ def test_dev_cluster_script_is_valid_bash_and_reports_when_down(tmp_path: Path) 
 
 @pytest.mark.parametrize("name", ["config.yaml.example", "config.yaml.in"])
 def test_shipped_admin_configs_are_valid(tmp_path: Path, name: str) -> None:
-    from logcapture.config import load_admin
+    from logcapture.config.admin import load_admin
 
     text = (REPO / "slurm" / name).read_text().replace("@DIR@", "/tmp/x").replace(
         "@CLUSTER@", "dev").replace("@SAMPLE_INTERVAL@", "10")
@@ -990,7 +991,7 @@ def test_a_task_captures_only_into_a_job_spool_of_its_user(tmp_path: Path) -> No
 def test_the_status_listener_takes_the_wait_status_from_root_and_answers_when_done() -> None:
     import socket
 
-    from logcapture.runner import Attached
+    from logcapture.runner.spawn import Attached
     from logcapture.slurm import task
 
     attached = Attached(os.getpid())

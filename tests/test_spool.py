@@ -17,14 +17,9 @@ from hypothesis import strategies as st
 
 from logcapture.errors import SpoolError
 from logcapture.records import Line, Metadata, Note, Record, Start, from_dict
-from logcapture.spool import (
-    ReadStats,
-    SpoolWriter,
-    create_run_dir,
-    iter_run,
-    lines_of_kinds,
-    segments,
-)
+from logcapture.spool.layout import create_run_dir, segments
+from logcapture.spool.reading import ReadStats, iter_run, lines_of_kinds
+from logcapture.spool.writer import SpoolWriter
 
 from .conftest import run_lc
 
@@ -121,13 +116,13 @@ def test_a_segment_closed_between_listing_and_reading_is_read_closed(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # ``logs`` and ``show`` of a live run: the writer closes the open segment (gzip, rename,
     # unlink) after iter_run listed it as open and before it opens it.
-    from logcapture import spool as spool_module
+    from logcapture.spool import reading as spool_reading
 
     run_dir = create_run_dir(tmp_path, "r")
     good = [Line(run="r", stream="stdout", seq=i, ts=1.0, text=f"l{i}") for i in range(3)]
     plain = run_dir / "seg-000000.ndjson"
     plain.write_text("".join(r.to_json() + "\n" for r in good))
-    real = spool_module.segments
+    real = spool_reading.segments
 
     def listed_then_closed(path: Path) -> list:  # type: ignore[type-arg]
         segs = real(path)
@@ -136,14 +131,14 @@ def test_a_segment_closed_between_listing_and_reading_is_read_closed(
         plain.unlink()
         return segs
 
-    monkeypatch.setattr(spool_module, "segments", listed_then_closed)
+    monkeypatch.setattr(spool_reading, "segments", listed_then_closed)
     assert list(iter_run(run_dir)) == good
 
 
 def test_the_latest_run_is_the_one_begun_last_not_the_one_touched_last(tmp_path: Path) -> None:
     # The shipper saves its cursor in a run's directory, which changes the directory's mtime:
     # that must not make an old run the latest (``logcapture upload``/``logs`` default to it).
-    from logcapture.spool import began, find_run_dirs
+    from logcapture.spool.layout import began, find_run_dirs
 
     old, new = create_run_dir(tmp_path, "old"), create_run_dir(tmp_path, "new")
     for i, rd in enumerate((old, new)):
@@ -229,7 +224,7 @@ def test_a_run_id_is_validated_and_never_reused(tmp_path: Path) -> None:
 
 
 def test_one_rule_says_which_spool_root_a_process_uses() -> None:
-    from logcapture.spool import SYSTEM_ROOT, default_root
+    from logcapture.spool.layout import SYSTEM_ROOT, default_root
 
     home = {"HOME": "/home/u"}
     user = Path("/home/u/.local/state/logcapture/spool")
@@ -259,7 +254,8 @@ import resource, sys
 sys.path.insert(0, {str(Path(__file__).parent.parent)!r})
 from pathlib import Path
 from logcapture.records import Line
-from logcapture.spool import SpoolWriter, create_run_dir
+from logcapture.spool.layout import create_run_dir
+from logcapture.spool.writer import SpoolWriter
 resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.RLIM_INFINITY))
 warnings = []
 w = SpoolWriter(create_run_dir(Path({str(tmp_path)!r}), "r"), fsync=False,
@@ -326,7 +322,7 @@ def test_gzip_compress_gives_one_gzip_member_with_or_without_isal(data: bytes) -
     'gzip') read both."""
     import zlib
 
-    import logcapture.spool as sp
+    import logcapture.spool.layout as sp
 
     ours = sp.gzip_compress(data)
     assert gzip.decompress(ours) == data
@@ -351,7 +347,7 @@ def test_isal_compresses_closed_segments_where_it_is_installed() -> None:
         pytest.skip("isal is a dependency on x86_64 and aarch64 only")
     from isal import isal_zlib
 
-    import logcapture.spool as sp
+    import logcapture.spool.layout as sp
 
     data = b'{"run":"r","stream":"stdout","seq":1,"text":"x"}\n' * 1000
     assert sp.gzip_compress(data) == isal_zlib.compress(data, sp.COMPRESS_LEVEL, wbits=31)
@@ -403,7 +399,8 @@ import errno, os, sys
 sys.path.insert(0, {src!r})
 from pathlib import Path
 from logcapture.records import End, Line, Note
-from logcapture.spool import SpoolWriter, create_run_dir
+from logcapture.spool.layout import create_run_dir
+from logcapture.spool.writer import SpoolWriter
 warnings = []
 w = SpoolWriter(create_run_dir(Path({tmp!r}), "r"), fsync=False, max_pending=10,
                 flush_interval=3600, warn=warnings.append)
@@ -533,7 +530,7 @@ def _run_with_a_huge_segment(root: Path, run: str) -> Path:
 
 def test_a_segment_larger_than_any_logcapture_writes_is_not_read(tmp_path: Path,
                                                                   monkeypatch) -> None:
-    from logcapture import spool
+    from logcapture.spool import reading as spool
 
     rd = _run_with_a_huge_segment(tmp_path, "r1")
     huge = segments(rd)[-1]

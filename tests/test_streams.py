@@ -3,7 +3,7 @@
 The differential suite runs each program four ways: without and with ``logcapture run``, once
 with stdout and stderr to separate files and once with both to one file (``2>&1``), and
 compares exit status and bytes. When both go to one place the job runs under one pty for both
-streams (runner.same_destination), as under a terminal or ``script``: two ptys read by one
+streams (same_destination), as under a terminal or ``script``: two ptys read by one
 reader cannot keep the order of writes across them.
 """
 
@@ -18,12 +18,14 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from logcapture import runner
 from logcapture.cli import cli
-from logcapture.config import load_optin
+from logcapture.config.optin import load_optin
 from logcapture.pipeline import Pipeline
 from logcapture.records import NOTE_MODE, Line, Note, Start
-from logcapture.spool import SpoolWriter, create_run_dir, find_run_dirs, iter_run
+from logcapture.runner.descriptors import same_destination
+from logcapture.spool.layout import create_run_dir, find_run_dirs
+from logcapture.spool.reading import iter_run
+from logcapture.spool.writer import SpoolWriter
 
 from .conftest import LOGCAPTURE
 
@@ -212,22 +214,22 @@ def test_same_destination(tmp_path: Path) -> None:
             open(tmp_path / "g", "wb") as g, open(os.devnull, "wb") as null:
         dup = os.dup(a.fileno())
         try:
-            assert runner.same_destination(a.fileno(), dup)  # 2>&1
-            assert not runner.same_destination(a.fileno(), b.fileno())  # >f 2>f
-            assert runner.same_destination(c.fileno(), d.fileno())  # >>f 2>>f
-            assert not runner.same_destination(a.fileno(), g.fileno())
-            assert not runner.same_destination(null.fileno(), os.dup(null.fileno()))
+            assert same_destination(a.fileno(), dup)  # 2>&1
+            assert not same_destination(a.fileno(), b.fileno())  # >f 2>f
+            assert same_destination(c.fileno(), d.fileno())  # >>f 2>>f
+            assert not same_destination(a.fileno(), g.fileno())
+            assert not same_destination(null.fileno(), os.dup(null.fileno()))
         finally:
             os.close(dup)
     r, w = os.pipe()
     m, s = os.openpty()
     try:
-        assert runner.same_destination(w, w)
-        assert not runner.same_destination(w, r + 1000)  # closed
+        assert same_destination(w, w)
+        assert not same_destination(w, r + 1000)  # closed
         again = os.open(os.ttyname(s), os.O_WRONLY | os.O_NOCTTY)  # the same terminal
         try:
-            assert runner.same_destination(s, again)
-            assert not runner.same_destination(s, w)
+            assert same_destination(s, again)
+            assert not same_destination(s, w)
         finally:
             os.close(again)
     finally:

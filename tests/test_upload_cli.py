@@ -19,7 +19,8 @@ import pytest
 from logcapture import store as S
 from logcapture.cli import main
 from logcapture.records import End, Line, Metadata, Note, Start
-from logcapture.spool import SpoolWriter, create_run_dir, segments
+from logcapture.spool.layout import create_run_dir, segments
+from logcapture.spool.writer import SpoolWriter
 
 T0 = time.time()
 
@@ -222,6 +223,25 @@ def test_db_init(capsys: pytest.CaptureFixture[str], env: Path) -> None:
     assert code == 0
     code, _, err = lc(capsys, "db", "init", "--row-policies")
     assert code == 2 and "row policies need a ClickHouse server" in err
+
+
+def test_db_init_takes_the_ttl_from_the_admin_config(capsys: pytest.CaptureFixture[str],
+                                                     env: Path, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    config = tmp_path / "config.yaml"
+    monkeypatch.setenv("LOGCAPTURE_CONFIG", str(config))
+    try:
+        config.write_text("store_ttl_days: 3650\n")
+        code, _, err = lc(capsys, "db", "init")
+        assert code == 0 and "TTL 3650 days" in err, err
+        config.write_text("retention_days: 3651\n")  # its old name, still read
+        code, _, err = lc(capsys, "db", "init")
+        assert code == 0 and "TTL 3651 days" in err, err
+        config.write_text("cluster: c\n")  # none: the TTL is left as it is
+        code, _, err = lc(capsys, "db", "init")
+        assert code == 0 and "TTL" not in err, err
+    finally:
+        assert lc(capsys, "db", "init", "--ttl-days", "0")[0] == 0  # the module's store
 
 
 def test_agent_command_ships_and_exits_on_term(env: Path, store_dsn: str,

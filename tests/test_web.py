@@ -172,7 +172,8 @@ def test_pages_of_a_spool_run_are_its_whole_log_in_order(site):
     # Forward from the start and backward from the end, in pages smaller and larger than a
     # segment: the same entries as the log view of every record, in the store's order.
     from logcapture.logview import entries, sort_key
-    from logcapture.spool import iter_run, segments
+    from logcapture.spool.layout import segments
+    from logcapture.spool.reading import iter_run
 
     run_dir = site[2] / "spool" / "big"
     assert len(segments(run_dir)) > 5

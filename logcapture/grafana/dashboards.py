@@ -67,6 +67,31 @@ def _metadata_values(db: str, where: str) -> str:
     return values_sql(source, carry=("ts",))
 
 
+def _job_metadata(db: str) -> str:
+    """The metadata rows the job's panels show: of the ranks ``$rank`` picks among the job's
+    task runs (``_task_runs``), or of ``$run`` itself when it has none; ``run`` is ``$run``
+    (one X axis for the job), ``task`` the run a row is of and ``rank`` its rank ('' for the
+    job's own), so the X-axis rule reads one series per task run (xaxis: per rank)."""
+    tasks = _task_runs(db)
+    return f"""(
+    SELECT {RUN} AS run, m.task AS task, t.trank AS rank, m.seq AS seq, m.ts AS ts,
+           m.fields AS fields
+    FROM (SELECT run AS task, seq, ts, fields FROM {db}.metadata FINAL
+          WHERE run IN (SELECT run FROM ({tasks}) WHERE has([${{rank:singlequote}}], rank))
+             OR (run = {RUN} AND (SELECT count() FROM ({tasks})) = 0)) AS m
+    LEFT JOIN (SELECT run AS trun, rank AS trank FROM ({tasks})) AS t ON t.trun = m.task
+)"""
+
+
+def _job_values(db: str) -> str:
+    return values_sql(_job_metadata(db), carry=("ts", "task", "rank"), series="task")
+
+
+def _series(key: str, rank: str = "rank") -> str:
+    """A graph's series name: the key, and the rank of a task's row."""
+    return f"if({rank} = '', {key}, concat({key}, ' (rank ', {rank}, ')'))"
+
+
 def _level_names_sql() -> str:
     return "[" + ", ".join(f"'{n}'" for n in LEVEL_NAMES) + "]"
 
@@ -110,9 +135,9 @@ def _level_and_source(e: str = "") -> str:
     """A log entry's level and source columns for Grafana's logs panel (``e``: the entries'
     table alias with its dot, or '')."""
     return f"""multiIf({e}kind = 'note' AND startsWith({e}text, '[logcapture: warning'), 'warning',
-               {e}kind IN ('note', 'command'), 'debug',
+               {e}kind IN ('note', 'command', 'section', 'section_end'), 'debug',
                {e}stream = 'stderr', 'error', 'info') AS level,
-       if({e}kind = 'note', 'logcapture', {e}stream) AS source"""
+       if({e}kind IN ('note', 'section', 'section_end'), 'logcapture', {e}stream) AS source"""
 
 
 def sql_logs(db: str) -> str:
@@ -158,45 +183,40 @@ ORDER BY timestamp DESC, toUInt64OrZero(rank) DESC, e.stream DESC, e.seq DESC
 
 def sql_metadata_table(db: str) -> str:
     return f"""
-SELECT ts AS time, seq, fields
-FROM {db}.metadata FINAL
-WHERE run = {RUN}
-ORDER BY ts DESC, seq DESC
+SELECT ts AS time, rank, seq, fields
+FROM {_job_metadata(db)}
+ORDER BY ts DESC, seq DESC, rank
 LIMIT 5000
 """
 
 
 def sql_metadata_by_time(db: str) -> str:
-    values = _metadata_values(db, f"run = {RUN}")
     return f"""
-SELECT ts AS time, key, num AS value
-FROM ({values})
+SELECT ts AS time, {_series("key")} AS key, num AS value
+FROM ({_job_values(db)})
 WHERE kind != 'other' AND $__timeFilter(ts)
 ORDER BY time, seq, key
 """
 
 
 def sql_x_axis(db: str) -> str:
-    values = _metadata_values(db, f"run = {RUN}")
     return f"""
 SELECT x_key AS x_axis, {_level_names_sql()}[x_level + 1] AS chosen_because
-FROM ({x_axis_sql(values)})
+FROM ({x_axis_sql(_job_values(db))})
 """
 
 
 def sql_x_key_variable(db: str) -> str:
-    values = _metadata_values(db, f"run = {RUN}")
-    return f"SELECT x_key FROM ({x_axis_sql(values)})"
+    return f"SELECT x_key FROM ({x_axis_sql(_job_values(db))})"
 
 
 def sql_metadata_by_x(db: str) -> str:
-    values = _metadata_values(db, f"run = {RUN}")
     return f"""
-WITH v AS ({values}),
+WITH v AS ({_job_values(db)}),
      chosen AS ({x_axis_sql("SELECT * FROM v")})
-SELECT x.num AS x, y.key AS key, y.num AS value
+SELECT x.num AS x, {_series("y.key", "y.rank")} AS key, y.num AS value
 FROM v AS y
-INNER JOIN v AS x ON x.run = y.run AND x.seq = y.seq
+INNER JOIN v AS x ON x.task = y.task AND x.seq = y.seq
 WHERE x.key = (SELECT any(x_key) FROM chosen)
   AND x.kind != 'other' AND y.kind != 'other' AND y.key != x.key
 ORDER BY x, key
@@ -577,8 +597,10 @@ def job_details(db: str = DEFAULT_DATABASE) -> gdash.Dashboard:
         .with_variable(_query_variable("x_axis", "X axis", sql_x_key_variable(db), hide=True))
         .with_variable(_query_variable("node", "node", sql_node_variable(db), multi=True,
                                        include_all=True))
+        # rank 0 by default: a job of many ranks opens on one rank's output and metadata
         .with_variable(_query_variable("rank", "rank", sql_rank_variable(db), multi=True,
-                                       include_all=True))
+                                       include_all=True)
+                       .current(dm.VariableOption(text="0", value="0", selected=True)))
         .with_panel(header)
         .with_panel(insights)
         .with_panel(logs)

@@ -17,9 +17,9 @@ from pathlib import Path
 
 from ..errors import LogcaptureError
 from ..records import Start, from_dict
-from ..spool import check_run_id, segments
+from ..spool.layout import check_run_id, segments
+from ..spool.reading import first_line
 from ..store import Identity
-from .reading import _first_line
 
 
 def identity_from_spool(run_dir: Path) -> Identity:
@@ -36,7 +36,7 @@ def identity_from_spool(run_dir: Path) -> Identity:
     try:
         segs = segments(run_dir)
         if segs:
-            first = _first_line(segs[0])
+            first = first_line(segs[0])
             if first:
                 rec = from_dict(json.loads(first))
                 if isinstance(rec, Start) and rec.slurm:  # null in a hand-made record

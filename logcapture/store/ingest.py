@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import LogcaptureError, StoreDataError
-from ..records import KINDS, Record, dumps, from_dict
+from ..records import KINDS, Record, dumps, from_dict, kind_suffix
 from .connection import _Connection, classify
 from .schema import _TS_INPUT
 
@@ -73,10 +73,12 @@ INGEST_SETTINGS = {
 # shipper then parses the batch line by line and reports it (the ``ingest`` table's
 # constraints do the same for the other records).
 _LINES_STRUCTURE = ("run String, stream Nullable(String), seq Nullable(UInt64), "
-                    f"ts {_TS_INPUT}, kind Nullable(String), text String, options String")
-_LINES_FROM_FILE = """INSERT INTO lines (run, owner, uid, stream, seq, ts, kind, text, options)
+                    f"ts {_TS_INPUT}, kind Nullable(String), text String, options String, "
+                    "style String")
+_LINES_FROM_FILE = """INSERT INTO lines (run, owner, uid, stream, seq, ts, kind, text, options,
+    style)
 SELECT {run:String}, {owner:String}, {uid:UInt32}, assumeNotNull(stream), assumeNotNull(seq),
-    assumeNotNull(ts), assumeNotNull(kind), text, options
+    assumeNotNull(ts), assumeNotNull(kind), text, options, style
 FROM file({path:String}, 'JSONEachRow', {structure:String})
 WHERE throwIf(stream IS NULL OR seq IS NULL OR ts IS NULL OR kind NOT IN ('line', 'command')
     OR empty(run), 'a line record without run, stream, seq or ts') = 0"""
@@ -90,7 +92,7 @@ WHERE throwIf(stream IS NULL OR seq IS NULL OR ts IS NULL OR kind NOT IN ('line'
 # key is used by the query: the reader drops the columns a query does not use, and would then
 # refuse their keys as unknown. The wider structure costs twice the parsing (bench_store:
 # 1.0 vs 0.5 CPU seconds per 1M lines, 10-15 % of the whole insert), hence two statements.
-_LINE_KEYS = ("run", "stream", "seq", "ts", "kind", "text", "options")
+_LINE_KEYS = ("run", "stream", "seq", "ts", "kind", "text", "options", "style")
 _OTHER_KEYS = tuple(sorted({name for cls in KINDS.values() for name in cls._fields}
                            - set(_LINE_KEYS)))
 _SEGMENT_STRUCTURE = _LINES_STRUCTURE + "".join(f", {k} Nullable(String)" for k in _OTHER_KEYS)
@@ -99,9 +101,9 @@ _HOT_KINDS = "kind IN ('line', 'command')"
 
 def _lines_from_segments(other_keys: tuple[str, ...]) -> str:
     others = "".join(f" OR {k} IS NOT NULL" for k in other_keys)
-    return f"""INSERT INTO lines (run, owner, uid, stream, seq, ts, kind, text, options)
+    return f"""INSERT INTO lines (run, owner, uid, stream, seq, ts, kind, text, options, style)
 SELECT {{run:String}}, {{owner:String}}, {{uid:UInt32}}, assumeNotNull(stream), assumeNotNull(seq),
-    assumeNotNull(ts), assumeNotNull(kind), text, options
+    assumeNotNull(ts), assumeNotNull(kind), text, options, style
 FROM file({{path:String}}, 'JSONEachRow', {{structure:String}}, 'gzip')
 WHERE {_HOT_KINDS} AND throwIf({_HOT_KINDS} AND (stream IS NULL OR seq IS NULL OR ts IS NULL
     OR empty(run){others}),
@@ -120,10 +122,11 @@ _LINES_FROM_LINE_SEGMENTS = _lines_from_segments(())  # segments of line records
 # through ``ingest``.
 _PROBE_SEGMENTS = """SELECT _file, length(raw), countSubstrings(raw, '\\n') AS n,
     raw = '' OR endsWith(raw, '\\n'),
-    if(countSubstrings(raw, '"kind":"line"}\\n') = n, [],
-        arrayFilter(l -> l != '' AND NOT endsWith(l, '"kind":"line"}')
-            AND NOT endsWith(l, '"kind":"command"}'), splitByChar('\\n', raw)))
-FROM file({path:String}, 'RawBLOB', 'raw String', 'gzip')"""
+    if(countSubstrings(raw, '{line}\\n') = n, [],
+        arrayFilter(l -> l != '' AND NOT endsWith(l, '{line}')
+            AND NOT endsWith(l, '{command}'), splitByChar('\\n', raw)))
+FROM file({{path:String}}, 'RawBLOB', 'raw String', 'gzip')""".format(
+    line=kind_suffix("line").decode(), command=kind_suffix("command").decode())
 # What ``ingest_runs_seen`` does for the other records: one ``runs`` row per run and insert,
 # its newest ts read in key order (one granule per part).
 _RUNS_SEEN = """INSERT INTO runs (run, owner, uid, cluster, job_id, last_ts)
@@ -139,16 +142,16 @@ FILE_INGEST_SETTINGS = {
     # anyway (FINAL), and a block of one shipment holds none (bench_store: +25 %).
     "optimize_on_insert": 0,
 }
-# The last key of a line or command record (records.Line.to_json, Record.to_dict: ``kind`` is
-# written last). A JSON string cannot hold an unescaped quote, so text never ends a line so.
-_HOT_ENDS = (b'"kind":"line"}', b'"kind":"command"}')
+# The end of a line or command record (``records.kind_suffix``: a record's kind is its last
+# key). A JSON string cannot hold an unescaped quote, so text never ends a line so.
+_HOT_ENDS = (kind_suffix("line"), kind_suffix("command"))
 
 
 def split_by_kind(data: bytes) -> tuple[bytes, bytes]:
     """NDJSON (complete lines) -> (line and command records, every other line). All lines
     (the common batch) cost one ``count``; a mixed batch one ``endswith`` per line."""
     n = data.count(b"\n")
-    if data.count(b'"kind":"line"}\n') == n:
+    if data.count(_HOT_ENDS[0] + b"\n") == n:
         return data, b""
     lines = data.split(b"\n")
     lines.pop()

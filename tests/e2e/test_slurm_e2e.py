@@ -377,7 +377,7 @@ def test_the_prologs_node_sampler_records_the_jobs_cpu_and_ships_it_with_the_job
     assert lines(records) == [f"burning on {socket.gethostname().split('.')[0]}", "burnt"]
     assert not [r for r in records if r["kind"] == "sample"]  # not sampled twice
     assert records[0]["inventory"]["cpus"]  # the inventory is still the wrapper's
-    from logcapture.spool import iter_run
+    from logcapture.spool.reading import iter_run
 
     samples = [r.to_dict() for r in iter_run(lc.samples_dir(j1))]
     node = samples[0]["node"]
