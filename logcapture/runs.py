@@ -1,6 +1,6 @@
 """Reading runs back from the spool: find a run, summarise it, follow it live.
 
-Used by the read layer (``query.py``). Reads, and writes one thing: the end of a run whose
+Used by the read layer (``query``). Reads, and writes one thing: the end of a run whose
 writer is gone (``spool.abandoned.close_abandoned``), so that no run stays RUNNING after its
 process.
 """
@@ -71,6 +71,7 @@ class RunSummary:
     start: Start | None
     end: End | None
     lines: int
+    last: float | None = None  # the newest record's time (the End record's, once ended)
 
     @property
     def state(self) -> str:
@@ -87,9 +88,14 @@ def summarize(run_dir: Path) -> RunSummary:
         end = closed if isinstance(closed, End) else None
     if end is not None:
         lines = sum(end.counts.get(s, {}).get("lines", 0) for s in OUTPUT_STREAMS)
-    else:
-        lines = sum(1 for r in iter_run(run_dir) if isinstance(r, Line))
-    return RunSummary(run_dir.name, start if isinstance(start, Start) else None, end, lines)
+        last: float | None = end.ts
+    else:  # read whole while it runs: its lines, and its newest record's time
+        lines, last = 0, None
+        for r in iter_run(run_dir):
+            lines += isinstance(r, Line)
+            last = r.ts if last is None else max(last, r.ts)
+    return RunSummary(run_dir.name, start if isinstance(start, Start) else None, end, lines,
+                      last)
 
 
 def find_run(root: Path, ref: str | None) -> Path:

@@ -1,7 +1,9 @@
 """The pages of `logcapture serve` in a real browser (Debian's headless Chromium, driven by
 selenium), used as a person would: open the URL serve printed, click a run, read the log,
 switch stderr on, read the metadata table, use the graphs' legend, watch a running job's
-new lines arrive, and get 403 with a wrong token. No JavaScript error may reach the console.
+new lines arrive, read sizes and durations as the terminal writes them. The token's rules
+(403 without it, a page's own cookie) are the server's, tested over HTTP in test_web.py. No
+JavaScript error may reach the console.
 
 Screenshots of each page go to $LOGCAPTURE_SCREENSHOTS (default: this test's tmp folder)."""
 
@@ -14,7 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
-from pages import LOGCAPTURE, Serve, capture, chromium, env_for, have_chromium, write_gpu_run
+from helpers import LOGCAPTURE, env_for
+from pages import Serve, capture, chromium, have_chromium, write_gpu_run
 from test_arrays import write_array
 
 pytestmark = pytest.mark.skipif(not have_chromium(), reason="needs Debian's chromium and "
@@ -213,15 +216,29 @@ def test_new_lines_arrive_without_reloading(site, browser, shots):
     assert console_errors(d) == []
 
 
-def test_a_wrong_token_gets_403(site, browser, shots):
+def test_sizes_and_durations_read_as_in_the_terminal(site, browser, shots):
+    # The page's common.js writes what views.size and views.duration write (`ls`, `show`):
+    # the cases of tests/format_cases.json, which tests/test_summary_row.py runs in Python.
+    import json
+
+    from logcapture import views
+
     s, _ = site
     d = browser
-    d.get(s.base + "/?token=not-the-token")
-    assert "403" in d.find_element(By.TAG_NAME, "body").text
-    d.delete_all_cookies()
-    d.get(s.base + "/job/train")
-    assert "403" in d.find_element(By.TAG_NAME, "body").text
-    d.save_screenshot(str(shots / "403.png"))
+    d.get(s.url)
+    wait(d).until(ec.presence_of_element_located((By.CSS_SELECTOR, "#runs-table tr[data-run]")))
+    cases = json.loads((Path(__file__).resolve().parent / "format_cases.json").read_text())
+    got = d.execute_script(
+        "const c = arguments[0];"
+        "return {size: c.size.map(([v]) => [v, LC.bytes(v)]),"
+        "        duration: c.duration.map(([v]) => [v, LC.duration(v)])};", cases)
+    assert got == cases
+    # The runs table: each run's duration as `ls` writes the row's (summary_row).
+    runs = d.execute_script("return fetch('/api/runs').then(r => r.json())")
+    cells = {r.get_attribute("data-run"): r.find_elements(By.TAG_NAME, "td")[6].text
+             for r in d.find_elements(By.CSS_SELECTOR, "#runs-table tbody tr")}
+    assert cells == {r["run"]: views.duration(r["duration"]) for r in runs}
+    assert console_errors(d) == []
 
 
 def test_dark_mode(site, browser, shots):
@@ -277,27 +294,6 @@ def test_search_from_the_runs_page_opens_the_line(site, browser, shots):
     d.find_element(By.ID, "to-end").click()  # back to the newest lines
     wait(d).until(lambda d: log_texts(d, "#log .row.at") == [])
     assert "done" in log_texts(d)
-    assert console_errors(d) == []
-
-
-def test_two_pages_on_one_host_keep_their_own_tokens(site, browser, shots):
-    s, env = site
-    d = browser
-    d.delete_all_cookies()
-    d.get(s.url)
-    with Serve(env) as other:
-        d.get(other.url)
-        wait(d).until(ec.presence_of_element_located((By.CSS_SELECTOR,
-                                                      "#runs-table tr[data-run]")))
-        names = {c["name"] for c in d.get_cookies()}
-        assert {f"logcapture_token_{s.port}", f"logcapture_token_{other.port}"} <= names
-        # Back on the first page without the token in the URL: its own cookie still opens it.
-        d.get(s.base + "/job/train")
-        wait(d).until(lambda d: d.execute_script("return document.body.dataset.ready") == "1")
-        assert "needs the token" not in d.find_element(By.TAG_NAME, "body").text
-        d.get(other.base + "/")
-        wait(d).until(ec.presence_of_element_located((By.CSS_SELECTOR,
-                                                      "#runs-table tr[data-run]")))
     assert console_errors(d) == []
 
 

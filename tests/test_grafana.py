@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
+from helpers import lc
 
 from logcapture.grafana import (
     Connection,
@@ -189,9 +190,9 @@ def test_header(store):
                    "duration": 120.0, "nodes": "node1, node2", "gpus": 4}
     [row] = run_sql(store, JOB_UID, query_of(JOB_UID, "Job"), run="2001")
     assert row["exit_status"] == "signal 9" and row["state"] == "SIGNALED"
-    assert row["job"] == "./sim" and row["nodes"] == "node4" and row["gpus"] == 0
+    assert row["job"] == "sim" and row["nodes"] == "node4" and row["gpus"] == 0
     [row] = run_sql(store, JOB_UID, query_of(JOB_UID, "Job"), run="1002")
-    assert row["state"] == "RUNNING" and row["exit_status"] == "" and row["job"] == "bash sweep.sh"
+    assert row["state"] == "RUNNING" and row["exit_status"] == "" and row["job"] == "bash"
 
 
 def test_logs_stdout_notes_and_the_stderr_switch(store):
@@ -477,23 +478,18 @@ def test_connection_from_url():
 
 
 def test_cli_install(tmp_path: Path):
-    from click.testing import CliRunner
-
-    from logcapture.cli import cli
-
-    runner = CliRunner()
-    res = runner.invoke(cli, ["grafana", "install", str(tmp_path / "p"), "--store-url",
-                              "https://viewer@ch.example:8443/logcapture", "--forward-user",
-                              "--password-file", "/etc/grafana/ch-password"])
-    assert res.exit_code == 0, res.output
-    assert res.output.splitlines()[0].endswith("datasources/logcapture.yaml")
+    res = lc(["grafana", "install", str(tmp_path / "p"), "--store-url",
+              "https://viewer@ch.example:8443/logcapture", "--forward-user",
+              "--password-file", "/etc/grafana/ch-password"], text=True)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines()[0].endswith("datasources/logcapture.yaml")
     [d] = yaml.safe_load((tmp_path / "p/datasources/logcapture.yaml").read_text())["datasources"]
     assert d["jsonData"]["username"] == "viewer" and d["jsonData"]["secure"] is True
     assert d["secureJsonData"]["password"] == "$__file{/etc/grafana/ch-password}"
 
-    res = runner.invoke(cli, ["grafana", "install", str(tmp_path / "q"), "--protocol", "http",
-                              "--database", "lc2", "--no-password"])
-    assert res.exit_code == 0, res.output
+    res = lc(["grafana", "install", str(tmp_path / "q"), "--protocol", "http",
+              "--database", "lc2", "--no-password"], text=True)
+    assert res.returncode == 0, res.stderr
     [d] = yaml.safe_load((tmp_path / "q/datasources/logcapture.yaml").read_text())["datasources"]
     assert d["jsonData"]["port"] == 8123 and "secureJsonData" not in d
     job = json.loads((tmp_path / "q/dashboards/logcapture/job-details.json").read_text())
@@ -507,11 +503,8 @@ def test_cli_install(tmp_path: Path):
     ["--database", "x; DROP TABLE y"],               # not an identifier
 ])
 def test_cli_install_refuses(tmp_path: Path, args: list[str]):
-    from logcapture.cli import main
-
-    with pytest.raises(SystemExit) as exc:
-        main(["grafana", "install", str(tmp_path / "p"), *args])
-    assert exc.value.code == 2
+    res = lc(["grafana", "install", str(tmp_path / "p"), *args], text=True)
+    assert res.returncode == 2 and res.stderr.startswith("logcapture: error: "), res.stderr
     assert not (tmp_path / "p" / "datasources").exists()
 
 

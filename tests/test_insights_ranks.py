@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import run_lc
+from helpers import lc
 
 from logcapture import ranklabel
 from logcapture.insights import Diagnoser, Outcome
@@ -180,15 +180,15 @@ def test_show_names_rank_1_from_the_spool_and_the_store(lc_env: dict[str, str],
             f"        shutil.copyfileobj(f, out)\n    out.flush()\nsys.exit(1)\n")
     script = tmp_path / "replay.py"
     script.write_text(body)
-    run_lc(["run", "--no-sample", "--run-id", "ddp-1", "--", sys.executable, str(script)],
+    lc(["run", "--no-sample", "--run-id", "ddp-1", "--", sys.executable, str(script)],
            lc_env)
-    spool = json.loads(run_lc(["show", "ddp-1", "--json", "--source", "spool"], lc_env).stdout)
+    spool = json.loads(lc(["show", "ddp-1", "--json", "--source", "spool"], lc_env).stdout)
     assert [i["kind"] for i in spool["insights"]] == ["python-exception", "other-ranks"]
     assert spool["insights"][0]["message"].startswith(
         "ValueError on rank 1 (node localhost): shard 7 is corrupt on this rank")
     store = f"chdb://{tmp_path}/store"
-    assert run_lc(["upload", "--store", store, "ddp-1"], lc_env).returncode == 0
-    stored = json.loads(run_lc(["show", "ddp-1", "--json", "--store", store], lc_env).stdout)
+    assert lc(["upload", "--store", store, "ddp-1"], lc_env).returncode == 0
+    stored = json.loads(lc(["show", "ddp-1", "--json", "--store", store], lc_env).stdout)
     assert [(i["kind"], i["message"]) for i in stored["insights"]] == \
         [(i["kind"], i["message"]) for i in spool["insights"]]
     with open_store(store, must_exist=True) as st:  # the store's own diagnosis agrees

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import run_lc
+from helpers import lc
 
 from logcapture.insights.ranks import job_insights
 from logcapture.jobview import node_figures
@@ -64,7 +64,7 @@ def job(lc_env: dict[str, str], tmp_path: Path) -> dict[str, str]:
 
 
 def _show(env: dict[str, str], *args: str) -> dict:
-    done = run_lc(["show", JOB, "--json", *args], env)
+    done = lc(["show", JOB, "--json", *args], env)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
@@ -82,9 +82,9 @@ def test_show_names_the_rank_that_failed_first_and_its_node(job: dict[str, str])
     assert "failed" not in [i["kind"] for i in info["insights"]]  # the batch's exit 1
     assert [(r["rank"], r["node"], r["step"], r["state"]) for r in info["ranks"]] == \
         [(0, "n1", "0", "FAILED"), (1, "n3", "0", "FAILED")]
-    text = run_lc(["show", JOB], job).stdout.decode()
+    text = lc(["show", JOB], job).stdout.decode()
     assert text.startswith("insights:\n  python-exception: ValueError on rank 1 (node n3)")
-    assert "  rank 1  node n3  step 0  FAILED  1:0  ValueError on rank 1" in text
+    assert "  rank 1  node n3  step 0  FAILED  1  ValueError on rank 1" in text
 
 
 def test_the_x_axis_is_the_step_of_each_rank_rank_0_by_default(job: dict[str, str]) -> None:
@@ -94,12 +94,12 @@ def test_the_x_axis_is_the_step_of_each_rank_rank_0_by_default(job: dict[str, st
     # all ranks: step still increases on each, although the merged rows read 0, 0, 1, 1, ...
     assert _show(job, "--rank", "all")["x_axis"] == "step"
     assert _show(job, "--rank", "1")["metadata_ranks"] == "1"
-    text = run_lc(["show", JOB, "--rank", "all"], job).stdout.decode()
+    text = lc(["show", JOB, "--rank", "all"], job).stdout.decode()
     assert "x axis (rank all):" in text and "step" in text
 
 
 def test_export_of_a_job_carries_node_step_and_rank(job: dict[str, str]) -> None:
-    done = run_lc(["export", JOB, "--what", "metadata"], job)
+    done = lc(["export", JOB, "--what", "metadata"], job)
     assert done.returncode == 0, done.stderr
     rows = list(csv.DictReader(io.StringIO(done.stdout.decode())))
     # the task's own columns; the program's own "rank" and "step" keys kept beside them
@@ -108,26 +108,26 @@ def test_export_of_a_job_carries_node_step_and_rank(job: dict[str, str]) -> None
     assert by_rank == {("0", "n1", "0"), ("1", "n3", "0")}
     assert [r["metadata.step"] for r in rows if r["rank"] == "1"] == ["0", "1", "2"]
     assert all(r["metadata.rank"] == r["rank"] for r in rows)
-    one = run_lc(["export", JOB, "--what", "lines", "--rank", "1", "--format", "ndjson"], job)
+    one = lc(["export", JOB, "--what", "lines", "--rank", "1", "--format", "ndjson"], job)
     lines = [json.loads(x) for x in one.stdout.decode().splitlines()]
     assert lines and {x["rank"] for x in lines} == {1}
     assert any("ValueError: shard 7" in x["text"] for x in lines)
-    bad = run_lc(["export", JOB, "--rank", "5"], job)
+    bad = lc(["export", JOB, "--rank", "5"], job)
     assert bad.returncode != 0 and b"no such rank" in bad.stderr
 
 
 def test_show_of_a_plain_run_is_unchanged(job: dict[str, str]) -> None:
-    info = json.loads(run_lc(["show", f"{JOB}.0.1", "--json"], job).stdout)
+    info = json.loads(lc(["show", f"{JOB}.0.1", "--json"], job).stdout)
     assert "ranks" not in info and info["rank"] == 1
     assert info["insights"][0]["message"].startswith("ValueError on rank 1 (node n3):")
-    bad = run_lc(["show", f"{JOB}.0.1", "--rank", "0"], job)
+    bad = lc(["show", f"{JOB}.0.1", "--rank", "0"], job)
     assert bad.returncode != 0 and b"--rank" in bad.stderr
 
 
 def test_the_store_gives_the_same_job(job: dict[str, str], tmp_path: Path) -> None:
     store = f"chdb://{tmp_path}/store"
     for run in (JOB, f"{JOB}.0.0", f"{JOB}.0.1"):
-        assert run_lc(["upload", "--store", store, run], job).returncode == 0
+        assert lc(["upload", "--store", store, run], job).returncode == 0
     spool = _show(job, "--source", "spool")
     stored = _show(job, "--store", store)
     assert [i["message"] for i in stored["insights"]] == [i["message"] for i in spool["insights"]]

@@ -16,7 +16,8 @@ from typing import Any
 
 import httpx
 import pytest
-from pages import Serve, env_for, lc
+from helpers import env_for, lc
+from pages import Serve
 
 from logcapture.logview import LogView, numbered_lines, sort_key
 from logcapture.pipeline import Pipeline
@@ -116,7 +117,7 @@ def run(tmp_path_factory):
 
 
 def _logs_n(env: dict[str, str], source: str, *args: str) -> list[tuple[int, str]]:
-    out = lc(["logs", "-n", "--source", source, *args, "n"], env).stdout.decode()
+    out = lc(["logs", "-n", "--source", source, *args, "n"], env, check=True).stdout.decode()
     got = []
     for row in out.splitlines():
         number, _, text = row.partition("\t")
@@ -125,19 +126,19 @@ def _logs_n(env: dict[str, str], source: str, *args: str) -> list[tuple[int, str
 
 
 def _search(env: dict[str, str], source: str, word: str) -> dict[str, int]:
-    out = lc(["search", "--source", source, "-C", "2", word], env).stdout.decode()
+    out = lc(["search", "--source", source, "-C", "2", word], env, check=True).stdout.decode()
     return {m.group(3): int(m.group(2)) for m in
             map(re.compile(r"^(stdout|stderr):(\d+)[:-](.*)$").match, out.splitlines()) if m}
 
 
 def _evidence(env: dict[str, str], source: str) -> list[dict[str, Any]]:
-    info = json.loads(lc(["show", "--json", "--source", source, "n"], env).stdout)
+    info = json.loads(lc(["show", "--json", "--source", source, "n"], env, check=True).stdout)
     return [e for i in info["insights"] for e in i["evidence"] if e.get("text")]
 
 
 def _export(env: dict[str, str], source: str) -> dict[str, int]:
     out = lc(["export", "--source", source, "--what", "lines", "--format", "csv", "n"],
-             env).stdout.decode()
+             env, check=True).stdout.decode()
     return {(r["stream"], r["seq"]): int(r["line"]) for r in csv.DictReader(io.StringIO(out))
             if r["line"]}
 
@@ -178,7 +179,7 @@ def test_every_view_gives_every_line_one_number_from_the_spool_and_the_store(run
     assert spool["export"] == {(e.stream, str(e.seq)): e.line for e in numbered}
 
     # The store: the same run shipped gives the same numbers everywhere.
-    lc(["upload", "n"], env)
+    lc(["upload", "n"], env, check=True)
     assert _views(env, "store") == spool
 
     # The page's entries, from the spool and the store, in pages from either end, and the

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import LOGCAPTURE, lc
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -52,8 +53,6 @@ from logcapture.runs import find_run
 from logcapture.spool.layout import Segment, create_run_dir, segments
 from logcapture.spool.reading import iter_run
 from logcapture.spool.writer import SpoolWriter
-
-from .conftest import LOGCAPTURE, run_lc
 
 PY = sys.executable
 
@@ -95,7 +94,7 @@ JOB = textwrap.dedent("""
 
 def test_the_worker_writes_what_the_in_process_pipeline_writes(
         tmp_path: Path, lc_env: dict[str, str], spool: Path) -> None:
-    res = run_lc(["run", "--", PY, "-c", JOB], lc_env)
+    res = lc(["run", "--", PY, "-c", JOB], lc_env)
     assert res.returncode == 0, res.stderr
     assert res.stderr == b"to err\n"
     records = list(iter_run(find_run(spool, None)))

@@ -13,13 +13,12 @@ from pathlib import Path
 import pexpect
 import psutil
 import pytest
+from helpers import LOGCAPTURE, lc
 
 from logcapture.runner.outcome import Options, Outcome
 from logcapture.runner.readloop import LINGER_BACKOFF
 from logcapture.runner.spawn import Attached, attach, run
 from logcapture.runner.terminal import open_terminals
-
-from .conftest import LOGCAPTURE, run_lc
 
 PY = sys.executable
 
@@ -52,7 +51,7 @@ def _run_to_files(tmp_path: Path, argv: list[str], sink: object | None = None,
 
 @pytest.mark.parametrize("code", [0, 1, 3, 42, 255])
 def test_exit_status_is_the_commands(lc_env: dict[str, str], code: int) -> None:
-    res = run_lc(["run", "--", "sh", "-c", f"echo out; exit {code}"], lc_env)
+    res = lc(["run", "--", "sh", "-c", f"echo out; exit {code}"], lc_env)
     assert res.returncode == code
     assert res.stdout == b"out\n"
 
@@ -60,14 +59,14 @@ def test_exit_status_is_the_commands(lc_env: dict[str, str], code: int) -> None:
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL,
                                  signal.SIGUSR1, signal.SIGHUP, signal.SIGSEGV])
 def test_killed_by_signal_n_looks_killed_by_signal_n(lc_env: dict[str, str], sig: int) -> None:
-    res = run_lc(["run", "--", PY, "-c",
+    res = lc(["run", "--", PY, "-c",
                   f"import os, signal; signal.signal({sig}, signal.SIG_DFL) if {sig} != 9 "
                   f"else None; os.kill(os.getpid(), {sig})"], lc_env)
     assert res.returncode == -sig
 
 
 def test_command_not_found_is_127_with_a_message(lc_env: dict[str, str]) -> None:
-    res = run_lc(["run", "--", "no-such-command-xyz"], lc_env)
+    res = lc(["run", "--", "no-such-command-xyz"], lc_env)
     assert res.returncode == 127
     assert b"no-such-command-xyz: command not found" in res.stderr
 
@@ -239,7 +238,7 @@ def test_the_commands_exit_is_seen_without_sigchld(lc_env: dict[str, str]) -> No
 
 
 def test_stdin_passes_through(lc_env: dict[str, str]) -> None:
-    res = run_lc(["run", "--", "cat"], lc_env, input=b"hi\nthere")
+    res = lc(["run", "--", "cat"], lc_env, input=b"hi\nthere")
     assert res.returncode == 0
     assert res.stdout == b"hi\nthere"
 
@@ -352,7 +351,7 @@ def test_a_huge_line_without_newline_keeps_memory_bounded(lc_env: dict[str, str]
         time.sleep(0.02)
     assert proc.wait() == 0
     assert peak < 150 * 1024 * 1024, peak  # well under the 100 MB the line is long
-    logs = run_lc(["logs"], lc_env)
+    logs = lc(["logs"], lc_env)
     text = logs.stdout.decode()
     assert "line cut" in text
 

@@ -9,7 +9,7 @@ import random
 from pathlib import Path
 
 import pytest
-from pages import env_for, lc
+from helpers import env_for, lc
 
 from logcapture.logview import LogView, note_text
 from logcapture.pipeline import Pipeline
@@ -169,17 +169,18 @@ def test_logs_marks_sections_the_same_from_the_spool_and_the_store(tmp_path):
     script = ("printf '::group::Install\\n'; echo pip; sleep 0.3; printf '::endgroup::\\n';"
               "printf '\\033[0Ksection_start:1764250000:tests[collapsed=true]\\r\\033[0K"
               "Running tests\\n'; echo ok; printf '+++ Report\\n'; echo done")
-    lc(["run", "--run-id", "s", "--", "bash", "-c", script], env)
-    spool = lc(["logs", "-n", "--source", "spool", "s"], env).stdout.decode().splitlines()
+    lc(["run", "--run-id", "s", "--", "bash", "-c", script], env, check=True)
+    spool = lc(["logs", "-n", "--source", "spool", "s"], env,
+               check=True).stdout.decode().splitlines()
     assert spool[0] == "      \t[logcapture: section Install (folded)]"
     assert spool[1] == "     1\tpip"
     assert spool[2].startswith("      \t[logcapture: end of section Install, ")
     assert spool[3] == "      \t[logcapture: section Running tests (folded)]"
     assert spool[-1].startswith("      \t[logcapture: end of section Report, ")
     assert "section_start" not in "\n".join(spool)
-    lc(["upload", "s"], env)
-    assert lc(["logs", "-n", "--source", "store", "s"], env).stdout.decode().splitlines() \
-        == spool
+    lc(["upload", "s"], env, check=True)
+    stored = lc(["logs", "-n", "--source", "store", "s"], env, check=True).stdout.decode()
+    assert stored.splitlines() == spool
     from logcapture.query import StoreReader
     from logcapture.store import open_store
 

@@ -22,11 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from logcapture import ship
+from logcapture import ownership, ship
 from logcapture import store as S
 from logcapture.records import OUTPUT_STREAMS, End, Line, Metadata, Note, Start
 from logcapture.ship import agent as ship_agent
-from logcapture.ship import identity as ship_identity
 from logcapture.ship import pending as ship_pending
 from logcapture.ship import uploading as ship_uploading
 from logcapture.spool.layout import Segment, create_run_dir, segments
@@ -242,7 +241,7 @@ def test_a_segment_the_writer_closes_while_shipping_is_read_closed(
                 s.path.unlink()
         return segs
 
-    for module in (ship_identity, ship_pending):  # the identity's reading, the lines'
+    for module in (ownership, ship_pending):  # the identity's reading, the lines'
         monkeypatch.setattr(module, "segments", listing_then_close)
     res = ship.upload(root, dsn=dsn, retention_days=None)
     assert calls[closing_call - 1], calls

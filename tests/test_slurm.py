@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from helpers import agent_until_shipped
 
 from logcapture.records import End, Line, Sample, Start
 from logcapture.sampling.node import (
@@ -558,24 +559,11 @@ def test_with_no_spool_root_configured_the_agent_ships_what_prolog_and_wrapper_s
     agent_env = {k: v for k, v in os.environ.items() if not k.startswith("LOGCAPTURE_")}
     agent_env.update(LOGCAPTURE_STORE=dsn, LOGCAPTURE_CONFIG=str(config),
                      XDG_STATE_HOME=str(tmp_path / "state"))
-    p = subprocess.Popen([sys.executable, "-c", AT_SYSTEM_ROOT + "from logcapture.cli import "
-                          "main; main()", str(root), "agent", "--interval", "0.1", "--keep"],
-                         env=agent_env, stderr=subprocess.PIPE, text=True)
-    try:
-        assert p.stderr is not None
-        assert p.stderr.readline() == f"logcapture: agent shipping {root} to {dsn}\n"
-        cursor = run_dir / ".logcapture-cursor.json"
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not (
-                cursor.exists() and json.loads(cursor.read_text()).get("shipped_at")):
-            time.sleep(0.05)
-        p.send_signal(signal.SIGTERM)
-        _, err = p.communicate(timeout=60)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.communicate()
-    assert p.returncode == 0, err
+    code, first, err = agent_until_shipped(
+        [sys.executable, "-c", AT_SYSTEM_ROOT + "from logcapture.cli import main; main()",
+         str(root), "agent", "--interval", "0.1", "--keep"], agent_env, run_dir)
+    assert first == f"logcapture: agent shipping {root} to {dsn}\n"
+    assert code == 0, err
     q = subprocess.run([sys.executable, "-c", QUERY, dsn], capture_output=True, text=True,
                        timeout=120)
     assert q.returncode == 0, q.stderr

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import lc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -20,8 +21,6 @@ from logcapture.records import Line, Metadata, Note, Record, Start, from_dict
 from logcapture.spool.layout import create_run_dir, segments
 from logcapture.spool.reading import ReadStats, iter_run, lines_of_kinds
 from logcapture.spool.writer import SpoolWriter
-
-from .conftest import run_lc
 
 texts = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=200)
 json_scalars = st.one_of(st.none(), st.booleans(), st.integers(-2**53, 2**53),
@@ -279,7 +278,7 @@ def test_unwritable_spool_does_not_hurt_the_command(lc_env: dict[str, str],
                                                      tmp_path: Path) -> None:
     (tmp_path / "a-file").write_text("")
     lc_env["LOGCAPTURE_SPOOL"] = str(tmp_path / "a-file" / "spool")
-    res = run_lc(["run", "--", "sh", "-c", "echo out; echo err >&2; exit 4"], lc_env)
+    res = lc(["run", "--", "sh", "-c", "echo out; echo err >&2; exit 4"], lc_env)
     assert res.returncode == 4
     assert res.stdout == b"out\n"
     lines = res.stderr.decode().splitlines()
@@ -555,12 +554,12 @@ def test_ls_lists_a_run_holding_a_huge_segment_within_bounded_memory(tmp_path: P
            "XDG_STATE_HOME": str(tmp_path / "state"),
            "LOGCAPTURE_CONFIG": str(tmp_path / "none.yaml")}
     limit = 3 << 30
-    r = run_lc(["ls", "--json", "--source", "spool"], env, preexec_fn=lambda:
+    r = lc(["ls", "--json", "--source", "spool"], env, preexec_fn=lambda:
                resource.setrlimit(resource.RLIMIT_AS, (limit, limit)))
     assert r.returncode == 0, r.stderr.decode()[-2000:]
     assert [json.loads(x)["run"] for x in r.stdout.decode().splitlines()] == ["r1"]
     # and the rest of the run reads as ever
-    r = run_lc(["logs", "r1", "--source", "spool"], env)
+    r = lc(["logs", "r1", "--source", "spool"], env)
     assert (r.returncode, r.stdout) == (0, b"line 0\nline 1\nline 2\n"), r.stderr
 
 

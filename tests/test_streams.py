@@ -16,9 +16,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+from helpers import LOGCAPTURE, lc
 
-from logcapture.cli import cli
 from logcapture.config.optin import load_optin
 from logcapture.pipeline import Pipeline
 from logcapture.records import NOTE_MODE, Line, Note, Start
@@ -26,8 +25,6 @@ from logcapture.runner.descriptors import same_destination
 from logcapture.spool.layout import create_run_dir, find_run_dirs
 from logcapture.spool.reading import iter_run
 from logcapture.spool.writer import SpoolWriter
-
-from .conftest import LOGCAPTURE
 
 PY = sys.executable
 
@@ -172,9 +169,8 @@ def test_logs_stream_stderr_explains_a_merged_run_whose_stderr_has_a_mode_note(
     pipeline.finish(exit_status=0, signal=None, state="COMPLETED", duration=1.0,
                     bytes_read={})
     assert any(r.stream == "stderr" for r in iter_run(run_dir))
-    result = CliRunner().invoke(cli, ["logs", "--spool", str(spool), "--stream", "stderr",
-                                      "old-merged"])
-    assert result.exit_code == 0, result.output
+    result = lc(["logs", "--spool", str(spool), "--stream", "stderr", "old-merged"], text=True)
+    assert result.returncode == 0, result.stderr
     assert "mode changed" in result.stdout
     assert "captured as one stream" in result.stderr
 
@@ -257,7 +253,7 @@ def test_streams_option_is_valid(tmp_path: Path, value: str) -> None:
     path.write_text(f"mode: enabled\nstreams: {value}\n")
     result = load_optin(path)
     assert result.ok and result.config.streams == value
-    out = CliRunner().invoke(cli, ["check", str(path)]).output
+    out = lc(["check", str(path)], text=True).stdout
     assert f"streams: {value}" in out
 
 
@@ -272,8 +268,8 @@ def test_streams_merged_is_explained(tmp_path: Path) -> None:
     path.write_text("streams: seperate\n")
     (problem,) = load_optin(path).problems
     assert "did you mean separate" in problem
-    res = CliRunner().invoke(cli, ["check", str(path)])
-    assert res.exit_code == 1 and "did you mean separate" in res.output
+    res = lc(["check", str(path)], text=True)
+    assert res.returncode == 1 and "did you mean separate" in res.stdout
 
 
 

@@ -39,6 +39,7 @@ from grafana_foundation_sdk.models import dashboard as dm
 from grafana_foundation_sdk.models import xychart as xym
 
 from ..logview import log_sql
+from ..summary_row import duration_sql, exit_sql, name_sql, state_sql
 from ..xaxis import LEVEL_NAMES, values_sql, x_axis_sql
 from .query import FORMAT_LOGS, FORMAT_TABLE, FORMAT_TIME_SERIES, ClickHouseQuery, datasource_ref
 
@@ -96,24 +97,21 @@ def _level_names_sql() -> str:
     return "[" + ", ".join(f"'{n}'" for n in LEVEL_NAMES) + "]"
 
 
+def _summary_row() -> str:
+    """A run's name, exit, duration and state as every reader shows them (``summary_row``),
+    as ``run_name``, ``run_exit``, ``run_duration``, ``run_state`` over the runs table."""
+    return (f"{name_sql()} AS run_name, {exit_sql()} AS run_exit, "
+            f"{duration_sql()} AS run_duration, {state_sql()} AS run_state")
+
+
 def sql_header(db: str) -> str:
     return f"""
-SELECT r.owner AS user,
-       if(r.job_name != '', r.job_name, r.command_line) AS job,
-       r.state AS state,
-       multiIf(r.exit_status IS NOT NULL, toString(r.exit_status),
-               r.signal IS NOT NULL, concat('signal ', toString(r.signal)), '') AS exit_status,
-       r.duration AS duration,
+SELECT r.owner AS user, r.run_name AS job, r.run_state AS state, r.run_exit AS exit_status,
+       r.run_duration AS duration,
        if(s.nodes = '', r.host, s.nodes) AS nodes,
        greatest(s.gpu_count, r.job_gpus) AS gpus
 FROM (
-    SELECT run, owner, ifNull(host, '') AS host,
-           JSONExtractString(ifNull(slurm, ''), 'job_name') AS job_name,
-           arrayStringConcat(JSONExtract(ifNull(command, '[]'), 'Array(String)'), ' ')
-               AS command_line,
-           ifNull(state, 'RUNNING') AS state, exit_status, signal,
-           ifNull(duration, dateDiff('millisecond', ifNull(start_ts, last_ts), last_ts) / 1000)
-               AS duration,
+    SELECT run, owner, ifNull(host, '') AS host, {_summary_row()},
            length(JSONExtractArrayRaw(ifNull(inventory, ''), 'job_gpus')) AS job_gpus
     FROM {db}.runs FINAL
     WHERE run = {RUN}
@@ -286,13 +284,7 @@ def sql_node_variable(db: str) -> str:
 def _jobs_in_range(db: str) -> str:
     return f"""
     SELECT run, owner, ifNull(host, '') AS host, job_id,
-           JSONExtractString(ifNull(slurm, ''), 'job_name') AS job_name,
-           arrayStringConcat(JSONExtract(ifNull(command, '[]'), 'Array(String)'), ' ')
-               AS command_line,
-           ifNull(start_ts, last_ts) AS start, end_ts,
-           ifNull(state, 'RUNNING') AS state, exit_status, signal,
-           ifNull(duration, dateDiff('millisecond', ifNull(start_ts, last_ts), last_ts) / 1000)
-               AS duration
+           ifNull(start_ts, last_ts) AS start, end_ts, {_summary_row()}
     FROM {db}.runs FINAL
     WHERE ifNull(start_ts, last_ts) <= $__toTime AND last_ts >= $__fromTime
       AND owner IN (${{user:singlequote}})"""
@@ -301,11 +293,8 @@ def _jobs_in_range(db: str) -> str:
 def sql_jobs_table(db: str) -> str:
     return f"""
 SELECT j.run AS run, j.job_id AS job_id,
-       if(j.job_name != '', j.job_name, j.command_line) AS job,
-       j.owner AS user, j.state AS state,
-       multiIf(j.exit_status IS NOT NULL, toString(j.exit_status),
-               j.signal IS NOT NULL, concat('signal ', toString(j.signal)), '') AS exit_status,
-       j.start AS start, j.duration AS duration,
+       j.run_name AS job, j.owner AS user, j.run_state AS state, j.run_exit AS exit_status,
+       j.start AS start, j.run_duration AS duration,
        if(s.nodes = '', j.host, s.nodes) AS nodes,
        s.gpu_count AS gpus,
        s.gpu_utilization AS gpu_utilization,
@@ -355,7 +344,7 @@ ORDER BY jobs DESC, kind
 
 def sql_jobs_by_state(db: str) -> str:
     return f"""
-SELECT state, count() AS jobs
+SELECT run_state AS state, count() AS jobs
 FROM ({_jobs_in_range(db)})
 GROUP BY state
 ORDER BY state
@@ -474,12 +463,8 @@ FROM (
     WHERE (SELECT count() FROM w1) + (SELECT count() FROM w2) < 1000
 ) AS l
 LEFT JOIN (
-    SELECT run, owner,
-           if(JSONExtractString(ifNull(slurm, ''), 'job_name') != '',
-              JSONExtractString(ifNull(slurm, ''), 'job_name'),
-              arrayStringConcat(JSONExtract(ifNull(command, '[]'), 'Array(String)'), ' '))
-               AS job,
-           ifNull(state, 'RUNNING') AS state, ifNull(start_ts, last_ts) AS start,
+    SELECT run, owner, {name_sql()} AS job, {state_sql()} AS state,
+           ifNull(start_ts, last_ts) AS start,
            ifNull(end_ts, now64(9)) AS end
     FROM {db}.runs FINAL
     WHERE owner IN (${{user:singlequote}})

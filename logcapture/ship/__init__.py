@@ -2,7 +2,6 @@
 
 The package is split by concern, each module using only those before it:
 
-- ``identity``: who owns a run's rows (``trusted_identity``, ``identity_from_spool``).
 - ``cursor``: what has been shipped of a run and the lock that guards it (``lock_cursor``).
 - ``result``: what a shipping did (``UploadResult``).
 - ``pending``: the segments pending of the runs being shipped, and the pieces cut from them.
@@ -35,6 +34,7 @@ Failures (as Vector's ClickHouse sink and gpufl sort them):
 
 from __future__ import annotations
 
+from ..ownership import identity_from_spool, trusted_identity
 from ..spool.layout import CURSOR_NAME
 from .agent import (
     BATCH_INTERVAL,
@@ -51,7 +51,6 @@ from .agent import (
 from .batches import BATCH_BYTES, DIRECT_BATCHES, SET_ASIDE_SEQ, ShippedHook, ship_run, ship_runs
 from .cursor import CURSOR_LOCK_NAME, MAX_CURSOR_BYTES, Cursor, RunCursor, is_shipped, lock_cursor
 from .diagnosis import JobInfo, diagnose_run, notify_event
-from .identity import identity_from_spool, trusted_identity
 from .pending import _RunJob
 from .quota import QUOTA_REFRESH, QUOTA_SEQ, UserQuota, user_quota
 from .result import UploadResult

@@ -18,6 +18,7 @@ from ..config.defaults import SPOOL_RETENTION_DAYS
 from ..errors import LogcaptureError, SpoolError, StoreAuthError, StoreError
 from ..insights.live import LiveWatch
 from ..insights.notify import Notifier
+from ..ownership import identity_from_spool
 from ..records import LOST
 from ..spool.abandoned import close_abandoned, writer_gone
 from ..spool.layout import find_run_dirs, segments
@@ -28,7 +29,6 @@ from ..userfiles import UserDir
 from .batches import BATCH_BYTES, ShippedHook, ship_runs
 from .cursor import RunCursor, lock_cursor
 from .diagnosis import JobInfo, diagnose_run, notify_event
-from .identity import identity_from_spool
 from .pending import _RunJob
 from .result import UploadResult
 from .retention import retire_shipped

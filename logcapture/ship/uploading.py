@@ -17,13 +17,13 @@ from ..errors import (
     StoreUnavailable,
 )
 from ..insights.notify import Notifier
+from ..ownership import identity_from_spool
 from ..runs import find_run
 from ..spool.layout import find_run_dirs
 from ..store import Identity, Store, open_store, redact
 from .batches import BATCH_BYTES, _take_warnings, ship_run
 from .cursor import lock_cursor
 from .diagnosis import JobInfo
-from .identity import identity_from_spool
 from .result import UploadResult
 from .retention import retire_shipped
 from .retry import STORE_WAIT, Warn, _with_retry

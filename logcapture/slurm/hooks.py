@@ -228,7 +228,8 @@ def _ship(root: str, job_id: str, runs: list[str], admin: object, record: dict[s
     try:
         from pathlib import Path
 
-        from ..ship import trusted_identity, upload
+        from ..ownership import trusted_identity
+        from ..ship import upload
         from ..store import Identity
     except Exception as e:  # noqa: BLE001 - shipping is optional here
         return False, f"shipping unavailable ({type(e).__name__})"

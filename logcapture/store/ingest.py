@@ -164,7 +164,7 @@ def split_by_kind(data: bytes) -> tuple[bytes, bytes]:
 
 @dataclass(frozen=True)
 class Identity:
-    """Who owns the rows of one run, from a trusted source (``ship.trusted_identity``): for
+    """Who owns the rows of one run, from a trusted source (``ownership.trusted_identity``): for
     Slurm the root-owned prolog record, standalone the spool directory's owner. ``run``
     replaces the run id of every shipped record."""
 

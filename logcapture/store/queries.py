@@ -19,6 +19,7 @@ from ..errors import NotFound, StoreAuthError, StoreError, StoreUnavailable, Usa
 from ..logview import ts_ns
 from ..records import redactions_by_kind
 from ..search import Found, Hit, Pattern, Request
+from ..summary_row import name_sql, state_sql
 from .connection import _Connection, classify
 from .schema import TABLES, json_keys
 
@@ -752,9 +753,8 @@ class _Queries(_Connection):
         if not keys:
             return {}
         rows = self._query(
-            "SELECT run, CAST(owner AS String), job_id, JSONExtractString(ifNull(slurm, "
-            "'{}'), 'job_name'), ifNull(command, '[]'), ifNull(state, 'RUNNING'), "
-            "toUnixTimestamp64Nano(ifNull(start_ts, last_ts)) FROM runs FINAL "
+            "SELECT run, CAST(owner AS String), job_id, " + name_sql() + ", "
+            + state_sql() + ", toUnixTimestamp64Nano(ifNull(start_ts, last_ts)) FROM runs FINAL "
             "WHERE has({runs:Array(String)}, run)",
             {"runs": sorted({k[0] for k in keys})}, what="searching")
         out = {}
@@ -762,8 +762,8 @@ class _Queries(_Connection):
             if (r[0], r[1]) in keys:
                 out[(r[0], r[1])] = {
                     "run": r[0], "owner": r[1], "job_id": r[2],
-                    "name": r[3] or " ".join(_loads(r[4], [])), "state": r[5],
-                    "start": _ns_to_float(r[6]), "source": "store"}
+                    "name": r[3], "state": r[4], "start": _ns_to_float(r[5]),
+                    "source": "store"}
         for k in keys - set(out):  # lines shipped before any record that lists the run
             out[k] = {"run": k[0], "owner": k[1], "job_id": "", "name": "", "state": "RUNNING",
                       "start": None, "source": "store"}

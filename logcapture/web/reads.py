@@ -19,6 +19,7 @@ from typing import Any
 
 from ..errors import UsageError
 from ..store import EXPORTS, write_rows
+from ..summary_row import summary_row
 from ..xaxis import LEVEL_NAMES, choose_x_axis, is_number, key_levels, series_of
 
 RUN_REF = re.compile(r"[A-Za-z0-9._-]{1,128}")
@@ -209,24 +210,15 @@ class Pages:
 # --------------------------------------------------------------------------- answers
 
 
-def exit_text(exit_status: Any, signal: Any) -> str:
-    if signal is not None:
-        return f"signal {signal}"
-    return "" if exit_status is None else str(exit_status)
-
-
 def run_row(s: Mapping[str, Any]) -> dict[str, Any]:
-    """A run summary (``query.SUMMARY_KEYS``) as the runs page lists it."""
+    """A run summary (``query.SUMMARY_KEYS``) as the runs page lists it: its name, exit,
+    duration and state as every reader shows them (``summary_row``)."""
     slurm = s.get("slurm") or {}
-    command = " ".join(s.get("command") or ())
-    duration = s.get("duration")
-    if duration is None and s["state"] == "RUNNING" and s.get("start") is not None:
-        duration = max(0.0, time.time() - s["start"])
-    return {"run": s["run"], "job_id": s.get("job_id") or "",
-            "name": slurm.get("job_name") or command, "job_name": slurm.get("job_name") or "",
-            "command": command, "user": s.get("owner") or "", "state": s["state"],
-            "exit": exit_text(s.get("exit_status"), s.get("signal")),
-            "start": s.get("start"), "duration": duration, "nodes": s.get("host") or "",
+    row = summary_row(s)
+    return {"run": s["run"], "job_id": s.get("job_id") or "", "name": row["name"],
+            "job_name": slurm.get("job_name") or "", "command": " ".join(s.get("command") or ()),
+            "user": s.get("owner") or "", "state": row["state"], "exit": row["exit"],
+            "start": s.get("start"), "duration": row["duration"], "nodes": s.get("host") or "",
             "source": s.get("source", ""), "array_job_id": str(slurm.get("array_job_id") or ""),
             "array_task_id": str(slurm.get("array_task_id") or "")}
 

@@ -533,7 +533,7 @@ def test_job_ids_states_and_views_as_the_user_reads_them(lc: Cluster) -> None:
     table = _as_reader(lc, U1, "ls", *spool).stdout.splitlines()
     assert table[0].split()[:4] == ["JOBID", "NAME", "STATE", "EXIT"]
     rows = {ln.split()[0]: ln.split() for ln in table[1:]}
-    assert rows[f"{t}_3"][1:4] == ["sweep", "COMPLETED", "0:0"]
+    assert rows[f"{t}_3"][1:4] == ["sweep", "COMPLETED", "0"]
     assert rows[cancelled.id][2] == "CANCELLED"
     assert rows[requeued.id][2] == "COMPLETED" and rows[f"{requeued.id}.0"][2] == "REQUEUED"
     assert sorted(ln.split()[0] for ln in _as_reader(lc, U1, "ls", t, *spool)
