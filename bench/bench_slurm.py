@@ -63,6 +63,7 @@ class Bench:
                         LOGCAPTURE_DEV_SLURMD_PORT=str(slurmd), LOGCAPTURE_DEV_CLUSTER="bench")
         self.pw = pwd.getpwnam(USER) if self._has_user() else None
         self.saved: dict[Path, bytes] = {}
+        self.last_job = ""
 
     @staticmethod
     def _has_user() -> bool:
@@ -113,7 +114,7 @@ class Bench:
         else:
             path.unlink(missing_ok=True)
 
-    def job_seconds(self, script: str) -> float:
+    def job_seconds(self, script: str, output: str = "/dev/null") -> float:
         home = Path(self.pw.pw_dir)
         path = home / "bench-job.sh"
         path.write_text(script)
@@ -122,7 +123,7 @@ class Bench:
         r = subprocess.run(
             ["setpriv", f"--reuid={self.pw.pw_uid}", f"--regid={self.pw.pw_gid}",
              "--init-groups", "env", f"SLURM_CONF={self.env['SLURM_CONF']}", f"HOME={home}",
-             "sbatch", "--parsable", "--output=/dev/null", str(path)],
+             "sbatch", "--parsable", f"--output={output}", str(path)],
             cwd=home, capture_output=True, text=True, check=True, timeout=60)
         job = r.stdout.strip().split(";")[0]
         while True:
@@ -131,8 +132,20 @@ class Bench:
             state = next((t.split("=", 1)[1] for t in out.split()
                           if t.startswith("JobState=")), "")
             if state in FINAL:
+                self.last_job = job
                 return time.perf_counter() - t0
             time.sleep(0.02)
+
+
+def new_bench(name: str) -> Bench | None:
+    """A Bench in a new temporary directory others can reach; None (and why) without root
+    or Slurm."""
+    if os.geteuid() != 0 or not shutil.which("slurmctld", path="/usr/sbin:/usr/bin"):
+        print(f"{name}: needs root and slurm-wlm (run slurm/ci-setup.sh)", file=sys.stderr)
+        return None
+    base = Path(tempfile.mkdtemp(prefix="logcapture-bench-", dir="/tmp"))
+    base.chmod(0o755)
+    return Bench(base)
 
 
 def main() -> int:
@@ -141,12 +154,10 @@ def main() -> int:
     ap.add_argument("--lines", type=int, default=1_000_000, help="lines of the big job")
     ap.add_argument("--big-runs", type=int, default=2, help="jobs per case for the big job")
     args = ap.parse_args()
-    if os.geteuid() != 0 or not shutil.which("slurmctld", path="/usr/sbin:/usr/bin"):
-        print("bench_slurm: needs root and slurm-wlm (run slurm/ci-setup.sh)", file=sys.stderr)
+    b = new_bench("bench_slurm")
+    if b is None:
         return 2
-    base = Path(tempfile.mkdtemp(prefix="logcapture-bench-", dir="/tmp"))
-    base.chmod(0o755)
-    b = Bench(base)
+    base = b.dir.parent
     trivial = "#!/bin/bash\necho hello\n"
     big = f"#!/bin/bash\nseq {args.lines}\n"
     cases = {}

@@ -3,7 +3,14 @@
 # Idempotent; run as root (CI's .ci/run calls it before pytest). It:
 #   1. installs Debian's Slurm 22.05 and munge (slurm-wlm's job_submit/lua plugin is in
 #      slurm-wlm-basic-plugins; lua5.1 only lets tests check job_submit.lua's logic), and gcc,
-#      make and libslurm-dev (spank.h) to build the task plugin in slurm/spank;
+#      make and libslurm-dev (spank.h) to build the task plugin in slurm/spank; and, for the MPI
+#      end-to-end test only, Debian's Open MPI (openmpi-bin, whose libopenmpi3 is built against
+#      the system PMIx), mpi4py for the system python3 (a hello world needs no compiler or MPI
+#      headers) and libpmix-dev: Slurm's mpi/pmix plugin dlopens pmix2/lib/libpmix.so, the
+#      unversioned name only that package ships (without it `srun --mpi=pmix` fails with "can
+#      not load PMIx library"). Open MPI rather than MPICH: it is Debian's default MPI (the one
+#      python3-mpi4py uses), and libmpich12 alone is 40 MB. Open MPI as Debian builds it
+#      talks PMIx only, so `srun --mpi=pmi2` does not start it;
 #   2. creates the test users lcuser1 and lcuser2 (homes under /home);
 #   3. makes the checkout's Python runnable by those users: a venv whose interpreter lives under
 #      a directory others cannot search (pyenv under /root) gets the search bit (o+x, not read)
@@ -14,7 +21,8 @@ set -euo pipefail
 HERE=$(cd "$(dirname "$(readlink -f "$0")")" && pwd)
 REPO=$(dirname "$HERE")
 TEST_USERS=${LOGCAPTURE_DEV_USERS:-lcuser1 lcuser2}
-PACKAGES="slurm-wlm slurmctld slurmd slurm-client munge lua5.1 libslurm-dev gcc make"
+PACKAGES="slurm-wlm slurmctld slurmd slurm-client munge lua5.1 libslurm-dev gcc make
+          openmpi-bin python3-mpi4py libpmix-dev"
 
 [ "$(id -u)" = 0 ] || { echo "ci-setup: must run as root" >&2; exit 1; }
 

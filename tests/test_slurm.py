@@ -995,5 +995,12 @@ def test_the_status_listener_takes_the_wait_status_from_root_and_answers_when_do
             assert attached.poll() == 3
             listener.done()
             assert plugin.recv(16) == b"done\n"
+            # Then end of file only as the capture process exits (here: its fd closed).
+            plugin.settimeout(0.2)
+            with pytest.raises(TimeoutError):
+                plugin.recv(16)
+            os.close(listener.held)
+            plugin.settimeout(5)
+            assert plugin.recv(16) == b""
     finally:
         signal.signal(signal.SIGCHLD, previous)

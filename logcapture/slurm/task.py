@@ -88,6 +88,7 @@ class StatusListener:
         self.sock.listen(4)
         self.task = task
         self.conn: socket.socket | None = None
+        self.held = -1  # the plugin's connection once answered, open until this process exits
         self.thread = threading.Thread(target=self._serve, name="task-status", daemon=True)
 
     def start(self) -> None:
@@ -123,14 +124,17 @@ class StatusListener:
             return
 
     def done(self) -> None:
-        """The run is written: let slurmstepd go on (an answer, then end of file)."""
+        """The run is written: let slurmstepd go on (an answer, then end of file when this
+        process exits: the connection is left open until then, so that the plugin returns
+        only once no process of the capture is left in the step)."""
         conn, self.conn = self.conn, None
         if conn is not None:
             try:
                 conn.sendall(b"done\n")
             except OSError:
-                pass
-            conn.close()
+                conn.close()
+            else:
+                self.held = conn.detach()  # the kernel closes it as the process exits
         self.sock.close()
 
 

@@ -66,6 +66,7 @@ SPANK_PLUGIN(logcapture_task, 1);
 #define OPTIN_VAR "LOGCAPTURE_TASKS"
 #define READY_TIMEOUT_MS 10000 /* Python's start on a loaded node, at most */
 #define FINISH_TIMEOUT_MS 20000 /* the capture process's drain and end record, at most */
+#define EXIT_TIMEOUT_MS (FINISH_TIMEOUT_MS + 2000) /* and its exit after that */
 #define CAPTURE_FD 3
 #define FORWARD_TIMEOUT_MS 5000 /* the batch capture's answer to srun, at most */
 
@@ -448,6 +449,14 @@ static long elapsed_ms(const struct timespec *since)
     return (now.tv_sec - since->tv_sec) * 1000L + (now.tv_nsec - since->tv_nsec) / 1000000L;
 }
 
+/* Poll `fd` for input until `limit_ms` after `since`; > 0 when it has some. */
+static int wait_input_until(int fd, const struct timespec *since, long limit_ms)
+{
+    long left = limit_ms - elapsed_ms(since);
+
+    return left > 0 ? wait_input(fd, (int)left) : 0;
+}
+
 int slurm_spank_task_exit(spank_t sp, int ac, char **av)
 {
     uint32_t job = 0, step = 0, task = 0;
@@ -492,17 +501,22 @@ int slurm_spank_task_exit(spank_t sp, int ac, char **av)
     }
     /* A reply, or end of file: the capture process is done. */
     clock_gettime(CLOCK_MONOTONIC, &start);
-    do {
-        struct pollfd p = {.fd = sock, .events = POLLIN};
-        long left = FINISH_TIMEOUT_MS - elapsed_ms(&start);
-
-        r = left > 0 ? poll(&p, 1, (int)left) : 0;
-    } while (r < 0 && errno == EINTR);
-    if (r > 0)
-        (void)recv(sock, reply, sizeof(reply), 0);
-    else
+    r = wait_input_until(sock, &start, FINISH_TIMEOUT_MS);
+    if (r <= 0)
         slurm_info("logcapture_task: %u.%u task %u: the capture process did not finish in "
                    "%d s", job, step, task, FINISH_TIMEOUT_MS / 1000);
+    /* After the reply, end of file: the capture process keeps the connection open until it
+     * exits. Once this returns and the step's last task is gone, slurmstepd waits for the
+     * step's processes to be gone too (proctrack/cgroup looks again after 1 s, then 2, ...),
+     * so a capture process still exiting then would hold the step up by a second. An exited
+     * one counts until init reaps it (the double fork made init its parent): a node whose
+     * init reaps orphans late still waits that second (docs/architecture.md). */
+    while (r > 0 && recv(sock, reply, sizeof(reply), 0) > 0) {
+        r = wait_input_until(sock, &start, EXIT_TIMEOUT_MS);
+        if (r <= 0)
+            slurm_info("logcapture_task: %u.%u task %u: the capture process did not exit in "
+                       "time", job, step, task);
+    }
     close(sock);
     return ESPANK_SUCCESS;
 }

@@ -1,0 +1,135 @@
+"""What capturing each task of a step costs: a 4-task srun step with and without logcapture.
+
+Starts its own dev cluster (slurm/dev-cluster: free ports, a temporary directory, a node of at
+least 4 CPUs) and runs, alternating in each round, the same batch job for a user who did not
+opt in (logcapture installed; the tasks run as without it) and for the same user opted in
+(the SPANK plugin captures each task as a run of its own; srun's copy of their output goes
+to the job's output file through the batch capture's pipes, logcapture.slurm.forward):
+
+- empty: `srun -n 4` of a program that does nothing: the fixed cost of a captured step
+  (each task's capture process started and ready before the program runs, its run ended
+  before slurmstepd lets the step end);
+- flood: `srun -n 4`, each task printing 100,000 lines of 70 characters as fast as it can;
+- training: `srun -n 4`, each task running bench_runner.py's training-like workload (~1k lines
+  a second for 10 s, a progress bar redrawn at 10 Hz, every 10th line a JSON metrics line).
+
+For each it prints the median wall time of the srun step (timed inside the job script, from
+before srun to after it) and of the whole job (sbatch to its final state, prolog and epilog
+included), the ratio with logcapture to without, and each task's capture CPU: the capture
+processes' CPU seconds from the task run's End record (counts.capture.cpu_ms) over the task's
+duration, as a share of one core. The 1-minute load average is printed with each round.
+
+    sudo .venv/bin/python bench/bench_tasks.py [--rounds N] [--only empty,flood,training]
+
+Needs root, Debian's slurm-wlm and munge and the task plugin's build tools
+(slurm/ci-setup.sh). Never asserts a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+from bench_runner import TRAINING, load  # noqa: E402
+from bench_slurm import new_bench  # noqa: E402
+
+TASKS = 4
+WORK = {
+    "empty": "pass\n",
+    "flood": "import sys\nw = sys.stdout.write\n"
+             "for i in range(100000): w(f'task line {i:>8} ' + 'x' * 52 + '\\n')\n",
+    "training": TRAINING.format(json_every=10),
+}
+JOB = f"""#!/bin/bash
+#SBATCH -n {TASKS}
+t0=$(date +%s.%N)
+srun /usr/bin/python3 bench-work.py
+t1=$(date +%s.%N)
+echo "BENCH-STEP $t0 $t1"
+"""
+
+
+def step_seconds(out: Path) -> float:
+    """The srun step's wall time, from the job's last line (JOB)."""
+    last = out.read_bytes().rstrip(b"\n").rsplit(b"\n", 1)[-1].decode()
+    tag, t0, t1 = last.split()
+    assert tag == "BENCH-STEP", last
+    return float(t1) - float(t0)
+
+
+def task_cpu_shares(spool: Path, job: str) -> list[float]:
+    """Each task run's capture CPU over its duration (a share of one core)."""
+    from logcapture.spool import iter_run
+
+    shares = []
+    for run in sorted((spool / job).glob(f"{job}.0.*")):
+        for rec in iter_run(run):
+            if rec.kind == "end":
+                d = rec.to_dict()
+                cpu = d["counts"].get("capture", {}).get("cpu_ms", 0) / 1000
+                shares.append(cpu / max(d["duration"], 1e-9))
+    return shares
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=2, help="jobs per case and workload")
+    ap.add_argument("--only", default="empty,flood,training")
+    args = ap.parse_args()
+    b = new_bench("bench_tasks")
+    if b is None:
+        return 2
+    base = b.dir.parent
+    results: dict[str, dict[str, list[float]]] = {}
+    try:
+        b.up()
+        assert b.pw is not None
+        home = Path(b.pw.pw_dir)
+        out = home / "bench-tasks.out"
+        for name in args.only.split(","):
+            work = home / "bench-work.py"
+            work.write_text(WORK[name])
+            os.chown(work, b.pw.pw_uid, b.pw.pw_gid)
+            r = results[name] = {"step off": [], "step on": [], "job off": [], "job on": [],
+                                 "cpu": []}
+            for i in range(args.rounds):
+                for on in (False, True):
+                    b.optin(on)
+                    key = "on" if on else "off"
+                    r[f"job {key}"].append(b.job_seconds(JOB, str(out)))
+                    r[f"step {key}"].append(step_seconds(out))
+                    if on:
+                        shares = task_cpu_shares(b.dir / "spool", b.last_job)
+                        assert len(shares) == TASKS, f"{len(shares)} task runs, not {TASKS}"
+                        r["cpu"].extend(shares)
+                        shutil.rmtree(b.dir / "spool" / b.last_job, ignore_errors=True)
+                    out.unlink(missing_ok=True)
+                print(f"{name} round {i + 1}: step {r['step off'][-1]:.2f} s without, "
+                      f"{r['step on'][-1]:.2f} s with logcapture; load {load()}", flush=True)
+    finally:
+        b.optin(False)
+        b.down()
+        shutil.rmtree(base, ignore_errors=True)
+
+    print(f"\n{'workload':10} {'step off':>9} {'step on':>8} {'ratio':>6} {'job off':>8} "
+          f"{'job on':>7} {'ratio':>6} {'capture CPU/task':>18}   ({TASKS} tasks, "
+          f"{args.rounds} rounds, medians, seconds)")
+    for name, r in results.items():
+        m = {k: statistics.median(v) for k, v in r.items() if v}
+        print(f"{name:10} {m['step off']:9.2f} {m['step on']:8.2f} "
+              f"{m['step on'] / m['step off']:6.3f} {m['job off']:8.2f} {m['job on']:7.2f} "
+              f"{m['job on'] / m['job off']:6.3f} {100 * m['cpu']:8.2f} % (max "
+              f"{100 * max(r['cpu']):.2f} %)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
