@@ -536,8 +536,9 @@ def test_job_ids_states_and_views_as_the_user_reads_them(lc: Cluster) -> None:
     assert rows[f"{t}_3"][1:4] == ["sweep", "COMPLETED", "0"]
     assert rows[cancelled.id][2] == "CANCELLED"
     assert rows[requeued.id][2] == "COMPLETED" and rows[f"{requeued.id}.0"][2] == "REQUEUED"
-    assert sorted(ln.split()[0] for ln in _as_reader(lc, U1, "ls", t, *spool)
-                  .stdout.splitlines()[1:]) == [f"{t}_1", f"{t}_2", f"{t}_3"]
+    listed = _as_reader(lc, U1, "ls", t, *spool).stdout.splitlines()
+    assert sorted(ln.split()[0] for ln in listed[1:-1]) == [f"{t}_1", f"{t}_2", f"{t}_3"]
+    assert listed[-1] == "3 tasks: 3 COMPLETED"  # the array at a glance (arrays.py)
 
     # Job ids as Slurm users write them, each naming its own run.
     for task in ("1", "2", "3"):
