@@ -18,7 +18,7 @@ from typing import Any
 import click
 
 from . import __version__
-from .errors import LogcaptureError, UsageError, Warner, failure
+from .errors import LogcaptureError, Warner, failure
 from .records import MODES, OUTPUT_STREAMS, STDERR, STREAMS_MERGED
 from .search import DEFAULT_LIMIT as DEFAULT_SEARCH_LIMIT
 from .spool import default_root
@@ -258,6 +258,7 @@ def logs(spool: Path | None, stream: str, follow: bool, store_dsn: str | None, s
     from contextlib import closing
     from itertools import islice
 
+    from .jobfollow import follow_lines
     from .logview import NOTE, LogView
     from .rankview import job_runs, read_job, several_ranks, text_lines
     from .records import from_dict
@@ -265,9 +266,6 @@ def logs(spool: Path | None, stream: str, follow: bool, store_dsn: str | None, s
     streams = OUTPUT_STREAMS if stream == "all" else (stream,)
     view = LogView(streams=streams)
     with closing(_reader(spool, store_dsn, source)) as reader:
-        if follow and (ranks or nodes):
-            raise UsageError("--follow reads one run: name a task run (`logcapture ls "
-                             "JOB` lists them) instead of --rank/--node")
         # A job of several ranks (rankview.py): its runs' entries merged, labelled, folded
         runs = None if follow else job_runs(reader, run_ref, ranks, nodes)
         if runs is not None:
@@ -276,6 +274,11 @@ def logs(spool: Path | None, stream: str, follow: bool, store_dsn: str | None, s
                 click.echo("\n".join(batch))
             return
         run = _wait_for_job(reader, run_ref) if follow else reader.resolve(run_ref)
+        if follow and (job := follow_lines(reader, run_ref, run, streams, ranks, nodes, warn=(
+                lambda m: click.echo(f"logcapture: {m}", err=True)))):
+            for line in job:  # a job's runs, as they come (jobfollow.py)
+                click.echo(line)
+            return
         printed = False  # any output of the job's (notes are logcapture's)
         if follow:  # each entry as it comes
             for d in reader.follow(run):

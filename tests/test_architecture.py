@@ -163,7 +163,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("libraries over records", ["insights", "store", "runs", "grafana", "slurm.jobrecords",
                                 "slurm.jobs", "slurm.rootsafe"]),
     ("wiring", ["pipeline", "capture", "ship", "slurm.nodesampler"]),
-    ("reading", ["query", "reader", "web"]),
+    ("reading", ["query", "jobfollow", "reader", "web"]),
     ("entry points", ["cli", "entry", "__main__", "slurm", "slurm.wrapper", "slurm.hooks",
                       "slurm.__main__"]),
 ]
