@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from . import jobref
-from .errors import UsageError
+from .errors import NotFound, UsageError
 from .logview import LogView
 from .rankview import Folder, RankEntry, job_runs, read_job, several_ranks, tagged, text_lines
 from .runs import ABANDON_CHECK, SPOOL_POLL, SpoolFollow, job_candidates
@@ -104,8 +104,12 @@ class JobFollow:
                 continue  # no Start record yet: looked at again next time
             self._seen[name] = cand if self.reader.owns(dirs[name]) else None
         known = [s for s in self._seen.values() if s is not None]
+        try:
+            tasks = jobref.tasks(self.ref, known, self.wanted, self.on)
+        except NotFound:
+            tasks = []  # none of the job's runs is readable yet
         found = False
-        for task in jobref.tasks(self.ref, known, self.wanted, self.on) if known else ():
+        for task in tasks:
             if str(task["run"]) not in self._runs:
                 self._add(task, dirs[str(task["run"])])
                 found = True

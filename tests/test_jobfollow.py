@@ -39,9 +39,9 @@ class Writer:
                             user=ME, uid=os.getuid(), host="n1",
                             slurm={"job_id": JOB, **slurm})])
 
-    def line(self, text: str) -> None:
-        self.w.write([Line(run=self.run, stream="stdout", seq=self.seq, ts=time.time(),
-                           text=text)])
+    def line(self, text: str, ts: float | None = None) -> None:
+        self.w.write([Line(run=self.run, stream="stdout", seq=self.seq,
+                           ts=time.time() if ts is None else ts, text=text)])
         self.seq += 1
 
     def end(self) -> None:
@@ -203,3 +203,39 @@ def test_a_job_read_from_the_store_once_ended_is_printed_as_logs_prints_it(
     where = ["--spool", str(tmp_path / "none"), "--store", dsn, "--source", "store"]
     assert cli(capsys, "50", "-f", *where) == ALL_RANKS
     assert cli(capsys, "50", "-f", "--rank", "1", *where) == RANK_1
+
+
+def test_a_flood_is_shown_with_at_most_max_held_entries_waiting(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Entries wait for earlier ones of other runs, but never more than ``MAX_HELD`` of
+    them (and the folding, the lines of its window): a flood of two ranks is shown while the
+    job runs even if no wait would end."""
+    from itertools import islice
+
+    from logcapture import jobfollow
+
+    monkeypatch.setattr(jobfollow, "MAX_HELD", 50)
+    root = tmp_path / "spool"
+    batch = Writer(root, JOB, {"nodelist": "n1"}, "job.sh")  # runs on: no end record
+    tasks = [task(root, 0, r) for r in range(2)]
+    t0 = time.time()
+    for i in range(1000):  # ten seconds' worth, 100 lines a second
+        for t in tasks:
+            t.line(f"line {i}", t0 + i / 100)
+    for t in tasks:
+        t.w.flush()
+    batch.w.flush()
+    got: list[str] = []
+    with closing(Q.LocalReader(root, source="spool")) as reader:
+        dirs = reader.spool_dir(JOB)
+        assert dirs is not None
+        follow = JobFollow(reader, JOB, JOB, dirs, ("stdout",), poll=0.05, hold=1e9)
+        reading = threading.Thread(target=lambda: got.extend(islice(follow.lines(), 400)),
+                                   daemon=True)
+        reading.start()
+        reading.join(60)
+    assert len(got) == 400  # not held until the job ends
+    shown = [line for line in got if not line.startswith("[")]
+    assert shown[:3] == ["0: line 0", "0: line 1", "0: line 2"]
+    assert got[1] == "[logcapture: same line from 2 ranks (0-1)]"
+    batch.end()
