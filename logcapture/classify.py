@@ -34,6 +34,7 @@ import json
 import re
 import threading
 from collections.abc import Callable
+from operator import itemgetter
 
 from .errors import typo_of
 from .records import (
@@ -63,6 +64,10 @@ from .redact import COMMAND_PREFIX, MIN_MASK, mask_accepted
 TYPE_CHECKING = False  # not typing's: importing typing costs every job ~8 ms (records.py)
 if TYPE_CHECKING:
     from typing import Any
+
+    Style = tuple[tuple[int, int, str], ...]
+
+_STYLE = itemgetter(2)  # Rendered.style
 
 COMMAND_OPTIONS = ("mode", "mask")
 
@@ -431,7 +436,7 @@ class Classifier:
             uncut = not any([item.cut for item in items])  # type: ignore[union-attr]
         except AttributeError:  # a Dropped among them
             return None
-        if not uncut:
+        if not uncut or any(map(_STYLE, items)):  # coloured lines go line by line
             return None
         texts = [item.text for item in items]  # type: ignore[union-attr]
         joined = "\n".join(texts)
@@ -461,32 +466,36 @@ class Classifier:
         json_stream = stream == STDOUT
         out: list[Record] = []
         run: list[str] = []  # texts of the current run of plain lines
+        styles: list[Style] = []  # their styles, as long as one has any
         for i, item in enumerate(items):
             if type(item) is Rendered and not item.cut:
                 text = item.text
                 if COMMAND_PREFIX not in text:
+                    if item.style or styles:  # the run's styles, from its first styled line
+                        styles += [()] * (len(run) - len(styles))
+                        styles.append(item.style)
+                    run.append(text)
                     if not (json_stream and text[:1] == "{"):
-                        run.append(text)
                         continue
                     # A metadata candidate: kept as a line in any case (mode enabled),
-                    # followed by its Metadata record when it is one JSON object.
+                    # followed by its Metadata record when it is one JSON object (the plain
+                    # text: a style is beside it).
                     fields = parse_metadata(text)
-                    run.append(text)
                     if fields is None:
                         continue
-                    out += self._lines_then_metadata(stream, run, fields, ts)
-                    run = []
+                    out += self._lines_then_metadata(stream, run, fields, ts, styles)
+                    run, styles = [], []
                     continue
             if run:
-                out.append(self._lines(stream, run, ts))
-                run = []
+                out.append(self._lines(stream, run, ts, styles))
+                run, styles = [], []
             out += self._one(stream, item, ts)
             if self.mode != ENABLED:  # a command changed it: the rest one by one
                 for rest in items[i + 1:]:
                     out += self._one(stream, rest, ts)
                 return out
         if run:
-            out.append(self._lines(stream, run, ts))
+            out.append(self._lines(stream, run, ts, styles))
         return out
 
     def _with_metadata(self, stream: str, texts: list[str], joined: str, ts: float
@@ -516,13 +525,15 @@ class Classifier:
         return out
 
     def _lines_then_metadata(self, stream: str, texts: list[str], fields: dict[str, Any],
-                             ts: float) -> list[Record]:
+                             ts: float, styles: list[Style] | None = None) -> list[Record]:
         """A run of plain lines whose last is a metadata line, then its Metadata record."""
-        lines = self._lines(stream, texts, ts)
+        lines = self._lines(stream, texts, ts, styles)
         self.counts[stream]["metadata"] += 1
         return [lines, new_metadata(self.run, stream, self._next(stream), ts, fields)]
 
-    def _lines(self, stream: str, texts: list[str], ts: float) -> Lines | Line:
+    def _lines(self, stream: str, texts: list[str], ts: float,
+               styles: list[Style] | None = None) -> Lines | Line:
+        """Lines ``texts`` (with ``styles``, one a text, when any has one)."""
         n = len(texts)
         seq = self._seq[stream]
         self._seq[stream] = seq + n
@@ -530,8 +541,10 @@ class Classifier:
         self._last_kept[stream] = True
         self.counts[stream]["lines"] += n
         if n == 1:
-            return Line(run=self.run, stream=stream, seq=seq, ts=ts, text=texts[0])
-        return Lines(run=self.run, stream=stream, seq=seq, ts=ts, texts=tuple(texts))
+            return Line(run=self.run, stream=stream, seq=seq, ts=ts, text=texts[0],
+                        style=styles[0] if styles else ())
+        return Lines(run=self.run, stream=stream, seq=seq, ts=ts, texts=tuple(texts),
+                     styles=tuple(styles) if styles else ())
 
     def _one(self, stream: str, item: Rendered | Dropped, ts: float) -> list[Record]:
         if isinstance(item, Dropped):
@@ -576,7 +589,7 @@ class Classifier:
         if self.mode == ENABLED:
             counts["lines"] += 1
             out.append(Line(run=self.run, stream=stream, seq=self._next(stream), ts=ts,
-                            text=text))
+                            text=text, style=item.style))
             if item.cut:
                 out.append(self._note(stream, NOTE_CUT, (
                     f"the line above was longer than the line limit: its last {item.cut} "
@@ -602,7 +615,7 @@ class Classifier:
                 # Enabled keeps all output, the malformed line included, as ordinary text.
                 counts["lines"] += 1
                 out.append(Line(run=self.run, stream=stream, seq=self._next(stream), ts=ts,
-                                text=item.text))
+                                text=item.text, style=item.style))
             else:
                 counts["dropped_by_mode"] += 1
             out.append(self._note(stream, NOTE_WARNING, (

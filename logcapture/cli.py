@@ -245,9 +245,13 @@ def ls_cmd(spool: Path | None, store_dsn: str | None, source: str, as_json: bool
                    "N, a range 0-3 or a list 0-3,8; repeatable.")
 @click.option("--node", "nodes", multiple=True, metavar="NAME",
               help="Only the tasks that ran on this node; repeatable.")
+@click.option("--color", type=click.Choice(["auto", "always", "never"]), default="auto",
+              show_default=True, help="Write the lines' colours back as ANSI escape sequences "
+              "(auto: when stdout is a terminal and NO_COLOR is not set).")
 @click.argument("run_ref", metavar="RUN", required=False)
 def logs(spool: Path | None, stream: str, follow: bool, store_dsn: str | None, source: str,
-         ranks: tuple[str, ...], nodes: tuple[str, ...], run_ref: str | None) -> None:
+         ranks: tuple[str, ...], nodes: tuple[str, ...], color: str, run_ref: str | None
+         ) -> None:
     """Print the log of RUN (a run id or Slurm job id; default: the latest run) as the job
     page and Grafana show it (logview.py): rendered lines, commands, notes, and metadata
     lines the log does not already show. From the store once the run is shipped, else from
@@ -262,28 +266,31 @@ def logs(spool: Path | None, stream: str, follow: bool, store_dsn: str | None, s
     from .logview import NOTE, LogView
     from .rankview import job_runs, read_job, several_ranks, text_lines
     from .records import from_dict
+    from .sgr import shown_text, wants_color
 
+    paint = wants_color(color, sys.stdout.isatty(), os.environ)
+    text = shown_text(paint)
     streams = OUTPUT_STREAMS if stream == "all" else (stream,)
     view = LogView(streams=streams)
     with closing(_reader(spool, store_dsn, source)) as reader:
         # A job of several ranks (rankview.py): its runs' entries merged, labelled, folded
         runs = None if follow else job_runs(reader, run_ref, ranks, nodes)
         if runs is not None:
-            lines = text_lines(read_job(reader, runs, streams), several_ranks(runs))
+            lines = text_lines(read_job(reader, runs, streams), several_ranks(runs), text)
             while batch := list(islice(lines, 1000)):  # 1000 lines an echo
-                click.echo("\n".join(batch))
+                click.echo("\n".join(batch), color=paint)
             return
         run = _wait_for_job(reader, run_ref) if follow else reader.resolve(run_ref)
-        if follow and (job := follow_lines(reader, run_ref, run, streams, ranks, nodes, warn=(
-                lambda m: click.echo(f"logcapture: {m}", err=True)))):
+        if follow and (job := follow_lines(reader, run_ref, run, streams, ranks, nodes, text,
+                                           lambda m: click.echo(f"logcapture: {m}", err=True))):
             for line in job:  # a job's runs, as they come (jobfollow.py)
-                click.echo(line)
+                click.echo(line, color=paint)
             return
         printed = False  # any output of the job's (notes are logcapture's)
         if follow:  # each entry as it comes
             for d in reader.follow(run):
                 for e in view.feed((from_dict(d),)):
-                    click.echo(e.text)
+                    click.echo(text(e), color=paint)
                     printed = printed or e.kind != NOTE
         else:
             entries = view.feed(from_dict(d) for d in reader.lines(
@@ -292,7 +299,7 @@ def logs(spool: Path | None, stream: str, follow: bool, store_dsn: str | None, s
             # A thousand lines an echo (one echo a line is a third of a 10,000-line log's
             # whole command).
             for i in range(0, len(entries), 1000):
-                click.echo("\n".join(e.text for e in entries[i:i + 1000]))
+                click.echo("\n".join(map(text, entries[i:i + 1000])), color=paint)
         if stream == STDERR and not printed and not follow and str(
                 reader.describe(run).get("streams", "")).startswith(STREAMS_MERGED):
             click.echo("logcapture: stdout and stderr of this run went to the same place and "

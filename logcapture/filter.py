@@ -59,7 +59,8 @@ class LineFilter:
                 return out_one
             texts = [line.text for line in lines]
             if last is not None and texts.count(last.text) == n \
-                    and [line.cut for line in lines].count(last.cut) == n:
+                    and [line.cut for line in lines].count(last.cut) == n \
+                    and [line.style for line in lines].count(last.style) == n:
                 # Every line equals the last one kept: all dropped, one run.
                 self._run += n
                 return []

@@ -142,18 +142,20 @@ class JobFollow:
                 return
             self.sleep(self.poll)
 
-    def lines(self) -> Iterator[str]:
-        return text_lines(self.entries(), lambda: self.several)
+    def lines(self, text: Any = None) -> Iterator[str]:
+        """``text``: what an entry prints as (``rankview.label``)."""
+        return text_lines(self.entries(), lambda: self.several, text)
 
 
 def follow_lines(reader: Any, ref: str | None, batch: str, streams: tuple[str, ...],
-                 ranks: tuple[str, ...] = (), nodes: tuple[str, ...] = (),
+                 ranks: tuple[str, ...] = (), nodes: tuple[str, ...] = (), text: Any = None,
                  warn: Callable[[str], None] | None = None) -> Iterator[str] | None:
     """What ``logs -f REF`` prints when REF is a job (its batch run: ``batch``): the job
     followed from the spool, or, when its batch run is not in the spool and every run of it
     has ended, its log as ``logs`` prints it. None when REF is no job, or a job whose batch
     run is read from elsewhere while it runs: the caller follows ``batch`` alone (``warn``
-    is told so when the job has task runs)."""
+    is told so when the job has task runs). ``text``: what an entry prints as
+    (``rankview.label``)."""
     filtered = bool(ranks or nodes)
     if ref is None or jobref.parse(ref) is None:
         if filtered:
@@ -161,10 +163,10 @@ def follow_lines(reader: Any, ref: str | None, batch: str, streams: tuple[str, .
         return None
     batch_dir = reader.spool_dir(batch) if hasattr(reader, "spool_dir") else None
     if batch_dir is not None:
-        return JobFollow(reader, ref, batch, batch_dir, streams, ranks, nodes).lines()
+        return JobFollow(reader, ref, batch, batch_dir, streams, ranks, nodes).lines(text)
     runs = job_runs(reader, ref, ranks, nodes)
     if runs is not None and all(r.get("state") not in ("RUNNING", "EMPTY") for r in runs):
-        return text_lines(read_job(reader, runs, streams), several_ranks(runs))
+        return text_lines(read_job(reader, runs, streams), several_ranks(runs), text)
     if filtered:
         raise UsageError(f"--follow with --rank/--node reads the job's tasks from the spool "
                          f"of the node that runs it: run it there, or name a task run "

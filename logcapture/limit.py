@@ -48,8 +48,10 @@ def _split(rec: Lines, k: int) -> tuple[Lines, Lines]:
                 rest.append((ts, seen + n - k))
             seen += n
         head_spans, rest_spans, rest_ts = tuple(head), tuple(rest), rest[0][0]
-    return (rec._replace(texts=rec.texts[:k], spans=head_spans),
-            rec._replace(seq=rec.seq + k, ts=rest_ts, texts=rec.texts[k:], spans=rest_spans))
+    styles = rec.styles
+    return (rec._replace(texts=rec.texts[:k], spans=head_spans, styles=styles[:k]),
+            rec._replace(seq=rec.seq + k, ts=rest_ts, texts=rec.texts[k:], spans=rest_spans,
+                         styles=styles[k:]))
 
 
 def _lines(rec: Record) -> tuple[int, int]:

@@ -15,6 +15,8 @@ The rules:
   both); the log shows the stdout copy (the stderr copy when stderr alone is shown), so it
   is seen once whichever streams are shown.
 - Run-level notes (stream ``run``) show whatever streams are chosen.
+- A line keeps its style (``logcapture.sgr`` spans, read back through ``sgr.spans``) beside
+  its text; everything else is plain. The Grafana Output panel shows the text alone.
 
 Entries are ordered by ``(ts, stream, seq)``, the store's sort key, so a spool reader and a
 store reader page through the same order.
@@ -43,6 +45,7 @@ from .records import (
     Record,
     dumps,
 )
+from .sgr import Span, spans
 
 LINE = "line"
 COMMAND = "command"
@@ -51,13 +54,15 @@ METADATA = "metadata"
 
 
 class Entry(NamedTuple):
-    """One entry of a log view: ``kind`` is line, command, note or metadata."""
+    """One entry of a log view: ``kind`` is line, command, note or metadata; ``style`` a
+    line's colour spans (``logcapture.sgr``), empty when plain."""
 
     ts: float
     stream: str
     seq: int
     kind: str
     text: str
+    style: tuple[Span, ...] = ()
 
 
 def note_text(note: str, count: int, text: str) -> str:
@@ -98,7 +103,8 @@ class LogView:
             if isinstance(rec, Line):
                 printed[stream] = rec.seq
                 if stream in shown:
-                    out.append(Entry(rec.ts, stream, rec.seq, LINE, rec.text))
+                    out.append(Entry(rec.ts, stream, rec.seq, LINE, rec.text,
+                                     spans(rec.style) if rec.style else ()))
             elif isinstance(rec, Metadata):
                 if stream in shown and printed.get(stream) != rec.seq - 1:
                     out.append(Entry(rec.ts, stream, rec.seq, METADATA,
@@ -125,8 +131,10 @@ def sort_key(e: Entry) -> tuple[float, str, int]:
 
 
 def entry_from_row(row: dict[str, Any]) -> Entry:
-    """An entry from a row of :func:`log_sql` (columns ts, stream, seq, kind, text)."""
-    return Entry(row["ts"], row["stream"], int(row["seq"]), row["kind"], row["text"])
+    """An entry from a row of :func:`log_sql` (columns ts, stream, seq, kind, text, and
+    style when asked for)."""
+    return Entry(row["ts"], row["stream"], int(row["seq"]), row["kind"], row["text"],
+                 spans(row.get("style")))
 
 
 # --- The same rules in ClickHouse SQL ------------------------------------------------------
@@ -146,8 +154,8 @@ def _note_text_sql() -> str:
 
 
 def log_sql(db: str, run_cond: str, stderr: str, where: str = "1", order: str = "DESC",
-            limit: str = "10000", ts: str = "ts", final: bool = True, runs: bool = False
-            ) -> str:
+            limit: str = "10000", ts: str = "ts", final: bool = True, runs: bool = False,
+            style: bool = False) -> str:
     """ClickHouse SQL for a run's log entries: columns ``ts`` (DateTime64), ``stream``,
     ``seq``, ``kind``, ``text``, ordered by ``(ts, stream, seq)`` in ``order``, at most
     ``limit``. The printed twin of a metadata record shares its time stamp (one classifier
@@ -161,15 +169,18 @@ def log_sql(db: str, run_cond: str, stderr: str, where: str = "1", order: str = 
     FINAL: a record shipped twice and not yet merged comes twice, for the caller to drop
     (FINAL merges the parts of the range first: right after a large upload, several times
     the time). With ``runs`` (``run_cond`` selects several runs: a job's tasks) each entry
-    also carries its ``run``, and a metadata record's twin is looked up in its own run."""
+    also carries its ``run``, and a metadata record's twin is looked up in its own run. With
+    ``style``, a last column ``style``: a line's spans as JSON text ('' for every other entry;
+    the Grafana panels show plain text and do not ask)."""
     db = f"{db}." if db else ""
     key = "run, " if runs else ""
+    st, no_st = (", style", ", '' AS style") if style else ("", "")
     fin = "FINAL" if final else ""
     shown = f"(stream = '{STDOUT}' OR ({stderr} = 1 AND stream = '{STDERR}'))"
     # Each branch is ordered and limited by the tables' sort key (run, ts, stream, seq), so
     # a page reads its rows in key order and stops: a page of a 2M-line log costs one page.
     page = f"{where} ORDER BY ts {order}, stream {order}, seq {order} LIMIT {limit}"
-    lines = (f"SELECT {key}ts, stream, seq, kind, text FROM {db}lines {fin} "
+    lines = (f"SELECT {key}ts, stream, seq, kind, text{st} FROM {db}lines {fin} "
              f"WHERE {run_cond} AND {shown} AND {page}")
     # A page full of lines ends at its last line's time: older (newer) metadata cannot be
     # on it, and a metadata record's printed twin is looked up only among the page's times.
@@ -182,18 +193,18 @@ def log_sql(db: str, run_cond: str, stderr: str, where: str = "1", order: str = 
     metadata = (f"SELECT {key}ts, stream, seq, fields FROM {db}metadata {fin} "
                 f"WHERE {run_cond} AND {shown} AND {bound} AND {page}")
     return f"""
-SELECT {key}{ts} AS ts, stream, seq, kind, text FROM (
+SELECT {key}{ts} AS ts, stream, seq, kind, text{st} FROM (
     SELECT * FROM ({lines})
     UNION ALL
     SELECT * FROM (
-        SELECT {key}ts, stream, seq, '{NOTE}' AS kind, {_note_text_sql()} AS text
+        SELECT {key}ts, stream, seq, '{NOTE}' AS kind, {_note_text_sql()} AS text{no_st}
         FROM {db}notes {fin}
         WHERE {run_cond}
           AND (stream = '{RUN}'
                OR ({shown} AND NOT (note = '{NOTE_MODE}' AND stream != '{STDOUT}')))
           AND {page})
     UNION ALL
-    SELECT {key}ts, stream, seq, '{METADATA}' AS kind, fields AS text FROM ({metadata})
+    SELECT {key}ts, stream, seq, '{METADATA}' AS kind, fields AS text{no_st} FROM ({metadata})
     WHERE ({key}stream, seq) NOT IN (
         SELECT {key}stream, seq + 1 FROM {db}lines
         WHERE {run_cond} AND kind = '{LINE}' AND ts IN (SELECT ts FROM ({metadata})))

@@ -761,11 +761,16 @@ def _page_limit(limit: int) -> int:
     return max(1, min(int(limit), LOG_PAGE_MAX))
 
 
-def _entry_json(ts: float, stream: str, seq: int, kind: str, text: str) -> dict[str, Any]:
+def _entry_json(ts: float, stream: str, seq: int, kind: str, text: str,
+                style: tuple[Any, ...] = ()) -> dict[str, Any]:
     """An entry as the page and the read service carry it: named fields, so a field added
-    later (a line number, styles, a rank) breaks no reader."""
-    return {"cursor": cursor_of(ts, stream, seq), "stream": stream, "kind": kind, "text": text,
-            "ts": ts}
+    later (a line number, styles, a rank) breaks no reader. ``style``: a line's colour spans
+    ``[start, end, "sgr"]`` (code points, ``logcapture.sgr``), only when it has any."""
+    d = {"cursor": cursor_of(ts, stream, seq), "stream": stream, "kind": kind, "text": text,
+         "ts": ts}
+    if style:
+        d["style"] = [list(s) for s in style]
+    return d
 
 
 def _ts_of(raw: bytes) -> int | None:

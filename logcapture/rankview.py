@@ -146,21 +146,23 @@ def fold(items: Iterable[RankEntry], window: float = FOLD_WINDOW) -> Iterator[Ra
     yield from folder.release()
 
 
-def label(item: RankEntry, several: bool) -> str:
+def label(item: RankEntry, several: bool, text: Any = None) -> str:
     """The text of an entry as ``logs`` prints it: ``RANK: `` before a task's entry when
-    ``several`` ranks are shown (as ``srun --label``)."""
+    ``several`` ranks are shown (as ``srun --label``). ``text``: what an entry prints as
+    (``sgr.shown_text``; default its text)."""
+    shown = item.entry.text if text is None else text(item.entry)
     if several and item.rank is not None:
-        return f"{item.rank}: {item.entry.text}"
-    return item.entry.text
+        return f"{item.rank}: {shown}"
+    return shown
 
 
-def text_lines(items: Iterable[RankEntry], several: bool | Callable[[], bool]
-               ) -> Iterator[str]:
+def text_lines(items: Iterable[RankEntry], several: bool | Callable[[], bool],
+               text: Any = None) -> Iterator[str]:
     """The lines ``logs`` prints for a job's merged entries: each labelled, a folded line
     followed by its note (``several``: asked at each entry when it is a function, for a log
     read while it grows)."""
     for item in items:
-        yield label(item, several() if callable(several) else several)
+        yield label(item, several() if callable(several) else several, text)
         if item.folded:
             yield fold_note(item.ranks)
 
@@ -297,6 +299,8 @@ def page(reader: Any, ref: str, ranks: str = "", nodes: str = "", limit: int = 1
              "text": e.text, "ts": e.ts, "run": item.run, "rank": item.rank, "node": item.node}
         if item.folded:
             d["ranks"], d["note"] = list(item.ranks), fold_note(item.ranks)
+        if e.style:  # a line's colours (logcapture.sgr), as query's entries carry them
+            d["style"] = [list(s) for s in e.style]
         entries.append(d)
     return {"entries": entries, "more": more,
             "ended": all(r.get("state") not in ("RUNNING", "EMPTY") for r in runs)}

@@ -139,35 +139,50 @@ class Start(_record_tuple("Start", "command", "cwd", "user", "uid", "host", "pid
         config: Mapping[str, Any]
 
 
-class Line(_record_tuple("Line", "text", defaults=("",)), Record):
-    """One rendered line of the job's output, as a terminal would show it."""
+class Line(_record_tuple("Line", "text", "style", defaults=("", ())), Record):
+    """One rendered line of the job's output, as a terminal would show it. ``style``: its
+    colours and attributes as spans ``[start, end, "sgr"]`` (``logcapture.sgr``); a plain
+    line has none, and then no ``style`` key either."""
 
     __slots__ = ()
     kind = "line"
     if TYPE_CHECKING:
         text: str
+        style: tuple[tuple[int, int, str], ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = Record.to_dict(self)
+        if not self.style:
+            del d["style"]
+        return d
 
     def to_json(self) -> str:
         # The per-line hot path: the same bytes as dumps(self.to_dict()), built directly
-        # (a test holds the two equal).
+        # (a test holds the two equal). ``kind`` stays last (store.ingest tells line records
+        # by it).
+        if self.style:
+            return dumps(self.to_dict())
         return (f'{{"run":{_string(self.run)},"stream":{_string(self.stream)},'
                 f'"seq":{int(self.seq)},"ts":{float(self.ts)!r},"text":{_string(self.text)},'
                 f'"kind":"line"}}')
 
 
-class Lines(_record_tuple("Lines", "texts", "spans", defaults=((), ())), Record):
+class Lines(_record_tuple("Lines", "texts", "spans", "styles", defaults=((), (), ())),
+            Record):
     """Consecutive ``Line`` records of one stream, ``seq``, ``seq + 1``, ...: the classifier's
     batch output (``Classifier.feed_many``), so that a burst of plain lines costs no object per
     line. They share one ``ts``, unless ``spans`` gives their read times as ``(ts, count)``
     runs in order (the lines of several reads classified as one: ``Classifier.feed_plain``;
     ``ts`` is then the first span's). Never in the spool as such: ``to_json`` gives exactly
-    the NDJSON lines of ``lines()``, joined by newlines (a test holds them equal)."""
+    the NDJSON lines of ``lines()``, joined by newlines (a test holds them equal). ``styles``,
+    when any line has one, holds each line's ``Line.style`` (empty when all are plain)."""
 
     __slots__ = ()
     kind = "lines"
     if TYPE_CHECKING:
         texts: tuple[str, ...]
         spans: tuple[tuple[float, int], ...]
+        styles: tuple[tuple[tuple[int, int, str], ...], ...]
 
     def times(self) -> list[float]:
         """Each line's read time."""
@@ -176,15 +191,18 @@ class Lines(_record_tuple("Lines", "texts", "spans", defaults=((), ())), Record)
         return [ts for ts, k in self.spans for _ in range(k)]
 
     def lines(self) -> list[Line]:
-        return [Line(self.run, self.stream, seq, ts, text)
-                for seq, (ts, text) in enumerate(zip(self.times(), self.texts, strict=True),
-                                                 self.seq)]
+        styles = self.styles or repeat((), len(self.texts))
+        return [Line(self.run, self.stream, seq, ts, text, style)
+                for seq, (ts, text, style) in enumerate(
+                    zip(self.times(), self.texts, styles, strict=True), self.seq)]
 
     def to_json(self) -> str:
         texts = self.texts
         n = len(texts)
         if not n:
             return ""
+        if self.styles:  # coloured lines: each its own way (plain batches take the bulk path)
+            return "\n".join([line.to_json() for line in self.lines()])
         # Line.to_json for each text, built in bulk with C-level operations only.
         concat = "".join(texts)
         if concat.isascii() and len(concat) == len(
@@ -331,15 +349,17 @@ def redactions_by_kind(counts: Any) -> dict[str, int]:
 # identity yet: the classifier numbers what it keeps.
 
 
-class Rendered(namedtuple("Rendered", ("text", "cut"), defaults=(0,))):
+class Rendered(namedtuple("Rendered", ("text", "cut", "style"), defaults=(0, ()))):
     """One committed screen line of one stream. ``cut`` counts characters dropped because the
-    line was longer than the line limit (0 when whole). A named tuple: the renderer makes one
-    per line, and a tuple is made at C speed (``rendered_many``)."""
+    line was longer than the line limit (0 when whole); ``style`` its spans of colour
+    (``logcapture.sgr``), empty when plain. A named tuple: the renderer makes one per line,
+    and a tuple is made at C speed (``rendered_many``)."""
 
     __slots__ = ()
     if TYPE_CHECKING:
         text: str
         cut: int
+        style: tuple[tuple[int, int, str], ...]
 
 
 _new_tuple = tuple.__new__
@@ -349,7 +369,7 @@ _new_rendered = partial(_new_tuple, Rendered)
 def rendered_many(texts: Iterable[str]) -> list[Rendered]:
     """``[Rendered(text) for text in texts]`` with no Python code per line (the renderer's
     per-line hot path); tests/test_pipeline.py holds the two equal."""
-    return list(map(_new_rendered, zip(texts, repeat(0))))
+    return list(map(_new_rendered, zip(texts, repeat(0), repeat(()))))
 
 
 def new_metadata(run: str, stream: str, seq: int, ts: float,

@@ -44,6 +44,7 @@ from operator import itemgetter
 from urllib.parse import quote, quote_plus
 
 from .records import Rendered
+from .sgr import remap
 
 TYPE_CHECKING = False  # not typing's: importing typing costs every job ~8 ms (records.py)
 if TYPE_CHECKING:
@@ -262,7 +263,7 @@ class Redactor:
 
     def _redacted(self, stream: str, line: Rendered) -> Rendered:
         text = self._line(stream, line.text)
-        return line if text is line.text else line._replace(text=text)
+        return line if text is line.text else _with_text(line, text)
 
     def _regex_lines(self, out: list[Rendered], start: int, stop: int) -> None:
         """``out[start:stop]``, lines without a candidate, searched with the configured
@@ -272,7 +273,7 @@ class Redactor:
         for i in range(start, stop):
             text = self._regexes_in(out[i].text)
             if text is not out[i].text:
-                out[i] = out[i]._replace(text=text)
+                out[i] = _with_text(out[i], text)
 
     def text(self, text: str) -> str:
         """One string that is no line of the output (a start record's field): a key block
@@ -407,3 +408,11 @@ def _lines_found(found: list[tuple[int, int, int]], lines: list[Rendered]) -> li
 # An option that takes a secret as the next argument: --password X, -token X, --api-key X.
 _OPTION_NAME = re.compile(rf"--?[A-Za-z0-9_-]*(?i:{_ASSIGNED})")
 
+
+
+def _with_text(line: Rendered, text: str) -> Rendered:
+    """``line`` with its text redacted; its style kept where the text is unchanged (a masked
+    part has none), so a style's offsets never reach past or into what was replaced."""
+    if not line.style:
+        return line._replace(text=text)
+    return line._replace(text=text, style=remap(line.style, line.text, text))

@@ -31,6 +31,7 @@ import sys
 import tempfile
 import termios
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).parent
 CAPTURED = HERE / "captured"
@@ -232,6 +233,43 @@ print("finished")
 # pip's download bar (rich, live) on a narrow terminal after lines that wrap.
 RECIPES["pip_download_narrow"] = [*RECIPES["pip_download"]]
 
+# Coloured output of everyday programs, for the styles (docs/rendering.md, "Colours"): each
+# makes its own files in a temporary folder and colours as it would in a terminal.
+_COLOUR_SETUP = """set -e
+d=$(mktemp -d); trap 'rm -rf "$d"' EXIT; cd "$d"
+"""
+RECIPES["pytest_color"] = ["bash", "-c", _COLOUR_SETUP + f"""
+cat > test_demo.py <<'END'
+import pytest
+
+def test_ok():
+    assert 1 + 1 == 2
+
+@pytest.mark.skip(reason="not today")
+def test_skipped():
+    pass
+
+def test_fails():
+    assert {{"loss": 0.5}} == {{"loss": 0.25}}
+END
+{PY} -m pytest --color=yes -p no:cacheprovider -o console_output_style=classic test_demo.py \
+    || true
+"""]
+RECIPES["ls_color"] = ["bash", "-c", _COLOUR_SETUP + """
+mkdir data logs; touch run.sh notes.txt model.tar.gz; chmod +x run.sh; ln -s data latest
+LS_COLORS= ls --color=always -1
+"""]
+RECIPES["grep_color"] = ["bash", "-c", _COLOUR_SETUP + """
+printf 'step 1 ok\nstep 2 ERROR: loss is nan\nstep 3 ok\nERROR again, ERROR twice\n' > train.log
+GREP_COLORS= grep --color=always -n ERROR train.log
+"""]
+RECIPES["git_diff_color"] = ["bash", "-c", _COLOUR_SETUP + """
+git init -q .; git config user.email a@b.c; git config user.name demo
+printf 'lr = 0.1\nepochs = 10\nbatch = 32\n' > train.cfg; git add .; git commit -qm one
+printf 'lr = 0.01\nepochs = 10\nbatch = 64\nwarmup = 100\n' > train.cfg
+git -c color.ui=always --no-pager diff
+"""]
+
 #: Window size (columns, rows) of the recipes not run at 80x24.
 # Lightning 2.6's two progress bars (rich's and tqdm's) over a real training run: two epochs
 # with validation, captured on an NVIDIA H100 (PyTorch 2.11) at 120x30.
@@ -285,6 +323,16 @@ def terminal_lines(raw: bytes, columns: int, rows: int) -> list[str]:
     """What a real terminal shows of ``raw``: the bytes played in a tmux pane of that size
     (its pty turns ``\\n`` into CR LF, as the renderer's LNM does), then the pane's history and
     screen read back with wrapped rows joined and trailing blanks dropped."""
+    shown = _tmux_capture(raw, columns, rows)
+    lines = [line.rstrip(" ") for line in shown.decode().split("\n")]
+    while lines and not lines[-1]:
+        lines.pop()
+    return lines
+
+
+def _tmux_capture(raw: bytes, columns: int, rows: int, *flags: str) -> bytes:
+    """``raw`` played in a tmux pane of that size; the pane's history and screen, wrapped
+    rows joined (``capture-pane -J`` and ``flags``)."""
     tmux = shutil.which("tmux")
     if tmux is None:
         raise FileNotFoundError("tmux")
@@ -300,14 +348,10 @@ def terminal_lines(raw: bytes, columns: int, rows: int) -> list[str]:
                        check=True)
         try:
             subprocess.run([*cmd, "wait-for", "played"], check=True, timeout=60)
-            shown = subprocess.run([*cmd, "capture-pane", "-p", "-J", "-S", "-", "-E", "-"],
-                                   check=True, capture_output=True).stdout
+            return subprocess.run([*cmd, "capture-pane", "-p", "-J", *flags, "-S", "-",
+                                   "-E", "-"], check=True, capture_output=True).stdout
         finally:
             subprocess.run([*cmd, "kill-server"], capture_output=True)
-    lines = [line.rstrip(" ") for line in shown.decode().split("\n")]
-    while lines and not lines[-1]:
-        lines.pop()
-    return lines
 
 
 def capture(argv: list[str], columns: int = 80, rows: int = 24) -> bytes:
@@ -334,6 +378,22 @@ def capture(argv: list[str], columns: int = 80, rows: int = 24) -> bytes:
     return bytes(data)
 
 
+def terminal_styles(raw: bytes, columns: int, rows: int) -> list[list[list[Any]]]:
+    """The style spans of each line a real terminal shows of ``raw``: tmux's screen and
+    history read back with their colours and attributes (``capture-pane -e``), as SGR
+    sequences of its own making, whose spans the renderer's line mode reads (plain text and
+    SGR only: what it does with them is ``logcapture.sgr.apply``, checked on its own)."""
+    sys.path.insert(0, str(HERE.parent))
+    from logcapture.render import Renderer
+
+    # One stream: tmux writes only what changes from the cell before, across lines too.
+    r = Renderer(columns=65536, rows=2)
+    lines = r.feed(_tmux_capture(raw, columns, rows, "-e")) + r.finish()
+    while lines and not lines[-1].text:
+        lines.pop()
+    return [[list(s) for s in line.style] for line in lines]
+
+
 def derive_output(name: str) -> None:
     sys.path.insert(0, str(HERE.parent))
     from logcapture.render import Renderer
@@ -341,9 +401,19 @@ def derive_output(name: str) -> None:
     raw = (CAPTURED / f"{name}.input").read_bytes()
     columns, rows = size(name)
     r = Renderer(columns=columns, rows=rows)
-    lines = [x.text for x in r.feed(raw) + r.finish()]
+    rendered = r.feed(raw) + r.finish()
+    lines = [x.text for x in rendered]
     (CAPTURED / f"{name}.output").write_text(
         json.dumps(lines, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+    # The style of each line, [start, end, "sgr"] spans (logcapture.sgr), only where some
+    # line has one.
+    styles = [[list(s) for s in x.style] for x in rendered]
+    path = CAPTURED / f"{name}.styles"
+    if any(styles):
+        path.write_text("[\n" + ",\n".join(json.dumps(x) for x in styles) + "\n]\n",
+                        encoding="utf-8")
+    elif path.exists():
+        path.unlink()
 
 
 def main(args: list[str]) -> None:

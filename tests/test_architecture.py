@@ -155,9 +155,9 @@ def test_the_slurm_modules_import_only_os_and_sys_at_module_level(path: Path) ->
 # by slurmd, the node sampler as a daemon).
 LAYERS: list[tuple[str, list[str]]] = [
     # redact is a stage, and its rules (what a configured pattern may be) are read by config.
-    ("records and rules", ["", "errors", "records", "config", "jobref", "search", "logview",
-                           "rankview", "xaxis", "views", "userfiles", "redact", "progress",
-                           "arrays"]),
+    ("records and rules", ["", "errors", "records", "sgr", "config", "jobref", "search",
+                           "logview", "rankview", "xaxis", "views", "userfiles", "redact",
+                           "progress", "arrays"]),
     ("capture stages and sources", ["frame", "runner", "render", "filter", "classify", "limit",
                                     "spool", "sampling"]),
     ("libraries over records", ["insights", "store", "runs", "grafana", "slurm.jobrecords",

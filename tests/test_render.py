@@ -372,6 +372,7 @@ TOKENS = [
     b"\x1b]0;t\x07", b"\x1bc", b"0123456789", b"\x1b(0", b"\x1b(B", b"\x0e", b"\x0f", b"lqk",
     b"    ", b"\x1b[F", b"\x1b[2E", b"\x1bD", b"\x1bE", b"\x1b[L", b"\x1b[M", b"\x1b[1J",
     b"\x1b[?7l", b"\x1b[?7h", b"\x1b[3G",
+    b"\x1b[1;4m", b"\x1b[38;5;208m", b"\x1b[48;2;1;2;3m", b"\x1b[22;39m", b"\x1b[2;7m",
 ]
 
 inputs = st.lists(st.sampled_from(TOKENS), max_size=60).map(b"".join)
@@ -411,7 +412,14 @@ prop = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCh
 def test_fast_path_equals_pure_pyte(data: bytes, kw: dict[str, int], cuts: list[int],
                                     idle: frozenset[int]) -> None:
     chunks = _split(data, cuts)
-    assert _feed_all(Renderer(**kw), chunks, idle) == _feed_all(PureRenderer(**kw), chunks, idle)
+    out = _feed_all(Renderer(**kw), chunks, idle)
+    assert out == _feed_all(PureRenderer(**kw), chunks, idle)
+    for line in out:  # spans: sorted, not empty, within the text, neighbours unlike
+        last = (0, 0, "")
+        for s, e, sgr in line.style:
+            assert last[1] <= s < e <= len(line.text) and sgr
+            assert not (last[1] == s and last[2] == sgr)
+            last = (s, e, sgr)
 
 
 @prop

@@ -31,6 +31,7 @@ import re
 from collections import deque
 from itertools import repeat
 
+from .. import sgr as _sgr
 from ..records import Rendered, rendered_many
 from .patterns import PATTERNS
 
@@ -57,6 +58,9 @@ _MAX_SEQUENCE = 4096
 _PARTIAL = re.compile(r"\x1b(?:\[[0-9;]{0,64})?\Z")
 
 
+
+# SGR parameters that reset the style (the usual end of a coloured part).
+_RESETS = frozenset(("", "0"))
 
 # ASCII bytes outside the pattern's text run: controls other than newline, and DEL.
 _NOT_PLAIN_ASCII = bytes([*range(0x0a), *range(0x0b, 0x20), 0x7f])
@@ -105,6 +109,11 @@ class Renderer:
         self._cur = ""
         self._x = 0
         self._cut = 0
+        # Style (logcapture.sgr): the current SGR state, and the cursor line's spans over its
+        # cells (one character per cell in line mode). Both empty while the output is plain,
+        # which costs the plain path nothing but two truth tests a draw.
+        self._sgr = ""
+        self._style: list[_sgr.Span] = []
         self._redrawn = False  # the cursor's line was drawn over after a carriage return
         if not self.fast_path:
             self._to_screen()
@@ -148,8 +157,9 @@ class Renderer:
             self._pending.clear()
             self._raw.clear()
             if self._cut or self._cur.rstrip(" "):
-                self._out.append(Rendered(self._cur.rstrip(" "), self._cut))
+                self._out.append(self._cursor_line())
             self._cur, self._x, self._cut = "", 0, 0
+            self._style = []
         else:
             s = self._emulator()
             self._guard(s.commit_all)
@@ -287,7 +297,8 @@ class Renderer:
                 if self._cur:
                     self._redrawn = True
             elif k == 3:
-                pass  # SGR: no effect on text
+                params = m.group(3)
+                self._sgr = "" if params in _RESETS else _sgr.apply(self._sgr, params)
             else:
                 how = m.group(4)
                 x = self._x
@@ -296,13 +307,25 @@ class Renderer:
                 if how in ("", "0"):
                     self._cur = self._cur[:x]
                     self._cut = 0
+                    if self._style:
+                        self._style = list(_sgr.clip(self._style, x))
                 elif how == "1":
                     cur = self._cur
                     self._cur = " " * min(x + 1, len(cur)) + cur[x + 1:]
+                    if self._style:
+                        self._style = _sgr.paint(self._style, 0, x + 1, "")
                 else:
                     self._cur = ""
                     self._cut = 0
+                    self._style = []
             pos = m.end()
+
+    def _cursor_line(self) -> Rendered:
+        """The cursor's line as a committed line."""
+        text = self._cur.rstrip(" ")
+        if not self._style:
+            return Rendered(text, self._cut)
+        return Rendered(text, self._cut, _sgr.clip(self._style, len(text)))
 
     def _plain(self, s: str) -> None:
         if "\n" not in s:
@@ -313,12 +336,19 @@ class Renderer:
         self._redrawn = False
         pending = self._pending
         raw = self._raw
-        pending.append(Rendered(self._cur.rstrip(" "), self._cut))
+        pending.append(self._cursor_line())
         raw.append(self._cur)
         width = self.width
         mids = parts[1:-1]
         if not mids:
             pass
+        elif self._sgr:  # whole lines in one style
+            for mid in mids:
+                text = mid[:width].rstrip(" ")
+                pending.append(Rendered(text, max(0, len(mid) - width),
+                                        ((0, len(text), self._sgr),) if text else ()))
+                raw.append(mid[:width])
+            mids = []
         elif len(s) > width and max(map(len, mids)) > width:
             for mid in mids:
                 if len(mid) > width:
@@ -347,6 +377,7 @@ class Renderer:
             pending.clear()
             pending.extend(rows[gone:])
         self._cur, self._x, self._cut = "", 0, 0
+        self._style = []
         self._draw(parts[-1])
 
     def _draw(self, t: str) -> None:
@@ -369,6 +400,18 @@ class Renderer:
             self._x = self.width
             self._cut += n - room
         self._cur = cur
+        sgr, style = self._sgr, self._style
+        if not (sgr or style):
+            return
+        if not style or style[-1][1] <= x:  # drawn past every span: the usual case
+            if not sgr:
+                return
+            if style and style[-1][1] == x and style[-1][2] == sgr:
+                style[-1] = (style[-1][0], self._x, sgr)
+            else:
+                style.append((x, self._x, sgr))
+        else:
+            self._style = _sgr.paint(style, x, self._x, sgr)
 
     def _emulator(self) -> Screen:
         if self._screen is None:
@@ -389,29 +432,32 @@ class Renderer:
         s = self._emulator()
         self.screens += 1
         c = self.columns
-        layout: list[tuple[str, int, int]] = []  # text, cut, wrapped per row
+        layout: list[_RowLayout] = []  # text, cut, wrapped, style per row
         for r, raw in zip(self._pending, self._raw, strict=True):
             n = raw if isinstance(raw, int) else _rows(len(raw), c)
-            _lay_out(layout, r.text, r.cut, n, c)
+            _lay_out(layout, r.text, r.cut, n, c, r.style)
         x = self._x
         row_in_line = (x - 1) // c if x > 0 else 0  # at x = k*c the cursor waits at the margin
         cy = len(layout) + row_in_line
-        _lay_out(layout, self._cur, self._cut, max(_rows(len(self._cur), c), row_in_line + 1), c)
+        _lay_out(layout, self._cur, self._cut, max(_rows(len(self._cur), c), row_in_line + 1), c,
+                 self._style)
         buf = s.buffer
         buf.clear()
         over = len(layout) - s.lines
-        for text, cut, wrapped in layout[:max(over, 0)]:
-            s.hand_on(row_from(text, cut, wrapped))
+        for row in layout[:max(over, 0)]:
+            s.hand_on(row_from(*row))
         if over > 0:
             layout = layout[over:]
             cy -= over
-        for y, (text, cut, wrapped) in enumerate(layout):
-            buf[y] = row_from(text, cut, wrapped)
+        for y, row in enumerate(layout):
+            buf[y] = row_from(*row)
         s.cursor.y = cy
         s.cursor.x = x - row_in_line * c
+        s.sgr = self._sgr
         self._pending.clear()
         self._raw.clear()
         self._cur, self._x, self._cut = "", 0, 0
+        self._style = []
         self._redrawn = False
         self._line_mode = False
 
@@ -422,7 +468,7 @@ class Renderer:
         character per cell on the rows above and at the cursor."""
         if not self.fast_path or self._line_mode:
             return
-        from .screen import AUTOWRAP, BLOCKERS, LAT1_MAP, cells_text
+        from .screen import AUTOWRAP, BLOCKERS, LAT1_MAP, cells_style, cells_text
 
         s = self._screen
         assert s is not None and self._stream is not None
@@ -454,27 +500,42 @@ class Renderer:
         raw = self._raw
         raw.clear()
         parts: list[str] = []
-        cut = 0
+        style: list[_sgr.Span] = []
+        cut = at = 0
         for y in range(cy):
             line = buf.get(y)
             wrapped = line.wrapped if line is not None else 0
-            parts.append(texts[y][:wrapped].ljust(wrapped) if wrapped else texts[y])
+            part = texts[y][:wrapped].ljust(wrapped) if wrapped else texts[y]
+            if line:
+                style += _sgr.shift(cells_style(line, len(part)), at)
+            parts.append(part)
+            at += len(part)
             cut += line.cut if line is not None else 0
             if not wrapped:
-                pending.append(Rendered("".join(parts).rstrip(" "), cut))
+                text = "".join(parts).rstrip(" ")
+                pending.append(Rendered(text, cut, _sgr.clip(_sgr.merged(style),
+                                                             len(text))))
                 raw.append(len(parts))
-                parts, cut = [], 0
+                parts, style, cut, at = [], [], 0, 0
         self._pending = pending
         self._cur = texts[cy]
+        self._style = cells_style(at_cursor, len(self._cur)) if at_cursor else []
         self._x = s.cursor.x
         self._cut = at_cursor.cut if at_cursor is not None else 0
+        self._sgr = s.sgr
         buf.clear()
         self._line_mode = True
 
 
-def _lay_out(layout: list[tuple[str, int, int]], text: str, cut: int, rows: int,
-             columns: int) -> None:
+_RowLayout = tuple[str, int, int, list[_sgr.Span]]  # a row's text, cut, wrapped, spans
+
+
+def _lay_out(layout: list[_RowLayout], text: str, cut: int, rows: int, columns: int,
+             style: tuple[_sgr.Span, ...] | list[_sgr.Span]) -> None:
     """Append the ``rows`` rows a logical line takes on a screen ``columns`` wide."""
     for i in range(rows - 1):
-        layout.append((text[i * columns:(i + 1) * columns], 0, columns))
-    layout.append((text[(rows - 1) * columns:rows * columns], cut, 0))
+        layout.append((text[i * columns:(i + 1) * columns], 0, columns,
+                       _sgr.cut(style, i * columns, (i + 1) * columns) if style else []))
+    start = (rows - 1) * columns
+    layout.append((text[start:start + columns], cut, 0,
+                   _sgr.cut(style, start, start + columns) if style else []))

@@ -20,6 +20,7 @@ from pyte import modes as mo
 from pyte.screens import Char, StaticDefaultDict
 from wcwidth import wcwidth
 
+from .. import sgr as _sgr
 from ..records import Rendered
 from .patterns import PATTERNS
 
@@ -41,16 +42,46 @@ _DEFAULT = Char(data=" ", fg="default", bg="default", reverse=False)
 
 
 class _Cells(dict[str, Char]):
-    """Cell per character, shared: colours are never stored, so one Char per character does."""
+    """Cell per character of one style, shared (cells are immutable). A styled cell's ``fg``
+    holds its whole normalised style (``logcapture.sgr``); pyte's own attributes are never
+    set (``Screen.select_graphic_rendition``), so a cell with pyte's ``fg`` "default" is
+    plain."""
+
+    def __init__(self, sgr: str = "", limit: int = 8192) -> None:
+        super().__init__()
+        self.base = _DEFAULT._replace(fg=sgr) if sgr else _DEFAULT
+        self.limit = limit
 
     def __missing__(self, ch: str) -> Char:
-        if len(self) > 8192:
+        if len(self) > self.limit:
             self.clear()
-        c = self[ch] = _DEFAULT._replace(data=ch)
+        c = self[ch] = self.base._replace(data=ch)
         return c
 
 
 _CELL = _Cells()
+# The styled cells: at most 256 styles of 512 characters each (~130k cells however many
+# colours a program cycles through; a cache, so a miss costs only a new cell).
+_STYLED: dict[str, _Cells] = {}
+_MAX_STYLES = 256
+_STYLED_CELLS = 512
+
+
+def cells_of(sgr: str) -> _Cells:
+    """The shared cells of style ``sgr`` ('' plain)."""
+    if not sgr:
+        return _CELL
+    cells = _STYLED.get(sgr)
+    if cells is None:
+        if len(_STYLED) > _MAX_STYLES:
+            _STYLED.clear()
+        cells = _STYLED[sgr] = _Cells(sgr, _STYLED_CELLS)
+    return cells
+
+
+def _style_of(cell: Char) -> str:
+    fg = cell.fg
+    return "" if fg == "default" else fg
 
 
 class _Row(StaticDefaultDict[int, Char]):
@@ -72,12 +103,44 @@ def cells_text(row: _Row | None, cells: int | None = None) -> str:
     return "".join([row[x].data for x in range(end)])
 
 
-def row_from(text: str, cut: int, wrapped: int = 0) -> _Row:
+def cells_style(row: _Row | None, cells: int | None = None) -> list[_sgr.Span]:
+    """The spans of the row's first ``cells`` cells (or up to its last cell), as offsets into
+    ``cells_text`` of the same cells (a wide character is one code point in two cells)."""
+    if not row or all([c.fg == "default" for c in row.values()]):
+        return []
+    end = max(row) + 1 if cells is None else cells
+    spans: list[_sgr.Span] = []
+    at = 0
+    for x in range(end):
+        cell = row[x]
+        n = len(cell.data)
+        if not n:
+            continue
+        st = _style_of(cell)
+        if st:
+            if spans and spans[-1][1] == at and spans[-1][2] == st:
+                spans[-1] = (spans[-1][0], at + n, st)
+            else:
+                spans.append((at, at + n, st))
+        at += n
+    return spans
+
+
+def row_from(text: str, cut: int, wrapped: int = 0, style: list[_sgr.Span] | None = None
+             ) -> _Row:
     row = _Row(_DEFAULT)
     row.update(zip(range(len(text)), map(_CELL.__getitem__, text), strict=True))
+    for s, e, st in style or ():
+        cells = cells_of(st)
+        row.update(zip(range(s, e), map(cells.__getitem__, text[s:e]), strict=True))
     row.cut = cut
     row.wrapped = wrapped
     return row
+
+
+def _line(text: str, cut: int, style: list[_sgr.Span]) -> Rendered:
+    text = text.rstrip(" ")
+    return Rendered(text, cut, _sgr.clip(style, len(text)) if style else ())
 
 
 class Stream(pyte.Stream):
@@ -115,11 +178,14 @@ class Screen(pyte.Screen):
         # The logical line whose first rows scrolled off the top while the top row goes on
         # with it (``carry_open``): its text, cells and cut so far.
         self.carry = ""
+        self.carry_style: list[_sgr.Span] = []
         self.carry_cells = 0
         self.carry_cut = 0
         self.carry_open = False
         self.tabs_default = True
         self.unknown = 0
+        self.sgr = ""  # the current style (logcapture.sgr), '' plain
+        self.sgr_saved: list[str] = []  # with each DECSC savepoint
         # The rows (top, bottom) a program is redrawing in place, by moving the cursor up over
         # them: a live display (rich's progress, nested tqdm bars, docker's layers). ``idle``
         # leaves them on the screen while the cursor is among them (``commit_above_cursor``).
@@ -135,25 +201,33 @@ class Screen(pyte.Screen):
         """Commit a row leaving the top of the screen, joined to the rows of its logical line
         before it; a row whose line goes on below waits in ``carry``."""
         if row is None:
-            text, cut, wrapped = "", 0, 0
+            text, cut, wrapped, style = "", 0, 0, []
         else:
             wrapped = row.wrapped
             text, cut = cells_text(row, wrapped or None), row.cut
+            style = cells_style(row, wrapped or None)
         if self.carry_open:
+            if style:
+                style = _sgr.merged(self.carry_style + _sgr.shift(style, len(self.carry)))
+            else:
+                style = self.carry_style
             text = self.carry + text
             cut += self.carry_cut
         if wrapped:
             self.carry_cells = (self.carry_cells if self.carry_open else 0) + wrapped
             self.carry, self.carry_cut, self.carry_open = text, cut, True
+            self.carry_style = style
         else:
             self.carry, self.carry_cells, self.carry_cut, self.carry_open = "", 0, 0, False
-            self.out.append(Rendered(text.rstrip(" "), cut))
+            self.carry_style = []
+            self.out.append(_line(text, cut, style))
 
     def end_carry(self) -> None:
         """The top row no longer goes on with the line that scrolled off: that line is final."""
         if self.carry_open:
-            self.out.append(Rendered(self.carry.rstrip(" "), self.carry_cut))
+            self.out.append(_line(self.carry, self.carry_cut, self.carry_style))
         self.carry, self.carry_cells, self.carry_cut, self.carry_open = "", 0, 0, False
+        self.carry_style = []
 
     def chain_start(self, y: int) -> int:
         """The first row of the logical line that row ``y`` belongs to."""
@@ -268,6 +342,8 @@ class Screen(pyte.Screen):
         if hasattr(self, "cursor"):  # not during pyte's __init__
             self.commit_all()
         super().reset()
+        self.sgr = ""
+        self.sgr_saved = []
         self.mode.add(mo.LNM)
         self.tabs_default = True
 
@@ -303,8 +379,8 @@ class Screen(pyte.Screen):
             if top == 0:
                 self.hand_on(row)
             else:  # leaves a scrolling region: a line of its own
-                self.out.append(Rendered(cells_text(row).rstrip(" "),
-                                         row.cut if row is not None else 0))
+                self.out.append(_line(cells_text(row), row.cut if row is not None else 0,
+                                      cells_style(row)))
             for y in range(top + 1, bottom + 1):
                 row = buf.pop(y, None)
                 if row is not None:
@@ -408,6 +484,7 @@ class Screen(pyte.Screen):
         """A run of single-width characters (``simple_run``), written a row's worth at a time;
         the row and its offset in the logical line after it."""
         cursor, columns, limit = self.cursor, self.columns, self.line_limit
+        cells = cells_of(self.sgr)
         k, j = len(run), 0
         while j < k:
             x = cursor.x
@@ -421,7 +498,7 @@ class Screen(pyte.Screen):
             if take <= 0:  # the line limit: the rest is cut
                 row.cut += k - j
                 break
-            row.update(zip(range(x, x + take), map(_CELL.__getitem__, run[j:j + take]),
+            row.update(zip(range(x, x + take), map(cells.__getitem__, run[j:j + take]),
                            strict=True))
             cursor.x = x + take
             j += take
@@ -450,9 +527,10 @@ class Screen(pyte.Screen):
                 return row, base
             if insert:
                 self.insert_characters(w)
-            row[x] = _CELL[ch]
+            cells = cells_of(self.sgr)
+            row[x] = cells[ch]
             if w == 2:
-                row[x + 1] = _CELL[""]
+                row[x + 1] = cells[""]
             cursor.x = x + w
         elif w == 0 and x > 0:
             # Zero-width (combining, joiners, variation selectors): joins the previous
@@ -462,7 +540,7 @@ class Screen(pyte.Screen):
                 px -= 1
             prev = row[px].data
             if len(prev) < 32:
-                row[px] = _CELL[unicodedata.normalize("NFC", prev + ch)]
+                row[px] = cells_of(_style_of(row[px]))[unicodedata.normalize("NFC", prev + ch)]
         # else: unprintable, or zero-width at the line start: nothing shows.
         return row, base
 
@@ -610,8 +688,24 @@ class Screen(pyte.Screen):
 
     def save_cursor(self) -> None:
         super().save_cursor()
+        self.sgr_saved.append(self.sgr)  # DECSC saves the rendition too
         if len(self.savepoints) > _MAX_SAVEPOINTS:
             del self.savepoints[0]
+            del self.sgr_saved[0]
+
+    def restore_cursor(self) -> None:
+        if self.sgr_saved:
+            self.sgr = self.sgr_saved.pop()
+        else:
+            self.sgr = ""  # DECRC without a savepoint: the default rendition, as xterm
+        super().restore_cursor()
+
+    def select_graphic_rendition(self, *attrs: int, **kwargs: Any) -> None:
+        """SGR: kept as the normalised style of the cells drawn next (``logcapture.sgr``: it
+        knows dim and true colour, which pyte drops); pyte's own attributes stay default."""
+        if kwargs.get("private"):
+            return
+        self.sgr = _sgr.apply(self.sgr, ";".join(map(str, attrs)))
 
     def set_title(self, param: str) -> None:
         pass  # not kept: never output, and may be large

@@ -73,10 +73,12 @@ INGEST_SETTINGS = {
 # shipper then parses the batch line by line and reports it (the ``ingest`` table's
 # constraints do the same for the other records).
 _LINES_STRUCTURE = ("run String, stream Nullable(String), seq Nullable(UInt64), "
-                    f"ts {_TS_INPUT}, kind Nullable(String), text String, options String")
-_LINES_FROM_FILE = """INSERT INTO lines (run, owner, uid, stream, seq, ts, kind, text, options)
+                    f"ts {_TS_INPUT}, kind Nullable(String), text String, options String, "
+                    "style String")
+_LINES_FROM_FILE = """INSERT INTO lines (run, owner, uid, stream, seq, ts, kind, text, options,
+    style)
 SELECT {run:String}, {owner:String}, {uid:UInt32}, assumeNotNull(stream), assumeNotNull(seq),
-    assumeNotNull(ts), assumeNotNull(kind), text, options
+    assumeNotNull(ts), assumeNotNull(kind), text, options, style
 FROM file({path:String}, 'JSONEachRow', {structure:String})
 WHERE throwIf(stream IS NULL OR seq IS NULL OR ts IS NULL OR kind NOT IN ('line', 'command')
     OR empty(run), 'a line record without run, stream, seq or ts') = 0"""
@@ -90,7 +92,7 @@ WHERE throwIf(stream IS NULL OR seq IS NULL OR ts IS NULL OR kind NOT IN ('line'
 # key is used by the query: the reader drops the columns a query does not use, and would then
 # refuse their keys as unknown. The wider structure costs twice the parsing (bench_store:
 # 1.0 vs 0.5 CPU seconds per 1M lines, 10-15 % of the whole insert), hence two statements.
-_LINE_KEYS = ("run", "stream", "seq", "ts", "kind", "text", "options")
+_LINE_KEYS = ("run", "stream", "seq", "ts", "kind", "text", "options", "style")
 _OTHER_KEYS = tuple(sorted({name for cls in KINDS.values() for name in cls._fields}
                            - set(_LINE_KEYS)))
 _SEGMENT_STRUCTURE = _LINES_STRUCTURE + "".join(f", {k} Nullable(String)" for k in _OTHER_KEYS)
@@ -99,9 +101,9 @@ _HOT_KINDS = "kind IN ('line', 'command')"
 
 def _lines_from_segments(other_keys: tuple[str, ...]) -> str:
     others = "".join(f" OR {k} IS NOT NULL" for k in other_keys)
-    return f"""INSERT INTO lines (run, owner, uid, stream, seq, ts, kind, text, options)
+    return f"""INSERT INTO lines (run, owner, uid, stream, seq, ts, kind, text, options, style)
 SELECT {{run:String}}, {{owner:String}}, {{uid:UInt32}}, assumeNotNull(stream), assumeNotNull(seq),
-    assumeNotNull(ts), assumeNotNull(kind), text, options
+    assumeNotNull(ts), assumeNotNull(kind), text, options, style
 FROM file({{path:String}}, 'JSONEachRow', {{structure:String}}, 'gzip')
 WHERE {_HOT_KINDS} AND throwIf({_HOT_KINDS} AND (stream IS NULL OR seq IS NULL OR ts IS NULL
     OR empty(run){others}),

@@ -42,9 +42,9 @@ def _tail_sql(cond: str) -> str:
     do_not_merge_across_partitions_select_final, correct here as ts is in the key, made it
     twice as slow). No outer ORDER BY (it cost more than the reads): ``Store._tail`` checks the
     order."""
-    return f"""SELECT stream, seq, toUnixTimestamp64Nano(ts), CAST(kind AS String), text, options,
-    CAST(owner AS String), 0
-FROM (SELECT stream, seq, ts, kind, text, options, owner FROM lines FINAL WHERE {cond}
+    return f"""SELECT stream, seq, toUnixTimestamp64Nano(ts), CAST(kind AS String), text,
+    if(kind = 'command', options, style), CAST(owner AS String), 0
+FROM (SELECT stream, seq, ts, kind, text, options, style, owner FROM lines FINAL WHERE {cond}
     {_TAIL_ORDER})
 UNION ALL
 SELECT stream, seq, toUnixTimestamp64Nano(ts), CAST(note AS String), toString(count), text,
@@ -57,13 +57,18 @@ FROM (SELECT stream, seq, ts, fields, owner FROM metadata FINAL WHERE {cond} {_T
 {_TAIL_SETTINGS}"""
 
 
+# A line row's columns: a command's options and a line's style share the last one.
+_LINE_COLUMNS = "kind, text, if(kind = 'command', options, style)"
+
+
 def _tail_lines_sql(cond: str) -> str:
     """``Store.lines``' first query for a tail: the newest lines matching ``cond`` alone (most
     runs have no notes or metadata in their tail's range, and each of the other two FINAL reads
     cost 2-3 ms even when empty), and, in the last column, whether the run has any notes (1) or
     metadata (2): two primary-key look-ups without FINAL. Only then ``_tail_sql`` follows."""
     return f"""SELECT stream, seq, toUnixTimestamp64Nano(ts), CAST(kind AS String), text,
-    options, (SELECT count() FROM (SELECT 1 FROM notes WHERE {cond} LIMIT 1))
+    if(kind = 'command', options, style),
+    (SELECT count() FROM (SELECT 1 FROM notes WHERE {cond} LIMIT 1))
     + 2 * (SELECT count() FROM (SELECT 1 FROM metadata WHERE {cond} LIMIT 1))
 FROM lines FINAL WHERE {cond} {_TAIL_ORDER}
 {_TAIL_SETTINGS}"""
@@ -299,7 +304,8 @@ class _Queries(_Connection):
               ) -> list[tuple[Any, ...]]:
         """``stream, seq, ts (ns), *columns`` of ``table``'s rows matching ``cond``, each record
         once (FINAL). ``table`` and ``columns`` are constants of this module, never input."""
-        assert table in TABLES and re.fullmatch(r"[a-z_, ]+", columns)
+        assert table in TABLES and (columns == _LINE_COLUMNS
+                                    or re.fullmatch(r"[a-z_, ]+", columns))
         return self._query("SELECT stream, seq, toUnixTimestamp64Nano(ts), " + columns
                            + " FROM " + table + " FINAL WHERE " + cond, params)
 
@@ -307,7 +313,8 @@ class _Queries(_Connection):
               ) -> tuple[list[tuple[Any, ...]], ...]:
         """The newest ``limit`` records of lines, notes and metadata matching ``cond``, each
         once (FINAL), newest first, in one query (``_tail_sql``). Rows: ``stream, seq, ts (ns),
-        a, b, c, owner, table`` with (a, b, c) = lines (kind, text, options), notes (note,
+        a, b, c, owner, table`` with (a, b, c) = lines (kind, text, the options of a command
+        or the style of a line), notes (note,
         count as text, text), metadata (fields)."""
         rows = self._query(_tail_sql(cond), {**params, "limit": limit})
         out = []
@@ -347,10 +354,12 @@ class _Queries(_Connection):
         finally:
             if collect:
                 gc.enable()
-        if "command" in kinds:
+        if "command" in kinds or any(options):
             for d, o in zip(out, options, strict=True):
                 if d["kind"] == "command":
                     d["options"] = _loads(o, {})
+                elif o:
+                    d["style"] = _loads(o, [])
         return out
 
     def lines(self, run: str, stream: str | None = None, limit: int | None = None, *,
@@ -383,7 +392,7 @@ class _Queries(_Connection):
             if head:
                 cond += " ORDER BY ts, stream, seq LIMIT {head:UInt64}"
                 params["head"] = int(head)
-            line_rows = self._rows("lines", "kind, text, options", cond, params)
+            line_rows = self._rows("lines", _LINE_COLUMNS, cond, params)
             note_rows = self._rows("notes", "note, count, text", cond, params)
             meta_rows = self._rows("metadata", "fields", cond, params)
         # ts: DateTime64(9) parsed the spool's JSON decimal text exactly, so ns / 1e9 is the
@@ -393,6 +402,9 @@ class _Queries(_Connection):
                  {"kind": r[3], "run": run, "stream": r[0], "seq": r[1],
                   "ts": r[2] / 1_000_000_000, "text": r[4], "options": _loads(r[5], {})}
                  for r in line_rows]
+        for d, r in zip(lines, line_rows, strict=True):
+            if r[5] and r[3] != "command":  # a line's style (the options column of a command)
+                d["style"] = _loads(r[5], [])
         notes = [{"kind": "note", "run": run, "stream": r[0], "seq": r[1],
                   "ts": r[2] / 1_000_000_000, "note": r[3], "count": int(r[4]), "text": r[5]}
                  for r in note_rows]
@@ -408,14 +420,15 @@ class _Queries(_Connection):
     def log_page(self, run: str, owner: str | None = None, stderr: bool = False,
                  before: tuple[int, str, int] | None = None,
                  after: tuple[int, str, int] | None = None, limit: int = 1000
-                 ) -> tuple[list[tuple[float, str, int, str, str]], bool, bool]:
+                 ) -> tuple[list[tuple[Any, ...]], bool, bool]:
         """One page of the run's log as ``logview`` shows it: entries ``(ts, stream, seq,
-        kind, text)`` in order, the newest ``limit`` before the cursor ``before`` (default:
+        kind, text, style)`` in order, the newest ``limit`` before the cursor ``before`` (default:
         the newest), or the oldest ``limit`` after ``after``; whether more lie beyond; and
         whether the run has ended. A cursor is ``(ts in ns, stream, seq)``. The key begins
         with the run and the time, so a page costs one range of the run's rows, however long
         the log. NotFound when the run is not the owner's."""
         from ..logview import METADATA, log_sql, metadata_text
+        from ..sgr import spans
 
         cond, params = self._run_cond(run, owner)
         state = self._query("SELECT max(end_ts IS NOT NULL) FROM runs FINAL WHERE " + cond
@@ -434,7 +447,7 @@ class _Queries(_Connection):
                      "{c_seq:UInt64})")
             order = "ASC" if after else "DESC"
         sql = log_sql("", cond, "{stderr:UInt8}", where, order, "{limit:UInt32}",
-                      ts="toUnixTimestamp64Nano(ts)", final=False)
+                      ts="toUnixTimestamp64Nano(ts)", final=False, style=True)
         rows = self._query(sql, params)
         seen: set[tuple[str, int]] = set()
         unique = []
@@ -444,7 +457,8 @@ class _Queries(_Connection):
                 unique.append(r)
         more = len(unique) > limit or len(rows) == params["limit"]
         out = [(r[0] / 1_000_000_000, r[1], int(r[2]), r[3],
-                metadata_text(r[4]) if r[3] == METADATA else r[4]) for r in unique[:limit]]
+                metadata_text(r[4]) if r[3] == METADATA else r[4], spans(r[5]))
+               for r in unique[:limit]]
         if after is None:
             out.reverse()
         return out, more, bool(state[0][0])

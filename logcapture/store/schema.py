@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from ..errors import StoreError, UsageError
 from .connection import _IDENT_RE, _Connection, redact
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 # The tables a user-facing name may refer to (the identifier allow-list).
 TABLES = ("runs", "lines", "notes", "metadata", "samples", "insights", "progress")
 ALL_TABLES = ("ingest", *TABLES, "schema_version")
@@ -73,6 +73,12 @@ SELECT assumeNotNull(_run) AS run, assumeNotNull(_owner) AS owner, assumeNotNull
     assumeNotNull(stream) AS stream, assumeNotNull(seq) AS seq, assumeNotNull(ts) AS ts,
     fields, {_numbers("fields")} AS numbers
 FROM ingest WHERE kind = 'metadata'"""
+# The view that routes line and command records (created by migration 1, rewritten by 5).
+_LINES_VIEW = """
+SELECT assumeNotNull(_run) AS run, assumeNotNull(_owner) AS owner, assumeNotNull(_uid) AS uid,
+    assumeNotNull(stream) AS stream, assumeNotNull(seq) AS seq, assumeNotNull(ts) AS ts,
+    assumeNotNull(kind) AS kind, text, options, style
+FROM ingest WHERE kind IN ('line', 'command')"""
 _SAMPLES_VIEW = f"""
 SELECT assumeNotNull(_run) AS run, assumeNotNull(_owner) AS owner, assumeNotNull(_uid) AS uid,
     assumeNotNull(stream) AS stream, assumeNotNull(seq) AS seq, assumeNotNull(ts) AS ts,
@@ -282,6 +288,14 @@ SELECT assumeNotNull(_run) AS run, assumeNotNull(_owner) AS owner, assumeNotNull
     assumeNotNull(stream) AS stream, assumeNotNull(seq) AS seq, assumeNotNull(ts) AS ts,
     bar, label, n, total, unit, rate, elapsed, done
 FROM ingest WHERE kind = 'progress'""",
+    ]),
+    # 6: a line's style (logcapture.sgr: its colour spans as JSON text, '' when plain, so a
+    # plain line costs a few bits of the column's compressed size). Rows stored before read
+    # as plain. The ingest column first, then the table's, then the view that fills it.
+    (6, [
+        "ALTER TABLE ingest ADD COLUMN IF NOT EXISTS style String",
+        "ALTER TABLE lines ADD COLUMN IF NOT EXISTS style String CODEC(ZSTD(8))",
+        "ALTER TABLE ingest_lines MODIFY QUERY " + _LINES_VIEW,
     ]),
 ]
 

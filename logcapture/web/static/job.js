@@ -81,7 +81,7 @@
   const stderrSwitch = document.getElementById("stderr-switch");
   const tsMode = document.getElementById("ts-mode");
   const live = document.getElementById("live");
-  let entries = [];  // {cursor, stream, kind, text, ts}, oldest first, both streams
+  let entries = [];  // {cursor, stream, kind, text, ts, style?}, oldest first, both streams
   let view = [];  // the entries the switches show
   let runStart = null;  // the run's start (header), for times since start
   // ?at=CURSOR (a search result's link): open the log at that line, marked, instead of at
@@ -112,14 +112,14 @@
     const out = [];
     if (older) out.push(el("div", {class: "more", text: loadingOlder ? "loading older lines…" : "scroll up for older lines"}));
     for (let i = first; i < last; i++) {
-      const {cursor, stream, kind, text, ts} = view[i];
+      const {cursor, stream, kind, text, ts, style} = view[i];
       const err = stream === "stderr";
       const cls = "row " + (kind === "line" ? stream : kind) + (err ? " stderr" : "") +
                   (cursor === at ? " at" : "");
       const row = el("div", {class: cls, "data-cursor": cursor, "data-stream": stream},
         el("span", {class: "n", text: stamp(ts), title: time(ts)}),
         el("span", {class: "s", text: err ? "err" : "", title: err ? "stderr" : null}),
-        ...rankParts(view[i], el("span", {class: "t", text: text})));
+        ...rankParts(view[i], el("span", {class: "t"}, ...LC_SGR.nodes(text, style))));
       row.style.top = (top + i * ROW) + "px";
       out.push(row);
     }
