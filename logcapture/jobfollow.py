@@ -97,12 +97,16 @@ class JobFollow:
         """Follows the task runs of the job that appeared since the last look; True when
         there were any."""
         dirs = {d.name: d for d in find_run_dirs(self.reader.root)}
-        new = [d for name, d in dirs.items() if name not in self._seen]
+        new = []
+        for name, d in dirs.items():
+            if name not in self._seen:
+                if self.reader.owns(d):  # another user's run is not even opened
+                    new.append(d)
+                else:
+                    self._seen[name] = None
         for cand in job_candidates(new, self.ref):
-            name = str(cand["run"])
-            if cand.get("start") is None:
-                continue  # no Start record yet: looked at again next time
-            self._seen[name] = cand if self.reader.owns(dirs[name]) else None
+            if cand.get("start") is not None:  # else looked at again next time
+                self._seen[str(cand["run"])] = cand
         known = [s for s in self._seen.values() if s is not None]
         try:
             tasks = jobref.tasks(self.ref, known, self.wanted, self.on)

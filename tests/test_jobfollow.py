@@ -239,3 +239,44 @@ def test_a_flood_is_shown_with_at_most_max_held_entries_waiting(
     assert shown[:3] == ["0: line 0", "0: line 1", "0: line 2"]
     assert got[1] == "[logcapture: same line from 2 ranks (0-1)]"
     batch.end()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as two real users")
+def test_another_users_task_run_of_the_same_job_id_is_never_followed() -> None:
+    """In a shared spool, a run of another user with the same job id (a Slurm job id of
+    another cluster, or a forged one) is not opened, labelled or folded in."""
+    import shutil
+    import sys
+    import tempfile
+
+    try:
+        users = [pwd.getpwnam(u) for u in ("lcuser1", "lcuser2")]
+    except KeyError:
+        pytest.skip("the test users lcuser1 and lcuser2 are not on this machine")
+    base = Path(tempfile.mkdtemp(prefix="lc-jobfollow-", dir="/tmp"))
+    try:
+        base.chmod(0o755)
+        root = base / "spool"
+        for owner, runs in ((users[0], [JOB, f"{JOB}.0.0"]), (users[1], [f"{JOB}.0.1"])):
+            for run in runs:
+                rank = {} if run == JOB else {"step": "0", "rank": run[-1], "node": "n1"}
+                w = Writer(root, run, rank or {"nodelist": "n1"}, "x")
+                w.line("identical line from every rank")
+                w.line(f"{owner.pw_name} was here")
+                w.end()
+                for p in [root / JOB / run, *(root / JOB / run).iterdir()]:
+                    os.chown(p, owner.pw_uid, owner.pw_gid)
+                    p.chmod(0o755 if p.is_dir() else 0o644)  # readable: only ownership counts
+        (root / JOB).chmod(0o755)
+        repo = Path(__file__).resolve().parents[1]
+        r = subprocess.run(
+            ["setpriv", f"--reuid={users[0].pw_uid}", f"--regid={users[0].pw_gid}",
+             "--init-groups", "env", f"PYTHONPATH={repo}", sys.executable, "-m", "logcapture",
+             "logs", "-f", JOB, "--spool", str(root), "--source", "spool"],
+            capture_output=True, text=True, timeout=60, cwd="/tmp")
+        assert r.returncode == 0, r.stderr
+        assert "lcuser2" not in r.stdout + r.stderr
+        assert r.stdout.splitlines() == ["identical line from every rank", "lcuser1 was here",
+                                         "identical line from every rank", "lcuser1 was here"]
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
