@@ -32,13 +32,16 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from logcapture import spool  # noqa: E402
 from logcapture.records import Line  # noqa: E402
+from logcapture.spool.layout import create_run_dir  # noqa: E402
+from logcapture.spool.writer import SpoolWriter  # noqa: E402
 
 CHILD = r"""
 import json, resource, sys, time
 from pathlib import Path
-from logcapture import ship, spool
+from logcapture import ship
+from logcapture.spool.layout import find_run_dirs, segments
+from logcapture.spool.reading import read_segment_bytes
 from logcapture.errors import StoreError
 from logcapture.ship import agent as ship_agent  # where the agent opens the store
 what, root, dsn, batch, null = sys.argv[1], Path(sys.argv[2]), sys.argv[3], int(sys.argv[4]), \
@@ -73,9 +76,9 @@ if what == "floor":
 elif what == "baseline":
     with ship_agent.open_store(dsn):
         kept = []
-        for run_dir in spool.find_run_dirs(root):
-            for seg in spool.segments(run_dir):
-                kept.append(ship.read_segment_bytes(seg)[0])
+        for run_dir in find_run_dirs(root):
+            for seg in segments(run_dir):
+                kept.append(read_segment_bytes(seg)[0])
         records = sum(k.count(b"\n") for k in kept)
 else:
     agent = ship.Agent(root, dsn, batch_bytes=batch, retention_days=None)
@@ -93,7 +96,7 @@ def build(root: Path, runs: int, total: int) -> tuple[int, int]:
     records = size = 0
     for r in range(runs):
         run = f"backlog{r:02d}"
-        w = spool.SpoolWriter(spool.create_run_dir(root, run), fsync=False, flush_interval=60)
+        w = SpoolWriter(create_run_dir(root, run), fsync=False, flush_interval=60)
         seq = written = 0
         while written < per_run:
             recs = [Line(run=run, stream="stdout", seq=seq + i, ts=t0 + (seq + i) * 1e-4,

@@ -60,7 +60,8 @@ from logcapture import ship  # noqa: E402
 from logcapture import store as S  # noqa: E402
 from logcapture.records import End, Line, Metadata, Sample, Start  # noqa: E402
 from logcapture.ship import agent as ship_agent  # noqa: E402
-from logcapture.spool import SpoolWriter, create_run_dir  # noqa: E402
+from logcapture.spool.layout import create_run_dir  # noqa: E402
+from logcapture.spool.writer import SpoolWriter  # noqa: E402
 
 FLOOD_EVERY = 30.0  # s
 FLOOD_FOR = 5.0  # s

@@ -82,7 +82,7 @@ def one(forward: bool, lines: int, tmp: Path, n: int) -> tuple[float, int, bytes
                         "-c", script], stdout=f, stderr=subprocess.STDOUT, env=env,
                        check=True)
     wall = time.monotonic() - started
-    from logcapture.spool import iter_run
+    from logcapture.spool.reading import iter_run
 
     ends = [r for r in iter_run(spool / "bench") if r.kind == "end"]
     cpu = int(ends[0].counts["capture"]["cpu_ms"])  # type: ignore[attr-defined]

@@ -38,13 +38,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench_store import make_training_text  # noqa: E402
 
-from logcapture import query as Q  # noqa: E402
 from logcapture import store as S  # noqa: E402
 from logcapture.insights import report  # noqa: E402
 from logcapture.insights.live import LiveWatch  # noqa: E402
+from logcapture.query import HeldStore, StoreReader  # noqa: E402
+from logcapture.query import show as query_show  # noqa: E402
+from logcapture.query.spool_insights import spool_insights  # noqa: E402
 from logcapture.records import End, Line, Start  # noqa: E402
-from logcapture.ship import UploadResult, diagnose_run, read_segment_bytes  # noqa: E402
-from logcapture.spool import SpoolWriter, create_run_dir, segments  # noqa: E402
+from logcapture.ship import UploadResult, diagnose_run  # noqa: E402
+from logcapture.spool.layout import create_run_dir, segments  # noqa: E402
+from logcapture.spool.reading import read_segment_bytes  # noqa: E402
+from logcapture.spool.writer import SpoolWriter  # noqa: E402
 
 TAIL = ["Traceback (most recent call last):",
         '  File "/home/u/train.py", line 88, in <module>', "    main()",
@@ -146,17 +150,17 @@ def bench_show(tmp: Path, n: int, rounds: int) -> None:
     def describe(with_insights: str) -> float:
         saved = report.store_insights
         if with_insights == "none":
-            Q.store_insights = lambda *a, **k: []  # type: ignore[assignment]
+            query_show.store_insights = lambda *a, **k: []  # type: ignore[assignment]
         try:
-            session = Q.HeldStore(dsn)
+            session = HeldStore(dsn)
             assert session.available  # opened (chDB: ~0.2 s, not counted: any read pays it)
-            reader = Q.StoreReader(session, "u")
+            reader = StoreReader(session, "u")
             t0 = time.perf_counter()
             info = reader.describe("big")
             dt = time.perf_counter() - t0
             session.close()
         finally:
-            Q.store_insights = saved  # type: ignore[assignment]
+            query_show.store_insights = saved  # type: ignore[assignment]
         if with_insights != "none":
             assert info["insights"][0]["kind"] == "cuda-oom", info["insights"]
         return dt
@@ -184,7 +188,7 @@ def bench_ls(tmp: Path, n: int, rounds: int) -> None:
 
     from logcapture.insights.matchers import CANDIDATE
     from logcapture.runs import summarize
-    from logcapture.spool import segment_data
+    from logcapture.spool.reading import segment_data
 
     root = tmp / "ls-spool"
     write_run(root, "train-1", n)
@@ -200,10 +204,10 @@ def bench_ls(tmp: Path, n: int, rounds: int) -> None:
             out.append(time.perf_counter() - t0)
         return statistics.median(out)
 
-    kinds = [i.kind for i in Q.spool_insights(run_dir, s.start, s.end)]
+    kinds = [i.kind for i in spool_insights(run_dir, s.start, s.end)]
     assert kinds[:1] == ["cuda-oom"], kinds
     base = timed(lambda: summarize(run_dir))
-    ours = timed(lambda: Q.spool_insights(run_dir, s.start, s.end))
+    ours = timed(lambda: spool_insights(run_dir, s.start, s.end))
     one_regex = timed(lambda: [sum(1 for _ in regex.finditer(segment_data(seg)[0]))
                                for seg in segments(run_dir)])
     print(f"3. ls of a spool with a {n}-line failed run: the kinds show lists in "

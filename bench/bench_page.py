@@ -32,7 +32,8 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from pages import LOGCAPTURE, Serve, chromium, env_for, lc  # noqa: E402
+from helpers import LOGCAPTURE, env_for, lc  # noqa: E402
+from pages import Serve, chromium  # noqa: E402
 
 BIG = """
 import json, sys
@@ -206,14 +207,14 @@ def main() -> None:
         t = time.perf_counter()
         with output.open("w") as f:
             lc(["run", "--run-id", "big", "--no-sample", "--", sys.executable, "-c", BIG,
-                str(args.lines)], env, stdout=f, capture_output=False, timeout=3600)
+                str(args.lines)], env, stdout=f, capture_output=False, check=True, timeout=3600)
         print(f"captured {args.lines} lines in {time.perf_counter() - t:.1f} s")
         with Serve(env) as serve:
             ours = first_screen(serve, "big", args.rounds + 1)
             print(f"first open from the spool (reads the run once): {ms(ours[0])}")
             spool = ours[1:]
         t = time.perf_counter()
-        lc(["upload", "big"], env, timeout=3600)
+        lc(["upload", "big"], env, check=True, timeout=3600)
         print(f"shipped to the embedded store in {time.perf_counter() - t:.1f} s")
         base = tail_baseline(output, args.rounds)
         with Serve(env) as serve:

@@ -24,7 +24,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from logcapture.pipeline import Pipeline  # noqa: E402
-from logcapture.spool import SpoolWriter, create_run_dir  # noqa: E402
+from logcapture.spool.layout import create_run_dir  # noqa: E402
+from logcapture.spool.writer import SpoolWriter  # noqa: E402
 
 CHUNK = 65536
 FLOOD = b"".join(b"step %d loss 0.%d lr 3e-4 %d/1000 tokens\n" % (i, i % 97, i % 1000)

@@ -148,7 +148,7 @@ def capture_cpu(spool: Path) -> dict[str, float]:
     capture processes: the reader and, since the capture worker, the worker) and, when
     recorded, ``reader`` and ``worker`` apart."""
     from logcapture.runs import find_run
-    from logcapture.spool import iter_run
+    from logcapture.spool.reading import iter_run
     for rec in iter_run(find_run(spool, None)):
         if rec.kind == "end":
             c = rec.counts.get("capture", {})  # type: ignore[attr-defined]
@@ -220,7 +220,8 @@ def _pipeline_cpu(name: str, chunks: list[bytes], tmp: Path, tag: str, redactor:
     import inspect
 
     from logcapture.pipeline import Pipeline
-    from logcapture.spool import SpoolWriter, create_run_dir
+    from logcapture.spool.layout import create_run_dir
+    from logcapture.spool.writer import SpoolWriter
 
     spool = SpoolWriter(create_run_dir(tmp, f"{name}-{tag}"))
     p = Pipeline("r", spool, mode="enabled", columns=120, rows=24,

@@ -20,14 +20,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from logcapture import spool  # noqa: E402
 from logcapture.records import Line, Metadata  # noqa: E402
+from logcapture.spool import layout as spool  # noqa: E402
+from logcapture.spool.writer import SpoolWriter  # noqa: E402
 
 
 def ndjson(kind: str, n: int) -> bytes:
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = spool.create_run_dir(Path(tmp), "bench")
-        w = spool.SpoolWriter(run_dir, segment_bytes=1 << 40, fsync=False)
+        w = SpoolWriter(run_dir, segment_bytes=1 << 40, fsync=False)
         t0 = time.time()
         recs = []
         for i in range(n):

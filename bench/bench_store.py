@@ -40,7 +40,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from logcapture import store as S  # noqa: E402
 from logcapture.records import End, Line, Start  # noqa: E402
 from logcapture.ship import BATCH_BYTES, Agent  # noqa: E402
-from logcapture.spool import SpoolWriter, create_run_dir, iter_run, read_lines, segments  # noqa: E402,E501
+from logcapture.spool.layout import create_run_dir, segments  # noqa: E402,E501
+from logcapture.spool.reading import iter_run, read_lines  # noqa: E402,E501
+from logcapture.spool.writer import SpoolWriter  # noqa: E402,E501
 
 
 def make_text(rng: random.Random, i: int) -> str:

@@ -1,8 +1,8 @@
 """The capture process wiring: one run of a command with capture, in two processes.
 
 ``capture_command`` (in the wrapper) reads the configuration, makes the run's spool directory,
-forks the capture worker (``runner.fork_worker``) with its ``WorkerSettings`` and runs the
-command under ``runner.run``, which sends the worker what the ptys give as frames
+forks the capture worker (``runner.worker.fork_worker``) with its ``WorkerSettings`` and runs the
+command under ``runner.spawn.run``, which sends the worker what the ptys give as frames
 (``frame.py``). ``_capture_worker`` (in the worker) owns the spool, the ``Pipeline`` and the
 resource sampler; ``serve_in_idle_time`` feeds the pipeline the frames until the end frame,
 whose outcome becomes the run's end record. Whatever fails here costs a ``logcapture:``
@@ -23,27 +23,30 @@ from collections.abc import Callable
 from itertools import accumulate, chain
 from pathlib import Path
 
-from . import frame, runner
-from .config import (
-    FALLBACK_MESSAGE,
-    STREAMS_AUTO,
-    AdminConfig,
-    keep_free_bytes,
-    load_admin,
-    load_optin,
-    optin_path,
-)
+from . import frame
+from .config.admin import AdminConfig, load_admin
+from .config.checking import keep_free_bytes
+from .config.optin import FALLBACK_MESSAGE, STREAMS_AUTO, load_optin, optin_path
 from .errors import ConfigError, LogcaptureError
 from .limit import OutputLimit
 from .pipeline import Pipeline
 from .records import ENABLED
-from .spool import RESERVE_NAME, SpoolWriter, create_run_dir
+from .runner.descriptors import reserve_std_fds, same_destination
+from .runner.exits import exec_command, exit_like
+from .runner.outcome import Options, Outcome, own_usage
+from .runner.readloop import TICK
+from .runner.spawn import run
+from .runner.terminal import NoTerminal, caller_winsize
+from .runner.worker import COALESCE, Worker, fork_worker
+from .spool.layout import RESERVE_NAME, create_run_dir
+from .spool.writer import SpoolWriter
 
 TYPE_CHECKING = False  # not typing's: importing typing costs every job ~8 ms (records.py)
 if TYPE_CHECKING:
     from typing import Any
 
     from .redact import Redactor
+    from .runner.outcome import Beside
 
 
 def run_command(spool: Path | None, run_id: str | None, mode: str | None, sample: bool,
@@ -52,7 +55,7 @@ def run_command(spool: Path | None, run_id: str | None, mode: str | None, sample
     returns the exit status to end with (the command's; a command killed by a signal has had it
     re-raised here already)."""
     from .errors import Warner
-    from .spool import default_root
+    from .spool.layout import default_root
 
     return capture_command(list(command), spool_root=spool if spool is not None else
                            default_root(), run_id=run_id, mode=mode, warn=Warner(),
@@ -63,10 +66,10 @@ def capture_command(argv: list[str], *, spool_root: Path, run_id: str | None = N
                     mode: str | None = None, warn: Callable[[str], None],
                     env: dict[str, str] | None = None,
                     slurm: dict[str, str] | None = None, sample: bool = True,
-                    beside: runner.Beside | None = None) -> int:
+                    beside: Beside | None = None) -> int:
     """Run ``argv`` under ptys with capture; return the exit code for ``sys.exit`` (after
     re-raising the command's signal if it was killed by one). ``beside``:
-    ``runner.Options.beside``.
+    ``runner.outcome.Options.beside``.
 
     This process reads the ptys and copies the bytes to the real outputs, nothing more;
     rendering, classifying, spooling and resource sampling run in a capture worker process
@@ -78,15 +81,14 @@ def capture_command(argv: list[str], *, spool_root: Path, run_id: str | None = N
     is reported through ``warn`` and the command runs without capture (or in the most private
     mode): the job's outcome never depends on logcapture.
     """
-    closed = runner.reserve_std_fds()  # before any file is opened here
+    closed = reserve_std_fds()  # before any file is opened here
     worker, base_env, winsize, merge, run_dir = prepare(
         argv, spool_root=spool_root, run_id=run_id, mode=mode, warn=warn, env=env,
         slurm=slurm, sample=sample)
     try:
-        outcome = runner.run(argv, worker, runner.Options(env=base_env, warn=warn,
-                                                          winsize=winsize, merge=bool(merge),
-                                                          closed=closed, beside=beside))
-    except runner.NoTerminal as e:
+        outcome = run(argv, worker, Options(env=base_env, warn=warn, winsize=winsize,
+                                            merge=bool(merge), closed=closed, beside=beside))
+    except NoTerminal as e:
         # No pty or no file descriptor left: the command runs as if logcapture were not
         # there, in this process, so its exit status and signals are the
         # wrapper's. The worker is stopped first; a run directory it left without a record
@@ -97,10 +99,10 @@ def capture_command(argv: list[str], *, spool_root: Path, run_id: str | None = N
             worker.give_up()
         if run_dir is not None:
             remove_if_empty(run_dir)
-        return runner.exec_command(argv, base_env, warn, closed)
+        return exec_command(argv, base_env, warn, closed)
     if outcome.spawn_error:
         warn(outcome.spawn_error)
-    return runner.exit_like(outcome)
+    return exit_like(outcome)
 
 
 class Prepared(namedtuple("Prepared", ("worker", "env", "winsize", "merge", "run_dir"))):
@@ -110,7 +112,7 @@ class Prepared(namedtuple("Prepared", ("worker", "env", "winsize", "merge", "run
 
     __slots__ = ()
     if TYPE_CHECKING:
-        worker: runner.Worker | None
+        worker: Worker | None
         env: dict[str, str]
         winsize: tuple[int, int] | None
         merge: bool
@@ -123,10 +125,10 @@ def prepare(argv: list[str], *, spool_root: Path, run_id: str | None = None,
             sample: bool = True, merge: bool | None = None) -> Prepared:
     """Everything before the command's ptys: the configuration, the opt-in file, the run's
     spool directory and Start fields, and the capture worker, forked here. ``merge``: whether
-    stdout and stderr share one pty (None: decided here, ``runner.same_destination``).
+    stdout and stderr share one pty (None: decided here, ``runner.descriptors.same_destination``).
     What fails costs a warning and turns capture off (``Prepared.worker`` None)."""
     base_env = dict(os.environ if env is None else env)
-    worker: runner.Worker | None = None
+    worker: Worker | None = None
     problems: list[str] = []
     run_dir: Path | None = None
     try:
@@ -145,12 +147,12 @@ def prepare(argv: list[str], *, spool_root: Path, run_id: str | None = None,
         if effective_mode is None:
             effective_mode = optin.config.mode if optin.opted_in else ENABLED
         # One pty for both streams when they go to the same place, so that what reaches it
-        # is what the job wrote there, in its order (runner.same_destination).
+        # is what the job wrote there, in its order (runner.descriptors.same_destination).
         if merge is None:
-            merge = optin.config.streams == STREAMS_AUTO and runner.same_destination()
+            merge = optin.config.streams == STREAMS_AUTO and same_destination()
         rid = run_id or default_run_id(base_env)
         run_dir = create_run_dir(spool_root, rid)
-        rows, cols = runner.caller_winsize()
+        rows, cols = caller_winsize()
         start_fields: dict[str, Any] = dict(
             command=list(argv), cwd=os.getcwd(), user=_user_name(), uid=os.getuid(),
             host=_hostname(), pid=os.getpid(),
@@ -168,7 +170,7 @@ def prepare(argv: list[str], *, spool_root: Path, run_id: str | None = None,
             columns=cols, env=dict(base_env), problems=problems, sample=sample,
             start_fields=start_fields, wrapper_pid=os.getpid(), warn=warn, merged=merge,
             redact=optin.config.redact if optin.ok else ())
-        worker = runner.fork_worker(lambda fd: _capture_worker(fd, settings))
+        worker = fork_worker(lambda fd: _capture_worker(fd, settings))
         base_env["LOGCAPTURE_RUN_ID"] = rid
         winsize: tuple[int, int] | None = (rows, cols)
     except Exception as e:  # noqa: BLE001 - never break the job
@@ -179,7 +181,7 @@ def prepare(argv: list[str], *, spool_root: Path, run_id: str | None = None,
         worker = None
         winsize = None
         if merge is None:  # the job's bytes, in order, all the same
-            merge = runner.same_destination()
+            merge = same_destination()
 
     return Prepared(worker, base_env, winsize, bool(merge), run_dir if worker else None)
 
@@ -290,10 +292,10 @@ def _capture_worker(fd: int, s: WorkerSettings) -> int:
                 pipeline.finish_lost(f"the logcapture wrapper (pid {s.wrapper_pid}) went away "
                                      "before the command's outcome was known")
             return 0
-        outcome = runner.Outcome(end["exit_status"], end["signal"], end["pid"], end["started"],
+        outcome = Outcome(end["exit_status"], end["signal"], end["pid"], end["started"],
                           end["ended"], end["bytes"], spawn_error=end["spawn_error"])
         reader = end.get("reader", {})
-        mine = runner.own_usage()
+        mine = own_usage()
         state = "FAILED" if outcome.spawn_error else outcome.state
         if s.env.get("SLURM_JOB_ID") and not outcome.spawn_error:
             from .slurm.jobs import job_end_state
@@ -323,7 +325,7 @@ def _capture_worker(fd: int, s: WorkerSettings) -> int:
 
 def _redactor(s: WorkerSettings) -> Redactor:
     """The run's redaction: the job's environment, the site's and the user's patterns
-    (both checked when their files were read: config.py)."""
+    (both checked when their files were read: config/)."""
     from .redact import Redactor, pattern_of
 
     return Redactor(s.env, variables=s.admin.redact_variables,
@@ -345,7 +347,7 @@ def _discard(fd: int) -> None:
 # behind it. A worker that cannot keep up there (every CPU busy: the job's own threads, or
 # other jobs on a shared node) hands its work to a thread at the normal policy for the rest of
 # the run: once it renders a frame read more than LAG_MAX seconds before (the reader holds a
-# frame for at most runner.PUMP_MAX), or when frames waited through LAG_CHECK seconds in which
+# frame for at most worker.PUMP_MAX), or when frames waited through LAG_CHECK seconds in which
 # it ran less than STARVED of a CPU (while the job prints without pause on a 2-CPU node it
 # gets ~15 %; beside a busy process on its CPU, ~0.3 %). Its other thread checks only while
 # frames wait. An unprivileged thread cannot leave SCHED_IDLE (sched(7), RLIMIT_NICE), hence
@@ -555,7 +557,7 @@ class _Server:
         """Render the whole frames at the start of ``buf`` and remove them; (True, outcome)
         at the end frame or a stop, (False, None) when more must be read."""
         pipeline = self.pipeline
-        coalesce, tick_s = runner.COALESCE, runner.TICK
+        coalesce, tick_s = COALESCE, TICK
         streams = frame.STREAMS
         frames, pos = frame.split(buf)
         i, n = 0, len(frames)

@@ -21,7 +21,7 @@ It consumes what the filter produced for both output streams (``Rendered`` lines
 
 The privacy rule: text a mode drops is never written anywhere, so nothing derived
 from it is returned either: no cut notes, no repeat or blank notes, and a warning about a
-malformed command says only where it was and what was wrong (stream, line number, JSON error
+malformed command says only where it was and what was wrong (stream and place in the log, JSON error
 and column, the offending key or value only when it is plainly a typo of a valid word). It
 never quotes the line, which may hold the secret the user meant to hide.
 
@@ -46,6 +46,8 @@ from .records import (
     NOTE_CUT,
     NOTE_MODE,
     NOTE_REPEAT,
+    NOTE_SECTION,
+    NOTE_SECTION_END,
     NOTE_WARNING,
     OUTPUT_STREAMS,
     STDOUT,
@@ -60,6 +62,7 @@ from .records import (
     new_metadata,
 )
 from .redact import COMMAND_PREFIX, MIN_MASK, mask_accepted
+from .sections import Marker, Sections, marker, may_hold_marker
 
 TYPE_CHECKING = False  # not typing's: importing typing costs every job ~8 ms (records.py)
 if TYPE_CHECKING:
@@ -295,7 +298,6 @@ class Classifier:
             stream: dict.fromkeys(COUNT_KEYS, 0) for stream in OUTPUT_STREAMS
         }
         self._seq = dict.fromkeys(OUTPUT_STREAMS, 0)
-        self._line_no = dict.fromkeys(OUTPUT_STREAMS, 0)  # rendered lines seen, 1-based
         # Was the stream's last line kept? A repeat or blank note describes the line before it,
         # so it is emitted only when that line was kept, whatever the mode is now.
         self._last_kept = dict.fromkeys(OUTPUT_STREAMS, True)
@@ -305,6 +307,10 @@ class Classifier:
         self._hold: dict[str, tuple[str, float]] = {}
         self._commands = 0
         self._outer: str | None = None  # the mode a held batch stands in for
+        # Sections (sections.py): the open ones, and each stream's last kept line when it was
+        # a marker (a repeat of it, which the filter drops, is that marker again).
+        self.sections = Sections()
+        self._last_marker: dict[str, Marker | None] = dict.fromkeys(OUTPUT_STREAMS)
         self._changes: list[tuple[float, str]] = []  # (ts, mode) of each mode change
         self._lock = threading.RLock()
 
@@ -440,7 +446,7 @@ class Classifier:
             return None
         texts = [item.text for item in items]  # type: ignore[union-attr]
         joined = "\n".join(texts)
-        if COMMAND_PREFIX in joined:
+        if COMMAND_PREFIX in joined or may_hold_marker(joined):
             return None
         return texts, joined, stream == STDOUT and (joined[:1] == "{" or "\n{" in joined)
 
@@ -471,6 +477,13 @@ class Classifier:
             if type(item) is Rendered and not item.cut:
                 text = item.text
                 if COMMAND_PREFIX not in text:
+                    found = marker(text)
+                    if found is not None:
+                        if run:
+                            out.append(self._lines(stream, run, ts, styles))
+                            run, styles = [], []
+                        out += self._section(stream, found, ts)
+                        continue
                     if item.style or styles:  # the run's styles, from its first styled line
                         styles += [()] * (len(run) - len(styles))
                         styles.append(item.style)
@@ -537,8 +550,8 @@ class Classifier:
         n = len(texts)
         seq = self._seq[stream]
         self._seq[stream] = seq + n
-        self._line_no[stream] += n
         self._last_kept[stream] = True
+        self._last_marker[stream] = None
         self.counts[stream]["lines"] += n
         if n == 1:
             return Line(run=self.run, stream=stream, seq=seq, ts=ts, text=texts[0],
@@ -554,13 +567,15 @@ class Classifier:
     # ------------------------------------------------------------------------------- internals
 
     def _dropped(self, stream: str, item: Dropped, ts: float) -> list[Record]:
-        self._line_no[stream] += item.count
         counts = self.counts[stream]
         if self.mode != ENABLED or not self._last_kept[stream]:
             # The repeated line was dropped by the mode (now or when it was printed): no note
             # may mention its repetitions.
             counts["dropped_by_mode"] += item.count
             return []
+        again = self._last_marker[stream]
+        if item.note == NOTE_REPEAT and again is not None:  # the same marker again
+            return [rec for _ in range(item.count) for rec in self._section(stream, again, ts)]
         if item.note == NOTE_BLANK:
             counts["blanks_dropped"] += item.count
             text = (f"{item.count} more blank line{'s' if item.count != 1 else ''} "
@@ -574,7 +589,6 @@ class Classifier:
         return [self._note(stream, item.note, text, ts, item.count)]
 
     def _rendered(self, stream: str, item: Rendered, ts: float) -> list[Record]:
-        self._line_no[stream] += 1
         text = item.text
         if _is_command_attempt(text):
             out = self._command(stream, item, ts)
@@ -587,6 +601,10 @@ class Classifier:
             fields = parse_metadata(text)
         out = []
         if self.mode == ENABLED:
+            found = marker(text) if not item.cut else None
+            if found is not None:
+                return self._section(stream, found, ts)
+            self._last_marker[stream] = None
             counts["lines"] += 1
             out.append(Line(run=self.run, stream=stream, seq=self._next(stream), ts=ts,
                             text=text, style=item.style))
@@ -602,9 +620,30 @@ class Classifier:
                                 fields=fields))
         return out
 
+    def _section(self, stream: str, found: Marker, ts: float) -> list[Record]:
+        """A marker line (mode enabled): the notes of the sections it ends, then of the one
+        it starts (sections.py), in place of the line."""
+        self._last_kept[stream] = True
+        self._last_marker[stream] = found
+        out: list[Record] = [self._note(stream, NOTE_SECTION_END, title, ts, ms)
+                             for title, ms in self.sections.apply(found, ts)]
+        if found.what == "start":
+            out.append(self._note(stream, NOTE_SECTION, found.title, ts, int(found.collapsed)))
+        return out
+
+    def close_sections(self, ts: float) -> list[Record]:
+        """The end notes of the sections still open when the run ends (on stdout)."""
+        with self._lock:
+            return [self._note(STDOUT, NOTE_SECTION_END, title, ts, ms)
+                    for title, ms in self.sections.close(ts)]
+
     def _command(self, stream: str, item: Rendered, ts: float) -> list[Record]:
+        self._last_marker[stream] = None
         counts = self.counts[stream]
-        where = f"{stream} line {self._line_no[stream]}"
+        # Where: the note follows the command (or, in mode enabled, the malformed line) in
+        # the log, whose line number says where it was (logview.py): a count of this
+        # stream's own lines would be a second, different number.
+        where = stream
         out: list[Record] = []
         try:
             if item.cut:

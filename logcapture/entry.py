@@ -5,11 +5,11 @@ click is ~10-20 ms of it (a twentieth of the 2 % CPU budget of a 10 s job;
 docs/performance.md). So a ``run`` command line made only of the options ``run`` declares,
 each with a plain value, is parsed here and the command started at once; everything else
 (help, a misspelt or unknown option, a missing or empty value, a bad mode, any other command)
-goes to the click CLI in ``cli.py``, which prints the help or the error. Parsing here never
+goes to the click CLI (the ``cli`` package), which prints the help or the error. Parsing here never
 decides anything click would decide differently: ``tests/test_entry.py`` compares
 ``parse_run`` with click's parse of the same arguments. Errors are reported as ``cli.main``
 reports them (``errors.failure``, shared by both). The capture itself is
-``capture.run_command``, which ``cli.run`` calls too.
+``capture.run_command``, which ``cli.capture_commands.run`` calls too.
 """
 
 from __future__ import annotations
@@ -18,14 +18,16 @@ import os
 import sys
 from pathlib import Path
 
-# run's options (cli.run): the ones that take a value, and the --sample/--no-sample flag.
+# run's options (cli.capture_commands.run): the ones that take a value, and the
+# --sample/--no-sample flag.
 _VALUE_OPTIONS = {"--spool": "spool", "--run-id": "run_id", "--mode": "mode"}
 _FLAGS = {"--sample": True, "--no-sample": False}
 
 
 def parse_run(args: list[str]) -> dict | None:
     """``run``'s parameters from ``args`` (the words after ``logcapture``), as click would
-    pass them to ``cli.run``; None when click must look at them (not a plain ``run``)."""
+    pass them to ``run`` (``cli.capture_commands``); None when click must look at them (not a
+    plain ``run``)."""
     if not args or args[0] != "run":
         return None
     from .records import MODES
@@ -102,6 +104,6 @@ def main(argv: list[str] | None = None) -> None:
         except OSError:
             pass
         code = said[1]
-    from .runner import leave
+    from .runner.exits import leave
 
     leave(code)  # without the interpreter's teardown: the command has ended

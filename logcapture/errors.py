@@ -145,7 +145,7 @@ def typo_of(value: object, choices: tuple[str, ...]) -> str | None:
 
 
 class Warner:
-    """``logcapture:`` warnings on the real stderr (here, not in cli.py, so the Slurm job
+    """``logcapture:`` warnings on the real stderr (here, not in the cli package, so the Slurm job
     wrapper need not import the CLI and click): each distinct message once, at most
     ``limit`` in all, so a failing disk cannot flood the job's error file."""
 

@@ -11,14 +11,14 @@ How it reads, on the node that runs the job (its spool):
 - Every ``DISCOVER`` (1 s) the spool is looked at for task runs that appeared since (a new
   ``srun`` step's tasks): only the Start record of a run directory not seen before is read.
 - An entry is shown once no entry of an earlier time can still come: ``HOLD`` seconds after
-  its time (the spool writer flushes within ``spool.FLUSH_INTERVAL``) and after the last
+  its time (the spool writer flushes within ``FLUSH_INTERVAL``) and after the last
   look for new task runs, and a line that several ranks may print is held for the folding
   window (``rankview.Folder``). New lines therefore show a few seconds after they were
   printed, in the order ``logs JOB`` prints them. At most ``MAX_HELD`` entries wait (a
   flood is shown a little out of that order rather than held without bound).
 - It returns once the batch run and every task run it follows have their end record (or the
-  end that ``spool.close_abandoned`` writes for a run whose writer is gone), and one more
-  look found no new task run.
+  end that ``spool.abandoned.close_abandoned`` writes for a run whose writer is gone), and
+  one more look found no new task run.
 
 Labels (``N: ``) are shown once the follow has seen the tasks of more than one rank (as
 ``logs JOB``: a job of one task is shown as it printed). A job whose batch run is not in this
@@ -35,11 +35,12 @@ from pathlib import Path
 from typing import Any
 
 from . import jobref
+from .config.defaults import FLUSH_INTERVAL
 from .errors import NotFound, UsageError
 from .logview import LogView
 from .rankview import Folder, RankEntry, job_runs, read_job, several_ranks, tagged, text_lines
 from .runs import ABANDON_CHECK, SPOOL_POLL, SpoolFollow, job_candidates
-from .spool import FLUSH_INTERVAL, find_run_dirs
+from .spool.layout import find_run_dirs
 
 DISCOVER = 1.0  # seconds between looks for new task runs
 HOLD = FLUSH_INTERVAL + 1.0  # seconds an entry waits for earlier ones of other runs

@@ -33,6 +33,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
 from .errors import NotFound, UsageError
+from .summary_row import run_name
 
 # The job columns ``job_fields`` adds to a run summary.
 JOB_KEYS = ("job", "job_name", "nodes", "array_job_id", "array_task_id", "restart", "step",
@@ -70,8 +71,8 @@ def restart_of(run: str, slurm: Mapping[str, Any]) -> int:
 def job_fields(summary: Mapping[str, Any]) -> dict[str, Any]:
     """The job columns of a run summary (``run``, ``job_id``, ``slurm``, ``host``,
     ``command``): ``job`` (the id as ``sacct`` shows it: ``J`` or ``J_T``; the run id when the
-    run is not a Slurm job), ``job_name``, ``nodes``, ``array_job_id``, ``array_task_id``,
-    ``restart``."""
+    run is not a Slurm job), ``job_name`` (the run's name: ``summary_row.run_name``),
+    ``nodes``, ``array_job_id``, ``array_task_id``, ``restart``."""
     slurm = summary.get("slurm") or {}
     run = str(summary.get("run", ""))
     raw = str(summary.get("job_id") or slurm.get("job_id") or "")
@@ -80,8 +81,7 @@ def job_fields(summary: Mapping[str, Any]) -> dict[str, Any]:
         job = f"{array_job}_{task}"
     else:
         job, array_job, task = raw or run, "", ""
-    command = summary.get("command") or []
-    name = str(slurm.get("job_name", "")) or (command[0].rsplit("/", 1)[-1] if command else "")
+    name = run_name(slurm, summary.get("command"))
     rank = str(slurm.get("rank", ""))
     rank_of = int(rank) if rank.isdigit() else None
     nodes = str(slurm.get("nodelist", "")) if rank_of is None else ""  # a task's is its node

@@ -20,12 +20,21 @@ The rules:
 
 Entries are ordered by ``(ts, stream, seq)``, the store's sort key, so a spool reader and a
 store reader page through the same order.
+
+Line numbers: every stored line of a run (a rendered line or a ``/LOGCOMMAND`` line: the
+``lines`` table's rows) has one number, 1-based, its place among the run's lines of both
+output streams in this order, whichever streams are shown (:class:`LogView` counts them in
+Python, :func:`line_numbers_sql` in SQL; a test holds the two equal). Notes and metadata
+records have none (they are not lines the job printed: a note is logcapture's words, a
+metadata record the fields of a line). The pipeline writes a run's records in this order
+(pipeline.py, "Read times and order"), so a running job's new lines only add numbers after
+the last.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from decimal import Decimal
 from typing import Any, NamedTuple
 
@@ -34,6 +43,8 @@ from .records import (
     NOTE_CUT,
     NOTE_MODE,
     NOTE_REPEAT,
+    NOTE_SECTION,
+    NOTE_SECTION_END,
     NOTE_WARNING,
     RUN,
     STDERR,
@@ -44,18 +55,29 @@ from .records import (
     Note,
     Record,
     dumps,
+    kind_suffix,
 )
+from .sections import duration_text
 from .sgr import Span, spans
 
 LINE = "line"
 COMMAND = "command"
 NOTE = "note"
 METADATA = "metadata"
+# A section's start and end (sections.py): notes, whose entries say which, so that a page
+# folds what lies between.
+SECTION = "section"
+SECTION_END = "section_end"
+_NOTE_KIND = {NOTE_SECTION: SECTION, NOTE_SECTION_END: SECTION_END}
+
+
+NUMBERED = (LINE, COMMAND)  # the entries that have a line number: the lines table's kinds
 
 
 class Entry(NamedTuple):
-    """One entry of a log view: ``kind`` is line, command, note or metadata; ``style`` a
-    line's colour spans (``logcapture.sgr``), empty when plain."""
+    """One entry of a log view: ``kind`` is line, command, note (section and section_end
+    for a section's notes) or metadata; ``style`` a line's colour spans (``logcapture.sgr``),
+    empty when plain; ``line`` its line number (0: none, a note or metadata)."""
 
     ts: float
     stream: str
@@ -63,6 +85,7 @@ class Entry(NamedTuple):
     kind: str
     text: str
     style: tuple[Span, ...] = ()
+    line: int = 0
 
 
 def note_text(note: str, count: int, text: str) -> str:
@@ -78,6 +101,10 @@ def note_text(note: str, count: int, text: str) -> str:
         return f"[logcapture: {text}]"
     if note == NOTE_WARNING:
         return f"[logcapture: warning: {text}]"
+    if note == NOTE_SECTION:
+        return f"[logcapture: section {text}{' (folded)' if count else ''}]"
+    if note == NOTE_SECTION_END:
+        return f"[logcapture: end of section {text}, {duration_text(count)}]"
     return f"[logcapture: {note}: {text}]"
 
 
@@ -89,11 +116,15 @@ class LogView:
     """The log entries of one run's records fed in spool order, in pieces (a running job's
     new records): :meth:`feed` returns the entries of the records given, stdout only or
     with stderr (``streams``, when given, names the output streams shown: ``logs --stream
-    stderr``). Remembers across calls which line a metadata record may repeat."""
+    stderr``). Remembers across calls which line a metadata record may repeat, and numbers
+    the lines: ``lines`` is the number of the run's lines before the first record fed (fed
+    in the log's order, both streams: lines of a stream not shown are counted too)."""
 
-    def __init__(self, stderr: bool = False, streams: tuple[str, ...] | None = None) -> None:
+    def __init__(self, stderr: bool = False, streams: tuple[str, ...] | None = None,
+                 lines: int = 0) -> None:
         self.shown = streams_of(stderr) if streams is None else streams
         self._printed: dict[str, int] = {}  # stream -> seq of its last logged Line
+        self.lines = lines  # the run's lines fed so far: the last line's number
 
     def feed(self, records: Iterable[Record]) -> list[Entry]:
         shown, printed = self.shown, self._printed
@@ -102,20 +133,22 @@ class LogView:
             stream = rec.stream
             if isinstance(rec, Line):
                 printed[stream] = rec.seq
+                self.lines += 1
                 if stream in shown:
                     out.append(Entry(rec.ts, stream, rec.seq, LINE, rec.text,
-                                     spans(rec.style) if rec.style else ()))
+                                     spans(rec.style) if rec.style else (), line=self.lines))
             elif isinstance(rec, Metadata):
                 if stream in shown and printed.get(stream) != rec.seq - 1:
                     out.append(Entry(rec.ts, stream, rec.seq, METADATA,
                                      dumps(dict(rec.fields))))
             elif isinstance(rec, Command):
+                self.lines += 1
                 if stream in shown:
-                    out.append(Entry(rec.ts, stream, rec.seq, COMMAND, rec.text))
+                    out.append(Entry(rec.ts, stream, rec.seq, COMMAND, rec.text, line=self.lines))
             elif isinstance(rec, Note):
                 if stream == RUN or (stream in shown and not (
                         rec.note == NOTE_MODE and stream != STDOUT and STDOUT in shown)):
-                    out.append(Entry(rec.ts, stream, rec.seq, NOTE,
+                    out.append(Entry(rec.ts, stream, rec.seq, _NOTE_KIND.get(rec.note, NOTE),
                                      note_text(rec.note, rec.count, rec.text)))
         return out
 
@@ -132,9 +165,30 @@ def sort_key(e: Entry) -> tuple[float, str, int]:
 
 def entry_from_row(row: dict[str, Any]) -> Entry:
     """An entry from a row of :func:`log_sql` (columns ts, stream, seq, kind, text, and
-    style when asked for)."""
+    style when asked for) and its line number (``line``, from :func:`line_numbers_sql`; 0 or
+    absent: none)."""
     return Entry(row["ts"], row["stream"], int(row["seq"]), row["kind"], row["text"],
-                 spans(row.get("style")))
+                 spans(row.get("style")), int(row.get("line") or 0))
+
+
+def numbered_text(shown: Callable[[Entry], str]) -> Callable[[Entry], str]:
+    """What ``logs -n`` prints of an entry: what ``shown`` prints of it, after its line number,
+    as ``cat -n`` writes it (a note, which has none, after as many spaces)."""
+    def text(e: Entry) -> str:
+        return f"{e.line:6}\t{shown(e)}" if e.line else f"{'':6}\t{shown(e)}"
+    return text
+
+
+def numbered_lines(raw: Iterable[bytes]) -> int:
+    """How many of a spool segment's lines (NDJSON records, without their newline) are
+    numbered lines: a record's kind is its last key (``records.Record.to_dict``), so a line
+    or command record ends with its kind, and no other record does (a metadata record's own
+    fields end before its ``"kind":"metadata"``)."""
+    return sum(1 for r in raw if r.endswith(NUMBERED_ENDS))
+
+
+# How a numbered record's JSON ends (its kind last: records.kind_suffix).
+NUMBERED_ENDS = tuple(kind_suffix(kind) for kind in NUMBERED)
 
 
 # --- The same rules in ClickHouse SQL ------------------------------------------------------
@@ -150,7 +204,24 @@ def _note_text_sql() -> str:
                              ' characters dropped]'),
         note = '{NOTE_MODE}', concat('[logcapture: ', text, ']'),
         note = '{NOTE_WARNING}', concat('[logcapture: warning: ', text, ']'),
+        note = '{NOTE_SECTION}', concat('[logcapture: section ', text,
+                                if(count != 0, ' (folded)', ''), ']'),
+        note = '{NOTE_SECTION_END}', concat('[logcapture: end of section ', text, ', ',
+                                            {_duration_sql()}, ']'),
         concat('[logcapture: ', note, ': ', text, ']'))"""
+
+
+def _duration_sql() -> str:
+    """``sections.duration_text`` of ``count`` (ms) in SQL."""
+    two = "leftPad(toString({}), 2, '0')"
+    return f"""multiIf(
+            count < 1000, concat(toString(count), ' ms'),
+            count < 60000, concat(toString(intDiv(count, 1000)), '.',
+                                  toString(intDiv(count % 1000, 100)), ' s'),
+            count < 3600000, concat(toString(intDiv(count, 60000)), ' min ',
+                                    {two.format("intDiv(count, 1000) % 60")}, ' s'),
+            concat(toString(intDiv(count, 3600000)), ' h ',
+                   {two.format("intDiv(count, 60000) % 60")}, ' min'))"""
 
 
 def log_sql(db: str, run_cond: str, stderr: str, where: str = "1", order: str = "DESC",
@@ -197,7 +268,9 @@ SELECT {key}{ts} AS ts, stream, seq, kind, text{st} FROM (
     SELECT * FROM ({lines})
     UNION ALL
     SELECT * FROM (
-        SELECT {key}ts, stream, seq, '{NOTE}' AS kind, {_note_text_sql()} AS text{no_st}
+        SELECT {key}ts, stream, seq, multiIf(note = '{NOTE_SECTION}', '{SECTION}',
+            note = '{NOTE_SECTION_END}', '{SECTION_END}', '{NOTE}') AS kind,
+            {_note_text_sql()} AS text{no_st}
         FROM {db}notes {fin}
         WHERE {run_cond}
           AND (stream = '{RUN}'
@@ -214,6 +287,30 @@ LIMIT {limit}
 """
 
 
+def line_numbers_sql(db: str, run_cond: str) -> str:
+    """ClickHouse SQL for the line numbers of some rows of ``lines`` of the run ``run_cond``
+    selects (with its owner, in bound parameters): columns ``stream``, ``seq``, ``line`` for
+    the rows whose ``(stream, seq)`` is in the bound parameter ``{keys:Array(Tuple(String,
+    UInt64))}``, each its place among the run's rows of ``lines`` (both streams) in the order
+    of :func:`log_sql`, 1-based, as :class:`LogView` numbers them. The rows between
+    ``{lo:Int64}`` and ``{upto:Int64}`` (ns: the earliest and the latest key's time) are
+    numbered in order after a count of the run's rows before ``lo``: a line's number depends
+    only on the lines before it, and the count reads the key's columns alone."""
+    db = f"{db}." if db else ""
+    rows = f"{db}lines FINAL WHERE {run_cond} AND stream IN ('{STDOUT}', '{STDERR}')"
+    return f"""
+SELECT stream, seq, line + (SELECT count() FROM {rows}
+    AND ts < fromUnixTimestamp64Nano({{lo:Int64}}, 'UTC')) AS line
+FROM (
+    SELECT CAST(stream AS String) AS stream, seq,
+        row_number() OVER (ORDER BY ts, stream, seq) AS line
+    FROM {rows}
+      AND ts >= fromUnixTimestamp64Nano({{lo:Int64}}, 'UTC')
+      AND ts <= fromUnixTimestamp64Nano({{upto:Int64}}, 'UTC'))
+WHERE has({{keys:Array(Tuple(String, UInt64))}}, (stream, seq))
+"""
+
+
 def metadata_text(fields_json: str) -> str:
     """A metadata row's JSON as the spool reader writes it (records.dumps), so both readers
     show the same text whatever spacing the store kept."""
@@ -221,6 +318,29 @@ def metadata_text(fields_json: str) -> str:
         return dumps(json.loads(fields_json))
     except ValueError:
         return fields_json
+
+
+def numbered_evidence(insights: list[dict[str, Any]], numbers: Callable[
+        [list[tuple[str, int]]], dict[tuple[str, int], int]]) -> list[dict[str, Any]]:
+    """``insights`` (``Insight.to_dict``) with each evidence line's ``line``: its line number
+    (logview.py) as ``numbers`` gives it for ``(stream, seq)`` keys; null for none."""
+    quoted = [e for i in insights for e in i.get("evidence") or ()]
+    found = numbers([(e["stream"], int(e["seq"])) for e in quoted]) if quoted else {}
+    for e in quoted:
+        e["line"] = found.get((e["stream"], int(e["seq"])))
+    return insights
+
+
+def just_before(key: tuple[int, str, int] | None, run: str, line: int) -> str:
+    """A cursor just before the line of ``key``, so a page ``after`` it begins with that
+    line (or, for a stream's first record, with what shares its time stamp); NotFound when
+    there is no such line."""
+    from .errors import NotFound
+
+    if key is None:
+        raise NotFound(f"run {run!r} has no line {line}")
+    ns, stream, seq = key
+    return f"{ns}:{stream}:{seq - 1}" if seq else f"{ns - 1}:{stream}:{seq}"
 
 
 # --- Cursors: where a page of entries starts or ends -------------------------------------

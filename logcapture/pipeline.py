@@ -15,6 +15,7 @@ dropped.
 from __future__ import annotations
 
 import codecs
+import math
 import operator
 import re
 import threading
@@ -40,7 +41,8 @@ from .records import (
     Rendered,
     Start,
 )
-from .spool import SpoolWriter
+from .sections import MarkerBytes
+from .spool.writer import SpoolWriter
 
 TYPE_CHECKING = False  # not typing's: importing typing costs every job ~8 ms (records.py)
 if TYPE_CHECKING:
@@ -150,7 +152,8 @@ def _by_group(items: list[Rendered | Dropped], lines: list[Rendered],
 
 
 class Pipeline:
-    """Sink for ``runner.run``: ``feed(stream, data, now)``, ``tick(now)``; then ``finish``."""
+    """Sink for ``runner.spawn.run``: ``feed(stream, data, now)``, ``tick(now)``; then
+    ``finish``."""
 
     def __init__(self, run_id: str, spool: SpoolWriter, *, mode: str, columns: int, rows: int,
                  warn: Callable[[str], None] | None = None, merged: bool = False,
@@ -175,6 +178,7 @@ class Pipeline:
         self.classifier: Classifier = Classifier(
             run_id, mode, (STDOUT,) if merged else OUTPUT_STREAMS)
         self._new_filter = LineFilter
+        self._markers = {s: MarkerBytes() for s in OUTPUT_STREAMS}  # GitLab's, kept visible
         # Read times (docs/architecture.md, "Read times and order"). Per stream: the newlines
         # fed, as (count so far, read time) of each read that had any; how many lines have
         # been given a time; the read time of the last data fed; whether its committed lines
@@ -191,6 +195,7 @@ class Pipeline:
             s: deque() for s in OUTPUT_STREAMS}
         self._known = 0.0  # every read up to this time has been fed (the reader's round ends)
         self._released = 0.0  # the latest read time handed to the classifier
+        self._released_stream = ""  # and the stream of the lines released at it
         self._began = (time.time(), time.monotonic())  # the start record's, once written
         self._run_seq = 0
         self._run_lock = threading.Lock()
@@ -265,7 +270,8 @@ class Pipeline:
         self._fed[stream] = now
         if b"\r" in data:
             self._redrawn_at[stream] = now
-        self._through(stream, lambda r: r.feed(data))
+        shown = self._markers[stream].feed(data)
+        self._through(stream, lambda r: r.feed(shown))
 
     def tick(self, now: float, mono: float | None = None) -> None:
         """Commit finished lines of a stream that has been quiet for IDLE_COMMIT seconds, and
@@ -441,14 +447,10 @@ class Pipeline:
             # without the checks that order two streams.
             first, other = (STDOUT, STDERR) if out else (STDERR, STDOUT)
             if self._horizon(other) == _NEVER:
-                queue, known, last = waiting[first], self._known, self._released
+                queue, known = waiting[first], self._known
                 while queue and queue[0][0] <= known:
                     ts, lines = queue.popleft()
-                    if ts < last:
-                        ts = last
-                    last = ts
-                    released.append((first, ts, lines))
-                self._released = last
+                    released.append((first, self._in_order(first, ts), lines))
                 return
         while out or err:
             if out and err:
@@ -468,11 +470,21 @@ class Pipeline:
                 if ts > h or (ts == h and not _has_command(lines)):
                     return  # the other stream may still have lines read before this one
             waiting[first].popleft()
-            if ts < self._released:
-                ts = self._released  # committed late (the other stream was quiet, or ended)
-            else:
-                self._released = ts
-            released.append((first, ts, lines))
+            released.append((first, self._in_order(first, ts), lines))
+
+    def _in_order(self, stream: str, ts: float) -> float:
+        """The time stamp the lines of ``stream`` read at ``ts`` are released with: never
+        before the last released (they were committed late: the other stream was quiet, or
+        ended), and after it when they would sort before it at the same time (stderr after
+        stdout, or a command's round): the spool then holds a run's records in the log's
+        order, ``(ts, stream, seq)`` (logview.py), so line numbers counted in the order of
+        writing are the log's and a running job's new lines only add numbers after the last.
+        The next float is 0.24 us later at today's epoch, within the store's ns."""
+        last = self._released
+        if ts < last or (ts == last and stream < self._released_stream):
+            ts = last if stream >= self._released_stream else math.nextafter(last, _NEVER)
+        self._released, self._released_stream = ts, stream
+        return ts
 
     def _emit_run(self, stream: str, groups: list[tuple[float, list[Rendered]]],
                   final: bool = False) -> None:
@@ -578,12 +590,22 @@ class Pipeline:
     # --- the end -------------------------------------------------------------------------
     def _final_lines(self, now: float) -> None:
         for stream in OUTPUT_STREAMS:
+            self._feed_held(stream)
             self._through(stream, lambda r: r.finish(), final=True)
             if stream in self._faulted:  # the fallback splitter's rest
                 self._through(stream, lambda r: r.finish(), final=True)
         self._release(final=True)
         for stream in OUTPUT_STREAMS:
             self._emit_run(stream, [(max(now, self._released), [])], final=True)
+        ended = self.classifier.close_sections(max(now, self._released))  # never closed
+        if ended:
+            self.spool.write(self.limit.feed(ended))
+
+    def _feed_held(self, stream: str) -> None:
+        """The bytes ``MarkerBytes`` held back at the end of the stream, to the renderer."""
+        held = self._markers[stream].finish()
+        if held:
+            self._through(stream, lambda r: r.feed(held))
 
     def close_unfinished(self) -> None:
         """The wrapper went away without an outcome (killed) in a Slurm job: keep every line

@@ -20,8 +20,12 @@ reader use them.
 from __future__ import annotations
 
 import re
+from collections import namedtuple
 from collections.abc import Iterable
-from typing import Any, NamedTuple
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the job start path)
+if TYPE_CHECKING:
+    from typing import Any
 
 #: The reserved streams of progress records: ``progress:stdout``, ``progress:stderr``.
 STREAM_PREFIX = "progress:"
@@ -33,17 +37,23 @@ def progress_stream(stream: str) -> str:
     return STREAM_PREFIX + stream
 
 
-class BarState(NamedTuple):
-    label: str
-    n: float
-    total: float | None
-    unit: str = ""
-    rate: float | None = None  # per second, in ``unit``
-    elapsed: float | None = None  # seconds
-    strong: bool = True
-    # What follows the bar from state to state when its label does not: wget scrolls a long
-    # file name through its label's place, so its bar is known by its shape alone.
-    key: str | None = None
+class BarState(namedtuple("BarState", ("label", "n", "total", "unit", "rate", "elapsed",
+                                        "strong", "key"),
+                           defaults=("", None, None, True, None))):
+    """One state of a bar (a ``collections.namedtuple``: no ``typing`` on the start path).
+    ``key``: what follows the bar from state to state when its label does not: wget scrolls a
+    long file name through its label's place, so its bar is known by its shape alone."""
+
+    __slots__ = ()
+    if TYPE_CHECKING:
+        label: str
+        n: float
+        total: float | None
+        unit: str
+        rate: float | None  # per second, in ``unit``
+        elapsed: float | None  # seconds
+        strong: bool
+        key: str | None
 
 
 _SCALE = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}

@@ -223,10 +223,9 @@ def read_job(reader: Any, runs: list[Mapping[str, Any]], streams: tuple[str, ...
     from .logview import LogView
     from .records import from_dict
 
-    stream = None if len(streams) > 1 else streams[0]
-
     def entries(run: str) -> list[Entry]:
-        return LogView(streams=streams).feed(from_dict(d) for d in reader.lines(run, stream))
+        # both streams read: a line's number counts both (the view shows ``streams``)
+        return LogView(streams=streams).feed(from_dict(d) for d in reader.lines(run, None))
 
     return job_log([(run, entries(str(run["run"]))) for run in runs])
 

@@ -11,6 +11,12 @@ Stages exchange these types and nothing else. Encoding is
 ``record.to_dict()`` -> ``json.dumps``; decoding is ``from_dict(obj)``, which raises
 ``RecordError`` naming the field that was wrong.
 
+A record's kind is its last key (``kind_suffix``): every encoded record ends with
+``"kind":"<kind>"}``, so a reader can pick records of a kind out of a segment's bytes without
+parsing JSON. ``kind_suffix`` is the one place that spells those bytes; the writers here and
+every byte-level test of a kind elsewhere (spool reading, shipping, live checks, the read
+layer, the store's ingest) use it.
+
 The records are named tuples (``collections.namedtuple``): immutable, made at C speed, and
 cheap to define. Every job pays for this module's import twice over (the wrapper and the capture
 worker start with it): frozen dataclasses cost ~10-18 ms of CPU more at each start here
@@ -49,7 +55,7 @@ MODES = (ENABLED, METADATA, DISABLED)
 
 # The state of a run whose writer went away before the command's outcome was known (the
 # wrapper killed, its node crashed or rebooted) and that Slurm did not close: its end is its
-# last output (spool.close_abandoned, Pipeline.finish_lost).
+# last output (spool.abandoned.close_abandoned, Pipeline.finish_lost).
 LOST = "LOST"
 
 # Note kinds.
@@ -58,12 +64,18 @@ NOTE_BLANK = "blank"  # a run of blank lines collapsed to one; count = lines dro
 NOTE_CUT = "cut"  # a line longer than the limit was cut; count = characters dropped
 NOTE_WARNING = "warning"  # something went wrong (bad command, bad config, internal fault)
 NOTE_MODE = "mode"  # the mode changed (from .logoptin or a /LOGCOMMAND)
-NOTE_KINDS = (NOTE_REPEAT, NOTE_BLANK, NOTE_CUT, NOTE_WARNING, NOTE_MODE)
+# A CI fold marker (sections.py): a section starts (text its title, count 1 when it opens
+# collapsed) or ends (text its title, count its duration in ms).
+NOTE_SECTION = "section"
+NOTE_SECTION_END = "section_end"
+NOTE_KINDS = (NOTE_REPEAT, NOTE_BLANK, NOTE_CUT, NOTE_WARNING, NOTE_MODE, NOTE_SECTION,
+              NOTE_SECTION_END)
 
 
 # How the job's stdout and stderr were captured, in the start record's config["streams"]:
-# two ptys, or one for both (they went to the same file or terminal, runner.same_destination)
-# whose stream is stdout. A start record without the key is from before there was a choice.
+# two ptys, or one for both (they went to the same file or terminal,
+# runner.descriptors.same_destination) whose stream is stdout. A start record without the key
+# is from before there was a choice.
 STREAMS_SEPARATE = "separate"
 STREAMS_MERGED = "merged"
 
@@ -77,6 +89,35 @@ def streams_of(config: Mapping[str, Any]) -> str:
 
 
 _IDENTITY = ("run", "stream", "seq", "ts")
+
+
+def kind_suffix(kind: str) -> bytes:
+    """The bytes that end the NDJSON line of every record of ``kind`` (before its newline):
+    the contract that a record's kind is its last key. ``to_dict`` puts ``kind`` last and the
+    hot paths (``Line``, ``Lines``, ``Metadata``) write it last; a quote inside a string value
+    is escaped, so no text can end a line with these bytes. Every byte-level test of a
+    record's kind goes through this function (tests/test_records.py holds writer and readers
+    to it)."""
+    return b'"kind":"' + kind.encode() + b'"}'
+
+
+# How a record about the run as a whole begins (to_json: run, stream, seq, ...; a run id has
+# no quote, and a quote inside a string value is escaped, so no text can imitate it).
+_RUN_STREAM = b'","stream":"run","'
+_RUN_STREAM_WITHIN = 160
+
+
+def run_lines(data: bytes) -> list[bytes]:
+    """The NDJSON lines of ``data`` (each ending in a newline) that are records about the run
+    as a whole (start, notes, end): what is kept when the output cannot be. Like
+    ``kind_suffix``, a byte-level contract of the encoding (``to_dict`` writes ``run`` and
+    ``stream`` first)."""
+    return [ln for ln in data.splitlines(True) if _RUN_STREAM in ln[:_RUN_STREAM_WITHIN]]
+
+
+# How the hot paths end a line and a metadata record.
+_LINE_KIND = kind_suffix("line").decode()
+_METADATA_KIND = kind_suffix("metadata").decode()
 _NO_ITEMS: Mapping[str, Any] = MappingProxyType({})  # the default of every dict field
 
 
@@ -164,7 +205,7 @@ class Line(_record_tuple("Line", "text", "style", defaults=("", ())), Record):
             return dumps(self.to_dict())
         return (f'{{"run":{_string(self.run)},"stream":{_string(self.stream)},'
                 f'"seq":{int(self.seq)},"ts":{float(self.ts)!r},"text":{_string(self.text)},'
-                f'"kind":"line"}}')
+                f'{_LINE_KIND}')
 
 
 class Lines(_record_tuple("Lines", "texts", "spans", "styles", defaults=((), (), ())),
@@ -213,7 +254,7 @@ class Lines(_record_tuple("Lines", "texts", "spans", "styles", defaults=((), (),
             quote = ""  # each text through the C string encoder (quotes included)
             bodies = map(_string, texts)
         head = f'{{"run":{_string(self.run)},"stream":{_string(self.stream)},"seq":'
-        end = f'{quote},"kind":"line"}}'
+        end = f'{quote},{_LINE_KIND}'
         # [seq, tail, body, end + newline + head] per line, joined once.
         parts = [f',"ts":{float(self.ts)!r},"text":{quote}'] * (4 * n)
         if self.spans:
@@ -269,7 +310,7 @@ class Metadata(_record_tuple("Metadata", "fields", defaults=(_NO_ITEMS,)), Recor
             except ValueError:  # a non-finite number somewhere: the generic way
                 return dumps(self.to_dict())
             return (f'{{"run":{_string(self.run)},"stream":{_string(self.stream)},'
-                    f'"seq":{self.seq},"ts":{ts!r},"fields":{body},"kind":"metadata"}}')
+                    f'"seq":{self.seq},"ts":{ts!r},"fields":{body},{_METADATA_KIND}')
         return dumps(self.to_dict())
 
 

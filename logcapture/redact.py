@@ -209,7 +209,7 @@ class Redactor:
         self._build()
 
     def _build(self) -> None:
-        # Imported here, in the capture worker: the job's start (config.py imports this
+        # Imported here, in the capture worker: the job's start (config/checking.py imports this
         # module for pattern_of) does not pay for it.
         from ahocorasick_rs import AhoCorasick, MatchKind
 

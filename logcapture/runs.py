@@ -1,34 +1,38 @@
 """Reading runs back from the spool: find a run, summarise it, follow it live.
 
-Used by the read layer (``query.py``). Reads, and writes one thing: the end of a run whose
-writer is gone (``spool.close_abandoned``), so that no run stays RUNNING after its process.
+Used by the read layer (``query``). Reads, and writes one thing: the end of a run whose
+writer is gone (``spool.abandoned.close_abandoned``), so that no run stays RUNNING after its
+process.
 """
 
 from __future__ import annotations
 
+import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from . import jobref
 from .errors import NotFound, SpoolError
+from .logview import NUMBERED_ENDS, numbered_lines
 from .records import (
     OUTPUT_STREAMS,
     End,
     Line,
     Record,
     Start,
+    kind_suffix,
 )
-from .spool import (
+from .spool.abandoned import close_abandoned
+from .spool.layout import find_run_dirs, segments
+from .spool.reading import (
     ReadStats,
-    close_abandoned,
-    find_run_dirs,
     iter_run,
     parse_lines,
     read_lines,
     read_segment,
-    segments,
+    segment_data,
 )
 
 
@@ -52,8 +56,9 @@ def _end_record(run_dir: Path) -> End | None:
         lines, _ = read_lines(segs[-1])
     except SpoolError:
         return None
+    end = kind_suffix("end")
     for raw in reversed(lines):
-        if b'"kind":"end"' in raw:
+        if raw.endswith(end):
             for rec in parse_lines(segs[-1].path.name, [raw], 0, ReadStats()):
                 if isinstance(rec, End):
                     return rec
@@ -66,6 +71,7 @@ class RunSummary:
     start: Start | None
     end: End | None
     lines: int
+    last: float | None = None  # the newest record's time (the End record's, once ended)
 
     @property
     def state(self) -> str:
@@ -82,9 +88,14 @@ def summarize(run_dir: Path) -> RunSummary:
         end = closed if isinstance(closed, End) else None
     if end is not None:
         lines = sum(end.counts.get(s, {}).get("lines", 0) for s in OUTPUT_STREAMS)
-    else:
-        lines = sum(1 for r in iter_run(run_dir) if isinstance(r, Line))
-    return RunSummary(run_dir.name, start if isinstance(start, Start) else None, end, lines)
+        last: float | None = end.ts
+    else:  # read whole while it runs: its lines, and its newest record's time
+        lines, last = 0, None
+        for r in iter_run(run_dir):
+            lines += isinstance(r, Line)
+            last = r.ts if last is None else max(last, r.ts)
+    return RunSummary(run_dir.name, start if isinstance(start, Start) else None, end, lines,
+                      last)
 
 
 def find_run(root: Path, ref: str | None) -> Path:
@@ -159,8 +170,9 @@ SPOOL_POLL = 0.25  # seconds between a follower's reads of the spool
 class SpoolFollow:
     """A run followed without waiting: each :meth:`read` returns the records written since
     the last one; when nothing new came for ``check`` seconds it asks whether the writer is
-    gone (``spool.close_abandoned``) and reads what that wrote. ``ended`` turns true once the
-    end record has been read. ``follow_records`` and a job's follow (``jobfollow``) poll it."""
+    gone (``spool.abandoned.close_abandoned``) and reads what that wrote. ``ended`` turns
+    true once the end record has been read. ``follow_records`` and a job's follow
+    (``jobfollow``) poll it."""
 
     def __init__(self, run_dir: Path, check: float = ABANDON_CHECK) -> None:
         self.run_dir = run_dir
@@ -184,10 +196,53 @@ class SpoolFollow:
 def follow_records(run_dir: Path, poll: float = SPOOL_POLL,
                    check: float = ABANDON_CHECK) -> Iterator[Record]:
     """Every record of a run, then new ones as they are written, until the end record (one
-    that ``spool.close_abandoned`` writes when the writer is gone, too)."""
+    that ``spool.abandoned.close_abandoned`` writes when the writer is gone, too)."""
     follow = SpoolFollow(run_dir, check)
     while True:
         yield from follow.read()
         if follow.ended:
             return
         time.sleep(poll)
+
+
+def line_numbers(run_dir: Path, keys: Iterable[tuple[str, int]]) -> dict[tuple[str, int], int]:
+    """The line numbers (``logview.py``) of the spool run's records ``keys`` (``(stream,
+    seq)``), for those that are lines: found by their identity, which a record's JSON begins
+    with, and numbered by the lines written before them (the spool holds a run's records in
+    the log's order), all with byte searches, so a few look-ups in a long run cost no parsing
+    of its lines."""
+    wanted = {(s, int(q)): _identity_bytes(run_dir.name, s, int(q)) for s, q in keys}
+    found: dict[tuple[str, int], int] = {}
+    before = 0  # the lines of the segments before
+    for seg in segments(run_dir):
+        if len(found) == len(wanted):
+            break
+        try:
+            data, _ = segment_data(seg)
+        except SpoolError:
+            continue
+        for key, needle in wanted.items():
+            if key in found:
+                continue
+            at = data.find(b"\n" + needle)
+            at = 0 if data.startswith(needle) else (at + 1 if at >= 0 else -1)
+            if at < 0:
+                continue
+            end = data.find(b"\n", at)
+            record = data[at:end if end >= 0 else len(data)]
+            if numbered_lines((record,)):
+                found[key] = before + _count_lines(data, at) + 1
+        before += _count_lines(data, len(data))
+    return found
+
+
+def _identity_bytes(run: str, stream: str, seq: int) -> bytes:
+    # As every record's JSON begins (records.Record.to_dict: run, stream, seq first; the
+    # run's id is its directory's name), at the start of a line of the segment.
+    return (f'{{"run":{json.dumps(run, ensure_ascii=False)},"stream":{json.dumps(stream)},'
+            f'"seq":{seq},').encode()
+
+
+def _count_lines(data: bytes, end: int) -> int:
+    """The numbered lines among a segment's records before byte ``end``."""
+    return sum(data.count(suffix + b"\n", 0, end) for suffix in NUMBERED_ENDS)

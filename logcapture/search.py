@@ -302,9 +302,10 @@ def parse_when(text: str, option: str, now: float | None = None) -> float:
 
 # --- the answer ----------------------------------------------------------------------------
 def line_of(d: dict[str, Any]) -> dict[str, Any]:
-    """A line of an answer: stream, seq, ts, text."""
+    """A line of an answer: stream, seq, ts, text, and ``line``: its line number in its run
+    (logview.py; null where the source could not tell)."""
     return {"stream": d["stream"], "seq": int(d["seq"]), "ts": float(d["ts"]),
-            "text": d["text"]}
+            "text": d["text"], "line": d.get("line")}
 
 
 class Hit(NamedTuple):

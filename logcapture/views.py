@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from . import jobref
 from .progress import bar_text
+from .summary_row import exit_text, summary_row
 
 LS_COLUMNS = ("JOBID", "NAME", "STATE", "EXIT", "START", "DURATION", "NODES", "LINES",
               "INSIGHTS")
@@ -70,33 +71,21 @@ def timestamp(ts: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
 
 
-def exit_code(exit_status: int | None, signal: int | None) -> str:
-    """As ``sacct``'s ExitCode: ``exit status:signal`` (``0:0``, ``3:0``, ``0:15``); ``-``
-    while the run has not ended."""
-    if exit_status is None and signal is None:
-        return "-"
-    return f"{exit_status or 0}:{signal or 0}"
-
-
 def _cut(text: str, width: int) -> str:
     return text if len(text) <= width else text[:width - 1] + "…"
 
 
-def ls_rows(summaries: Iterable[Mapping[str, Any]],
-            now: Callable[[], float] = time.time) -> list[tuple[str, ...]]:
-    """``ls``'s table, header first: one row per run, in the order given (newest first)."""
+def ls_rows(summaries: Iterable[Mapping[str, Any]]) -> list[tuple[str, ...]]:
+    """``ls``'s table, header first: one row per run, in the order given (newest first); its
+    name, state, exit and duration as every reader shows them (``summary_row``)."""
     runs = list(summaries)
     latest = jobref.latest_runs(runs)
     rows: list[tuple[str, ...]] = [LS_COLUMNS]
     for d in runs:
-        length = d.get("duration")
-        if length is None and d.get("state") == "RUNNING" and d.get("start") is not None:
-            length = max(0.0, now() - d["start"])
-        rows.append((jobref.label(d, d["run"] in latest), _cut(str(d.get("job_name") or ""),
-                                                               NAME_WIDTH) or "-",
-                     str(d.get("state") or "-"), exit_code(d.get("exit_status"),
-                                                           d.get("signal")),
-                     timestamp(d.get("start")), duration(length), str(d.get("nodes") or "-"),
+        row = summary_row(d)
+        rows.append((jobref.label(d, d["run"] in latest), _cut(row["name"], NAME_WIDTH) or "-",
+                     row["state"], row["exit"] or "-", timestamp(d.get("start")),
+                     duration(row["duration"]), str(d.get("nodes") or "-"),
                      str(d.get("lines") if d.get("lines") is not None else "-"),
                      flag(d.get("insights") or [])))
     return rows
@@ -130,6 +119,33 @@ _RESOURCES = (  # key of describe()["resources"], label, formatter
      lambda v: percent(v / 100.0)),
     ("samples", "samples", lambda v: str(v)),
 )
+
+
+def rank_lines(info: Mapping[str, Any]) -> list[str]:
+    """A job of several ranks (``jobview.describe_job``): one line per task, then each
+    node's resource figures beside the ranks that ran there."""
+    ranks = info.get("ranks") or []
+    if not ranks:
+        return []
+    rows: list[tuple[str, ...]] = [
+        (f"  rank {r['rank']}", f"node {r['node'] or '?'}", f"step {r['step']}",
+         str(r.get("state") or "RUNNING"), exit_text(r.get("exit_status"), r.get("signal")) or "-",
+         _cut(str(r.get("failure") or ""), 100)) for r in ranks]
+    out = ["ranks:", *table(rows)]
+    nodes = info.get("nodes_by_rank") or []
+    if nodes:
+        out.append("nodes:")
+    for n in nodes:
+        figures = [f"{label} {fmt(n[key])}" for key, label, fmt in (
+            ("cpu_efficiency", "CPU efficiency", percent),
+            ("cpus_allocated", "of CPUs", str),
+            ("memory_rss_peak_bytes", "peak memory", size),
+            ("gpu_utilization_mean_percent", "mean GPU utilization",
+             lambda v: percent(v / 100.0)),
+            ("gpu_memory_used_peak_bytes", "peak GPU memory", size)) if n.get(key) is not None]
+        out.append(f"  {n['node']} (rank {n['ranks']}): "
+                   + (", ".join(figures) if figures else "no samples"))
+    return out
 
 
 def _per_stream(counts: Mapping[str, int] | None) -> str:
@@ -177,14 +193,17 @@ def show_lines(info: Mapping[str, Any]) -> list[str]:
         text = m.get("text") if isinstance(m, Mapping) else m
         out.append(("", f"  {when + '  ' if when else ''}{text}"))
     keys = info.get("metadata_keys") or []
-    add("metadata keys", ", ".join(keys) if keys else "none")
-    add("x axis", info.get("x_axis"))
+    of = info.get("metadata_ranks")  # a job of several ranks: whose metadata
+    of = f" (rank {of})" if of is not None else ""
+    add(f"metadata keys{of}", ", ".join(keys) if keys else "none")
+    add(f"x axis{of}", info.get("x_axis"))
     res = info.get("resources") or {}
     if res:
         out.append(("resources", ""))
         for key, label, fmt in _RESOURCES:
             if res.get(key) is not None:
                 out.append(("", f"  {label}: {fmt(res[key])}"))
+    out += [("", line) for line in rank_lines(info)]
     bars = info.get("progress") or []
     if bars:
         out.append(("progress bars", str(len(bars))))

@@ -37,12 +37,19 @@ tests/test_xaxis.py; the SQL of :func:`x_axis_sql` implements exactly the same):
   such as ``batch_size`` never beats a real counter such as ``step``.
 - keys are compared exactly (case-sensitive); only the exact keys ``progress`` and ``epoch``
   get levels 0 and 1 (a nested ``train.epoch`` is an ordinary key).
+- *per rank*: the rows of a job of several ranks (each task of an ``srun`` step is a run of
+  its own, with its rank) form one *series* per run (one rank of one step). "Strictly
+  increasing" holds within each series, in its own order, not across the merged rows: a
+  ``step`` that every rank counts 0, 1, 2 ... is increasing although the merged rows read 0,
+  0, 1, 1 ... . Every other condition (a number, an integer, any number) is about the values
+  themselves and reads all rows. One run alone is one series: the rule as above.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 PROGRESS = "progress"
@@ -81,23 +88,25 @@ def is_number(value: Any) -> bool:
     return is_integer(value) or (isinstance(value, float) and math.isfinite(value))
 
 
-def key_level(key: str, values: Iterable[Any]) -> int | None:
+def key_level(key: str, values: Iterable[Any], series: Iterable[Any] | None = None
+              ) -> int | None:
     """The level (0 best … 6) at which ``key`` qualifies as X axis given its values in time
-    order (absent/null values already skipped), or ``None`` when it has no number at all."""
+    order (absent/null values already skipped), or ``None`` when it has no number at all.
+    ``series``: the series of each value (the module docstring: per rank), None: one."""
     any_number = False
     all_numbers = True
     all_integers = True
     increasing = True
-    previous: float | None = None
-    for value in values:
+    previous: dict[Any, float] = {}
+    for value, one in zip(values, series if series is not None else _ONE, strict=False):
         if value is None:
             continue
         if is_number(value):
             any_number = True
             x = float(value)
-            if previous is not None and not x > previous:
+            if one in previous and not x > previous[one]:
                 increasing = False
-            previous = x
+            previous[one] = x
             if not is_integer(value):
                 all_integers = False
         else:
@@ -116,56 +125,83 @@ def key_level(key: str, values: Iterable[Any]) -> int | None:
     return LEVEL_ANY_NUMBERS
 
 
-def key_levels(rows: Iterable[Mapping[str, Any]]) -> dict[str, int]:
-    """Every qualifying key of one job's metadata rows (time order) with its level."""
-    values: dict[str, list[Any]] = {}
-    for row in rows:
+class _One:
+    """The series of every value when there is one (an endless iterable of None)."""
+
+    def __iter__(self) -> Iterator[None]:
+        return itertools.repeat(None)
+
+
+_ONE = _One()
+
+
+def key_levels(rows: Iterable[Mapping[str, Any]], series: Iterable[Any] | None = None
+               ) -> dict[str, int]:
+    """Every qualifying key of one job's metadata rows (time order) with its level;
+    ``series``: the series of each row (per rank), None: one."""
+    values: dict[str, tuple[list[Any], list[Any]]] = {}
+    for row, one in zip(rows, series if series is not None else _ONE, strict=False):
         for key, value in row.items():
             if value is not None:
-                values.setdefault(key, []).append(value)
+                vals, ones = values.setdefault(key, ([], []))
+                vals.append(value)
+                ones.append(one)
     levels = {}
-    for key, vals in values.items():
-        level = key_level(key, vals)
+    for key, (vals, ones) in values.items():
+        level = key_level(key, vals, ones)
         if level is not None:
             levels[key] = level
     return levels
 
 
-def choose_x_axis(rows: list[dict[str, Any]]) -> str | None:
-    """The X key of one job's metadata graphs (rows in time order), or ``None``."""
-    levels = key_levels(rows)
+def choose_x_axis(rows: list[dict[str, Any]], series: list[Any] | None = None) -> str | None:
+    """The X key of one job's metadata graphs (rows in time order), or ``None``; ``series``:
+    the series (rank) of each row, for a job of several ranks."""
+    levels = key_levels(rows, series)
     if not levels:
         return None
     return min(levels, key=lambda k: (levels[k], k))
 
 
+def series_of(record: Mapping[str, Any]) -> tuple[Any, Any]:
+    """The series of a metadata record dict: its run and its rank (``rank``, where the
+    reader put the rank of the task run it belongs to)."""
+    return record.get("run"), record.get("rank")
+
+
 def choose_x_axis_of_records(records: Iterable[Mapping[str, Any]]) -> str | None:
-    """The X key of one run from its metadata record dicts in any order (``Store.metadata``
-    returns them newest first; spool readers in stream order): sorted by ``(ts, seq)``, then
-    :func:`choose_x_axis` on their ``fields``. For ``logcapture show RUN``."""
+    """The X key of one run, or of a job's runs, from their metadata record dicts in any
+    order (``Store.metadata`` returns them newest first; spool readers in stream order):
+    sorted by ``(ts, seq)``, then :func:`choose_x_axis` on their ``fields``, one series per
+    run and rank (``series_of``). For ``logcapture show``."""
     ordered = sorted((r for r in records if isinstance(r.get("fields"), Mapping)),
                      key=lambda r: (r.get("ts", 0.0), r.get("seq", 0)))
-    return choose_x_axis([dict(r["fields"]) for r in ordered])
+    return choose_x_axis([dict(r["fields"]) for r in ordered], [series_of(r) for r in ordered])
 
 
 # --- The same rule in ClickHouse SQL -------------------------------------------------------
 #
 # Two layers, so the rule itself does not depend on how the store keeps metadata:
-#   values_sql(...)  one row per (run, seq, key) with a non-null value:
+#   values_sql(...)  one row per (run, seq, key) with a non-null value, and its series:
 #                    kind 'int' | 'float' | 'other' and num (Float64, meaningful unless 'other')
 #   x_axis_sql(...)  the rule over those rows: one row per run with x_key and x_level.
+# ``run`` is what one X axis is chosen for (a run, or a job of several task runs); ``series``
+# is what "increasing" is read within (per rank: the task run), ordered by ``seq``.
 # JSONType() says 'Int64' for an integer literal in range, 'UInt64' above it, 'Double' for a
 # float literal (finite by construction: records.dumps writes non-finite floats as strings),
 # 'Null' for null; anything else is 'other'. That is exactly is_integer / is_number above.
 
-def values_sql(source: str, fields: str = "fields", carry: tuple[str, ...] = ()) -> str:
-    """Rows ``(run, seq, key, kind, num)`` from ``source``, a table or subquery with columns
-    ``run``, ``seq`` and ``fields`` (the metadata object as JSON text; another column name
-    can be given). ``carry`` names more columns of ``source`` passed through (e.g. ``ts``)."""
+def values_sql(source: str, fields: str = "fields", carry: tuple[str, ...] = (),
+               series: str = "''") -> str:
+    """Rows ``(run, seq, series, key, kind, num)`` from ``source``, a table or subquery with
+    columns ``run``, ``seq`` and ``fields`` (the metadata object as JSON text; another column
+    name can be given). ``carry`` names more columns of ``source`` passed through (e.g.
+    ``ts``); ``series`` is an expression over ``source`` (per rank: the task run's id; the
+    default, one series per ``run``)."""
     extra = "".join(f"{c}, " for c in carry)
     # The keys through a Map: the lightest chDB build has no JSONExtractKeys.
     return f"""
-SELECT run, seq, {extra}key,
+SELECT run, seq, {series} AS series, {extra}key,
        JSONType({fields}, key) AS json_type,
        multiIf(json_type = 'Int64', 'int', json_type = 'Double', 'float', 'other') AS kind,
        JSONExtractFloat({fields}, key) AS num
@@ -182,11 +218,8 @@ def x_axis_sql(values: str) -> str:
 SELECT run, argMin(key, (level, key)) AS x_key, min(level) AS x_level
 FROM (
     SELECT run, key,
-           countIf(kind != 'other') AS n_numbers,
-           countIf(kind = 'other') AS n_others,
-           countIf(kind = 'float') AS n_floats,
-           arrayMap(p -> p.2, arraySort(groupArrayIf((seq, num), kind != 'other'))) AS xs,
-           arrayAll((a, b) -> b > a, arrayPopBack(xs), arrayPopFront(xs)) AS increasing,
+           sum(s_numbers) AS n_numbers, sum(s_others) AS n_others, sum(s_floats) AS n_floats,
+           min(s_increasing) AS increasing,
            multiIf(n_numbers = 0, 255,
                    key = '{PROGRESS}', {LEVEL_PROGRESS},
                    key = '{EPOCH}', {LEVEL_EPOCH},
@@ -195,7 +228,16 @@ FROM (
                    increasing, {LEVEL_INCREASING_NUMBERS},
                    n_floats = 0, {LEVEL_INTEGERS},
                    {LEVEL_NUMBERS}) AS level
-    FROM ({values})
+    FROM (
+        SELECT run, series, key,
+               countIf(kind != 'other') AS s_numbers,
+               countIf(kind = 'other') AS s_others,
+               countIf(kind = 'float') AS s_floats,
+               arrayMap(p -> p.2, arraySort(groupArrayIf((seq, num), kind != 'other'))) AS xs,
+               arrayAll((a, b) -> b > a, arrayPopBack(xs), arrayPopFront(xs)) AS s_increasing
+        FROM ({values})
+        GROUP BY run, series, key
+    )
     GROUP BY run, key
 )
 WHERE level != 255

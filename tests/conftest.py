@@ -1,15 +1,11 @@
-"""Shared fixtures: the real CLI as a subprocess, and per-test spool and state folders."""
+"""Shared fixtures: per-test spool and state folders for the real CLI (``helpers.lc``)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
-LOGCAPTURE = [sys.executable, "-m", "logcapture"]
+from helpers import env_for
 
 
 @pytest.fixture
@@ -19,19 +15,8 @@ def spool(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def lc_env(tmp_path: Path, spool: Path) -> dict[str, str]:
-    """An environment for `logcapture` subprocesses: a private spool, no .logoptin, no admin
-    config, fast flushing."""
-    env = dict(os.environ)
-    env["LOGCAPTURE_SPOOL"] = str(spool)
-    env["LOGCAPTURE_OPTIN"] = str(tmp_path / "no-logoptin")
-    env["LOGCAPTURE_CONFIG"] = str(tmp_path / "no-config.yaml")
-    env["XDG_STATE_HOME"] = str(tmp_path / "state")
-    env["LOGCAPTURE_FLUSH_INTERVAL"] = "0.2"
-    env.pop("SLURM_JOB_ID", None)
+    """An environment for `logcapture` subprocesses (``helpers.env_for``) with its spool at the
+    ``spool`` fixture's path."""
+    env = env_for(tmp_path, sample_interval=None)
+    assert env["LOGCAPTURE_SPOOL"] == str(spool)
     return env
-
-
-def run_lc(args: list[str], env: dict[str, str], **kw: object) -> subprocess.CompletedProcess:
-    kw.setdefault("capture_output", True)
-    kw.setdefault("timeout", 60)
-    return subprocess.run([*LOGCAPTURE, *args], env=env, **kw)  # type: ignore[call-overload]

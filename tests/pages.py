@@ -14,10 +14,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from logcapture.records import End, Line, Metadata, Note, Sample, Start
-from logcapture.spool import SpoolWriter, create_run_dir
+from helpers import LOGCAPTURE, lc
 
-LOGCAPTURE = [sys.executable, "-m", "logcapture"]
+from logcapture.records import End, Line, Metadata, Note, Sample, Start
+from logcapture.spool.layout import create_run_dir
+from logcapture.spool.writer import SpoolWriter
 
 TRAIN = r"""
 import json, math, sys
@@ -34,25 +35,8 @@ print("done")
 """
 
 
-def env_for(tmp: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(LOGCAPTURE_SPOOL=str(tmp / "spool"), XDG_STATE_HOME=str(tmp / "state"),
-               LOGCAPTURE_OPTIN=str(tmp / "no-logoptin"),
-               LOGCAPTURE_CONFIG=str(tmp / "no-config.yaml"), LOGCAPTURE_FLUSH_INTERVAL="0.2",
-               LOGCAPTURE_SAMPLE_INTERVAL="0.2")
-    env.pop("SLURM_JOB_ID", None)
-    return env
-
-
-def lc(args: list[str], env: dict[str, str], **kw: Any) -> subprocess.CompletedProcess:
-    kw.setdefault("capture_output", True)
-    kw.setdefault("timeout", 120)
-    kw.setdefault("check", True)
-    return subprocess.run([*LOGCAPTURE, *args], env=env, **kw)
-
-
 def capture(env: dict[str, str], run_id: str, code: str = TRAIN) -> None:
-    lc(["run", "--run-id", run_id, "--", sys.executable, "-c", code], env)
+    lc(["run", "--run-id", run_id, "--", sys.executable, "-c", code], env, check=True)
 
 
 def write_gpu_run(spool: Path, run: str = "gpu", t0: float | None = None,

@@ -8,11 +8,12 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import run_lc
+from helpers import lc
 
 from logcapture.arrays import array_summary, summary_text
 from logcapture.records import End, Line, Start
-from logcapture.spool import SpoolWriter, create_run_dir
+from logcapture.spool.layout import create_run_dir
+from logcapture.spool.writer import SpoolWriter
 
 OOM = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a "
        "total capacity of 79.11 GiB of which 1.5 GiB is free.")
@@ -64,8 +65,8 @@ def test_ls_of_an_array_job_ends_with_its_summary(lc_env: dict[str, str], tmp_pa
     write_array(Path(lc_env["LOGCAPTURE_SPOOL"]))
     env = {**lc_env, "LOGCAPTURE_STORE": f"chdb://{tmp_path / 'store'}"}
     if source == "store":
-        assert run_lc(["upload", "--all"], env).returncode == 0
-    ls = run_lc(["ls", "500", "--source", source], env)
+        assert lc(["upload", "--all"], env).returncode == 0
+    ls = lc(["ls", "500", "--source", source], env)
     assert ls.returncode == 0, ls.stderr
     lines = ls.stdout.decode().splitlines()
     assert len(lines) == 1 + 12 + 1
@@ -75,8 +76,8 @@ def test_ls_of_an_array_job_ends_with_its_summary(lc_env: dict[str, str], tmp_pa
     flags = {ln.split()[0]: ln.split()[-1] for ln in lines[1:-1]}
     assert flags["500_8"] == "!cuda-oom" and flags["500_10"] == "!nccl-error"
     # one task: no summary line
-    one = run_lc(["ls", "500_8", "--source", source], env).stdout.decode().splitlines()
+    one = lc(["ls", "500_8", "--source", source], env).stdout.decode().splitlines()
     assert len(one) == 2 and "tasks:" not in one[-1]
     # --json stays one object per run
-    js = run_lc(["ls", "500", "--json", "--source", source], env).stdout.decode().splitlines()
+    js = lc(["ls", "500", "--json", "--source", source], env).stdout.decode().splitlines()
     assert len(js) == 12 and all("run" in json.loads(x) for x in js)

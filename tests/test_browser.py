@@ -1,7 +1,9 @@
 """The pages of `logcapture serve` in a real browser (Debian's headless Chromium, driven by
 selenium), used as a person would: open the URL serve printed, click a run, read the log,
 switch stderr on, read the metadata table, use the graphs' legend, watch a running job's
-new lines arrive, and get 403 with a wrong token. No JavaScript error may reach the console.
+new lines arrive, read sizes and durations as the terminal writes them. The token's rules
+(403 without it, a page's own cookie) are the server's, tested over HTTP in test_web.py. No
+JavaScript error may reach the console.
 
 Screenshots of each page go to $LOGCAPTURE_SCREENSHOTS (default: this test's tmp folder)."""
 
@@ -14,12 +16,14 @@ import time
 from pathlib import Path
 
 import pytest
-from pages import LOGCAPTURE, Serve, capture, chromium, env_for, have_chromium, write_gpu_run
+from helpers import LOGCAPTURE, env_for
+from pages import Serve, capture, chromium, have_chromium, write_gpu_run
 from test_arrays import write_array
 
 pytestmark = pytest.mark.skipif(not have_chromium(), reason="needs Debian's chromium and "
                                 "chromium-driver (.ci/run installs them)")
 
+from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
 from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
@@ -212,15 +216,29 @@ def test_new_lines_arrive_without_reloading(site, browser, shots):
     assert console_errors(d) == []
 
 
-def test_a_wrong_token_gets_403(site, browser, shots):
+def test_sizes_and_durations_read_as_in_the_terminal(site, browser, shots):
+    # The page's common.js writes what views.size and views.duration write (`ls`, `show`):
+    # the cases of tests/format_cases.json, which tests/test_summary_row.py runs in Python.
+    import json
+
+    from logcapture import views
+
     s, _ = site
     d = browser
-    d.get(s.base + "/?token=not-the-token")
-    assert "403" in d.find_element(By.TAG_NAME, "body").text
-    d.delete_all_cookies()
-    d.get(s.base + "/job/train")
-    assert "403" in d.find_element(By.TAG_NAME, "body").text
-    d.save_screenshot(str(shots / "403.png"))
+    d.get(s.url)
+    wait(d).until(ec.presence_of_element_located((By.CSS_SELECTOR, "#runs-table tr[data-run]")))
+    cases = json.loads((Path(__file__).resolve().parent / "format_cases.json").read_text())
+    got = d.execute_script(
+        "const c = arguments[0];"
+        "return {size: c.size.map(([v]) => [v, LC.bytes(v)]),"
+        "        duration: c.duration.map(([v]) => [v, LC.duration(v)])};", cases)
+    assert got == cases
+    # The runs table: each run's duration as `ls` writes the row's (summary_row).
+    runs = d.execute_script("return fetch('/api/runs').then(r => r.json())")
+    cells = {r.get_attribute("data-run"): r.find_elements(By.TAG_NAME, "td")[6].text
+             for r in d.find_elements(By.CSS_SELECTOR, "#runs-table tbody tr")}
+    assert cells == {r["run"]: views.duration(r["duration"]) for r in runs}
+    assert console_errors(d) == []
 
 
 def test_dark_mode(site, browser, shots):
@@ -276,27 +294,6 @@ def test_search_from_the_runs_page_opens_the_line(site, browser, shots):
     d.find_element(By.ID, "to-end").click()  # back to the newest lines
     wait(d).until(lambda d: log_texts(d, "#log .row.at") == [])
     assert "done" in log_texts(d)
-    assert console_errors(d) == []
-
-
-def test_two_pages_on_one_host_keep_their_own_tokens(site, browser, shots):
-    s, env = site
-    d = browser
-    d.delete_all_cookies()
-    d.get(s.url)
-    with Serve(env) as other:
-        d.get(other.url)
-        wait(d).until(ec.presence_of_element_located((By.CSS_SELECTOR,
-                                                      "#runs-table tr[data-run]")))
-        names = {c["name"] for c in d.get_cookies()}
-        assert {f"logcapture_token_{s.port}", f"logcapture_token_{other.port}"} <= names
-        # Back on the first page without the token in the URL: its own cookie still opens it.
-        d.get(s.base + "/job/train")
-        wait(d).until(lambda d: d.execute_script("return document.body.dataset.ready") == "1")
-        assert "needs the token" not in d.find_element(By.TAG_NAME, "body").text
-        d.get(other.base + "/")
-        wait(d).until(ec.presence_of_element_located((By.CSS_SELECTOR,
-                                                      "#runs-table tr[data-run]")))
     assert console_errors(d) == []
 
 
@@ -381,6 +378,162 @@ def test_both_streams_merged_each_switchable_times_three_ways(site, browser, sho
     d.save_screenshot(str(shots / "log-no-time.png"))
     select.find_element(By.CSS_SELECTOR, "option[value=clock]").click()
     assert console_errors(d) == []
+
+
+LONG = ("import sys, time\nfor i in range(1, 2001):\n    print(f'out {i}', flush=True)\n"
+        "    if i % 10 == 0:\n        print(f'err {i}', file=sys.stderr, flush=True)\n"
+        "        time.sleep(0.003)\n")  # read in turns, so the two streams interleave
+
+
+def numbers_on_screen(d) -> list[tuple[str, str]]:
+    """(line number, text) of the log rows drawn, '' for a row without a number."""
+    return d.execute_script(
+        "return [...document.querySelectorAll('#log .row')].map(r => "
+        "[r.querySelector('.ln').textContent, r.querySelector('.t').textContent])")
+
+
+def test_line_links_open_mark_and_share_the_numbers_logs_gives(site, browser, shots):
+    """#L123 scrolls to line 123 and marks it, #L120-L130 a range, however far from the
+    newest lines; clicking a number sets the link and shift-click extends it; every number
+    on the page is the one `logcapture logs -n` prints."""
+    s, env = site
+    d = browser
+    capture(env, "long", LONG)
+    printed = subprocess.run([*LOGCAPTURE, "logs", "-n", "long"], env=env, check=True,
+                             capture_output=True, text=True).stdout
+    number = {t: n.strip() for n, _, t in (r.partition("\t") for r in printed.splitlines())}
+    target = int(number["err 120"])  # far above the first page (the newest lines)
+    assert target < 1800
+
+    d.get(s.url)
+    d.get(f"{s.base}/job/long#L{target}-L{target + 2}")
+    wait(d).until(lambda d: d.execute_script("return document.body.dataset.ready") == "1")
+    wait(d).until(lambda d: log_texts(d, "#log .row.hl"))
+    by_number = {n: t for t, n in number.items() if n}
+    assert log_texts(d, "#log .row.hl") == [by_number[str(n)] for n in range(target,
+                                                                          target + 3)]
+    assert log_texts(d, "#log .row.hl")[0] == "err 120"
+    inside = d.execute_script(
+        "const r = document.querySelector('#log .row.hl').getBoundingClientRect();"
+        "const b = document.getElementById('log').getBoundingClientRect();"
+        "return r.top >= b.top && r.bottom <= b.bottom")
+    assert inside  # scrolled to it
+    shown = numbers_on_screen(d)
+    assert len(shown) > 20
+    assert all(number[t] == n for n, t in shown), shown  # the numbers logs -n prints
+    d.save_screenshot(str(shots / "line-link.png"))
+
+    # Click a number: the link is that line; shift-click another: the range between.
+    a, b = target + 5, target + 9
+
+    def click_number(n: int, shift: bool = False) -> None:
+        # The rows are redrawn as the log scrolls: find the number right before the click.
+        for _ in range(5):
+            try:
+                link = d.find_element(By.CSS_SELECTOR, f'#log a.ln[data-line="{n}"]')
+                chain = ActionChains(d)
+                if shift:
+                    chain = chain.key_down(Keys.SHIFT)
+                chain = chain.click(link)
+                if shift:
+                    chain = chain.key_up(Keys.SHIFT)
+                chain.perform()
+                return
+            except StaleElementReferenceException:
+                time.sleep(0.2)
+        raise AssertionError(f"line {n} could not be clicked")
+
+    click_number(a)
+    assert d.current_url.endswith(f"/job/long#L{a}")
+    assert log_texts(d, "#log .row.hl") == [by_number[str(a)]]
+    click_number(b, shift=True)
+    assert d.current_url.endswith(f"/job/long#L{a}-L{b}")
+    assert log_texts(d, "#log .row.hl") == [by_number[str(n)] for n in range(a, b + 1)]
+
+    # A link pasted into the same page goes there too.
+    d.execute_script("location.hash = '#L5'")
+    wait(d).until(lambda d: log_texts(d, "#log .row.hl") == [by_number["5"]])
+    assert console_errors(d) == []
+
+
+CI = ("printf '::group::Install\\n'; echo pip; echo wheel; sleep 0.3; printf '::endgroup::\\n';"
+      "printf '\\033[0Ksection_start:1764250000:tests[collapsed=true]\\r\\033[0K"
+      "Running tests\\n'; echo ok; printf -- '+++ Report\\n'; echo done")
+
+
+def test_sections_fold_and_unfold_with_their_durations(site, browser, shots):
+    """The markers of GitHub, GitLab and Buildkite printed by a real job: each section's start
+    row says its title and duration, folded as the job asked; a click unfolds and folds it;
+    a #L link to a line inside a folded section opens it."""
+    s, env = site
+    d = browser
+    subprocess.run([*LOGCAPTURE, "run", "--run-id", "ci", "--", "bash", "-c", CI], env=env,
+                   check=True, capture_output=True)
+    d.get(s.url)
+    d.get(s.base + "/job/ci")
+    wait(d).until(lambda d: d.execute_script("return document.body.dataset.ready") == "1")
+    texts = log_texts(d)
+    starts = log_texts(d, "#log .row.section")
+    assert [t.split("  (")[0] for t in starts] == ["▸ Install", "▸ Running tests", "▾ Report"]
+    assert all(t.endswith(")") for t in starts)  # each with its duration
+    assert "pip" not in texts and "ok" not in texts and "done" in texts  # folded, open
+    assert not any("section_start" in t or "::group" in t for t in texts)
+    d.save_screenshot(str(shots / "sections.png"))
+    d.find_element(By.CSS_SELECTOR, "#log .row.section").click()
+    wait(d).until(lambda d: "pip" in log_texts(d))
+    assert log_texts(d, "#log .row.section")[0].startswith("▾ Install")
+    assert any(t.startswith("[logcapture: end of section Install, ") for t in log_texts(d))
+    d.save_screenshot(str(shots / "sections-open.png"))
+    d.find_element(By.CSS_SELECTOR, "#log .row.section").click()
+    wait(d).until(lambda d: "pip" not in log_texts(d))
+    # line 3 is "ok" (pip 1, wheel 2), inside the folded "Running tests"
+    d.get(s.base + "/job/ci#L3")
+    wait(d).until(lambda d: log_texts(d, "#log .row.hl") == ["ok"])
+
+
+def test_a_job_of_several_ranks_shows_rank_0_then_every_rank(tmp_path_factory, browser,
+                                                              shots):
+    """Job 77's two tasks captured as `logcapture slurm task` captures them (test_jobview):
+    the job page graphs rank 0's metadata, and every rank's, one series each, on request."""
+    from test_jobview import JOB, RANK, _capture
+
+    tmp = tmp_path_factory.mktemp("ranks")
+    env = env_for(tmp)
+    (tmp / "rank.py").write_text(RANK)
+    _capture(env, JOB, f"job_id={JOB},nodelist=n[1-3]", "sh", "-c", "echo batch; exit 1")
+    for rank, node in ((0, "n1"), (1, "n3")):
+        _capture(env, f"{JOB}.0.{rank}", f"job_id={JOB},step=0,rank={rank},local_rank=0,"
+                 f"node={node}", sys.executable, str(tmp / "rank.py"), str(rank))
+    d = browser
+    with Serve(env) as s:
+        d.get(s.url)
+        wait(d).until(ec.presence_of_element_located((By.CSS_SELECTOR, "#runs-table tr")))
+        d.get(s.base + f"/job/{JOB}")
+        wait(d).until(lambda d: d.execute_script("return document.body.dataset.ready") == "1")
+        chart = "Metadata by step"
+        wait(d).until(ec.presence_of_element_located(
+            (By.CSS_SELECTOR, f'.chart[data-title="{chart}"]')))
+        # the job's insights across its ranks, as `show 77` lists them
+        wait(d).until(lambda d: "ValueError on rank 1 (node n3)" in d.find_element(
+            By.TAG_NAME, "body").text)
+        assert legend(d, chart) == {"loss (rank 0)": True, "rank (rank 0)": True}
+        head = [c.text.lower() for c in d.find_elements(By.CSS_SELECTOR, "#metadata-table th")]
+        assert head[:2] == ["time", "rank"]
+        pick = d.find_element(By.ID, "metadata-rank")
+        assert [o.get_attribute("value") for o in pick.find_elements(By.TAG_NAME, "option")] \
+            == ["all", "0", "1"]
+        pick.find_element(By.CSS_SELECTOR, 'option[value="all"]').click()
+        # the chart is drawn anew for the new series: an entry read as it goes is let pass
+        WebDriverWait(d, 20, poll_frequency=0.1, ignored_exceptions=(
+            StaleElementReferenceException,)).until(lambda d: len(legend(d, chart)) == 4)
+        assert set(legend(d, chart)) == {"loss (rank 0)", "rank (rank 0)", "loss (rank 1)",
+                                         "rank (rank 1)"}
+        ranks = {r.find_elements(By.TAG_NAME, "td")[1].text
+                 for r in d.find_elements(By.CSS_SELECTOR, "#metadata-table tbody tr")}
+        assert ranks == {"0", "1"}
+        d.save_screenshot(str(shots / "job-ranks.png"))
+        assert console_errors(d) == []
+        d.get("about:blank")  # before this page's server stops: no request of it fails later
 
 
 # Real tqdm and Keras bars (tests/captured/, recorded with the libraries by capture_tool.py)

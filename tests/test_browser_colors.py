@@ -12,7 +12,8 @@ import os
 from pathlib import Path
 
 import pytest
-from pages import Serve, capture, chromium, env_for, have_chromium
+from helpers import env_for
+from pages import Serve, capture, chromium, have_chromium
 
 pytestmark = pytest.mark.skipif(not have_chromium(), reason="needs Debian's chromium and "
                                 "chromium-driver (.ci/run installs them)")

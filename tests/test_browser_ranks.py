@@ -9,7 +9,8 @@ import os
 import pwd
 
 import pytest
-from pages import Serve, chromium, env_for, have_chromium
+from helpers import env_for
+from pages import Serve, chromium, have_chromium
 from test_rankview import write_job
 
 pytestmark = pytest.mark.skipif(not have_chromium(), reason="needs Debian's chromium and "

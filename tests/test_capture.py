@@ -15,7 +15,7 @@ import pytest
 
 from logcapture import frame
 from logcapture.capture import WorkerSettings, _Server, serve_in_idle_time
-from logcapture.config import AdminConfig
+from logcapture.config.admin import AdminConfig
 
 FIELDS = dict(run_id="r", run_dir=Path("/tmp/r"), admin=AdminConfig(), mode="enabled", rows=24,
               columns=80, env={}, problems=[], sample=False, start_fields={}, wrapper_pid=1,

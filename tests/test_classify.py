@@ -294,7 +294,7 @@ def test_every_mode_by_every_command(start, target, stream):
         # A mode note in both streams, the command's stream first.
         assert [(r.stream, r.note) for r in out[1:]] == [(stream, NOTE_MODE), (other, NOTE_MODE)]
         assert all(f"from {start} to {target}" in r.text for r in out[1:])
-        assert f"on {stream} line 1" in out[1].text
+        assert f"by /LOGCOMMAND on {stream}: " in out[1].text
     assert c.mode == target
     assert c.counts[stream]["commands"] == 1
 
@@ -395,7 +395,7 @@ def test_malformed_command_changes_nothing_and_warns(mode, stream, line, reason)
     warning = warnings[0]
     assert warning.stream == stream
     assert reason in warning.text
-    assert f"malformed /LOGCOMMAND on {stream} line 2 ignored" in warning.text
+    assert f"malformed /LOGCOMMAND on {stream} ignored" in warning.text
     assert f"mode stays {mode}" in warning.text
     assert c.counts[stream]["warnings"] == 1 and c.counts[stream]["commands"] == 0
     assert not any(isinstance(r, Command) for r in out)

@@ -14,30 +14,25 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import LOGCAPTURE, lc
 
 from logcapture.records import LOST, End, Line, Note, Start
-from logcapture.spool import (
-    ABANDONED_SLURM_GRACE,
-    SpoolWriter,
-    close_abandoned,
-    create_run_dir,
-    iter_run,
-    writer_gone,
-)
-
-from .conftest import LOGCAPTURE, run_lc
+from logcapture.spool.abandoned import ABANDONED_SLURM_GRACE, close_abandoned, writer_gone
+from logcapture.spool.layout import create_run_dir
+from logcapture.spool.reading import iter_run
+from logcapture.spool.writer import SpoolWriter
 
 HOST = os.uname().nodename
 
 
 def _show(env: dict[str, str], run: str = "latest") -> dict:
-    res = run_lc(["show", "--json", run], env)
+    res = lc(["show", "--json", run], env)
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout)
 
 
 def _ls(env: dict[str, str]) -> list[dict]:
-    res = run_lc(["ls", "--json"], env)
+    res = lc(["ls", "--json"], env)
     assert res.returncode == 0, res.stderr
     return [json.loads(line) for line in res.stdout.splitlines()]  # one run a line
 
@@ -60,7 +55,7 @@ def test_a_flood_is_stored_whole_with_its_end(lc_env: dict[str, str], program: l
     and the end record are stored, and the job's own output is every byte."""
     out = tmp_path / "out"
     with out.open("wb") as f:
-        res = run_lc(["run", "--", *program], lc_env, stdout=f, stderr=subprocess.PIPE,
+        res = lc(["run", "--", *program], lc_env, stdout=f, stderr=subprocess.PIPE,
                      capture_output=False, timeout=600)
     assert res.returncode == 0, res.stderr
     n = int(program[-1]) if program[0] == "seq" else 1000000
@@ -114,7 +109,7 @@ def test_a_run_is_not_ended_while_its_writer_lives(tmp_path: Path) -> None:
     worker is); a wrapper of a version without the lock is told apart by its pid; a run of
     another host is that host's to end."""
     run_dir = create_run_dir(tmp_path, "live")
-    code = ("import sys, time; from pathlib import Path; from logcapture.spool import "
+    code = ("import sys, time; from pathlib import Path; from logcapture.spool.writer import "
             "SpoolWriter; from logcapture.records import Start; "
             f"w = SpoolWriter(Path({str(run_dir)!r}), fsync=False); "
             "w.write([Start(run='live', stream='run', seq=0, ts=time.time(), command=['x'], "
@@ -170,7 +165,7 @@ def test_killing_the_wrapper_ends_the_run_lost(lc_env: dict[str, str]) -> None:
         info = _show(lc_env)
         assert info["exit_status"] is None and info["duration"] >= 0
         assert [i["kind"] for i in info["insights"]][:1] == ["lost"]
-        logs = run_lc(["logs"], lc_env).stdout.decode()
+        logs = lc(["logs"], lc_env).stdout.decode()
         assert logs.startswith("one\n") and "went away" in logs
     finally:
         subprocess.run(["pkill", "-f", "exec sleep 60"], check=False)
@@ -259,7 +254,7 @@ def test_a_full_disk_keeps_what_fits_ends_the_run_and_says_what_was_lost(
     lc_env["LOGCAPTURE_SPOOL"] = str(small_disk / "spool")
     out = tmp_path / "out"
     with out.open("wb") as f:
-        res = run_lc(["run", "--", "seq", "1", "300000"], lc_env, stdout=f,
+        res = lc(["run", "--", "seq", "1", "300000"], lc_env, stdout=f,
                      stderr=subprocess.PIPE, capture_output=False, timeout=300)
     assert res.returncode == 0
     assert out.stat().st_size == sum(len(str(i)) + 1 for i in range(1, 300001))
@@ -271,11 +266,11 @@ def test_a_full_disk_keeps_what_fits_ends_the_run_and_says_what_was_lost(
     assert len(gap) == 1
     n_lost = gap[0]["details"]["lines"]
     assert 0 < stored < 300000 and n_lost > 0 and stored + n_lost == 300000
-    notes = [ln for ln in run_lc(["logs"], lc_env).stdout.decode().splitlines()
+    notes = [ln for ln in lc(["logs"], lc_env).stdout.decode().splitlines()
              if "not stored" in ln]
     assert len(notes) == 1 and "No space left on device" in notes[0]
     assert notes[0].startswith(f"[logcapture: warning: {n_lost} lines")
-    assert "!incomplete" in run_lc(["ls"], lc_env).stdout.decode()
+    assert "!incomplete" in lc(["ls"], lc_env).stdout.decode()
 
 
 def test_space_that_returns_mid_run_is_used_and_the_gap_is_noted(
@@ -318,20 +313,22 @@ def test_spool_keep_free_stops_storing_lines_before_the_disk_is_full(
     the run, and says why; the filesystem keeps its free space."""
     lc_env["LOGCAPTURE_SPOOL"] = str(small_disk / "spool")
     lc_env["LOGCAPTURE_SPOOL_KEEP_FREE"] = "75%"  # 3 MiB of the 4 MiB
-    res = run_lc(["run", "--", "seq", "1", "300000"], lc_env, timeout=300)
+    res = lc(["run", "--", "seq", "1", "300000"], lc_env, timeout=300)
     assert res.returncode == 0
     st = os.statvfs(small_disk)
     assert st.f_bavail * st.f_frsize >= 3 * (1 << 20) - 128 * 1024  # the end, the note
     info = _show(lc_env)
     assert info["state"] == "COMPLETED"
     assert 0 < info["lines"]["stdout"] < 300000
-    notes = [ln for ln in run_lc(["logs"], lc_env).stdout.decode().splitlines()
+    notes = [ln for ln in lc(["logs"], lc_env).stdout.decode().splitlines()
              if "not stored" in ln]
     assert len(notes) == 1 and "kept free" in notes[0]
 
 
 def test_spool_keep_free_takes_bytes_or_a_percentage(tmp_path: Path) -> None:
-    from logcapture.config import ConfigError, keep_free_bytes, load_admin
+    from logcapture.config.admin import load_admin
+    from logcapture.config.checking import keep_free_bytes
+    from logcapture.errors import ConfigError
 
     assert keep_free_bytes("512M", tmp_path) == 512 << 20
     assert keep_free_bytes("2GiB", tmp_path) == 2 << 30
@@ -370,10 +367,10 @@ def test_a_run_past_job_output_limit_stores_its_head_and_tail_with_notes(
     lc_env["LOGCAPTURE_JOB_OUTPUT_TAIL"] = "5"
     out = tmp_path / "out"
     with out.open("wb") as f:
-        res = run_lc(["run", "--", "seq", "1", "100000"], lc_env, stdout=f,
+        res = lc(["run", "--", "seq", "1", "100000"], lc_env, stdout=f,
                      stderr=subprocess.PIPE, capture_output=False)
     assert res.returncode == 0 and out.read_bytes().endswith(b"99999\n100000\n")
-    logs = run_lc(["logs"], lc_env).stdout.decode().splitlines()
+    logs = lc(["logs"], lc_env).stdout.decode().splitlines()
     cut = next(i for i, ln in enumerate(logs) if "job_output_limit" in ln and "reached" in ln)
     left = next(i for i, ln in enumerate(logs) if "were left out here" in ln)
     head = [int(x) for x in logs[:cut]]
@@ -429,7 +426,7 @@ def test_ls_keeps_a_finished_runs_insight_kinds_until_its_segments_change(
         lc_env: dict[str, str]) -> None:
     """`ls` of a finished spool run reads every segment for its kinds once; its owner's next
     `ls` reads them from the run's cache, made again when a segment changes."""
-    res = run_lc(["run", "--", "sh", "-c", "echo 'Traceback (most recent call last):'; "
+    res = lc(["run", "--", "sh", "-c", "echo 'Traceback (most recent call last):'; "
                   "echo '  File \"x.py\", line 1, in <module>'; echo 'ValueError: bad'; "
                   "exit 1"], lc_env)
     assert res.returncode == 1

@@ -1,5 +1,5 @@
-"""config.py: the user's .logoptin (never raises, falls back to mode disabled) and the admin
-config (raises ConfigError naming file, line, column and key)."""
+"""config/: the user's .logoptin (config.optin: never raises, falls back to mode disabled)
+and the admin config (config.admin: raises ConfigError naming file, line, column and key)."""
 
 from __future__ import annotations
 
@@ -14,12 +14,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from logcapture.config import (
+from logcapture.config.admin import AdminConfig, load_admin
+from logcapture.config.optin import (
     OPTIN_MAX_BYTES,
-    AdminConfig,
     OptinConfig,
     OptinResult,
-    load_admin,
     load_optin,
     optin_path,
 )
@@ -96,7 +95,8 @@ def test_no_files_and_an_empty_optin_never_load_pyyaml(tmp_path):
     # Every job's wrapper reads both files; PyYAML (~12 ms of CPU) is loaded only when one of
     # them holds something to parse, or a LOGCAPTURE_<KEY> override needs a YAML scalar.
     empty = write(tmp_path, "")
-    code = ("import sys\nfrom logcapture.config import load_admin, load_optin\n"
+    code = ("import sys\nfrom logcapture.config.admin import load_admin\n"
+            "from logcapture.config.optin import load_optin\n"
             f"r = load_optin({str(empty)!r})\n"
             f"a = load_admin({str(tmp_path / 'none.yaml')!r}, env={{}})\n"
             "print(r.opted_in, r.config.mode, a.flush_interval, 'yaml.reader' in sys.modules)\n"
@@ -248,7 +248,7 @@ def test_fifo_is_refused_without_hanging(tmp_path):
     fifo = tmp_path / ".logoptin"
     os.mkfifo(fifo)
     # Run in a child with a timeout: a blocking open would hang forever.
-    code = ("import sys; from logcapture.config import load_optin; "
+    code = ("import sys; from logcapture.config.optin import load_optin; "
             "r = load_optin(sys.argv[1]); print(r.config.mode); print(r.problems[0])")
     done = subprocess.run([sys.executable, "-c", code, str(fifo)], capture_output=True,
                           text=True, timeout=30)
@@ -435,7 +435,7 @@ def test_admin_full_file(tmp_path):
 store: https://logger:pw@clickhouse.example.org:8443/logs
 spool_root: /var/spool/logcapture
 sample_interval: 2.5
-retention_days: 30
+store_ttl_days: 30
 cluster: alpha
 flush_interval: 0.5
 flush_records: 200
@@ -443,7 +443,7 @@ segment_bytes: 1048576
 """, name="config.yaml")
     assert load_admin(path, env={}) == AdminConfig(
         store="https://logger:pw@clickhouse.example.org:8443/logs",
-        spool_root="/var/spool/logcapture", sample_interval=2.5, retention_days=30,
+        spool_root="/var/spool/logcapture", sample_interval=2.5, store_ttl_days=30,
         cluster="alpha", flush_interval=0.5, flush_records=200, segment_bytes=1048576)
 
 
@@ -467,6 +467,34 @@ def test_admin_environment_overrides_file(tmp_path):
     assert config.cluster == "file"
 
 
+def test_the_old_name_of_store_ttl_days_is_read_with_a_warning_naming_the_new(tmp_path):
+    # ``retention_days`` was the store's TTL; the spool's retention is the shipper's own.
+    path = write(tmp_path, "retention_days: 30\n", name="c.yaml")
+    warnings: list[str] = []
+    assert load_admin(path, env={}, warn=warnings.append).store_ttl_days == 30
+    assert warnings == [f"{path}: 'retention_days' is deprecated, use 'store_ttl_days' (the "
+                        "same setting; LOGCAPTURE_STORE_TTL_DAYS in the environment)"]
+    assert load_admin(path, env={}).store_ttl_days == 30  # no warn: nothing said (a job)
+    assert load_admin(tmp_path / "none", env={"LOGCAPTURE_RETENTION_DAYS": "8"},
+                      warn=warnings.append).store_ttl_days == 8
+    both = write(tmp_path, "retention_days: 30\nstore_ttl_days: 40\n", name="both.yaml")
+    assert load_admin(both, env={}).store_ttl_days == 40  # the new name wins
+    assert "retention_days" not in AdminConfig._fields
+    assert load_admin(tmp_path / "none", env={}).store_ttl_days is None
+
+
+def test_each_default_has_one_owner():
+    from logcapture.config import defaults
+    from logcapture.spool.writer import SpoolWriter
+
+    config = AdminConfig()
+    assert (config.flush_interval, config.flush_records, config.segment_bytes) == (
+        defaults.FLUSH_INTERVAL, defaults.FLUSH_RECORDS, defaults.SEGMENT_BYTES)
+    kw = SpoolWriter.__init__.__kwdefaults__
+    assert (kw["flush_interval"], kw["flush_records"], kw["segment_bytes"]) == (
+        config.flush_interval, config.flush_records, config.segment_bytes)
+
+
 def test_admin_integer_seconds_become_float(tmp_path):
     config = load_admin(write(tmp_path, "sample_interval: 5\n", name="c.yaml"), env={})
     assert config.sample_interval == 5.0
@@ -478,8 +506,9 @@ def test_admin_integer_seconds_become_float(tmp_path):
     ("sample_interval: -1\n", 1, 18, "sample_interval", "greater than 0"),
     ("sample_interval: .inf\n", 1, 18, "sample_interval", "finite"),
     ("sample_interval: fast\n", 1, 18, "sample_interval", "not a string"),
-    ("cluster: a\nretention_days: 1.5\n", 2, 17, "retention_days", "whole number"),
-    ("retention_days: 0\n", 1, 17, "retention_days", "greater than 0"),
+    ("cluster: a\nstore_ttl_days: 1.5\n", 2, 17, "store_ttl_days", "whole number"),
+    ("store_ttl_days: 0\n", 1, 17, "store_ttl_days", "greater than 0"),
+    ("retention_days: 0\n", 1, 17, "retention_days", "greater than 0"),  # the old name
     ("flush_records: true\n", 1, 16, "flush_records", "not a boolean"),
     ("segment_bytes: 8MiB\n", 1, 16, "segment_bytes", "whole number"),
     ("cluster: 12\n", 1, 10, "cluster", "must be a string"),

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from logcapture.cli import cli
 from logcapture.entry import parse_run
-from logcapture.spool import iter_run
+from logcapture.spool.reading import iter_run
 
 WORDS = ["run", "--spool", "--spool=/tmp/s", "/tmp/x", "--run-id", "r1", "--run-id=r2",
          "--run-id=", "--mode", "enabled", "metadata", "disabled", "bogus", "--mode=disabled",

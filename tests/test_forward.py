@@ -1,6 +1,6 @@
 """srun's output in a captured batch job (logcapture.slurm.forward): copied to the job's
 outputs byte for byte and in order, stored only where srun itself speaks. The batch script
-runs under ``runner.run`` with real ptys; srun is played by tests/forward_client.py, which
+runs under ``runner.spawn.run`` with real ptys; srun is played by tests/forward_client.py, which
 speaks the SPANK plugin's side of the protocol (the plugin itself runs in tests/e2e)."""
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from logcapture import runner
+from logcapture.runner.outcome import Options, Outcome
+from logcapture.runner.spawn import run
 from logcapture.slurm.forward import Forwarder, SrunMessages, _Pipe
 
 from .test_runner import Recorder
@@ -38,14 +39,14 @@ def srun(address: bytes, *steps: str) -> str:
 
 
 def _batch(tmp_path: Path, script: str, address: bytes | None, merge: bool = True
-           ) -> tuple[runner.Outcome, bytes, bytes, Recorder]:
+           ) -> tuple[Outcome, bytes, bytes, Recorder]:
     """Run ``script`` (bash) as the batch script; stdout and stderr to one file (``merge``)
     or two. Returns the outcome, the files' bytes and what was captured."""
     out, err = tmp_path / "out", tmp_path / "err"
     sink = Recorder()
     beside = Forwarder(address) if address is not None else None
     with open(out, "wb") as fo, open(err, "wb") as fe:
-        outcome = runner.run(["bash", "-c", script], sink, runner.Options(  # type: ignore[arg-type]
+        outcome = run(["bash", "-c", script], sink, Options(  # type: ignore[arg-type]
             stdout_fd=fo.fileno(), stderr_fd=fo.fileno() if merge else fe.fileno(),
             merge=merge, beside=beside))
     return outcome, out.read_bytes(), err.read_bytes(), sink

@@ -12,8 +12,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from logcapture import frame, runner
+from logcapture import frame
 from logcapture.frame import END, HEADER, KIND, READ_ENTRY, STREAMS, FrameError
+from logcapture.runner.readloop import PASSES, READ_SIZE, READS_IN_A_ROW
+from logcapture.runner.worker import COALESCE, PUMP_BYTES, Worker
 
 times = st.floats(allow_nan=False, allow_infinity=False)
 payloads = st.one_of(st.binary(max_size=300), st.just(b""),
@@ -133,7 +135,7 @@ def test_an_end_frame_that_is_no_outcome_is_an_error(payload: bytes, what: str) 
 def test_no_frame_of_the_reader_exceeds_the_payload_bound() -> None:
     # A frame is closed at a pump, and a pump is due once PUMP_BYTES wait: at most that
     # plus one round.
-    assert runner.PUMP_BYTES + runner.PASSES * runner.READS_IN_A_ROW * runner.READ_SIZE \
+    assert PUMP_BYTES + PASSES * READS_IN_A_ROW * READ_SIZE \
         <= frame.MAX_PAYLOAD
 
 
@@ -141,14 +143,14 @@ def test_the_reader_joins_one_streams_rounds_and_keeps_each_rounds_time() -> Non
     # The reader's side of the pipe: rounds of one stream within COALESCE join one frame,
     # each with its time and round end; another stream, or a later round, starts a frame.
     r, w = os.pipe()
-    worker = runner.Worker(0, w)
+    worker = Worker(0, w)
     t = time.time()
     worker.send(KIND["stdout"], [b"a\n", b"b\n"], t, 1.0)
     worker.end_round()
-    worker.send(KIND["stdout"], [b"c\n"], t + runner.COALESCE / 2, 1.001)
-    worker.send(KIND["stderr"], [b"E\n"], t + runner.COALESCE / 2, 1.001)
+    worker.send(KIND["stdout"], [b"c\n"], t + COALESCE / 2, 1.001)
+    worker.send(KIND["stderr"], [b"E\n"], t + COALESCE / 2, 1.001)
     worker.end_round()
-    worker.send(KIND["stderr"], [b"F\n"], t + 2 * runner.COALESCE, 1.02)
+    worker.send(KIND["stderr"], [b"F\n"], t + 2 * COALESCE, 1.02)
     worker.end_round()
     worker.pump()
     assert worker.size == 0
@@ -156,8 +158,8 @@ def test_the_reader_joins_one_streams_rounds_and_keeps_each_rounds_time() -> Non
     os.close(r)
     os.close(w)
     assert got == [
-        (0, [(b"a\nb\n", t, True), (b"c\n", t + runner.COALESCE / 2, False)], 1.0, 1.001,
+        (0, [(b"a\nb\n", t, True), (b"c\n", t + COALESCE / 2, False)], 1.0, 1.001,
          b"a\nb\nc\n"),
-        (1, [(b"E\n", t + runner.COALESCE / 2, True)], 1.001, 1.001, b"E\n"),
-        (1, [(b"F\n", t + 2 * runner.COALESCE, True)], 1.02, 1.02, b"F\n"),
+        (1, [(b"E\n", t + COALESCE / 2, True)], 1.001, 1.001, b"E\n"),
+        (1, [(b"F\n", t + 2 * COALESCE, True)], 1.02, 1.02, b"F\n"),
     ]

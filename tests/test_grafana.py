@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
+from helpers import lc
 
 from logcapture.grafana import (
     Connection,
@@ -189,9 +190,9 @@ def test_header(store):
                    "duration": 120.0, "nodes": "node1, node2", "gpus": 4}
     [row] = run_sql(store, JOB_UID, query_of(JOB_UID, "Job"), run="2001")
     assert row["exit_status"] == "signal 9" and row["state"] == "SIGNALED"
-    assert row["job"] == "./sim" and row["nodes"] == "node4" and row["gpus"] == 0
+    assert row["job"] == "sim" and row["nodes"] == "node4" and row["gpus"] == 0
     [row] = run_sql(store, JOB_UID, query_of(JOB_UID, "Job"), run="1002")
-    assert row["state"] == "RUNNING" and row["exit_status"] == "" and row["job"] == "bash sweep.sh"
+    assert row["state"] == "RUNNING" and row["exit_status"] == "" and row["job"] == "bash"
 
 
 def test_logs_stdout_notes_and_the_stderr_switch(store):
@@ -477,23 +478,18 @@ def test_connection_from_url():
 
 
 def test_cli_install(tmp_path: Path):
-    from click.testing import CliRunner
-
-    from logcapture.cli import cli
-
-    runner = CliRunner()
-    res = runner.invoke(cli, ["grafana", "install", str(tmp_path / "p"), "--store-url",
-                              "https://viewer@ch.example:8443/logcapture", "--forward-user",
-                              "--password-file", "/etc/grafana/ch-password"])
-    assert res.exit_code == 0, res.output
-    assert res.output.splitlines()[0].endswith("datasources/logcapture.yaml")
+    res = lc(["grafana", "install", str(tmp_path / "p"), "--store-url",
+              "https://viewer@ch.example:8443/logcapture", "--forward-user",
+              "--password-file", "/etc/grafana/ch-password"], text=True)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines()[0].endswith("datasources/logcapture.yaml")
     [d] = yaml.safe_load((tmp_path / "p/datasources/logcapture.yaml").read_text())["datasources"]
     assert d["jsonData"]["username"] == "viewer" and d["jsonData"]["secure"] is True
     assert d["secureJsonData"]["password"] == "$__file{/etc/grafana/ch-password}"
 
-    res = runner.invoke(cli, ["grafana", "install", str(tmp_path / "q"), "--protocol", "http",
-                              "--database", "lc2", "--no-password"])
-    assert res.exit_code == 0, res.output
+    res = lc(["grafana", "install", str(tmp_path / "q"), "--protocol", "http",
+              "--database", "lc2", "--no-password"], text=True)
+    assert res.returncode == 0, res.stderr
     [d] = yaml.safe_load((tmp_path / "q/datasources/logcapture.yaml").read_text())["datasources"]
     assert d["jsonData"]["port"] == 8123 and "secureJsonData" not in d
     job = json.loads((tmp_path / "q/dashboards/logcapture/job-details.json").read_text())
@@ -507,11 +503,8 @@ def test_cli_install(tmp_path: Path):
     ["--database", "x; DROP TABLE y"],               # not an identifier
 ])
 def test_cli_install_refuses(tmp_path: Path, args: list[str]):
-    from logcapture.cli import main
-
-    with pytest.raises(SystemExit) as exc:
-        main(["grafana", "install", str(tmp_path / "p"), *args])
-    assert exc.value.code == 2
+    res = lc(["grafana", "install", str(tmp_path / "p"), *args], text=True)
+    assert res.returncode == 2 and res.stderr.startswith("logcapture: error: "), res.stderr
     assert not (tmp_path / "p" / "datasources").exists()
 
 
@@ -576,3 +569,70 @@ def test_search_uses_the_token_index(search_store):
     plan = "\n".join(r[0] for r in search_store.client.query(
         "EXPLAIN indexes = 1 " + sql).result_rows)
     assert "text_tokens" in plan  # the engine folded the box's tokens into the index's terms
+
+
+# --- a job of several ranks: its task runs' metadata, one series per rank ----------------------
+
+RANKED = [{"step": s, "loss": 1.0 / (s + 1) + r, "rank": r} for s in range(3) for r in (1, 0)]
+
+
+def ranked_job() -> list[list[Any]]:
+    """Job 4001: its batch run (no metadata of its own) and two tasks of step 0 printing
+    `step` and `loss` in turn, as each task of an srun step is captured (slurm.task)."""
+    runs = [[Start(run="4001", stream="run", seq=0, ts=T0, command=["sbatch"], user="alice",
+                   uid=1000, host="node1", slurm={"job_id": "4001", "nodelist": "node[1-2]"})]]
+    for r in (0, 1):
+        run = f"4001.0.{r}"
+        recs: list[Any] = [Start(run=run, stream="run", seq=0, ts=T0 + 1, command=["python"],
+                                 user="alice", uid=1000, host=f"node{r + 1}",
+                                 slurm={"job_id": "4001", "step": "0", "rank": str(r),
+                                        "local_rank": "0", "node": f"node{r + 1}"})]
+        recs += [Metadata(run=run, stream="stdout", seq=i, ts=T0 + 10 + 2 * i + r, fields=f)
+                 for i, f in enumerate(f for f in RANKED if f["rank"] == r)]
+        runs.append(recs)
+    return runs
+
+
+@pytest.fixture(scope="module")
+def ranked_store(store):
+    """The module's store with job 4001 (one embedded engine per process; these tests come
+    last in the file, so the others never see it)."""
+    for records in ranked_job():
+        assert not store.insert_records(records, Identity(run=records[0].run, user="alice",
+                                                          uid=1000)).bad
+    return store
+
+
+def test_a_job_of_several_ranks_shows_rank_0_and_every_rank_on_request(ranked_store):
+    st = ranked_store
+    job = {"run": "4001"}
+    assert [r["rank"] for r in run_sql(st, JOB_UID, query_of(JOB_UID, "var rank"),
+                                       **job)] == ["0", "1"]
+    # rank 0 by default: its rows, with their rank
+    rows = run_sql(st, JOB_UID, query_of(JOB_UID, "Metadata (newest first)"), **job)
+    assert {r["rank"] for r in rows} == {"0"} and len(rows) == 3
+    everyone = {**job, "rank": ["0", "1"]}
+    rows = run_sql(st, JOB_UID, query_of(JOB_UID, "Metadata (newest first)"), **everyone)
+    assert sorted(r["rank"] for r in rows) == ["0", "0", "0", "1", "1", "1"]
+    # the merged rows read step 0, 0, 1, 1 ...: per rank, step is the X axis, as in Python
+    for ranks in (["0"], ["0", "1"]):
+        [axis] = run_sql(st, JOB_UID, query_of(JOB_UID, "X axis"), **job, rank=ranks)
+        assert axis["x_axis"] == "step"
+    assert choose_x_axis(RANKED) == "rank"  # what one series of the merged rows would give
+    # one series per rank, by time and by the X axis
+    by_time = run_sql(st, JOB_UID, query_of(JOB_UID, "Metadata by time"), **everyone)
+    assert {r["key"] for r in by_time} == {f"{k} (rank {r})" for k in ("step", "loss", "rank")
+                                           for r in (0, 1)}
+    by_x = run_sql(st, JOB_UID, query_of(JOB_UID, "Metadata by $x_axis"), **everyone,
+                   x_axis="step")
+    assert [(r["x"], r["value"]) for r in by_x if r["key"] == "loss (rank 1)"] == [
+        (0.0, 2.0), (1.0, 1.5), (2.0, 1 / 3 + 1)]
+
+
+def test_a_task_run_is_not_a_task_of_a_requeued_run_and_a_job_without_tasks_shows_its_own(
+        ranked_store, store):
+    assert run_sql(ranked_store, JOB_UID, query_of(JOB_UID, "var rank"), run="4001.0") == []
+    assert run_sql(ranked_store, JOB_UID, query_of(JOB_UID, "var rank"), run="400") == []
+    rows = run_sql(store, JOB_UID, query_of(JOB_UID, "Metadata (newest first)"), rank=[])
+    assert [json.loads(r["fields"]) for r in rows] == TRAIN_META[::-1]
+    assert {r["rank"] for r in rows} == {""}

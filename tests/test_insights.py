@@ -76,6 +76,11 @@ REAL = [
      "518, unhandled system error, NCCL version 2.4.8", ["unhandled system error", "2.4.8"]),
     ("nccl-error", "node01:4533:4667 [0] NCCL WARN NET/IB : Got completion from peer "
      "10.0.0.2<1234> with error 12, opcode 0, len 0, vendor err 129", ["node01", "NET/IB"]),
+    ("nccl-error", "[2026-11-27 11:50:55] vm:616:616 [0] init.cc:904 NCCL WARN Duplicate GPU "
+     "detected : rank 1 and rank 0 both on CUDA device 60", ["on vm (device 0): Duplicate GPU"]),
+    # PyTorch's TCPStore on the rank that hosts it (tests/captured/torch-2.11-h100/rdzv.err)
+    ("rendezvous-timeout", "torch.distributed.DistStoreError: Timed out after 16 seconds "
+     "waiting for clients. 1/2 clients joined.", ["16 s", "1 of 2 ranks joined", "1 rank never"]),
     # MPI
     ("mpi-abort", "MPI_ABORT was invoked on rank 3 in communicator MPI_COMM_WORLD",
      ["rank 3", "MPI_COMM_WORLD"]),
@@ -210,7 +215,7 @@ def test_the_last_traceback_wins_chained_and_prefixed() -> None:
            "[rank0]:     cfg = read()\n"
            "[rank0]: ValueError: bad config")
     exc = _kinds(log)["python-exception"]
-    assert exc.message == "ValueError: bad config at b.py:7 in load"
+    assert exc.message == "ValueError on rank 0: bad config at b.py:7 in load"
     assert exc.details["code"] if "code" in exc.details else True
 
 

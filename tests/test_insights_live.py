@@ -14,7 +14,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
-from conftest import run_lc
+from helpers import lc
 
 from logcapture.insights.live import LiveWatch
 from logcapture.insights.notify import Notifier, compose, wanted
@@ -215,7 +215,7 @@ while not os.path.exists({str(flag)!r}) and time.time() - t < 60:
     store = f"chdb://{tmp_path}/store"
     import subprocess
 
-    from conftest import LOGCAPTURE
+    from helpers import LOGCAPTURE
     runner = subprocess.Popen([*LOGCAPTURE, "run", "--no-sample", "--run-id", "live-1", "--",
                                sys.executable, str(job)], env=env, stdout=subprocess.DEVNULL)
     agent = subprocess.Popen([*LOGCAPTURE, "agent", "--store", store, "--interval", "0.5",
@@ -239,13 +239,13 @@ while not os.path.exists({str(flag)!r}) and time.time() - t < 60:
         agent.terminate()
         _, err = agent.communicate(timeout=60)
     assert agent.returncode == 0, err
-    show = json.loads(run_lc(["show", "live-1", "--json", "--store", store], env).stdout)
+    show = json.loads(lc(["show", "live-1", "--json", "--store", store], env).stdout)
     kinds = [i["kind"] for i in show["insights"]]
     assert "nan-metric" in kinds and "stalled" in kinds
 
 
 def test_the_webhook_url_never_reaches_the_jobs_copy_of_the_config(tmp_path: Path) -> None:
-    from logcapture.config import load_admin
+    from logcapture.config.admin import load_admin
     from logcapture.slurm.jobrecords import public_config
 
     path = tmp_path / "config.yaml"

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from conftest import run_lc
+from helpers import lc
 
 from logcapture.insights.report import diagnose_stored
 from logcapture.store import Identity, open_store
@@ -37,20 +37,20 @@ def _run(lc_env: dict[str, str], tmp_path: Path, body: str, run_id: str,
          *extra: str) -> None:
     script = tmp_path / f"{run_id}.py"
     script.write_text(body)
-    run_lc(["run", "--no-sample", "--run-id", run_id, *extra, "--", sys.executable,
+    lc(["run", "--no-sample", "--run-id", run_id, *extra, "--", sys.executable,
             str(script)], lc_env)
 
 
 def test_show_lists_insights_first_from_the_spool_and_the_store(
         lc_env: dict[str, str], tmp_path: Path) -> None:
     _run(lc_env, tmp_path, FAILING, "fail-1")
-    out = run_lc(["show", "fail-1", "--source", "spool"], lc_env).stdout.decode()
+    out = lc(["show", "fail-1", "--source", "spool"], lc_env).stdout.decode()
     assert out.startswith("insights:\n  cuda-oom: CUDA out of memory on GPU 0: tried to "
                           "allocate 20.00 MiB"), out
     # the exception is the OOM: listed once, where the user's code raised it
     assert "python-exception" not in out
     assert f"at {tmp_path}/fail-1.py:15 in step" in out
-    spool_json = json.loads(run_lc(["show", "fail-1", "--json", "--source", "spool"],
+    spool_json = json.loads(lc(["show", "fail-1", "--json", "--source", "spool"],
                                    lc_env).stdout)
     assert list(spool_json)[0] == "insights"
     kinds = [i["kind"] for i in spool_json["insights"]]
@@ -61,9 +61,9 @@ def test_show_lists_insights_first_from_the_spool_and_the_store(
     assert all({"kind", "message", "evidence"} <= set(i) for i in spool_json["insights"])
 
     store = f"chdb://{tmp_path}/store"
-    up = run_lc(["upload", "--store", store, "fail-1"], lc_env)
+    up = lc(["upload", "--store", store, "fail-1"], lc_env)
     assert up.returncode == 0, up.stderr
-    store_json = json.loads(run_lc(["show", "fail-1", "--json", "--store", store],
+    store_json = json.loads(lc(["show", "fail-1", "--json", "--store", store],
                                    lc_env).stdout)
     assert store_json["stored_in"].startswith("chdb://")
     assert [(i["kind"], i["message"]) for i in store_json["insights"]] == \
@@ -72,7 +72,12 @@ def test_show_lists_insights_first_from_the_spool_and_the_store(
     with open_store(store, must_exist=True) as st:
         stored = st.insights("fail-1")
         assert [i["kind"] for i in stored] == kinds
-        assert stored[0]["evidence"] == spool_json["insights"][0]["evidence"]
+        # (show adds each line's number when it reads them: the same from the store)
+        assert [{**e, "line": None} for e in stored[0]["evidence"]] == [
+            {**e, "line": None} for e in spool_json["insights"][0]["evidence"]]
+        assert [e["line"] for e in store_json["insights"][0]["evidence"]] == [
+            e["line"] for e in spool_json["insights"][0]["evidence"]]
+        assert all(e["line"] for e in spool_json["insights"][0]["evidence"] if e["text"])
         n = st.client.command("SELECT count() FROM insights FINAL WHERE kind = 'cuda-oom' "
                               "AND numbers['size_bytes'] = 20 * 1048576")
         assert int(n) == 1
@@ -80,9 +85,9 @@ def test_show_lists_insights_first_from_the_spool_and_the_store(
 
 def test_a_run_that_ended_well_has_no_insights(lc_env: dict[str, str], tmp_path: Path) -> None:
     _run(lc_env, tmp_path, "print('ERROR: not really, all fine')\n", "ok-1")
-    show = json.loads(run_lc(["show", "ok-1", "--json"], lc_env).stdout)
+    show = json.loads(lc(["show", "ok-1", "--json"], lc_env).stdout)
     assert show["insights"] == []
-    out = run_lc(["show", "ok-1"], lc_env).stdout.decode()
+    out = lc(["show", "ok-1"], lc_env).stdout.decode()
     assert not out.startswith("insights")
 
 
@@ -92,13 +97,13 @@ def test_text_a_mode_dropped_never_appears_in_an_insight(lc_env: dict[str, str],
     body = (f'import sys\nprint("RuntimeError: CUDA out of memory {secret}", file=sys.stderr)\n'
             f'raise SystemExit(3)\n')
     _run(lc_env, tmp_path, body, "meta-1", "--mode", "metadata")
-    out = run_lc(["show", "meta-1", "--json"], lc_env).stdout.decode()
+    out = lc(["show", "meta-1", "--json"], lc_env).stdout.decode()
     assert secret not in out
     show = json.loads(out)
     assert [i["kind"] for i in show["insights"]] == ["failed"]
     assert "no error message found in the stored output" in show["insights"][0]["message"]
     store = f"chdb://{tmp_path}/store"
-    run_lc(["upload", "--store", store, "meta-1"], lc_env)
+    lc(["upload", "--store", store, "meta-1"], lc_env)
     with open_store(store, must_exist=True) as st:
         rows = st.client.query("SELECT * FROM insights").result_rows
         assert rows and secret not in repr(rows)
@@ -130,10 +135,10 @@ def test_ls_flags_runs_that_ended_badly(lc_env: dict[str, str], tmp_path: Path) 
     _run(lc_env, tmp_path, "import os\nos.kill(os.getpid(), 11)\n", "segv-1")
     _run(lc_env, tmp_path, "print('fine')\n", "fine-1")
     rows = {json.loads(line)["run"]: json.loads(line)
-            for line in run_lc(["ls", "--json"], lc_env).stdout.decode().splitlines()}
+            for line in lc(["ls", "--json"], lc_env).stdout.decode().splitlines()}
     assert rows["segv-1"]["insights"] == ["signal"]
     assert rows["fine-1"]["insights"] == []
-    table = run_lc(["ls"], lc_env).stdout.decode().splitlines()
+    table = lc(["ls"], lc_env).stdout.decode().splitlines()
     assert "INSIGHTS" in table[0]
     assert any(line.startswith("segv-1") and "!signal" in line for line in table)
 
@@ -177,9 +182,9 @@ def test_ls_shows_the_first_kind_show_shows_from_the_spool_and_the_store(
         _run(lc_env, tmp_path, body, run_id)
 
     def kinds(*args: str) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
-        ls = {d["run"]: d["insights"] for d in map(json.loads, run_lc(
+        ls = {d["run"]: d["insights"] for d in map(json.loads, lc(
             ["ls", "--json", *args], lc_env).stdout.decode().splitlines())}
-        show = {run: [i["kind"] for i in json.loads(run_lc(
+        show = {run: [i["kind"] for i in json.loads(lc(
             ["show", run, "--json", *args], lc_env).stdout)["insights"]] for run in ls}
         return ls, show
 
@@ -187,12 +192,12 @@ def test_ls_shows_the_first_kind_show_shows_from_the_spool_and_the_store(
     assert ls == show
     assert show == {"oom-1": ["cuda-oom"], "nan-1": ["nan-metric"],
                     "nancrash-1": ["python-exception", "nan-metric"], "fine-2": []}
-    nan = json.loads(run_lc(["show", "nan-1", "--json"], lc_env).stdout)["insights"][0]
+    nan = json.loads(lc(["show", "nan-1", "--json"], lc_env).stdout)["insights"][0]
     assert nan["message"] == "metric loss became NaN at step 4 (then acc)"
     assert nan["details"]["step"] == 4 and nan["details"]["keys"] == ["loss", "acc"]
 
     store = f"chdb://{tmp_path}/store"
-    assert run_lc(["upload", "--store", store, "--all"], lc_env).returncode == 0
+    assert lc(["upload", "--store", store, "--all"], lc_env).returncode == 0
     assert kinds("--source", "store", "--store", store) == (show, show)
 
 
@@ -200,9 +205,11 @@ def test_ls_diagnosis_reads_candidates_only_and_agrees_with_shows(tmp_path: Path
     """query.spool_insights (ls: candidates found in the segments' bytes) gives what
     spool_facts (show: every line) gives, also for a run whose name is an error word and a
     traceback that spans segments."""
-    from logcapture.query import spool_facts, spool_insights
+    from logcapture.query.show import spool_facts
+    from logcapture.query.spool_insights import spool_insights
     from logcapture.records import End, Line, Metadata, Start
-    from logcapture.spool import SpoolWriter, create_run_dir, segments
+    from logcapture.spool.layout import create_run_dir, segments
+    from logcapture.spool.writer import SpoolWriter
 
     run = "failed-error"
     w = SpoolWriter(create_run_dir(tmp_path, run), fsync=False, segment_bytes=4096)
@@ -221,6 +228,8 @@ def test_ls_diagnosis_reads_candidates_only_and_agrees_with_shows(tmp_path: Path
     assert len(segments(tmp_path / run)) > 2
     show = spool_facts(tmp_path / run, "u", 1000).insights
     ls = [i.to_dict() for i in spool_insights(tmp_path / run, recs[0], recs[-1])]
+    # show numbers the evidence lines (the log's: 200 stdout lines before the traceback)
+    assert [e.pop("line") for i in show for e in i["evidence"]] == [280, 282, None]  # NaN: metadata
     assert ls == show
     assert [i["kind"] for i in ls] == ["cuda-oom", "nan-metric"]
     assert ls[0]["message"].endswith("at /home/u/m39.py:39 in f39")

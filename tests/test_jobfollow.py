@@ -20,7 +20,9 @@ from logcapture import query as Q
 from logcapture.cli import main
 from logcapture.jobfollow import JobFollow
 from logcapture.records import End, Line, Start
-from logcapture.spool import ABANDONED_SLURM_GRACE, SpoolWriter, create_run_dir
+from logcapture.spool.abandoned import ABANDONED_SLURM_GRACE
+from logcapture.spool.layout import create_run_dir
+from logcapture.spool.writer import SpoolWriter
 
 from .test_rankview import ALL_RANKS, RANK_1, store_of
 

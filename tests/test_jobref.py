@@ -10,8 +10,8 @@ import pytest
 
 from logcapture import jobref, views
 from logcapture.errors import NotFound, UsageError
-from logcapture.query import job_usage
-from logcapture.runner import children_usage
+from logcapture.query.show import job_usage
+from logcapture.runner.outcome import children_usage
 from logcapture.slurm.jobs import end_state
 
 
@@ -143,19 +143,20 @@ def test_units_a_person_reads() -> None:
     assert views.duration(185) == "3 min 05 s"
     assert views.duration(2 * 3600 + 3 * 60 + 20) == "2 h 03 min"
     assert views.duration(3 * 86400 + 4 * 3600) == "3 d 04 h"
-    assert views.exit_code(0, None) == "0:0" and views.exit_code(None, 15) == "0:15"
-    assert views.exit_code(None, None) == "-"
 
 
 def test_ls_rows_have_the_job_columns() -> None:
     summaries = [dict(s, state="COMPLETED", exit_status=0, signal=None, duration=7384.0,
                       lines=3, **jobref.job_fields(s)) for s in RUNS]
-    summaries[2].update(state="RUNNING", exit_status=None, duration=None)
-    rows = views.ls_rows(summaries, now=lambda: 12 + 65)
+    summaries[2].update(state="RUNNING", exit_status=None, duration=None, last=12 + 65)
+    summaries[3].update(state="CANCELLED", exit_status=None, signal=15)
+    rows = views.ls_rows(summaries)
     assert rows[0] == views.LS_COLUMNS
-    assert rows[1][:4] == ("6_1", "sweep", "COMPLETED", "0:0")
+    assert rows[1][:4] == ("6_1", "sweep", "COMPLETED", "0")
     assert rows[1][5] == "2 h 03 min"
+    # running: from its start to its newest record (summary_row.run_duration)
     assert rows[3][2:4] == ("RUNNING", "-") and rows[3][5] == "1 min 05 s"
+    assert rows[4][2:4] == ("CANCELLED", "signal 15")
     assert [r[0] for r in rows[4:7]] == ["12.0", "12.1", "12"]
     lines = views.table(rows)
     assert lines[0].split() == list(views.LS_COLUMNS)

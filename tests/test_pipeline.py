@@ -22,10 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import LOGCAPTURE, lc
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from logcapture import frame, runner
+from logcapture import frame
 from logcapture import pipeline as pipeline_module
 from logcapture.capture import _discard, _Server
 from logcapture.classify import Classifier
@@ -44,10 +45,14 @@ from logcapture.records import (
     new_metadata,
     rendered_many,
 )
+from logcapture.runner.outcome import Options, Outcome
+from logcapture.runner.readloop import TICK
+from logcapture.runner.spawn import run
+from logcapture.runner.worker import Worker, fork_worker
 from logcapture.runs import find_run
-from logcapture.spool import Segment, SpoolWriter, create_run_dir, iter_run, segments
-
-from .conftest import LOGCAPTURE, run_lc
+from logcapture.spool.layout import Segment, create_run_dir, segments
+from logcapture.spool.reading import iter_run
+from logcapture.spool.writer import SpoolWriter
 
 PY = sys.executable
 
@@ -89,7 +94,7 @@ JOB = textwrap.dedent("""
 
 def test_the_worker_writes_what_the_in_process_pipeline_writes(
         tmp_path: Path, lc_env: dict[str, str], spool: Path) -> None:
-    res = run_lc(["run", "--", PY, "-c", JOB], lc_env)
+    res = lc(["run", "--", PY, "-c", JOB], lc_env)
     assert res.returncode == 0, res.stderr
     assert res.stderr == b"to err\n"
     records = list(iter_run(find_run(spool, None)))
@@ -126,12 +131,12 @@ def test_the_end_records_peak_memory_is_logcaptures_own_not_its_parents(
 
 
 def _run(tmp_path: Path, argv: list[str], target: Any,
-         **opts: Any) -> tuple[runner.Outcome, bytes, list[str], runner.Worker]:
-    worker = runner.fork_worker(target)
+         **opts: Any) -> tuple[Outcome, bytes, list[str], Worker]:
+    worker = fork_worker(target)
     out = tmp_path / "out"
     warnings: list[str] = []
     with open(out, "wb") as fo, open(os.devnull, "wb") as fe:
-        outcome = runner.run(argv, worker, runner.Options(
+        outcome = run(argv, worker, Options(
             stdout_fd=fo.fileno(), stderr_fd=fe.fileno(), warn=warnings.append, **opts))
     return outcome, out.read_bytes(), warnings, worker
 
@@ -292,7 +297,7 @@ class _Calls:
         self.calls: list[tuple[str, float, float]] = []
 
     def tick_due(self) -> float:  # always wants its ticks
-        return time.monotonic() + runner.TICK
+        return time.monotonic() + TICK
 
     def feed(self, stream: str, data: bytes, now: float, mono: float,
              marks: object = None) -> None:

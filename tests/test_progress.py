@@ -15,7 +15,9 @@ from logcapture.progress import bar_text, bars, parse_bar
 from logcapture.records import Progress
 from logcapture.render import Renderer
 from logcapture.render.progress import Point, ProgressTracker
-from logcapture.spool import SpoolWriter, create_run_dir, iter_run
+from logcapture.spool.layout import create_run_dir
+from logcapture.spool.reading import iter_run
+from logcapture.spool.writer import SpoolWriter
 from logcapture.store.export import export_rows
 
 CAPTURED = Path(__file__).parent / "captured"
@@ -206,23 +208,23 @@ def test_show_and_export_agree_from_spool_and_store(lc_env: dict[str, str],
     import json
     import sys
 
-    from conftest import run_lc
+    from helpers import lc
 
     env = {**lc_env, "LOGCAPTURE_STORE": f"chdb://{tmp_path / 'store'}"}
-    res = run_lc(["run", "--run-id", "bars", "--no-sample", "--", sys.executable, "-c", REPLAY,
+    res = lc(["run", "--run-id", "bars", "--no-sample", "--", sys.executable, "-c", REPLAY,
                   str(CAPTURED / "tqdm_slow.input")], env)
     assert res.returncode == 0, res.stderr
 
     def read(source: str) -> tuple[list[dict], bytes, str]:
-        shown = run_lc(["show", "bars", "--json", "--source", source], env)
+        shown = lc(["show", "bars", "--json", "--source", source], env)
         assert shown.returncode == 0, shown.stderr
-        rows = run_lc(["export", "bars", "--what", "progress", "--format", "csv",
+        rows = lc(["export", "bars", "--what", "progress", "--format", "csv",
                        "--source", source], env)
-        text = run_lc(["show", "bars", "--source", source], env).stdout.decode()
+        text = lc(["show", "bars", "--source", source], env).stdout.decode()
         return json.loads(shown.stdout)["progress"], rows.stdout, text
 
     spool = read("spool")
-    assert run_lc(["upload", "bars"], env).returncode == 0
+    assert lc(["upload", "bars"], env).returncode == 0
     store = read("store")
     assert spool[0] == store[0] and spool[1] == store[1]
     (bar,) = spool[0]

@@ -1,4 +1,4 @@
-"""The read layer (logcapture/query.py) on the real embedded engine: the owner filter on every
+"""The read layer (logcapture/query/) on the real embedded engine: the owner filter on every
 question, one summary and one describe whatever the source, following a run through the store,
 and the one owner rule of spool runs."""
 
@@ -17,9 +17,11 @@ import pytest
 from logcapture import query as Q
 from logcapture import store as S
 from logcapture.errors import NotFound
+from logcapture.logview import parse_cursor
+from logcapture.ownership import trusted_identity
 from logcapture.records import End, Line, Metadata, Note, Sample, Start
-from logcapture.ship import trusted_identity
-from logcapture.spool import SpoolWriter, create_run_dir
+from logcapture.spool.layout import create_run_dir
+from logcapture.spool.writer import SpoolWriter
 
 T0 = 1_790_000_000.5
 ME = pwd.getpwuid(os.getuid()).pw_name
@@ -148,7 +150,7 @@ def test_a_cursor_opens_the_log_at_its_own_entry_from_spool_and_store(tmp_path: 
             entries = r.log("ns")["entries"]
             assert [e["text"] for e in entries] == [f"line {i}" for i in range(4)]
             for i, e in enumerate(entries):
-                ns, stream, seq = Q.parse_cursor(e["cursor"])
+                ns, stream, seq = parse_cursor(e["cursor"])
                 after = r.log("ns", after=f"{ns - 1}:{stream}:{seq}")["entries"]
                 assert [x["text"] for x in after] == [f"line {j}" for j in range(i, 4)], source
                 before = r.log("ns", before=f"{ns + 1}:{stream}:{seq}")["entries"]

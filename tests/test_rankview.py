@@ -19,7 +19,8 @@ from logcapture.cli import main
 from logcapture.errors import NotFound, UsageError
 from logcapture.logview import COMMAND, LINE, NOTE, Entry
 from logcapture.records import End, Line, Start
-from logcapture.spool import SpoolWriter, create_run_dir
+from logcapture.spool.layout import create_run_dir
+from logcapture.spool.writer import SpoolWriter
 
 T0 = 1_790_000_000.25
 ME = pwd.getpwuid(os.getuid()).pw_name

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers import Ran, lc
 
 from logcapture import store as S
 from logcapture.errors import NotFound, ServiceUnavailable
@@ -29,7 +30,6 @@ from logcapture.records import End, Line, Metadata, Sample, Start
 
 USERS = ("lcuser1", "lcuser2")
 T0 = 1_790_000_000.25
-REPO = Path(__file__).resolve().parent.parent
 
 
 def _why_not() -> str | None:
@@ -415,24 +415,14 @@ def test_the_service_and_a_shipper_take_turns_on_the_embedded_store(
 
 def test_the_cli_reads_through_the_service_as_the_caller(service: ReadService,
                                                           base: Path) -> None:
-    sock = str(service.socket_path)
-    env = {"LOGCAPTURE_READER_SOCKET": sock}
-    lc = [sys.executable, "-m", "logcapture"]
-    code = f"""
-import subprocess
-def lc(*args):
-    r = subprocess.run({lc!r} + list(args), capture_output=True, text=True)
-    return [r.returncode, r.stdout, r.stderr]
-print(json.dumps({{"ls": lc("ls", "--json"), "logs": lc("logs", "101"),
-                  "other": lc("logs", "202"), "show": lc("show", "101", "--json"),
-                  "export": lc("export", "101", "--what", "metadata", "--format", "ndjson"),
-                  "export_other": lc("export", "202", "--what", "lines"),
-                  "whoami": lc("reader", "whoami"), "search": lc("search", "line", "--json"),
-                  "search_theirs": lc("search", "lcuser2")}}))
-"""
-    res = as_user("lcuser1", code, Path(sock), extra_env=env, timeout=120)
-    assert res.returncode == 0, res.stderr
-    out = json.loads(res.stdout)
+    env = {"LOGCAPTURE_READER_SOCKET": str(service.socket_path)}
+    asked = {"ls": ["ls", "--json"], "logs": ["logs", "101"], "other": ["logs", "202"],
+             "show": ["show", "101", "--json"],
+             "export": ["export", "101", "--what", "metadata", "--format", "ndjson"],
+             "export_other": ["export", "202", "--what", "lines"],
+             "whoami": ["reader", "whoami"], "search": ["search", "line", "--json"],
+             "search_theirs": ["search", "lcuser2"]}
+    out = {key: lc(args, env, user="lcuser1", text=True) for key, args in asked.items()}
     ls = [json.loads(x) for x in out["ls"][1].splitlines()]
     assert {"101", "shared"} <= {d["run"] for d in ls} and "202" not in {d["run"] for d in ls}
     assert {d["owner"] for d in ls} == {"lcuser1"}
@@ -467,11 +457,9 @@ def test_the_cli_falls_back_to_its_own_store_without_a_service(tmp_path: Path) -
         env=dict(env, LOGCAPTURE_READER_SOCKET=str(sock)), capture_output=True, text=True,
         timeout=60)
     assert res.returncode == 0 and "no runs in" in res.stderr
-    res = subprocess.run(
-        [sys.executable, "-m", "logcapture", "ls", "--spool", str(tmp_path / "spool")],
-        env=dict(env, LOGCAPTURE_READER_SOCKET=str(sock),
-                 XDG_STATE_HOME=str(tmp_path / "state")),
-        capture_output=True, text=True, timeout=60)
+    res = lc(["ls", "--spool", str(tmp_path / "spool")],
+             dict(env, LOGCAPTURE_READER_SOCKET=str(sock), XDG_STATE_HOME=str(tmp_path / "state")),
+             text=True)
     assert res.returncode == 0
     assert "no read service answers on" in res.stderr
     assert "reading your own spool and store" in res.stderr
@@ -496,15 +484,9 @@ def test_a_command_says_the_service_is_down_and_reads_nothing_in_its_place(
     unreadable.mkdir(mode=0o700, exist_ok=True)
     for sock, why in ((killed, "Connection refused"), (stopped, "No such file or directory")):
         for args in (["ls"], ["logs", "101"], ["show", "101"], ["reader", "whoami"]):
-            res = as_user("lcuser1", f"""
-import subprocess
-r = subprocess.run([sys.executable, "-m", "logcapture", *{args!r}], capture_output=True,
-                   text=True)
-print(json.dumps([r.returncode, r.stdout, r.stderr]))
-""", sock, extra_env={"LOGCAPTURE_READER_SOCKET": str(sock),
-                      "LOGCAPTURE_SPOOL": str(unreadable), "PYTHONPATH": str(REPO)})
-            assert res.returncode == 0, res.stderr
-            code, out, err = json.loads(res.stdout)
+            code, out, err = lc(args, {"LOGCAPTURE_READER_SOCKET": str(sock),
+                                       "LOGCAPTURE_SPOOL": str(unreadable)},
+                                user="lcuser1", text=True)
             assert code != 0 and out == "", (args, err)
             assert f"no read service answers on {sock} ({why}): the read service is not " \
                    "running; `systemctl status logcapture-reader` says why" in err, (args, err)
@@ -512,15 +494,9 @@ print(json.dumps([r.returncode, r.stdout, r.stderr]))
             assert len(err.splitlines()) == 1, (args, err)  # one line, the error
     own = base / "own-spool"
     own.mkdir(mode=0o777, exist_ok=True)
-    res = as_user("lcuser1", """
-import subprocess
-r = subprocess.run([sys.executable, "-m", "logcapture", "ls", "--spool", sys.argv[1]],
-                   capture_output=True, text=True)
-print(json.dumps([r.returncode, r.stdout, r.stderr]))
-""".replace("sys.argv[1]", repr(str(own))), killed,
-                  extra_env={"LOGCAPTURE_READER_SOCKET": str(killed), "PYTHONPATH": str(REPO),
-                             "XDG_STATE_HOME": str(own)})
-    code, _, err = json.loads(res.stdout)
+    code, _, err = lc(["ls", "--spool", str(own)], {"LOGCAPTURE_READER_SOCKET": str(killed),
+                                                   "XDG_STATE_HOME": str(own)},
+                      user="lcuser1", text=True)
     assert code == 0 and "reading your own spool and store" in err, err
 
 
@@ -625,15 +601,9 @@ def hog(user: str, sock: Path, want: int) -> subprocess.Popen:
                             stderr=subprocess.PIPE)
 
 
-def lc_as(user: str, sock: Path, *args: str) -> subprocess.CompletedProcess:
+def lc_as(user: str, sock: Path, *args: str) -> Ran:
     """The logcapture command ``args`` run as ``user``, reading through the service."""
-    code = (f"import subprocess\nr = subprocess.run({[sys.executable, '-m', 'logcapture']!r}"
-            f" + {list(args)!r}, capture_output=True, text=True)\n"
-            "print(json.dumps([r.returncode, r.stdout, r.stderr]))\n")
-    res = as_user(user, code, sock, extra_env={"LOGCAPTURE_READER_SOCKET": str(sock)},
-                  timeout=120)
-    assert res.returncode == 0, res.stderr
-    return subprocess.CompletedProcess(args, *json.loads(res.stdout))
+    return lc(list(args), {"LOGCAPTURE_READER_SOCKET": str(sock)}, user=user, text=True)
 
 
 def test_one_users_idle_connections_leave_the_others_served(fair: ReadService) -> None:

@@ -23,12 +23,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from logcapture.classify import Classifier
-from logcapture.config import load_admin, load_optin
+from logcapture.config.admin import load_admin
+from logcapture.config.optin import load_optin
 from logcapture.errors import ConfigError
 from logcapture.pipeline import LINE_LIMIT, Pipeline
 from logcapture.records import Command, Line, Metadata, Note, Rendered, Start
 from logcapture.redact import REDACTED, Redactor, pattern_of, secret_values, variants
-from logcapture.spool import SpoolWriter, create_run_dir, iter_run
+from logcapture.spool.layout import create_run_dir
+from logcapture.spool.reading import iter_run
+from logcapture.spool.writer import SpoolWriter
 
 CAPTURED = Path(__file__).parent / "captured"
 

@@ -13,10 +13,12 @@ from pathlib import Path
 import pexpect
 import psutil
 import pytest
+from helpers import LOGCAPTURE, lc
 
-from logcapture import runner
-
-from .conftest import LOGCAPTURE, run_lc
+from logcapture.runner.outcome import Options, Outcome
+from logcapture.runner.readloop import LINGER_BACKOFF
+from logcapture.runner.spawn import Attached, attach, run
+from logcapture.runner.terminal import open_terminals
 
 PY = sys.executable
 
@@ -34,11 +36,11 @@ class Recorder:
 
 
 def _run_to_files(tmp_path: Path, argv: list[str], sink: object | None = None,
-                  **opts: object) -> tuple[runner.Outcome, bytes, bytes, list[str]]:
+                  **opts: object) -> tuple[Outcome, bytes, bytes, list[str]]:
     out, err = tmp_path / "out", tmp_path / "err"
     warnings: list[str] = []
     with open(out, "wb") as fo, open(err, "wb") as fe:
-        outcome = runner.run(argv, sink, runner.Options(  # type: ignore[arg-type]
+        outcome = run(argv, sink, Options(  # type: ignore[arg-type]
             stdout_fd=fo.fileno(), stderr_fd=fe.fileno(), warn=warnings.append,
             **opts))  # type: ignore[arg-type]
     return outcome, out.read_bytes(), err.read_bytes(), warnings
@@ -49,7 +51,7 @@ def _run_to_files(tmp_path: Path, argv: list[str], sink: object | None = None,
 
 @pytest.mark.parametrize("code", [0, 1, 3, 42, 255])
 def test_exit_status_is_the_commands(lc_env: dict[str, str], code: int) -> None:
-    res = run_lc(["run", "--", "sh", "-c", f"echo out; exit {code}"], lc_env)
+    res = lc(["run", "--", "sh", "-c", f"echo out; exit {code}"], lc_env)
     assert res.returncode == code
     assert res.stdout == b"out\n"
 
@@ -57,14 +59,14 @@ def test_exit_status_is_the_commands(lc_env: dict[str, str], code: int) -> None:
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL,
                                  signal.SIGUSR1, signal.SIGHUP, signal.SIGSEGV])
 def test_killed_by_signal_n_looks_killed_by_signal_n(lc_env: dict[str, str], sig: int) -> None:
-    res = run_lc(["run", "--", PY, "-c",
+    res = lc(["run", "--", PY, "-c",
                   f"import os, signal; signal.signal({sig}, signal.SIG_DFL) if {sig} != 9 "
                   f"else None; os.kill(os.getpid(), {sig})"], lc_env)
     assert res.returncode == -sig
 
 
 def test_command_not_found_is_127_with_a_message(lc_env: dict[str, str]) -> None:
-    res = run_lc(["run", "--", "no-such-command-xyz"], lc_env)
+    res = lc(["run", "--", "no-such-command-xyz"], lc_env)
     assert res.returncode == 127
     assert b"no-such-command-xyz: command not found" in res.stderr
 
@@ -216,7 +218,7 @@ def test_a_flood_stops_the_linger(tmp_path: Path) -> None:
     assert len(out) == 40000 * 320
     # At most one linger per back-off period (plus the first), whatever the machine's speed;
     # without the back-off there is one after nearly every round (~270 here, 3.7 x slower).
-    assert runner.LINGER_BACKOFF >= 0.5
+    assert LINGER_BACKOFF >= 0.5
     # (A starved writer may not refill the pty after the first few lingers: some slack.)
     assert outcome.lingers <= 6 + took / 0.5, (outcome.lingers, took)
 
@@ -236,7 +238,7 @@ def test_the_commands_exit_is_seen_without_sigchld(lc_env: dict[str, str]) -> No
 
 
 def test_stdin_passes_through(lc_env: dict[str, str]) -> None:
-    res = run_lc(["run", "--", "cat"], lc_env, input=b"hi\nthere")
+    res = lc(["run", "--", "cat"], lc_env, input=b"hi\nthere")
     assert res.returncode == 0
     assert res.stdout == b"hi\nthere"
 
@@ -349,7 +351,7 @@ def test_a_huge_line_without_newline_keeps_memory_bounded(lc_env: dict[str, str]
         time.sleep(0.02)
     assert proc.wait() == 0
     assert peak < 150 * 1024 * 1024, peak  # well under the 100 MB the line is long
-    logs = run_lc(["logs"], lc_env)
+    logs = lc(["logs"], lc_env)
     text = logs.stdout.decode()
     assert "line cut" in text
 
@@ -396,18 +398,18 @@ def _read_all(fd: int) -> bytes:
 def test_attach_copies_a_command_started_elsewhere_and_ends_with_its_status() -> None:
     import threading
 
-    out_m, out_s, err_m, err_s = runner.open_terminals(24, 80, merge=False)
+    out_m, out_s, err_m, err_s = open_terminals(24, 80, merge=False)
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     pid = _spawn_on(["/bin/sh", "-c", "printf 'a\\r\\nb\\n'; [ -t 1 ] && echo tty >&2; exit 3"],
                     out_s, err_s)
     os.close(out_s)
     os.close(err_s)
-    task = runner.Attached(pid)
+    task = Attached(pid)
     # As the plugin's task_exit does: the status once the task has been reaped.
     threading.Thread(target=lambda: task.set_status(os.waitpid(pid, 0)[1])).start()
-    outcome = runner.attach({out_m: "stdout", err_m: "stderr"}, task, None,
-                            runner.Options(stdout_fd=out_w, stderr_fd=err_w))
+    outcome = attach({out_m: "stdout", err_m: "stderr"}, task, None,
+                     Options(stdout_fd=out_w, stderr_fd=err_w))
     assert outcome is not None
     assert (outcome.exit_status, outcome.signal, outcome.pid) == (3, None, pid)
     assert dict(outcome.bytes) == {"stdout": 5, "stderr": 4}
@@ -418,14 +420,14 @@ def test_attach_copies_a_command_started_elsewhere_and_ends_with_its_status() ->
 
 
 def test_attach_without_a_status_gives_none_once_the_pty_has_closed() -> None:
-    out_m, out_s, _, _ = runner.open_terminals(24, 80, merge=True)
+    out_m, out_s, _, _ = open_terminals(24, 80, merge=True)
     out_r, out_w = os.pipe()
     pid = _spawn_on(["/bin/sh", "-c", "echo one; kill -TERM $$"], out_s, out_s)
     os.close(out_s)
-    task = runner.Attached(pid)
+    task = Attached(pid)
     began = time.monotonic()
-    outcome = runner.attach({out_m: "stdout"}, task, None,
-                            runner.Options(stdout_fd=out_w), status_timeout=0.3)
+    outcome = attach({out_m: "stdout"}, task, None,
+                     Options(stdout_fd=out_w), status_timeout=0.3)
     assert outcome is None and time.monotonic() - began < 5
     assert _read_all(out_r) == b"one\n"
     assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == -signal.SIGTERM

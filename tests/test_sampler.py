@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pynvml
 import pytest
+from helpers import lc
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -26,9 +27,7 @@ from logcapture.sampling.gpu import GpuCollector, job_gpus_from_env
 from logcapture.sampling.job import JobCollector, find_job_cgroup, read_cgroup_pids
 from logcapture.sampling.sampler import Sampler, inventory, sample_interval
 from logcapture.sampling.summary import summarize
-from logcapture.spool import iter_run
-
-from .conftest import run_lc
+from logcapture.spool.reading import iter_run
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fakenvml import FakeGPU, FakeMig, FakeNVML, GiB, gpus  # noqa: E402
@@ -340,10 +339,10 @@ def test_a_job_of_300_short_processes_leaves_no_warning_in_its_log(lc_env):
     script = ("i=0; while [ $i -lt 300 ]; do (sleep 0.01) & i=$((i + 1)); "
               "[ $((i % 10)) -eq 0 ] && sleep 0.1; done; wait; echo built")
     env = dict(lc_env, LOGCAPTURE_SAMPLE_INTERVAL="0.1")
-    res = run_lc(["run", "--run-id", "make-1", "--", "sh", "-c", script], env)
+    res = lc(["run", "--run-id", "make-1", "--", "sh", "-c", script], env)
     assert res.returncode == 0, res.stderr
     assert res.stdout == b"built\n" and res.stderr == b""
-    logs = run_lc(["logs", "make-1"], env).stdout.decode()
+    logs = lc(["logs", "make-1"], env).stdout.decode()
     assert "built" in logs and "[logcapture" not in logs, logs
     (run_dir,) = Path(env["LOGCAPTURE_SPOOL"]).iterdir()
     records = list(iter_run(run_dir))

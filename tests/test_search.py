@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from helpers import lc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -20,8 +21,6 @@ from logcapture import store as S
 from logcapture.errors import UsageError
 from logcapture.records import Command, End, Line, Metadata, Note, Start
 from logcapture.search import Pattern, Request, answer, parse_when, tokens
-
-from .conftest import run_lc
 
 T0 = 1_790_000_000.0
 DAY = 86400.0
@@ -321,22 +320,23 @@ def test_spool_runs_are_searched_until_shipped(lc_env: dict[str, str], tmp_path:
     script = ("import sys\n"
               "print('starting')\nprint('NCCL WARN timeout on rank 3')\nprint('done')\n"
               "print('NCCL error', file=sys.stderr)\n")
-    res = run_lc(["run", "--run-id", "sp-1", "--", sys.executable, "-c", script], env)
+    res = lc(["run", "--run-id", "sp-1", "--", sys.executable, "-c", script], env)
     assert res.returncode == 0, res.stderr
 
-    before = run_lc(["search", "NCCL", "-C", "1"], env)
+    before = lc(["search", "NCCL", "-C", "1"], env)
     assert before.returncode == 0, before.stderr
     out = before.stdout.decode()
     assert "sp-1" in out and "[not yet shipped]" in out
-    assert "stdout:1:NCCL WARN timeout on rank 3" in out and "stdout:0-starting" in out
-    assert "stdout:2-done" in out and "stderr:0:NCCL error" in out
+    # STREAM:N: with the line number (both streams counted), as logs -n gives it
+    assert "stdout:2:NCCL WARN timeout on rank 3" in out and "stdout:1-starting" in out
+    assert "stdout:3-done" in out and "stderr:4:NCCL error" in out
 
-    assert run_lc(["upload", "--run", "sp-1"], env).returncode == 0
-    after = json.loads(run_lc(["search", "NCCL", "--json", "-C", "1"], env).stdout)
+    assert lc(["upload", "--run", "sp-1"], env).returncode == 0
+    after = json.loads(lc(["search", "NCCL", "--json", "-C", "1"], env).stdout)
     assert [g["source"] for g in after["groups"]] == ["store"]
     assert sorted(d["text"] for d in after["groups"][0]["lines"] if d["match"]) == [
         "NCCL WARN timeout on rank 3", "NCCL error"]
-    spool_only = json.loads(run_lc(["search", "NCCL", "--json", "--source", "spool"],
+    spool_only = json.loads(lc(["search", "NCCL", "--json", "--source", "spool"],
                                    env).stdout)
     assert [g["source"] for g in spool_only["groups"]] == ["spool"]
     assert spool_only["matches"] == after["matches"]
@@ -344,16 +344,16 @@ def test_spool_runs_are_searched_until_shipped(lc_env: dict[str, str], tmp_path:
 
 def test_exit_status_is_greps(lc_env: dict[str, str], tmp_path: Path) -> None:
     env = dict(lc_env, LOGCAPTURE_STORE=f"chdb://{tmp_path / 'store'}")
-    assert run_lc(["run", "--run-id", "ex-1", "--", "echo", "hello world"], env).returncode == 0
-    assert run_lc(["search", "hello"], env).returncode == 0
-    none = run_lc(["search", "goodbye"], env)
+    assert lc(["run", "--run-id", "ex-1", "--", "echo", "hello world"], env).returncode == 0
+    assert lc(["search", "hello"], env).returncode == 0
+    none = lc(["search", "goodbye"], env)
     assert none.returncode == 1 and none.stdout == b""
     for args, msg in ((["search", "--regex", "(x"], "--regex"),
                       (["search", "x", "--job", "nope"], "nope"),
                       (["search", "x", "--since", "last week"], "--since"),
                       (["search", "x", "--state", "DONE"], "--state"),
                       (["search", '"x'], "never closed")):
-        bad = run_lc(args, env)
+        bad = lc(args, env)
         assert bad.returncode == 2, (args, bad.stderr)
         assert msg in bad.stderr.decode(), (args, bad.stderr)
 

@@ -17,8 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from .conftest import run_lc
+from helpers import lc
 
 SECRETS = [f"S3CR3T-{i}-7f9c2d" for i in range(9)]
 
@@ -65,7 +64,7 @@ def test_secrets_never_reach_spool_store_temp_files_or_messages(
                LOGCAPTURE_STORE=f"chdb://{store_dir}")
     job = tmp_path / "job.py"  # a file: the command line is recorded, the output is not
     job.write_text(JOB)
-    res = run_lc(["run", "--run-id", "secret-run", "--", sys.executable, str(job)], env)
+    res = lc(["run", "--run-id", "secret-run", "--", sys.executable, str(job)], env)
     assert res.returncode == 0, res.stderr
     assert SECRETS[0].encode() in res.stdout  # the job's own output is untouched
     # logcapture's own messages on stderr: only the job's stderr line may hold a secret.
@@ -76,18 +75,18 @@ def test_secrets_never_reach_spool_store_temp_files_or_messages(
     searches = [["search", "7f9c2d"], ["search", "--regex", "S3CR3T"],
                 ["search", '"' + SECRETS[0] + '"', "-C", "5"]]
     for cmd in searches:
-        found = run_lc(cmd, env)
+        found = lc(cmd, env)
         assert found.returncode == 1, (cmd, found.stdout, found.stderr)
         assert not [s for s in SECRETS if s.encode() in found.stdout + found.stderr]
-    up = run_lc(["upload", "--run", "secret-run"], env)
+    up = lc(["upload", "--run", "secret-run"], env)
     assert up.returncode == 0, up.stderr
     for cmd in searches:
-        found = run_lc([*cmd, "--source", "store"], env)
+        found = lc([*cmd, "--source", "store"], env)
         assert found.returncode == 1, (cmd, found.stdout, found.stderr)
     for cmd in (["logs", "secret-run"], ["show", "secret-run"], *searches,
                 ["export", "secret-run", "--what", "lines", "--format", "ndjson"],
                 ["export", "secret-run", "--what", "metadata", "--format", "ndjson"]):
-        out = run_lc(cmd, env)
+        out = lc(cmd, env)
         text = (out.stdout + out.stderr).decode(errors="replace")
         assert not [s for s in SECRETS if s in text], (cmd, text)
 
@@ -142,13 +141,13 @@ def test_a_secret_on_one_stream_just_before_a_command_on_the_other_is_not_kept(
     secret = "CR0SS-STREAM-51ab0e"
     job = tmp_path / "cross.py"
     job.write_text(CROSS)
-    res = run_lc(["run", "--run-id", "cross", "--", sys.executable, str(job)], lc_env)
+    res = lc(["run", "--run-id", "cross", "--", sys.executable, str(job)], lc_env)
     assert res.returncode == 0, res.stderr
     assert secret.encode() in res.stderr  # the job's own output is untouched
     spool = Path(lc_env["LOGCAPTURE_SPOOL"])
     found = [path for path, data in _walk_bytes(spool) if secret.encode() in data]
     assert not found
-    logs = run_lc(["logs", "cross", "--stream", "all"], lc_env).stdout.decode()
+    logs = lc(["logs", "cross", "--stream", "all"], lc_env).stdout.decode()
     assert "kept after the command" in logs and secret not in logs
 
 
@@ -182,16 +181,16 @@ def test_a_disabling_command_protects_the_other_streams_next_line_under_load(
     env = dict(lc_env, LOGCAPTURE_STORE=f"chdb://{store_dir}")
     job = tmp_path / "load.py"
     job.write_text(UNDER_LOAD)
-    res = run_lc(["run", "--run-id", "load", "--", sys.executable, str(job)], env, timeout=300)
+    res = lc(["run", "--run-id", "load", "--", sys.executable, str(job)], env, timeout=300)
     assert res.returncode == 0, res.stderr
     assert res.stdout.endswith(b"done\n") and b"T0KEN-299-c4f1" in res.stdout + res.stderr
     spool = Path(lc_env["LOGCAPTURE_SPOOL"])
     job.unlink()
     found = [path for path, data in _walk_bytes(spool) if b"T0KEN-" in data]
     assert not found
-    up = run_lc(["upload", "--run", "load", "--keep"], env)
+    up = lc(["upload", "--run", "load", "--keep"], env)
     assert up.returncode == 0, up.stderr
-    logs = run_lc(["logs", "load"], env).stdout.decode()
+    logs = lc(["logs", "load"], env).stdout.decode()
     assert "T0KEN-" not in logs
     assert logs.count(" filler ") > 100  # enabled again after each token (repeats noted)
     assert logs.count('/LOGCOMMAND {"mode": "disabled"}') == 300
@@ -224,7 +223,7 @@ def test_secrets_a_job_prints_are_redacted_everywhere_and_counted(
                LOGCAPTURE_STORE=f"chdb://{store_dir}")
     job = tmp_path / "job.py"
     job.write_text(REDACT_JOB)
-    res = run_lc(["run", "--run-id", "redact-run", "--", sys.executable, str(job),
+    res = lc(["run", "--run-id", "redact-run", "--", sys.executable, str(job),
                   "--api-key", "sk-proj-" + "a" * 24], env)
     assert res.returncode == 0, res.stderr
     assert HF_VALUE.encode() in res.stdout and PRINTED[2].encode() in res.stderr  # untouched
@@ -233,21 +232,21 @@ def test_secrets_a_job_prints_are_redacted_everywhere_and_counted(
     job.unlink()
     for path, data in _walk_bytes(spool):
         assert not [s for s in secrets if s.encode() in data], path
-    show = run_lc(["show", "redact-run", "--json"], env)
+    show = lc(["show", "redact-run", "--json"], env)
     info = json.loads(show.stdout)
     assert info["redactions"] >= 8, info["redactions_by_kind"]
     assert {"environment", "github", "aws", "mask", "private-key"} <= set(
         info["redactions_by_kind"])
-    up = run_lc(["upload", "--run", "redact-run"], env)
+    up = lc(["upload", "--run", "redact-run"], env)
     assert up.returncode == 0, up.stderr
     for cmd in (["logs", "redact-run", "--stream", "all"], ["show", "redact-run", "--json"],
                 ["export", "redact-run", "--what", "lines", "--format", "ndjson"],
                 ["export", "redact-run", "--what", "metadata", "--format", "ndjson"],
                 ["search", "hf_"], ["ls", "--json"]):
-        out = run_lc(cmd, env)
+        out = lc(cmd, env)
         text = (out.stdout + out.stderr).decode(errors="replace")
         assert not [s for s in secrets if s in text], (cmd, text)
-    logs = run_lc(["logs", "redact-run", "--stream", "all"], env).stdout.decode()
+    logs = lc(["logs", "redact-run", "--stream", "all"], env).stdout.decode()
     assert "hf ***" in logs and "now ***" in logs and "bar *** done" in logs
     for path, data in _walk_bytes(store_dir):
         assert not [s for s in secrets if s.encode() in data], path

@@ -22,14 +22,15 @@ from pathlib import Path
 
 import pytest
 
-from logcapture import ship
+from logcapture import ownership, ship
 from logcapture import store as S
 from logcapture.records import OUTPUT_STREAMS, End, Line, Metadata, Note, Start
 from logcapture.ship import agent as ship_agent
-from logcapture.ship import identity as ship_identity
 from logcapture.ship import pending as ship_pending
 from logcapture.ship import uploading as ship_uploading
-from logcapture.spool import Segment, SpoolWriter, create_run_dir, iter_run, segments
+from logcapture.spool.layout import Segment, create_run_dir, segments
+from logcapture.spool.reading import iter_run
+from logcapture.spool.writer import SpoolWriter
 
 T0 = time.time()
 HELPER = r"""
@@ -240,7 +241,7 @@ def test_a_segment_the_writer_closes_while_shipping_is_read_closed(
                 s.path.unlink()
         return segs
 
-    for module in (ship_identity, ship_pending):  # the identity's reading, the lines'
+    for module in (ownership, ship_pending):  # the identity's reading, the lines'
         monkeypatch.setattr(module, "segments", listing_then_close)
     res = ship.upload(root, dsn=dsn, retention_days=None)
     assert calls[closing_call - 1], calls
@@ -258,7 +259,7 @@ def test_closed_segments_are_read_by_the_store_itself(tmp_path: Path, dsn: str,
     root = tmp_path / "spool"
     rd = make_run(root, "direct", 3000, segment_bytes=16 * 1024, end=False)
     read_here: list[str] = []
-    real = ship.read_segment_bytes
+    real = ship_pending.read_segment_bytes
 
     def spy(seg, skip=0):  # noqa: ANN001, ANN202
         read_here.append(seg.path.name)
@@ -864,7 +865,7 @@ def test_a_backlog_is_read_one_segment_at_a_time_as_its_batches_ship(
     runs = [f"backlog-{how}-{i}" for i in range(4)]
     for run in runs:
         make_run(root, run, n, segment_bytes=seg_bytes)
-    real_open, real_read = S.open_store, ship.read_segment_bytes
+    real_open, real_read = S.open_store, ship_pending.read_segment_bytes
     read = [0]  # bytes the shipper read from the spool
     sent = [0]  # bytes the store was given
     held: list[int] = []  # read and not yet sent, at each insert

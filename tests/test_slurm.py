@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from helpers import agent_until_shipped
 
 from logcapture.records import End, Line, Sample, Start
 from logcapture.sampling.node import (
@@ -31,7 +32,8 @@ from logcapture.sampling.node import (
     job_pids_from_environ,
 )
 from logcapture.slurm import hooks, jobrecords, jobs, nodesampler, rootsafe, wrapper
-from logcapture.spool import SpoolWriter, iter_run
+from logcapture.spool.reading import iter_run
+from logcapture.spool.writer import SpoolWriter
 
 REPO = Path(__file__).resolve().parent.parent
 LUA = REPO / "slurm" / "job_submit.lua"
@@ -522,7 +524,7 @@ def test_epilog_removes_the_spool_of_a_run_the_agent_shipped_first(root: Path) -
 
 
 # Runs Python with the system spool root (the documented /var/spool/logcapture) set to argv[1].
-AT_SYSTEM_ROOT = "import sys, logcapture.spool as s; s.SYSTEM_ROOT = sys.argv.pop(1); "
+AT_SYSTEM_ROOT = "import sys, logcapture.spool.layout as s; s.SYSTEM_ROOT = sys.argv.pop(1); "
 
 
 @root_only
@@ -532,9 +534,9 @@ def test_with_no_spool_root_configured_the_agent_ships_what_prolog_and_wrapper_s
     and root's agent (no --spool) all take the default system spool root, here ``root`` in
     each of their processes, and the agent ships the job; the agent's own per-user spool
     ($LOGCAPTURE_SPOOL unset, $XDG_STATE_HOME) stays unread."""
-    from logcapture import spool
+    from logcapture.spool import layout
 
-    monkeypatch.setattr(spool, "SYSTEM_ROOT", str(root))
+    monkeypatch.setattr(layout, "SYSTEM_ROOT", str(root))
     env = _hook_env(root)
     config = tmp_path / "no-spool-root.yaml"
     config.write_text("cluster: unit\n")
@@ -557,24 +559,11 @@ def test_with_no_spool_root_configured_the_agent_ships_what_prolog_and_wrapper_s
     agent_env = {k: v for k, v in os.environ.items() if not k.startswith("LOGCAPTURE_")}
     agent_env.update(LOGCAPTURE_STORE=dsn, LOGCAPTURE_CONFIG=str(config),
                      XDG_STATE_HOME=str(tmp_path / "state"))
-    p = subprocess.Popen([sys.executable, "-c", AT_SYSTEM_ROOT + "from logcapture.cli import "
-                          "main; main()", str(root), "agent", "--interval", "0.1", "--keep"],
-                         env=agent_env, stderr=subprocess.PIPE, text=True)
-    try:
-        assert p.stderr is not None
-        assert p.stderr.readline() == f"logcapture: agent shipping {root} to {dsn}\n"
-        cursor = run_dir / ".logcapture-cursor.json"
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not (
-                cursor.exists() and json.loads(cursor.read_text()).get("shipped_at")):
-            time.sleep(0.05)
-        p.send_signal(signal.SIGTERM)
-        _, err = p.communicate(timeout=60)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.communicate()
-    assert p.returncode == 0, err
+    code, first, err = agent_until_shipped(
+        [sys.executable, "-c", AT_SYSTEM_ROOT + "from logcapture.cli import main; main()",
+         str(root), "agent", "--interval", "0.1", "--keep"], agent_env, run_dir)
+    assert first == f"logcapture: agent shipping {root} to {dsn}\n"
+    assert code == 0, err
     q = subprocess.run([sys.executable, "-c", QUERY, dsn], capture_output=True, text=True,
                        timeout=120)
     assert q.returncode == 0, q.stderr
@@ -667,7 +656,7 @@ def test_dev_cluster_script_is_valid_bash_and_reports_when_down(tmp_path: Path) 
 
 @pytest.mark.parametrize("name", ["config.yaml.example", "config.yaml.in"])
 def test_shipped_admin_configs_are_valid(tmp_path: Path, name: str) -> None:
-    from logcapture.config import load_admin
+    from logcapture.config.admin import load_admin
 
     text = (REPO / "slurm" / name).read_text().replace("@DIR@", "/tmp/x").replace(
         "@CLUSTER@", "dev").replace("@SAMPLE_INTERVAL@", "10")
@@ -990,7 +979,7 @@ def test_a_task_captures_only_into_a_job_spool_of_its_user(tmp_path: Path) -> No
 def test_the_status_listener_takes_the_wait_status_from_root_and_answers_when_done() -> None:
     import socket
 
-    from logcapture.runner import Attached
+    from logcapture.runner.spawn import Attached
     from logcapture.slurm import task
 
     attached = Attached(os.getpid())

@@ -12,21 +12,15 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import lc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from logcapture.errors import SpoolError
 from logcapture.records import Line, Metadata, Note, Record, Start, from_dict
-from logcapture.spool import (
-    ReadStats,
-    SpoolWriter,
-    create_run_dir,
-    iter_run,
-    lines_of_kinds,
-    segments,
-)
-
-from .conftest import run_lc
+from logcapture.spool.layout import create_run_dir, segments
+from logcapture.spool.reading import ReadStats, iter_run, lines_of_kinds
+from logcapture.spool.writer import SpoolWriter
 
 texts = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=200)
 json_scalars = st.one_of(st.none(), st.booleans(), st.integers(-2**53, 2**53),
@@ -121,13 +115,13 @@ def test_a_segment_closed_between_listing_and_reading_is_read_closed(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # ``logs`` and ``show`` of a live run: the writer closes the open segment (gzip, rename,
     # unlink) after iter_run listed it as open and before it opens it.
-    from logcapture import spool as spool_module
+    from logcapture.spool import reading as spool_reading
 
     run_dir = create_run_dir(tmp_path, "r")
     good = [Line(run="r", stream="stdout", seq=i, ts=1.0, text=f"l{i}") for i in range(3)]
     plain = run_dir / "seg-000000.ndjson"
     plain.write_text("".join(r.to_json() + "\n" for r in good))
-    real = spool_module.segments
+    real = spool_reading.segments
 
     def listed_then_closed(path: Path) -> list:  # type: ignore[type-arg]
         segs = real(path)
@@ -136,14 +130,14 @@ def test_a_segment_closed_between_listing_and_reading_is_read_closed(
         plain.unlink()
         return segs
 
-    monkeypatch.setattr(spool_module, "segments", listed_then_closed)
+    monkeypatch.setattr(spool_reading, "segments", listed_then_closed)
     assert list(iter_run(run_dir)) == good
 
 
 def test_the_latest_run_is_the_one_begun_last_not_the_one_touched_last(tmp_path: Path) -> None:
     # The shipper saves its cursor in a run's directory, which changes the directory's mtime:
     # that must not make an old run the latest (``logcapture upload``/``logs`` default to it).
-    from logcapture.spool import began, find_run_dirs
+    from logcapture.spool.layout import began, find_run_dirs
 
     old, new = create_run_dir(tmp_path, "old"), create_run_dir(tmp_path, "new")
     for i, rd in enumerate((old, new)):
@@ -229,7 +223,7 @@ def test_a_run_id_is_validated_and_never_reused(tmp_path: Path) -> None:
 
 
 def test_one_rule_says_which_spool_root_a_process_uses() -> None:
-    from logcapture.spool import SYSTEM_ROOT, default_root
+    from logcapture.spool.layout import SYSTEM_ROOT, default_root
 
     home = {"HOME": "/home/u"}
     user = Path("/home/u/.local/state/logcapture/spool")
@@ -259,7 +253,8 @@ import resource, sys
 sys.path.insert(0, {str(Path(__file__).parent.parent)!r})
 from pathlib import Path
 from logcapture.records import Line
-from logcapture.spool import SpoolWriter, create_run_dir
+from logcapture.spool.layout import create_run_dir
+from logcapture.spool.writer import SpoolWriter
 resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.RLIM_INFINITY))
 warnings = []
 w = SpoolWriter(create_run_dir(Path({str(tmp_path)!r}), "r"), fsync=False,
@@ -283,7 +278,7 @@ def test_unwritable_spool_does_not_hurt_the_command(lc_env: dict[str, str],
                                                      tmp_path: Path) -> None:
     (tmp_path / "a-file").write_text("")
     lc_env["LOGCAPTURE_SPOOL"] = str(tmp_path / "a-file" / "spool")
-    res = run_lc(["run", "--", "sh", "-c", "echo out; echo err >&2; exit 4"], lc_env)
+    res = lc(["run", "--", "sh", "-c", "echo out; echo err >&2; exit 4"], lc_env)
     assert res.returncode == 4
     assert res.stdout == b"out\n"
     lines = res.stderr.decode().splitlines()
@@ -326,7 +321,7 @@ def test_gzip_compress_gives_one_gzip_member_with_or_without_isal(data: bytes) -
     'gzip') read both."""
     import zlib
 
-    import logcapture.spool as sp
+    import logcapture.spool.layout as sp
 
     ours = sp.gzip_compress(data)
     assert gzip.decompress(ours) == data
@@ -351,7 +346,7 @@ def test_isal_compresses_closed_segments_where_it_is_installed() -> None:
         pytest.skip("isal is a dependency on x86_64 and aarch64 only")
     from isal import isal_zlib
 
-    import logcapture.spool as sp
+    import logcapture.spool.layout as sp
 
     data = b'{"run":"r","stream":"stdout","seq":1,"text":"x"}\n' * 1000
     assert sp.gzip_compress(data) == isal_zlib.compress(data, sp.COMPRESS_LEVEL, wbits=31)
@@ -403,7 +398,8 @@ import errno, os, sys
 sys.path.insert(0, {src!r})
 from pathlib import Path
 from logcapture.records import End, Line, Note
-from logcapture.spool import SpoolWriter, create_run_dir
+from logcapture.spool.layout import create_run_dir
+from logcapture.spool.writer import SpoolWriter
 warnings = []
 w = SpoolWriter(create_run_dir(Path({tmp!r}), "r"), fsync=False, max_pending=10,
                 flush_interval=3600, warn=warnings.append)
@@ -533,7 +529,7 @@ def _run_with_a_huge_segment(root: Path, run: str) -> Path:
 
 def test_a_segment_larger_than_any_logcapture_writes_is_not_read(tmp_path: Path,
                                                                   monkeypatch) -> None:
-    from logcapture import spool
+    from logcapture.spool import reading as spool
 
     rd = _run_with_a_huge_segment(tmp_path, "r1")
     huge = segments(rd)[-1]
@@ -558,12 +554,12 @@ def test_ls_lists_a_run_holding_a_huge_segment_within_bounded_memory(tmp_path: P
            "XDG_STATE_HOME": str(tmp_path / "state"),
            "LOGCAPTURE_CONFIG": str(tmp_path / "none.yaml")}
     limit = 3 << 30
-    r = run_lc(["ls", "--json", "--source", "spool"], env, preexec_fn=lambda:
+    r = lc(["ls", "--json", "--source", "spool"], env, preexec_fn=lambda:
                resource.setrlimit(resource.RLIMIT_AS, (limit, limit)))
     assert r.returncode == 0, r.stderr.decode()[-2000:]
     assert [json.loads(x)["run"] for x in r.stdout.decode().splitlines()] == ["r1"]
     # and the rest of the run reads as ever
-    r = run_lc(["logs", "r1", "--source", "spool"], env)
+    r = lc(["logs", "r1", "--source", "spool"], env)
     assert (r.returncode, r.stdout) == (0, b"line 0\nline 1\nline 2\n"), r.stderr
 
 

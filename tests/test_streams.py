@@ -3,7 +3,7 @@
 The differential suite runs each program four ways: without and with ``logcapture run``, once
 with stdout and stderr to separate files and once with both to one file (``2>&1``), and
 compares exit status and bytes. When both go to one place the job runs under one pty for both
-streams (runner.same_destination), as under a terminal or ``script``: two ptys read by one
+streams (same_destination), as under a terminal or ``script``: two ptys read by one
 reader cannot keep the order of writes across them.
 """
 
@@ -16,16 +16,15 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+from helpers import LOGCAPTURE, lc
 
-from logcapture import runner
-from logcapture.cli import cli
-from logcapture.config import load_optin
+from logcapture.config.optin import load_optin
 from logcapture.pipeline import Pipeline
 from logcapture.records import NOTE_MODE, Line, Note, Start
-from logcapture.spool import SpoolWriter, create_run_dir, find_run_dirs, iter_run
-
-from .conftest import LOGCAPTURE
+from logcapture.runner.descriptors import same_destination
+from logcapture.spool.layout import create_run_dir, find_run_dirs
+from logcapture.spool.reading import iter_run
+from logcapture.spool.writer import SpoolWriter
 
 PY = sys.executable
 
@@ -170,9 +169,8 @@ def test_logs_stream_stderr_explains_a_merged_run_whose_stderr_has_a_mode_note(
     pipeline.finish(exit_status=0, signal=None, state="COMPLETED", duration=1.0,
                     bytes_read={})
     assert any(r.stream == "stderr" for r in iter_run(run_dir))
-    result = CliRunner().invoke(cli, ["logs", "--spool", str(spool), "--stream", "stderr",
-                                      "old-merged"])
-    assert result.exit_code == 0, result.output
+    result = lc(["logs", "--spool", str(spool), "--stream", "stderr", "old-merged"], text=True)
+    assert result.returncode == 0, result.stderr
     assert "mode changed" in result.stdout
     assert "captured as one stream" in result.stderr
 
@@ -212,22 +210,22 @@ def test_same_destination(tmp_path: Path) -> None:
             open(tmp_path / "g", "wb") as g, open(os.devnull, "wb") as null:
         dup = os.dup(a.fileno())
         try:
-            assert runner.same_destination(a.fileno(), dup)  # 2>&1
-            assert not runner.same_destination(a.fileno(), b.fileno())  # >f 2>f
-            assert runner.same_destination(c.fileno(), d.fileno())  # >>f 2>>f
-            assert not runner.same_destination(a.fileno(), g.fileno())
-            assert not runner.same_destination(null.fileno(), os.dup(null.fileno()))
+            assert same_destination(a.fileno(), dup)  # 2>&1
+            assert not same_destination(a.fileno(), b.fileno())  # >f 2>f
+            assert same_destination(c.fileno(), d.fileno())  # >>f 2>>f
+            assert not same_destination(a.fileno(), g.fileno())
+            assert not same_destination(null.fileno(), os.dup(null.fileno()))
         finally:
             os.close(dup)
     r, w = os.pipe()
     m, s = os.openpty()
     try:
-        assert runner.same_destination(w, w)
-        assert not runner.same_destination(w, r + 1000)  # closed
+        assert same_destination(w, w)
+        assert not same_destination(w, r + 1000)  # closed
         again = os.open(os.ttyname(s), os.O_WRONLY | os.O_NOCTTY)  # the same terminal
         try:
-            assert runner.same_destination(s, again)
-            assert not runner.same_destination(s, w)
+            assert same_destination(s, again)
+            assert not same_destination(s, w)
         finally:
             os.close(again)
     finally:
@@ -255,7 +253,7 @@ def test_streams_option_is_valid(tmp_path: Path, value: str) -> None:
     path.write_text(f"mode: enabled\nstreams: {value}\n")
     result = load_optin(path)
     assert result.ok and result.config.streams == value
-    out = CliRunner().invoke(cli, ["check", str(path)]).output
+    out = lc(["check", str(path)], text=True).stdout
     assert f"streams: {value}" in out
 
 
@@ -270,8 +268,8 @@ def test_streams_merged_is_explained(tmp_path: Path) -> None:
     path.write_text("streams: seperate\n")
     (problem,) = load_optin(path).problems
     assert "did you mean separate" in problem
-    res = CliRunner().invoke(cli, ["check", str(path)])
-    assert res.exit_code == 1 and "did you mean separate" in res.output
+    res = lc(["check", str(path)], text=True)
+    assert res.returncode == 1 and "did you mean separate" in res.stdout
 
 
 

@@ -12,6 +12,7 @@ from contextlib import closing
 from pathlib import Path
 
 import pytest
+from helpers import lc
 
 from logcapture import sgr
 from logcapture.classify import Classifier
@@ -20,7 +21,6 @@ from logcapture.records import Line, Lines, Rendered, dumps, from_dict
 from logcapture.render import Renderer
 
 from .capture_tool import NOT_TERMINAL, TERMINAL_COLUMNS, size, terminal_styles
-from .conftest import run_lc
 from .test_render import PureRenderer, render
 
 CAPTURED = Path(__file__).parent / "captured"
@@ -206,12 +206,12 @@ exit 1
 
 @pytest.fixture
 def coloured_run(lc_env: dict[str, str], tmp_path: Path) -> dict[str, str]:
-    res = run_lc(["run", "--run-id", "col-1", "--no-sample", "--", "sh", "-c", JOB], lc_env)
+    res = lc(["run", "--run-id", "col-1", "--no-sample", "--", "sh", "-c", JOB], lc_env)
     assert res.returncode == 1, res.stderr  # a failed run: show diagnoses it
     # The program's own bytes reach its output unchanged, colours included.
     assert b"\x1b[1;31mERROR\x1b[0m" in res.stdout
     env = {**lc_env, "LOGCAPTURE_STORE": f"chdb://{tmp_path / 'store'}"}
-    assert run_lc(["upload", "col-1"], env).returncode == 0
+    assert lc(["upload", "col-1"], env).returncode == 0
     return env
 
 
@@ -247,7 +247,7 @@ def test_logs_color(coloured_run: dict[str, str]) -> None:
     outs = {}
     for source in ("spool", "store"):
         for color in ("always", "never", "auto"):
-            res = run_lc(["logs", "col-1", "--source", source, "--color", color],
+            res = lc(["logs", "col-1", "--source", source, "--color", color],
                          coloured_run)
             assert res.returncode == 0, res.stderr
             outs[source, color] = res.stdout.decode()
@@ -265,19 +265,19 @@ def test_search_insights_metadata_and_export_see_plain_text(coloured_run: dict[s
                                                            tmp_path: Path) -> None:
     for source in ("spool", "store"):
         where = ["--source", source] if source == "store" else []
-        found = run_lc(["search", "ERROR", *where], coloured_run)
+        found = lc(["search", "ERROR", *where], coloured_run)
         assert found.returncode == 0, found.stderr
         assert "ERROR: RuntimeError" in found.stdout.decode() and b"\x1b" not in found.stdout
-        shown = run_lc(["show", "col-1", "--json", "--source", source], coloured_run)
+        shown = lc(["show", "col-1", "--json", "--source", source], coloured_run)
         info = json.loads(shown.stdout)
         assert "cuda-oom" in [i["kind"] for i in info["insights"]], (source, info["insights"])
     out = tmp_path / "meta.csv"
-    res = run_lc(["export", "col-1", "--what", "metadata", "--format", "csv", "-o", str(out)],
+    res = lc(["export", "col-1", "--what", "metadata", "--format", "csv", "-o", str(out)],
                  coloured_run)
     assert res.returncode == 0, res.stderr
     assert "1.5" in out.read_text()
     out = tmp_path / "lines.csv"
-    res = run_lc(["export", "col-1", "--what", "lines", "--format", "csv", "-o", str(out)],
+    res = lc(["export", "col-1", "--what", "lines", "--format", "csv", "-o", str(out)],
                  coloured_run)
     assert res.returncode == 0, res.stderr
     text = out.read_text()

@@ -16,7 +16,8 @@ from typing import Any
 
 import httpx
 import pytest
-from pages import TRAIN, Serve, capture, env_for, lc, write_gpu_run
+from helpers import env_for, lc
+from pages import TRAIN, Serve, capture, write_gpu_run
 
 from logcapture.xaxis import choose_x_axis
 
@@ -33,7 +34,7 @@ def site(tmp_path_factory):
     # Small spool segments: pages are found across many of them (closed, gzip, and open).
     capture({**env, "LOGCAPTURE_SEGMENT_BYTES": "16384"}, "big", BIG)
     capture(env, "shipped")
-    lc(["upload", "shipped"], env)
+    lc(["upload", "shipped"], env, check=True)
     write_gpu_run(tmp / "spool")
     with Serve(env) as s:
         yield s, env, tmp
@@ -106,7 +107,9 @@ def test_header(site):
     assert h["redactions"] == 3  # the end record's count, all kinds (`show`'s `redactions`)
     h = get(site, "/api/runs/shipped").json()  # read from the store
     assert h["source"] == "store" and h["state"] == "COMPLETED" and h["exit"] == "0"
-    assert h["name"].endswith(TRAIN) and h["nodes"]
+    # its name as ls says it (summary_row: the command's name), the whole command beside it
+    assert h["name"] == Path(sys.executable).name and h["command"].endswith(TRAIN)
+    assert h["nodes"]
     assert h["redactions"] == 0
     assert get(site, "/api/runs/train").json()["redactions"] == 0  # from the spool
 
@@ -143,7 +146,8 @@ def test_a_run_shipped_twice_shows_once(site):
     # The page reads the store without FINAL (fast right after an upload) and drops a record
     # shipped twice and not yet merged.
     before = entries_of(site, "shipped", stderr=1)
-    lc(["upload", "--force", "shipped"], site[1])  # waits for the page to let the store go
+    # (it waits for the page to let the store go)
+    lc(["upload", "--force", "shipped"], site[1], check=True)
     assert entries_of(site, "shipped", stderr=1) == before
     assert entries_of(site, "shipped", stderr=1, limit=3)[-1] == before[-1]
 
@@ -172,7 +176,8 @@ def test_pages_of_a_spool_run_are_its_whole_log_in_order(site):
     # Forward from the start and backward from the end, in pages smaller and larger than a
     # segment: the same entries as the log view of every record, in the store's order.
     from logcapture.logview import entries, sort_key
-    from logcapture.spool import iter_run, segments
+    from logcapture.spool.layout import segments
+    from logcapture.spool.reading import iter_run
 
     run_dir = site[2] / "spool" / "big"
     assert len(segments(run_dir)) > 5
@@ -230,7 +235,8 @@ def test_downloads_are_what_export_writes(site):
             r = get(site, "/api/runs/shipped/export", what=what, format=fmt)
             assert r.status_code == 200, r.text
             assert f'filename="shipped-{what}.{fmt}"' in r.headers["content-disposition"]
-            cli = lc(["export", "shipped", "--what", what, "--format", fmt], env).stdout
+            cli = lc(["export", "shipped", "--what", what, "--format", fmt], env,
+                     check=True).stdout
             assert r.content == cli, (what, fmt)
     r = get(site, "/api/runs/train/export", what="metadata", format="csv")
     rows = list(csv.DictReader(io.StringIO(r.text)))
@@ -289,7 +295,7 @@ GRAFANA = textwrap.dedent("""
 
 def test_grafana_panels_show_what_the_page_shows(site):
     s, env, tmp = site
-    lc(["upload", "gpu"], env)  # the GPU run in the store too, for the resource panels
+    lc(["upload", "gpu"], env, check=True)  # the GPU run in the store too, for the resource panels
     page = {run: {"log": {st: entries_of(site, run, stderr=st, limit=5000) for st in (0, 1)},
                   "header": get(site, f"/api/runs/{run}").json(),
                   "meta": get(site, f"/api/runs/{run}/metadata").json(),
@@ -352,7 +358,7 @@ def test_serve_refuses_a_busy_port(tmp_path: Path):
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        r = lc(["serve", "--no-browser", "--port", str(port)], env, check=False, timeout=30)
+        r = lc(["serve", "--no-browser", "--port", str(port)], env, timeout=30)
     assert r.returncode != 0 and f"127.0.0.1:{port}" in r.stderr.decode()
 
 

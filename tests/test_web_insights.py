@@ -8,7 +8,8 @@ from typing import Any
 
 import httpx
 import pytest
-from pages import Serve, capture, chromium, env_for, have_chromium, lc
+from helpers import env_for, lc
+from pages import Serve, capture, chromium, have_chromium
 
 CRASH = ("print('epoch 1', flush=True)\n"
          "def step(batch):\n"
@@ -23,8 +24,8 @@ def site(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("web-insights")
     env = env_for(tmp)
     for run in ("crash", "crash-shipped"):
-        lc(["run", "--run-id", run, "--", "python3", "-c", CRASH], env, check=False)
-    lc(["upload", "crash-shipped"], env)
+        lc(["run", "--run-id", run, "--", "python3", "-c", CRASH], env)
+    lc(["upload", "crash-shipped"], env, check=True)
     capture(env, "fine", "print('all good')\n")
     with Serve(env) as s:
         yield s

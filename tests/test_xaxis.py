@@ -274,6 +274,73 @@ def test_sql_agrees_with_python(store, jobs):
     assert got == expected
 
 
+# --- per rank: one series per task run ---------------------------------------------------
+
+TWO_RANKS = [{"step": s, "loss": 1.0 / (s + 1) + r, "rank": r} for s in range(3) for r in (1, 0)]
+
+
+def test_a_step_increasing_on_every_rank_is_the_axis_of_the_merged_rows():
+    # merged, step reads 0, 0, 1, 1, 2, 2 and the tie of integers goes to "rank"
+    assert choose_x_axis(TWO_RANKS) == "rank"
+    series = [row["rank"] for row in TWO_RANKS]
+    assert key_levels(TWO_RANKS, series)["step"] == LEVEL_INCREASING_INTEGERS
+    assert choose_x_axis(TWO_RANKS, series) == "step"
+    # a key that goes down on one rank is not increasing, whatever the others do
+    bad = [*TWO_RANKS, {"step": 0, "rank": 1}]
+    assert choose_x_axis(bad, [*series, 1]) == "rank"
+
+
+def test_records_of_several_task_runs_are_one_series_each():
+    recs = [{"run": f"7.0.{row['rank']}", "seq": i // 2, "ts": 1.0 + i, "fields": row}
+            for i, row in enumerate(TWO_RANKS)]
+    assert choose_x_axis_of_records(recs) == "step"
+    one_run = [{**r, "run": "7", "seq": i} for i, r in enumerate(recs)]
+    assert choose_x_axis_of_records(one_run) == "rank"
+
+
+def sql_choices_by_rank(store, jobs: list[list[list[dict[str, Any]]]]) -> list[str | None]:
+    """Each job's ranks shipped as task runs ``J.0.R``; the SQL rule per job, one series per
+    task run, as a job's dashboard reads it."""
+    ids, batches = [], []
+    for ranks in jobs:
+        job = f"r{next(_runs)}"
+        ids.append(job)
+        for rank, rows in enumerate(ranks):
+            run = f"{job}.0.{rank}"
+            ndjson = "".join(Metadata(run=run, stream="stdout", seq=seq, ts=1000.0 + seq,
+                                      fields=big_ints_as_text(row)).to_json() + "\n"
+                             for seq, row in enumerate(rows))
+            batches.append((ndjson.encode(), Identity(run=run, user="alice", uid=1000)))
+    store.insert_many(batches)
+    # (ClickHouse's aliases are the query's: the task's run id is renamed one level down)
+    source = ("(SELECT splitByChar('.', task)[1] AS run, task, seq, fields FROM (SELECT run AS "
+              "task, seq, fields FROM metadata FINAL) WHERE run IN {ids:Array(String)})")
+    result = store.client.query(x_axis_sql(values_sql(source, series="task")),
+                                parameters={"ids": ids})
+    chosen = {run: key for run, key, _level in result.result_rows}
+    return [chosen.get(job) for job in ids]
+
+
+def _python_by_rank(ranks: list[list[dict[str, Any]]]) -> str | None:
+    merged = sorted(((seq, rank, row) for rank, rows in enumerate(ranks)
+                     for seq, row in enumerate(rows)), key=lambda t: (t[0], t[1]))
+    return choose_x_axis([row for _, _, row in merged], [rank for _, rank, _ in merged])
+
+
+def test_sql_agrees_per_rank_on_the_hand_written_cases(store):
+    by_rank = [[row for row in TWO_RANKS if row["rank"] == r] for r in (0, 1)]
+    jobs = [by_rank, [by_rank[0], [{"step": 5}, {"step": 1}]], [[{"a": 1}], [{"a": "x"}]],
+            [[{"a": 1.5}, {"a": 2.5}], [{"a": 1}, {"a": 2}]]]
+    assert sql_choices_by_rank(store, jobs) == [_python_by_rank(j) for j in jobs] == \
+        ["step", "rank", "a", "a"]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(jobs=st.lists(st.lists(job_strategy, min_size=1, max_size=3), min_size=1, max_size=4))
+def test_sql_agrees_with_python_per_rank(store, jobs):
+    assert sql_choices_by_rank(store, jobs) == [_python_by_rank(ranks) for ranks in jobs]
+
+
 def test_python_is_total_on_odd_values():
     # nothing a job can print makes the rule raise
     rows = [{"a": math.pi, "b": object(), "c": 10**400, "d": b"x"}]

@@ -39,6 +39,7 @@ from grafana_foundation_sdk.models import dashboard as dm
 from grafana_foundation_sdk.models import xychart as xym
 
 from ..logview import log_sql
+from ..summary_row import duration_sql, exit_sql, name_sql, state_sql
 from ..xaxis import LEVEL_NAMES, values_sql, x_axis_sql
 from .query import FORMAT_LOGS, FORMAT_TABLE, FORMAT_TIME_SERIES, ClickHouseQuery, datasource_ref
 
@@ -67,28 +68,50 @@ def _metadata_values(db: str, where: str) -> str:
     return values_sql(source, carry=("ts",))
 
 
+def _job_metadata(db: str) -> str:
+    """The metadata rows the job's panels show: of the ranks ``$rank`` picks among the job's
+    task runs (``_task_runs``), or of ``$run`` itself when it has none; ``run`` is ``$run``
+    (one X axis for the job), ``task`` the run a row is of and ``rank`` its rank ('' for the
+    job's own), so the X-axis rule reads one series per task run (xaxis: per rank)."""
+    tasks = _task_runs(db)
+    return f"""(
+    SELECT {RUN} AS run, m.task AS task, t.trank AS rank, m.seq AS seq, m.ts AS ts,
+           m.fields AS fields
+    FROM (SELECT run AS task, seq, ts, fields FROM {db}.metadata FINAL
+          WHERE run IN (SELECT run FROM ({tasks}) WHERE has([${{rank:singlequote}}], rank))
+             OR (run = {RUN} AND (SELECT count() FROM ({tasks})) = 0)) AS m
+    LEFT JOIN (SELECT run AS trun, rank AS trank FROM ({tasks})) AS t ON t.trun = m.task
+)"""
+
+
+def _job_values(db: str) -> str:
+    return values_sql(_job_metadata(db), carry=("ts", "task", "rank"), series="task")
+
+
+def _series(key: str, rank: str = "rank") -> str:
+    """A graph's series name: the key, and the rank of a task's row."""
+    return f"if({rank} = '', {key}, concat({key}, ' (rank ', {rank}, ')'))"
+
+
 def _level_names_sql() -> str:
     return "[" + ", ".join(f"'{n}'" for n in LEVEL_NAMES) + "]"
 
 
+def _summary_row() -> str:
+    """A run's name, exit, duration and state as every reader shows them (``summary_row``),
+    as ``run_name``, ``run_exit``, ``run_duration``, ``run_state`` over the runs table."""
+    return (f"{name_sql()} AS run_name, {exit_sql()} AS run_exit, "
+            f"{duration_sql()} AS run_duration, {state_sql()} AS run_state")
+
+
 def sql_header(db: str) -> str:
     return f"""
-SELECT r.owner AS user,
-       if(r.job_name != '', r.job_name, r.command_line) AS job,
-       r.state AS state,
-       multiIf(r.exit_status IS NOT NULL, toString(r.exit_status),
-               r.signal IS NOT NULL, concat('signal ', toString(r.signal)), '') AS exit_status,
-       r.duration AS duration,
+SELECT r.owner AS user, r.run_name AS job, r.run_state AS state, r.run_exit AS exit_status,
+       r.run_duration AS duration,
        if(s.nodes = '', r.host, s.nodes) AS nodes,
        greatest(s.gpu_count, r.job_gpus) AS gpus
 FROM (
-    SELECT run, owner, ifNull(host, '') AS host,
-           JSONExtractString(ifNull(slurm, ''), 'job_name') AS job_name,
-           arrayStringConcat(JSONExtract(ifNull(command, '[]'), 'Array(String)'), ' ')
-               AS command_line,
-           ifNull(state, 'RUNNING') AS state, exit_status, signal,
-           ifNull(duration, dateDiff('millisecond', ifNull(start_ts, last_ts), last_ts) / 1000)
-               AS duration,
+    SELECT run, owner, ifNull(host, '') AS host, {_summary_row()},
            length(JSONExtractArrayRaw(ifNull(inventory, ''), 'job_gpus')) AS job_gpus
     FROM {db}.runs FINAL
     WHERE run = {RUN}
@@ -110,9 +133,9 @@ def _level_and_source(e: str = "") -> str:
     """A log entry's level and source columns for Grafana's logs panel (``e``: the entries'
     table alias with its dot, or '')."""
     return f"""multiIf({e}kind = 'note' AND startsWith({e}text, '[logcapture: warning'), 'warning',
-               {e}kind IN ('note', 'command'), 'debug',
+               {e}kind IN ('note', 'command', 'section', 'section_end'), 'debug',
                {e}stream = 'stderr', 'error', 'info') AS level,
-       if({e}kind = 'note', 'logcapture', {e}stream) AS source"""
+       if({e}kind IN ('note', 'section', 'section_end'), 'logcapture', {e}stream) AS source"""
 
 
 def sql_logs(db: str) -> str:
@@ -158,45 +181,40 @@ ORDER BY timestamp DESC, toUInt64OrZero(rank) DESC, e.stream DESC, e.seq DESC
 
 def sql_metadata_table(db: str) -> str:
     return f"""
-SELECT ts AS time, seq, fields
-FROM {db}.metadata FINAL
-WHERE run = {RUN}
-ORDER BY ts DESC, seq DESC
+SELECT ts AS time, rank, seq, fields
+FROM {_job_metadata(db)}
+ORDER BY ts DESC, seq DESC, rank
 LIMIT 5000
 """
 
 
 def sql_metadata_by_time(db: str) -> str:
-    values = _metadata_values(db, f"run = {RUN}")
     return f"""
-SELECT ts AS time, key, num AS value
-FROM ({values})
+SELECT ts AS time, {_series("key")} AS key, num AS value
+FROM ({_job_values(db)})
 WHERE kind != 'other' AND $__timeFilter(ts)
 ORDER BY time, seq, key
 """
 
 
 def sql_x_axis(db: str) -> str:
-    values = _metadata_values(db, f"run = {RUN}")
     return f"""
 SELECT x_key AS x_axis, {_level_names_sql()}[x_level + 1] AS chosen_because
-FROM ({x_axis_sql(values)})
+FROM ({x_axis_sql(_job_values(db))})
 """
 
 
 def sql_x_key_variable(db: str) -> str:
-    values = _metadata_values(db, f"run = {RUN}")
-    return f"SELECT x_key FROM ({x_axis_sql(values)})"
+    return f"SELECT x_key FROM ({x_axis_sql(_job_values(db))})"
 
 
 def sql_metadata_by_x(db: str) -> str:
-    values = _metadata_values(db, f"run = {RUN}")
     return f"""
-WITH v AS ({values}),
+WITH v AS ({_job_values(db)}),
      chosen AS ({x_axis_sql("SELECT * FROM v")})
-SELECT x.num AS x, y.key AS key, y.num AS value
+SELECT x.num AS x, {_series("y.key", "y.rank")} AS key, y.num AS value
 FROM v AS y
-INNER JOIN v AS x ON x.run = y.run AND x.seq = y.seq
+INNER JOIN v AS x ON x.task = y.task AND x.seq = y.seq
 WHERE x.key = (SELECT any(x_key) FROM chosen)
   AND x.kind != 'other' AND y.kind != 'other' AND y.key != x.key
 ORDER BY x, key
@@ -266,13 +284,7 @@ def sql_node_variable(db: str) -> str:
 def _jobs_in_range(db: str) -> str:
     return f"""
     SELECT run, owner, ifNull(host, '') AS host, job_id,
-           JSONExtractString(ifNull(slurm, ''), 'job_name') AS job_name,
-           arrayStringConcat(JSONExtract(ifNull(command, '[]'), 'Array(String)'), ' ')
-               AS command_line,
-           ifNull(start_ts, last_ts) AS start, end_ts,
-           ifNull(state, 'RUNNING') AS state, exit_status, signal,
-           ifNull(duration, dateDiff('millisecond', ifNull(start_ts, last_ts), last_ts) / 1000)
-               AS duration
+           ifNull(start_ts, last_ts) AS start, end_ts, {_summary_row()}
     FROM {db}.runs FINAL
     WHERE ifNull(start_ts, last_ts) <= $__toTime AND last_ts >= $__fromTime
       AND owner IN (${{user:singlequote}})"""
@@ -281,11 +293,8 @@ def _jobs_in_range(db: str) -> str:
 def sql_jobs_table(db: str) -> str:
     return f"""
 SELECT j.run AS run, j.job_id AS job_id,
-       if(j.job_name != '', j.job_name, j.command_line) AS job,
-       j.owner AS user, j.state AS state,
-       multiIf(j.exit_status IS NOT NULL, toString(j.exit_status),
-               j.signal IS NOT NULL, concat('signal ', toString(j.signal)), '') AS exit_status,
-       j.start AS start, j.duration AS duration,
+       j.run_name AS job, j.owner AS user, j.run_state AS state, j.run_exit AS exit_status,
+       j.start AS start, j.run_duration AS duration,
        if(s.nodes = '', j.host, s.nodes) AS nodes,
        s.gpu_count AS gpus,
        s.gpu_utilization AS gpu_utilization,
@@ -335,7 +344,7 @@ ORDER BY jobs DESC, kind
 
 def sql_jobs_by_state(db: str) -> str:
     return f"""
-SELECT state, count() AS jobs
+SELECT run_state AS state, count() AS jobs
 FROM ({_jobs_in_range(db)})
 GROUP BY state
 ORDER BY state
@@ -454,12 +463,8 @@ FROM (
     WHERE (SELECT count() FROM w1) + (SELECT count() FROM w2) < 1000
 ) AS l
 LEFT JOIN (
-    SELECT run, owner,
-           if(JSONExtractString(ifNull(slurm, ''), 'job_name') != '',
-              JSONExtractString(ifNull(slurm, ''), 'job_name'),
-              arrayStringConcat(JSONExtract(ifNull(command, '[]'), 'Array(String)'), ' '))
-               AS job,
-           ifNull(state, 'RUNNING') AS state, ifNull(start_ts, last_ts) AS start,
+    SELECT run, owner, {name_sql()} AS job, {state_sql()} AS state,
+           ifNull(start_ts, last_ts) AS start,
            ifNull(end_ts, now64(9)) AS end
     FROM {db}.runs FINAL
     WHERE owner IN (${{user:singlequote}})
@@ -577,8 +582,10 @@ def job_details(db: str = DEFAULT_DATABASE) -> gdash.Dashboard:
         .with_variable(_query_variable("x_axis", "X axis", sql_x_key_variable(db), hide=True))
         .with_variable(_query_variable("node", "node", sql_node_variable(db), multi=True,
                                        include_all=True))
+        # rank 0 by default: a job of many ranks opens on one rank's output and metadata
         .with_variable(_query_variable("rank", "rank", sql_rank_variable(db), multi=True,
-                                       include_all=True))
+                                       include_all=True)
+                       .current(dm.VariableOption(text="0", value="0", selected=True)))
         .with_panel(header)
         .with_panel(insights)
         .with_panel(logs)

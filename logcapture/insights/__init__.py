@@ -39,7 +39,12 @@ def run_insights(diagnoser: Diagnoser, start: Any, end: Any, samples: list[Any],
     if end is None:
         return []
     get_end = end.get if isinstance(end, dict) else (lambda k: getattr(end, k, None))
-    out = diagnoser.result(Outcome.of(end, slurm_state))
+    slurm = (start.get("slurm") if isinstance(start, dict) else getattr(start, "slurm", None)
+             ) or {}
+    rank = str(slurm.get("rank", ""))  # a task of a job step (slurm.task): its rank, node
+    out = diagnoser.result(Outcome.of(end, slurm_state),
+                           int(rank) if rank.isdigit() else None,
+                           str(slurm.get("node", "")) if rank.isdigit() else "")
     gap = incomplete(end, missing_segments)
     if gap is not None:
         out.append(gap)

@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from .. import ranklabel
 from ..errors import EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND
 from ..records import LOST
 from . import matchers as M
@@ -30,6 +31,7 @@ TRAILING_LINES = 100
 MAX_TRACEBACK_LINES = 2000  # a traceback longer than this is cut (recursion)
 MAX_EVIDENCE = 6  # lines quoted per insight
 LAST_ERROR_LINES = 3  # lines the catch-all points at
+CAUSE_LINES = 64  # lines of other ranks that may come between "Last error:" and its cause
 
 # Slurm's job states (squeue(1), "JOB STATE CODES") that are a diagnosis in themselves.
 SLURM_STATES = {
@@ -51,8 +53,9 @@ _STOPPED_BY_SLURM = ("time-limit", "cancelled", "preempted", "node-fail")
 GOOD_STATES = ("", "COMPLETED", "RUNNING", "COMPLETING", "PENDING", "SUSPENDED")
 # The order insights are listed in: the cause first, its consequences after.
 ORDER = ("oom-kill", "cuda-oom", "time-limit", "node-fail", "preempted", "cancelled",
-         "nccl-error", "mpi-abort", "disk-full", "quota", "command-not-found",
-         "python-exception", "signal", "lost", "failed")
+         "nccl-error", "rendezvous-timeout", "mpi-abort", "disk-full", "quota",
+         "command-not-found", "python-exception", "root-cause", "signal", "other-ranks",
+         "lost", "failed")
 
 
 class Outcome:
@@ -86,9 +89,10 @@ class Outcome:
 
 class _Traceback:
     __slots__ = ("start", "head", "stream", "frames", "exc", "exc_seq", "exc_text", "lines",
-                 "done", "explained_by")
+                 "done", "explained_by", "label")
 
-    def __init__(self, stream: str, seq: int, head: str):
+    def __init__(self, stream: str, seq: int, head: str, label: ranklabel.Labelled):
+        self.label = label  # the launcher's label of its lines (ranklabel): which rank
         self.stream = stream
         self.start = seq
         self.head = head
@@ -105,15 +109,18 @@ class _Traceback:
 class _Found:
     """The matches of one kind: values by group, evidence lines."""
 
-    __slots__ = ("matcher", "values", "evidence", "count")
+    __slots__ = ("matcher", "values", "evidence", "count", "by_needle")
 
     def __init__(self, matcher: M.Matcher):
         self.matcher = matcher
         self.values: dict[str, Any] = {}
         self.evidence: list[Evidence] = []
         self.count = 0
+        # the first match of each needle: (matcher, its groups)
+        self.by_needle: dict[str, tuple[M.Matcher, dict[str, str | None]]] = {}
 
     def add(self, matcher: M.Matcher, groups: dict[str, str | None], ev: Evidence) -> None:
+        self.by_needle.setdefault(matcher.needle, (matcher, groups))
         if self.count == 0 or (self.matcher.needle != matcher.needle
                                and _specific(matcher) > _specific(self.matcher)):
             self.matcher = matcher
@@ -142,8 +149,17 @@ class Diagnoser:
 
     def __init__(self) -> None:
         self._found: dict[str, _Found] = {}
-        self._tb: dict[str, _Traceback] = {}  # the traceback being read, per stream
+        # the traceback being read, per stream and rank label (ranklabel: two ranks'
+        # tracebacks interleave on one terminal)
+        self._tb: dict[tuple[str, str | None], _Traceback] = {}
         self._last_tb: _Traceback | None = None  # the last complete one of any stream
+        self._fatal: dict[str | None, _Traceback] = {}  # the last complete one per rank label
+        self._ranks: set[int] = set()  # the global ranks whose labels were seen
+        self._root: dict[str, str] | None = None  # torchrun's "Root Cause" block, as read
+        self._root_left = 0  # lines of that block still to read
+        # a "Last error:" was read: its rank's next line is wanted, within CAUSE_LINES lines
+        self._want_cause: dict[tuple[str, str | None], int] = {}
+        self._cause = ""  # the line after the first "Last error:"
         self._last_seq: dict[str, int] = {}
         self._errors: deque[Evidence] = deque(maxlen=LAST_ERROR_LINES)
         self._search = M.CANDIDATE.search
@@ -155,8 +171,10 @@ class Diagnoser:
 
     @property
     def in_traceback(self) -> bool:
-        """Whether a traceback is being read: the next lines are wanted, whatever they hold."""
-        return bool(self._tb)
+        """Whether a traceback (or another block: torchrun's root cause, the cause after an
+        exception's "Last error:") is being read: the next lines are wanted, whatever they
+        hold."""
+        return bool(self._tb) or self._root_left > 0 or bool(self._want_cause)
 
     def note_last_seq(self, stream: str, seq: int) -> None:
         """The last sequence number of ``stream`` when only candidates were fed."""
@@ -165,14 +183,24 @@ class Diagnoser:
 
     def feed(self, stream: str, seq: int, text: str) -> None:
         self._last_seq[stream] = seq
-        tb = self._tb.get(stream)
-        if tb is not None and self._traceback_line(tb, seq, text):
+        # most lines carry no launcher label: split only those that may (ranklabel.STARTS)
+        label = ranklabel.split(text) if text[:1] in ranklabel.STARTS else None
+        key = label.key if label is not None else None
+        if key is not None or self._root_left or self._want_cause:
+            label = label or ranklabel.Labelled(None, None, text)
+            self._follow(stream, label)
+        tb = self._tb.get((stream, key)) if self._tb else None
+        if tb is not None and self._traceback_line(
+                tb, seq, text, label or ranklabel.Labelled(None, None, text)):
             return  # a frame or its source line: quoted code, not what happened
         hit = self._search(text)
         if hit is None:
             return
+        label = label or ranklabel.Labelled(None, None, text)
         if M.TRACEBACK_HEAD in text:
-            self._tb[stream] = _Traceback(stream, seq, text)
+            self._tb[(stream, key)] = _Traceback(stream, seq, text, label)
+            return
+        if self._block_head(stream, label):
             return
         ev = Evidence(stream, seq, text)
         matched = False
@@ -189,7 +217,7 @@ class Diagnoser:
                     found = self._found[matcher.kind] = _Found(matcher)
                 found.add(matcher, m.groupdict(), ev)
                 matched = True
-                tb = self._last_tb
+                tb = self._fatal.get(key)
                 if tb is not None and tb.exc_seq == seq and tb.stream == stream:
                     tb.explained_by = matcher.kind
                 break
@@ -197,12 +225,50 @@ class Diagnoser:
             self._errors.append(ev)
 
     # --- tracebacks
-    def _traceback_line(self, tb: _Traceback, seq: int, text: str) -> bool:
+    def _follow(self, stream: str, label: ranklabel.Labelled) -> None:
+        """What a line says beyond the matchers: its rank label, the next line of torchrun's
+        root cause block, the cause after a "Last error:" of the same rank."""
+        if label.rank is not None:
+            self._ranks.add(label.rank)
+        if self._root_left > 0:
+            self._root_line(label.text)
+        if self._want_cause:
+            if self._want_cause.pop((stream, label.key), None) is not None:
+                if not self._cause and label.text.strip():
+                    self._cause = label.text.strip()
+            for where, left in list(self._want_cause.items()):
+                if left <= 1:
+                    del self._want_cause[where]
+                else:
+                    self._want_cause[where] = left - 1
+
+    def _block_head(self, stream: str, label: ranklabel.Labelled) -> bool:
+        """Whether the line opens a block read by ``_follow``."""
+        if M.ROOT_CAUSE_HEAD in label.text:
+            self._root, self._root_left = {}, M.ROOT_CAUSE_LINES
+            return True
+        if label.text.strip() == M.LAST_ERROR:
+            self._want_cause[(stream, label.key)] = CAUSE_LINES
+            return True
+        return False
+
+    def _root_line(self, text: str) -> None:
+        """One line of torchrun's "Root Cause (first observed failure)" block."""
+        self._root_left -= 1
+        m = M.ROOT_CAUSE_FIELD.match(text)
+        if m is not None and self._root is not None:
+            self._root.setdefault(m["key"], m["value"].strip())
+        elif text.startswith("="):
+            self._root_left = 0  # the block's end
+
+    def _traceback_line(self, tb: _Traceback, seq: int, text: str,
+                        label: ranklabel.Labelled) -> bool:
         """Read one line of a traceback; True when it is a frame or quoted source."""
         tb.lines += 1
-        line = M.LINE_PREFIX.sub("", text, count=1)
+        line = M.LINE_PREFIX.sub("", label.text, count=1)
+        where = (tb.stream, tb.label.key)
         if tb.lines > MAX_TRACEBACK_LINES:
-            del self._tb[tb.stream]
+            del self._tb[where]
             return False
         frame = M.FRAME.match(line)
         if frame is not None:
@@ -219,7 +285,7 @@ class Diagnoser:
                             "The above exception was the direct cause")):
             return False
         exc = M.EXCEPTION_LINE.match(line)
-        del self._tb[tb.stream]
+        del self._tb[where]
         if exc is None or not tb.frames:
             return False  # not a traceback after all
         tb.exc = (exc["type"], exc["message"] or "")
@@ -227,15 +293,40 @@ class Diagnoser:
         tb.exc_text = text
         tb.done = True
         self._last_tb = tb
+        self._fatal[tb.label.key] = tb
         return False
 
-    def _python_exception(self) -> Insight | None:
-        tb = self._last_tb
-        if tb is None or tb.exc is None:
+    def _is_fatal(self, tb: _Traceback) -> bool:
+        """Printed at most TRAILING_LINES before its stream's end (else the run went on after
+        it: caught, printed, not fatal)."""
+        return self._last_seq.get(tb.stream, tb.exc_seq) - tb.exc_seq <= TRAILING_LINES
+
+    def root_rank(self) -> tuple[int, int, str] | None:
+        """torchrun's root cause: (rank, local rank, host), when its block was read."""
+        m = M.ROOT_CAUSE_RANK.match((self._root or {}).get("rank", ""))
+        if m is None:
             return None
-        if self._last_seq.get(tb.stream, tb.exc_seq) - tb.exc_seq > TRAILING_LINES:
-            return None  # the run went on after it: caught, printed, not fatal
-        etype, emsg = tb.exc
+        return int(m["rank"]), int(m["local"]), (self._root or {}).get("host", "")
+
+    def _fatal_tracebacks(self) -> list[_Traceback]:
+        """The fatal traceback of each rank label, the root cause first: the rank torchrun
+        names, else the first (by its stream's order) whose error is not a consequence of
+        another rank's (``matchers.CONSEQUENCE``)."""
+        if set(self._fatal) == {None}:  # no labels: the last traceback of the run, as ever
+            tb = self._last_tb
+            return [tb] if tb is not None and tb.exc is not None and self._is_fatal(tb) else []
+        found = [tb for tb in self._fatal.values() if tb.exc is not None and self._is_fatal(tb)]
+        root = self.root_rank()
+        named = {str(root[0]), f"local {root[1]}"} if root is not None else set()
+
+        def order(tb: _Traceback) -> tuple[bool, bool, int]:
+            return (tb.label.key not in named,
+                    M.CONSEQUENCE.search(tb.exc_text) is not None, tb.exc_seq)
+        return sorted(found, key=order)
+
+    def _python_exception(self, tb: _Traceback, origin: tuple[int | None, str]
+                          ) -> Insight:
+        etype, emsg = tb.exc or ("", "")
         own = [f for f in tb.frames if not M.LIBRARY_FILE.search(f[0])]
         frame = own[-1] if own else (tb.frames[-1] if tb.frames else None)
         where = ""
@@ -249,22 +340,50 @@ class Diagnoser:
                 details["code"] = frame[3]
             evidence.append(Evidence(tb.stream, frame[4], frame[5]))
         evidence.append(Evidence(tb.stream, tb.exc_seq, tb.exc_text))
+        rank, node = self._rank_of(tb, origin)
+        on = f" on rank {rank}" if rank is not None else (
+            f" on {tb.label.describe()}" if tb.label.key else "")
+        if on and node:
+            on += f" (node {node})"
+        if rank is not None:
+            details["rank"] = rank
+        elif tb.label.local_rank is not None:
+            details["local_rank"] = tb.label.local_rank
+        if node:
+            details["node"] = node
         short = emsg if len(emsg) <= 160 else emsg[:157] + "..."
-        message = f"{etype}{': ' + short if short else ''}{where}"
+        message = f"{etype}{on}{': ' + short if short else ''}{where}"
         hint = M.PYTHON_HINT if own else ("the exception was raised inside a library; the "
                                           "frames above show which call of yours led there")
         return Insight("python-exception", message, tuple(evidence), hint, FAILURE, details)
 
+    def _rank_of(self, tb: _Traceback, origin: tuple[int | None, str]
+                 ) -> tuple[int | None, str]:
+        """The global rank and node of a traceback: its label's (the node from torchrun's
+        root cause when it names this rank), else the run's own (a task run's)."""
+        rank, node = origin
+        if tb.label.rank is not None:
+            rank = tb.label.rank
+        elif tb.label.local_rank is not None:
+            rank = None
+        root = self.root_rank()
+        if root is not None and tb.label.key in (str(root[0]), f"local {root[1]}"):
+            rank, node = root[0], node or root[2]
+        return rank, node
+
     # --- the answer
-    def result(self, outcome: Outcome) -> list[Insight]:
-        """The insights of a run that ended badly (none for a run that ended well)."""
+    def result(self, outcome: Outcome, rank: int | None = None, node: str = ""
+               ) -> list[Insight]:
+        """The insights of a run that ended badly (none for a run that ended well); ``rank``
+        and ``node``: the run's own, when it is one task of a job (its lines' labels, when
+        they have some, say better which rank printed them)."""
         if not outcome.ended_badly:
             return []
         out: dict[str, Insight] = {}
         for kind, found in self._found.items():
-            values = found.values
-            message = M.render(found.matcher.message, values)
-            hint = M.render(found.matcher.hint, values) if found.matcher.hint else ""
+            matcher, values = self._derived(kind, found)
+            message = M.render(matcher.message, values)
+            hint = M.render(matcher.hint, values) if matcher.hint else ""
             details = {k: v for k, v in values.items() if v is not None}
             details.update({f"{k}_bytes": n for k, v in values.items()
                             if isinstance(v, str) and (n := M.size_bytes(v)) is not None})
@@ -272,13 +391,22 @@ class Diagnoser:
                 details["lines"] = found.count
             out[kind] = Insight(kind, message, tuple(found.evidence), hint, FAILURE, details)
         self._slurm_state(outcome, out)
-        exc = self._python_exception()
-        explained = self._last_tb.explained_by if self._last_tb is not None else ""
-        if exc is not None and explained in out:
-            # one error, one insight: the specific one, with where the user's code was
-            out[explained] = _with_frame(out[explained], exc)
-        elif exc is not None:
-            out["python-exception"] = exc
+        fatal = self._fatal_tracebacks()
+        if fatal:
+            exc = self._python_exception(fatal[0], (rank, node))
+            explained = fatal[0].explained_by
+            if explained in out:
+                # one error, one insight: the specific one, with where the user's code was
+                out[explained] = _with_frame(out[explained], exc)
+            else:
+                out["python-exception"] = exc
+            # the launcher's own summary (torchrun's ChildFailedError) is not another rank
+            others = [tb for tb in fatal[1:] if tb.label.key is not None]
+            if others:
+                out["other-ranks"] = self._other_ranks(exc, others, (rank, node))
+        root = self._root_cause(fatal)
+        if root is not None:
+            out["root-cause"] = root
         self._exit(outcome, out)
         if outcome.state == LOST:
             out["lost"] = Insight(
@@ -290,6 +418,69 @@ class Diagnoser:
             out["failed"] = self._catch_all(outcome)
         return sorted(out.values(), key=lambda i: ORDER.index(i.kind)
                       if i.kind in ORDER else len(ORDER))
+
+    def _root_cause(self, fatal: list[_Traceback]) -> Insight | None:
+        """torchrun's root cause, said when no traceback of that rank was read."""
+        root = self.root_rank()
+        if root is None or any(tb.label.key in (str(root[0]), f"local {root[1]}")
+                               for tb in fatal):
+            return None
+        code = (self._root or {}).get("exitcode", "")
+        return Insight(
+            "root-cause", f"torchrun: the first worker that failed was rank {root[0]} "
+            f"(local rank {root[1]}, node {root[2] or '?'})"
+            + (f", exit code {code}" if code else ""), (),
+            "look at that rank's last lines; the other workers' errors follow from it",
+            FAILURE, {"rank": root[0], "local_rank": root[1], "node": root[2]})
+
+    def _derived(self, kind: str, found: _Found) -> tuple[M.Matcher, dict[str, Any]]:
+        """The matcher and values an insight is written from, with what its lines alone do
+        not say: the cause NCCL gave for an error (the line after "Last error:", or its own
+        WARN line), how many ranks a rendezvous missed, which ranks a watchdog did not hear."""
+        matcher, values = found.matcher, dict(found.values)
+        if kind == "nccl-error":
+            error = found.by_needle.get("NCCL error")
+            warn = found.by_needle.get("NCCL WARN")
+            if error is not None and "Watchdog" not in matcher.needle:
+                matcher, values = error[0], {**values, **{
+                    k: v for k, v in error[1].items() if v is not None}}
+            cause = self._cause or (warn[1].get("what") or "" if warn is not None else "")
+            if cause and matcher.needle != "NCCL WARN":
+                values["cause"] = cause
+                matcher = matcher._replace(message=matcher.message + ": {cause}")
+            reported = {int(r) for r in values.get("rank") or () if str(r).isdigit()}
+            silent = sorted(self._ranks - reported) if reported else []
+            if silent:
+                values["silent"] = [str(r) for r in silent]
+        elif kind == "rendezvous-timeout":
+            joined, world = str(values.get("joined")), str(values.get("world"))
+            if joined.isdigit() and world.isdigit():
+                n = int(world) - int(joined)
+                values["missing"] = f"{n} rank{'s' if n != 1 else ''}"
+                if joined == "1" and n > 0:
+                    # the store's host is rank 0 (env:// rendezvous) and counts itself: only
+                    # it joined, so every other rank is the one missing
+                    values["never"] = "rank 1" if n == 1 else f"ranks 1-{int(world) - 1}"
+        return matcher, values
+
+    def _other_ranks(self, root: Insight, others: list[_Traceback],
+                     origin: tuple[int | None, str]) -> Insight:
+        """The errors of the ranks that failed after the root cause, said once."""
+        parts, ranks = [], []
+        first = (root.details or {}).get("rank")
+        for tb in others:
+            rank, _ = self._rank_of(tb, origin)
+            who = f"rank {rank}" if rank is not None else tb.label.describe()
+            etype, emsg = tb.exc or ("", "")
+            short = emsg if len(emsg) <= 100 else emsg[:97] + "..."
+            then = " (a consequence" + (f" of rank {first}'s failure)" if first is not None
+                                        else ")") if M.CONSEQUENCE.search(tb.exc_text) else ""
+            parts.append(f"{who}: {etype}{': ' + short if short else ''}{then}")
+            ranks.append(rank if rank is not None else tb.label.key)
+        return Insight("other-ranks", "also failed: " + "; ".join(parts),
+                       tuple(Evidence(tb.stream, tb.exc_seq, tb.exc_text) for tb in others
+                             )[:MAX_EVIDENCE], "the first error above is the root cause",
+                       FAILURE, {"ranks": ranks})
 
     def _slurm_state(self, outcome: Outcome, out: dict[str, Insight]) -> None:
         state, _, rest = outcome.slurm_state.partition(" ")
@@ -368,12 +559,16 @@ def _with_frame(specific: Insight, exc: Insight) -> Insight:
     user's code it was raised, and that frame's line among the evidence."""
     details = dict(exc.details or {})
     if "file" not in details:
-        return specific
-    where = f" at {details['file']}:{details['line']} in {details['function']}"
+        return specific._replace(details={**(specific.details or {}), **{
+            k: details[k] for k in ("rank", "node") if k in details}})
+    on = f" on rank {details['rank']}" if "rank" in details else ""
+    on += f" (node {details['node']})" if on and details.get("node") else ""
+    where = f"{on} at {details['file']}:{details['line']} in {details['function']}"
     frame = [e for e in exc.evidence[1:-1] if e not in specific.evidence]
     evidence = sorted((*frame, *specific.evidence), key=lambda e: (e.stream, e.seq))
     merged: dict[str, Any] = {k: details[k] for k in ("file", "line", "function", "code",
-                                                      "own_code") if k in details}
+                                                      "own_code", "rank", "node")
+                              if k in details}
     merged["exception"] = details.get("type", "")
     return specific._replace(message=specific.message + where,
                              evidence=tuple(evidence[-MAX_EVIDENCE:]),

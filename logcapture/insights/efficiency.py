@@ -46,7 +46,7 @@ class Thresholds(namedtuple("Thresholds", (
 
 def admin_thresholds() -> Thresholds:
     """The thresholds of the admin config (the defaults when it cannot be read)."""
-    from ..config import load_admin
+    from ..config.admin import load_admin
     from ..errors import ConfigError
 
     try:
@@ -145,7 +145,7 @@ def efficiency_notes(samples: Iterable[Any], duration: float | None,
             "framework built with CUDA)" + ("; ask for fewer GPUs if the job cannot use them "
                                             "all" if request else ""),
             EFFICIENCY, {"gpus_idle": n, "gpus": len(gpus), "mean_utilization_percent": mean,
-                         "gpu_hours_idle": n * duration / 3600}))
+                         "gpu_hours_idle": n * duration / 3600, "nodes": _nodes(idle)}))
     used = [g for g in summary.get("gpus") or () if g.get("memory_used_peak_bytes")
             and g.get("memory_total_bytes")]
     low = [g for g in used if g not in idle
@@ -158,7 +158,8 @@ def efficiency_notes(samples: Iterable[Any], duration: float | None,
             "gpu-memory-unused", f"GPU memory mostly unused: peak {_gib(peak)} of "
             f"{_gib(total)} on {len(low)} GPU(s)", (),
             "a smaller GPU (or a MIG slice) would do, or a larger batch would use this one",
-            EFFICIENCY, {"peak_bytes": peak, "total_bytes": total, "gpus": len(low)}))
+            EFFICIENCY, {"peak_bytes": peak, "total_bytes": total, "gpus": len(low),
+                         "nodes": _nodes(low)}))
     # a note about the cores a job asked for, only where it asked (a Slurm job): a command
     # run by hand held no cores, whatever the machine has
     cpus = request.get("cpus") or (_cpus(summary) if request else None)
@@ -185,6 +186,11 @@ def efficiency_notes(samples: Iterable[Any], duration: float | None,
             "a time limit closer to the run time lets the scheduler start the job sooner "
             "(backfill)", EFFICIENCY, {"time_limit_seconds": limit, "duration": duration}))
     return notes
+
+
+def _nodes(gpus: list[Mapping[str, Any]]) -> list[str]:
+    """The nodes of these GPUs (a job of several ranks names its ranks beside them)."""
+    return sorted({str(g["node"]) for g in gpus if g.get("node")})
 
 
 def _cpus(summary: Mapping[str, Any]) -> float | None:

@@ -17,14 +17,15 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
+from ..records import kind_suffix
 from .matchers import duration_text
 from .model import LIVE, Evidence, Insight
 
-_LINE = b'"kind":"line"}'
-_METADATA = b'"kind":"metadata"}'
-_SAMPLE = b'"kind":"sample"}'
-_START = b'"kind":"start"'
-_END = b'"kind":"end"'
+_LINE = kind_suffix("line")
+_METADATA = kind_suffix("metadata")
+_SAMPLE = kind_suffix("sample")
+_START = kind_suffix("start")
+_END = kind_suffix("end")
 # How records.dumps writes a non-finite value in a record: as a string, after its key (the
 # longer the needle, the faster bytes.find skips: bench_insights).
 _NON_FINITE = (b':"NaN"', b'Infinity"')

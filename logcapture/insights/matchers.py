@@ -107,7 +107,7 @@ MATCHERS: tuple[Matcher, ...] = (
             r"WorkNCCL\(SeqNum=(?P<seqnum>\d+), OpType=(?P<op>\w+)[^)]*?"
             r"Timeout\(ms\)=(?P<timeout_ms>\d+)\) ran for (?P<ran_ms>\d+) milliseconds",
             "NCCL collective timeout: {op} (SeqNum {seqnum}) ran for {ran_ms|ms} "
-            "(timeout {timeout_ms|ms}), reported by rank(s) {rank}",
+            "(timeout {timeout_ms|ms}), reported by rank(s) {rank}[, not by rank(s) {silent}]",
             NCCL_HINT + "; the rank(s) missing from this list are the first suspects",
             ("rank",)),
     # "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/
@@ -118,10 +118,25 @@ MATCHERS: tuple[Matcher, ...] = (
             r"details\))?(?:, NCCL version (?P<version>[\w.+-]+))?(?:$|\n| ncclSystemError|[.,])",
             "NCCL error: {what}[ (NCCL {version})]", NCCL_HINT),
     # NCCL's own warnings (NCCL_DEBUG=WARN or INFO): "host:1234:5678 [0] NCCL WARN NET/IB :
-    # Got completion from peer 10.0.0.2<1234> with error 12, ..."
+    # Got completion from peer 10.0.0.2<1234> with error 12, ..."; NCCL 2.28 adds the time
+    # before and its source line after: "[2026-11-27 11:50:55] vm:616:616 [0] init.cc:904
+    # NCCL WARN Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 60"
     Matcher("nccl-error", "NCCL WARN",
-            r"(?P<host>[^\s:]+):\d+:\d+ \[(?P<device>\d+)\] NCCL WARN (?P<what>.+)",
+            r"(?P<host>[^\s:]+):\d+:\d+ \[(?P<device>\d+)\](?: [\w./-]+:\d+)? NCCL WARN "
+            r"(?P<what>.+)",
             "NCCL warning on {host} (device {device}): {what}", NCCL_HINT),
+
+    # --- rendezvous -------------------------------------------------------------------------
+    # PyTorch's TCPStore (torch/csrc/distributed/c10d/TCPStore.cpp), on the rank that hosts
+    # it: "torch.distributed.DistStoreError: Timed out after 16 seconds waiting for clients.
+    # 1/2 clients joined."
+    Matcher("rendezvous-timeout", "clients joined",
+            r"Timed out after (?P<seconds>\d+) seconds waiting for clients\. (?P<joined>\d+)/"
+            r"(?P<world>\d+) clients joined",
+            "rendezvous timed out after {seconds} s: {joined} of {world} ranks joined, "
+            "{missing} never came[ ({never})]",
+            "a rank that never joins did not start, crashed before init_process_group, or "
+            "cannot reach MASTER_ADDR:MASTER_PORT; look at that rank's output"),
 
     # --- MPI ----------------------------------------------------------------------------------
     # Open MPI (ompi/mpi/help-mpi-api.txt / help-mpi-runtime.txt): a banner
@@ -268,9 +283,29 @@ TRACEBACK_HEAD = "Traceback (most recent call last):"
 TRACEBACK_NEEDLES = (TRACEBACK_HEAD,)
 FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>.+)$')
 EXCEPTION_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.]*)(?:: (?P<message>.*))?$")
-# What a launcher puts before each line of a process: torchrun's "[rank0]:", srun --label's
-# "0: ", Ray's "(pid=123) " and "(RayWorker pid=123) ".
-LINE_PREFIX = re.compile(r"^(?:\[(?:rank|default)\d+\]: ?|\d+: |\([\w]*\s?pid=\d+(?:, ip=\S+)?\) )")
+# What Ray puts before each line of a worker ("(pid=123) ", "(RayWorker pid=123) "); the rank
+# labels of other launchers (torchrun, PyTorch, srun --label, Open MPI) are ranklabel's.
+LINE_PREFIX = re.compile(r"^\([\w]*\s?pid=\d+(?:, ip=\S+)?\) ")
+# torchrun's summary of a failed job (torch.distributed.elastic.multiprocessing.errors,
+# ChildFailedError.format_msg): a "Root Cause (first observed failure):" block whose
+# "  host      : NAME" and "  rank      : 1 (local_rank: 1)" lines name the first worker
+# that failed; the other workers' entries are under "Failures:".
+ROOT_CAUSE_HEAD = "Root Cause (first observed failure)"
+ROOT_CAUSE_FIELD = re.compile(r"^\s+(?P<key>time|host|rank|exitcode)\s+: (?P<value>.*)$")
+ROOT_CAUSE_RANK = re.compile(r"^(?P<rank>\d+) \(local_rank: (?P<local>\d+)\)")
+ROOT_CAUSE_LINES = 8  # the block's lines after its head
+# An exception whose message goes on over several lines (PyTorch's DistBackendError: "NCCL
+# error in: ...", "ncclInvalidUsage: ...", "Last error:", then the cause NCCL gave).
+LAST_ERROR = "Last error:"
+# Structure a diagnosis follows beyond the matchers: candidate lines too.
+STRUCTURE_NEEDLES = (ROOT_CAUSE_HEAD, LAST_ERROR)
+# An error one rank gets because another rank failed first (its peer went away, a collective
+# waited for it, the launcher stopped it): never the root cause while another rank's error
+# is not one of these.
+CONSEQUENCE = re.compile(
+    r"Connection (?:reset|closed) by peer|Broken pipe|[Rr]emote process exited|Watchdog caught "
+    r"collective operation timeout|Some NCCL operations have failed or timed out|"
+    r"ChildFailedError|SIGTERM|SIGKILL|Signal 15|closing signal|Terminated")
 # Files that are not the user's own code: installed packages, the standard library, frozen
 # and generated modules.
 LIBRARY_FILE = re.compile(r"(?:site-packages|dist-packages)/|/lib/python\d(?:\.\d+)?/|"
@@ -362,7 +397,8 @@ def render(template: str, values: dict[str, Any]) -> str:
 
 
 COMPILED = tuple(re.compile(m.pattern) for m in MATCHERS)
-NEEDLES = tuple(sorted({m.needle for m in MATCHERS} | set(TRACEBACK_NEEDLES)))
+NEEDLES = tuple(sorted({m.needle for m in MATCHERS} | set(TRACEBACK_NEEDLES)
+                       | set(STRUCTURE_NEEDLES)))
 # One search finds every candidate line: any needle, or a word of the catch-all.
 CANDIDATE = re.compile("|".join(re.escape(n) for n in NEEDLES) + "|" + ERROR_LOOKING.pattern)
 # What finds the candidates in a spool segment's bytes, lowered (NDJSON written with

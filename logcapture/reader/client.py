@@ -40,7 +40,7 @@ def expected_socket(env: Mapping[str, str] = os.environ, default: str = DEFAULT_
         value = env["LOGCAPTURE_READER_SOCKET"]
         return Path(value) if value else None
     try:
-        from ..config import load_admin
+        from ..config.admin import load_admin
 
         configured = load_admin(env=env).reader_socket
         if configured:
@@ -166,9 +166,10 @@ class ServiceReader:
                 yield from x
 
     def log(self, run: str, stderr: bool = False, before: str | None = None,
-            after: str | None = None, limit: int = LOG_PAGE) -> dict[str, Any]:
+            after: str | None = None, limit: int = LOG_PAGE, line: int | None = None
+            ) -> dict[str, Any]:
         return dict(self._value("log", run=run, stderr=stderr, before=before, after=after,
-                                limit=limit))
+                                limit=limit, **({"line": line} if line is not None else {})))
 
     def describe(self, run: str) -> dict[str, Any]:
         return dict(self._value("describe", run=run))

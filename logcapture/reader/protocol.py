@@ -28,7 +28,7 @@ op             arguments                                      answer
 ``lines``      ``run``, ``stream`` (null: all), ``tail``       items: records
 ``follow``     ``run``                                        items: records until the end record
 ``log``        ``run``, ``stderr``, ``before``, ``after``,    value: a page of the log
-               ``limit``                                      (``query.Reader.log``)
+               ``limit``, ``line``                            (``query.Reader.log``)
 ``describe``   ``run``                                        value: the ``show`` mapping
 ``metadata``   ``run``                                        items: metadata records, newest first
 ``samples``    ``run``                                        items: sample records, oldest first
@@ -64,7 +64,7 @@ OPS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "summary": (("run",), ()),
     "lines": (("run",), ("stream", "tail")),
     "follow": (("run",), ()),
-    "log": (("run",), ("stderr", "before", "after", "limit")),
+    "log": (("run",), ("stderr", "before", "after", "limit", "line")),
     "describe": (("run",), ()),
     "metadata": (("run",), ()),
     "samples": (("run",), ()),
@@ -125,6 +125,13 @@ def _flag(value: Any) -> bool:
     return value
 
 
+def _line(value: Any) -> int:
+    """A line number (``query.Reader.log``): a run may have more lines than ``MAX_TAIL``."""
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 < value < 2**63:
+        raise UsageError("request key 'line' must be a line number (1, 2, ...)")
+    return value
+
+
 def _what(value: Any) -> str:
     if value not in EXPORTS:
         raise UsageError(f"request key 'what' must be one of {', '.join(EXPORTS)}")
@@ -141,6 +148,7 @@ _CHECKS: dict[str, Callable[[Any], Any]] = {
     "after": lambda v: _text("after", v, nullable=True),
     "stderr": _flag,
     "limit": _count("limit", nullable=False),
+    "line": _line,
     "what": _what,
     # a search's keys and types are checked as the CLI's are; it names no owner
     "request": lambda v: SearchRequest.from_dict(v).to_dict(),

@@ -293,7 +293,7 @@ class ReadService:
             out.value(reader.search(a["request"]))
         elif op == "log":
             out.value(reader.log(a["run"], **{k: a[k] for k in ("stderr", "before", "after",
-                                                               "limit") if k in a}))
+                                                               "limit", "line") if k in a}))
         elif op == "follow":
             def beat() -> None:  # between the follower's reads: is the client still there?
                 if time.monotonic() - out.last_sent >= self.beat_every:

@@ -21,9 +21,11 @@ stream's text (docs/rendering.md, "Progress as data").
 from __future__ import annotations
 
 import re
-from typing import NamedTuple
+from collections import namedtuple
 
 from ..progress import INTERVAL, BarState, parse_bar
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the job start path)
 
 # A stream with no bar is looked at for a new one at most this often (seconds): a flood's
 # chunks, every few milliseconds, cost no parsing of the live lines each.
@@ -37,13 +39,18 @@ _MARKERS = ("%|", "\u2501", "%[", "/step", "/sample", "ETA:", "/s]", "s/it")
 _LIVE_MARKERS = ("/",)
 
 
-class Point(NamedTuple):
-    bar: int  # the bar's number in its stream, from 0
-    state: BarState
-    ts: float
-    rate: float | None  # per second: the bar's own, else from its previous point
-    elapsed: float | None  # seconds: the bar's own, else since it was first seen
-    done: bool  # the bar's final state
+class Point(namedtuple("Point", ("bar", "state", "ts", "rate", "elapsed", "done"))):
+    """A kept point of a bar (a ``collections.namedtuple``: no ``typing`` on the start
+    path)."""
+
+    __slots__ = ()
+    if TYPE_CHECKING:
+        bar: int  # the bar's number in its stream, from 0
+        state: BarState
+        ts: float
+        rate: float | None  # per second: the bar's own, else from its previous point
+        elapsed: float | None  # seconds: the bar's own, else since it was first seen
+        done: bool  # the bar's final state
 
 
 class _Bar:

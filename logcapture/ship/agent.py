@@ -14,22 +14,24 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from ..config.defaults import SPOOL_RETENTION_DAYS
 from ..errors import LogcaptureError, SpoolError, StoreAuthError, StoreError
 from ..insights.live import LiveWatch
 from ..insights.notify import Notifier
+from ..ownership import identity_from_spool
 from ..records import LOST
-from ..spool import close_abandoned, find_run_dirs, segments, writer_gone
-from ..spool import mtime as _mtime
+from ..spool.abandoned import close_abandoned, writer_gone
+from ..spool.layout import find_run_dirs, segments
+from ..spool.layout import mtime as _mtime
+from ..spool.reading import begun
 from ..store import Identity, Store, open_store
 from ..userfiles import UserDir
 from .batches import BATCH_BYTES, ShippedHook, ship_runs
 from .cursor import RunCursor, lock_cursor
 from .diagnosis import JobInfo, diagnose_run, notify_event
-from .identity import identity_from_spool
 from .pending import _RunJob
-from .reading import _begun
 from .result import UploadResult
-from .retention import RETENTION_DAYS, retire_shipped
+from .retention import retire_shipped
 from .retry import RETRY, STORE_WAIT, RetryPolicy, Warn
 
 BATCH_INTERVAL = 2.0
@@ -132,7 +134,7 @@ class Agent:
 
     def __init__(self, spool_root: Path, dsn: str | None = None, *,
                  batch_bytes: int = BATCH_BYTES, batch_interval: float = BATCH_INTERVAL,
-                 poll: float = 0.25, retention_days: float | None = RETENTION_DAYS,
+                 poll: float = 0.25, retention_days: float | None = SPOOL_RETENTION_DAYS,
                  identify: Callable[[Path], Identity] = identity_from_spool,
                  job_ended: Callable[[Path], bool] = lambda run_dir: False,
                  samples_idle: float = SAMPLES_IDLE, warn: Warn | None = None,
@@ -361,7 +363,7 @@ class Agent:
             if rc.cursor.shipped_at:
                 self._done.add(str(run_dir))
                 continue
-            if not _begun(run_dir):
+            if not begun(run_dir):
                 continue
             try:
                 jobs.append(_RunJob(run_dir, rc, self.identify(run_dir)))
@@ -484,8 +486,8 @@ class Agent:
         return said if said in END_STATES else None
 
     def end_abandoned(self) -> int:
-        """End the runs whose writer is gone (``spool.close_abandoned``; with the live watch):
-        nothing else would end a run whose wrapper and node went away outside Slurm, and the
+        """End the runs whose writer is gone (``spool.abandoned.close_abandoned``; with the live
+        watch): nothing else would end a run whose wrapper and node went away outside Slurm, and the
         agent would watch it forever. Their end record ships with the next flush."""
         ended = 0
         for run_dir in self.run_dirs():

@@ -9,25 +9,27 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
+from ..config.defaults import SEGMENT_BYTES, SPOOL_RETENTION_DAYS
 from ..errors import SpoolError, StoreAuthError, StoreDataError, StoreError
 from ..insights.notify import Notifier
-from ..records import NOTE_WARNING, Note
-from ..spool import SEGMENT_BYTES, open_segment, segment_index
-from ..spool import mtime as _mtime
+from ..records import NOTE_WARNING, Note, kind_suffix
+from ..spool.layout import mtime as _mtime
+from ..spool.layout import segment_index
+from ..spool.reading import open_segment
 from ..store import Identity, SegmentProbe, Store
 from .cursor import RunCursor
 from .diagnosis import JobInfo, diagnose_run
 from .pending import _Pending, _Piece, _pieces, _prepare, _RunJob
 from .quota import UserQuota, user_quota
 from .result import UploadResult
-from .retention import RETENTION_DAYS, _retire
+from .retention import _retire
 
 BATCH_BYTES = 64 * 1024 * 1024  # bench_store: 16 MiB inserts ran 20-30 % slower, 4 MiB at half
 # Closed segments the store reads itself go in groups of this many batches: the engine streams
 # them (no memory here), and 256 MiB (2M lines; two inserts at once, each about one part of
 # ~1M rows) ran 1.1-1.2x the rate of 64 MiB groups in bench_store, with fewer parts to merge.
 DIRECT_BATCHES = 4
-_END_MARK = b'"kind":"end"'  # a string value can never contain this unescaped
+_END_MARK = kind_suffix("end")  # a string value can never contain this unescaped
 
 
 def _accept(piece: _Piece, rows: int, result: UploadResult) -> None:
@@ -84,7 +86,7 @@ def _ship_direct(store: Store, group: list[tuple[_RunJob, _Pending]],
                  result: UploadResult) -> None:
     """Ship whole closed segments that the store reads itself (``Store.probe_segments``,
     ``Store.insert_segments``): no decompressing or copying here. Each segment is opened here
-    (``spool.open_segment``: refused unless a plain file of the run directory's owner) and
+    (``spool.reading.open_segment``: refused unless a plain file of the run directory's owner) and
     the store reads that descriptor. A segment the store cannot read, one whose last line is
     torn, and a group the store refuses as data are read here instead and go the bytes way
     (``_ship_batch``, which skips and reports bad lines, or sets the segment aside) when
@@ -174,7 +176,7 @@ ShippedHook = Callable[[_RunJob, bytes], None]
 
 
 def ship_runs(store: Store, jobs: list[_RunJob], result: UploadResult, *,
-              max_bytes: int = BATCH_BYTES, retention_days: float | None = RETENTION_DAYS,
+              max_bytes: int = BATCH_BYTES, retention_days: float | None = SPOOL_RETENTION_DAYS,
               force: bool = False, job_info: JobInfo | None = None,
               notifier: Notifier | None = None, until: Callable[[], bool] | None = None,
               shipped: ShippedHook | None = None) -> list[bool]:
@@ -251,7 +253,7 @@ def _note_set_aside(store: Store, jobs: list[_RunJob], result: UploadResult) -> 
 
 def ship_run(store: Store, run_dir: Path, identity: Identity, rc: RunCursor,
              result: UploadResult, *, max_bytes: int = BATCH_BYTES,
-             retention_days: float | None = RETENTION_DAYS, force: bool = False,
+             retention_days: float | None = SPOOL_RETENTION_DAYS, force: bool = False,
              job_info: JobInfo | None = None, notifier: Notifier | None = None) -> bool:
     """Ship what the cursor says is pending of one run (the caller holds the cursor lock,
     ``lock_cursor``) as ``identity``'s rows. Returns True when the whole run is in the store

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import SpoolError
-from ..spool import CURSOR_NAME
+from ..spool.layout import CURSOR_NAME
 from ..store import flock_within
 from ..userfiles import RefusedFile, UserDir
 
@@ -142,7 +142,7 @@ def lock_cursor(run_dir: Path, wait: float | None = None) -> Iterator[RunCursor 
         try:
             if wait is None:
                 fcntl.flock(fd, fcntl.LOCK_EX)
-            elif not flock_within(fd, wait, poll=0.02):
+            elif not flock_within(fd, wait):
                 yield None
                 return
             yield RunCursor(run_dir, d, warnings)

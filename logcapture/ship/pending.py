@@ -7,11 +7,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import SpoolError
-from ..spool import Segment, segments
+from ..spool.layout import Segment, segments
+from ..spool.reading import read_segment_bytes
 from ..store import Identity
 from ..userfiles import RefusedFile
 from .cursor import Cursor, RunCursor
-from .reading import read_segment_bytes
 from .result import UploadResult
 
 

@@ -6,8 +6,7 @@ import time
 from collections.abc import Callable
 
 from ..errors import LogcaptureError, StoreError
-from ..records import NOTE_WARNING, Note
-from ..spool import run_lines
+from ..records import NOTE_WARNING, Note, run_lines
 from ..store import Store
 from .pending import _Piece, _RunJob
 from .result import UploadResult
@@ -72,7 +71,7 @@ class UserQuota:
 
 def user_quota() -> UserQuota | None:
     """The admin config's ``user_daily_bytes`` as a ``UserQuota`` (None: no bound)."""
-    from ..config import load_admin
+    from ..config.admin import load_admin
 
     try:
         limit = int(load_admin().user_daily_bytes)

@@ -1,7 +1,9 @@
 """Deleting shipped segments once they are older than the retention.
 
 A segment is deleted only after the store accepted all its lines, once it is closed, and then
-per ``retention_days`` (0: at once; None: never).
+per ``retention_days`` (0: at once; None: never; by default
+``config.defaults.SPOOL_RETENTION_DAYS``, 7). The spool's retention, not the store's TTL
+(the admin config's ``store_ttl_days``).
 """
 
 from __future__ import annotations
@@ -9,12 +11,10 @@ from __future__ import annotations
 import time
 
 from ..errors import SpoolError
-from ..spool import segments
+from ..spool.layout import segments
 from .cursor import RunCursor
 from .pending import _Pending
 from .result import UploadResult
-
-RETENTION_DAYS = 7.0
 
 
 def _retire(rc: RunCursor, pending: list[_Pending], retention_days: float | None,

@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from ..config.defaults import SPOOL_RETENTION_DAYS
 from ..errors import (
     LogcaptureError,
     SpoolError,
@@ -16,15 +17,15 @@ from ..errors import (
     StoreUnavailable,
 )
 from ..insights.notify import Notifier
+from ..ownership import identity_from_spool
 from ..runs import find_run
-from ..spool import find_run_dirs
+from ..spool.layout import find_run_dirs
 from ..store import Identity, Store, open_store, redact
 from .batches import BATCH_BYTES, _take_warnings, ship_run
 from .cursor import lock_cursor
 from .diagnosis import JobInfo
-from .identity import identity_from_spool
 from .result import UploadResult
-from .retention import RETENTION_DAYS, retire_shipped
+from .retention import retire_shipped
 from .retry import STORE_WAIT, Warn, _with_retry
 
 DEADLINE = 300.0  # gpufl's total timeout (5 min)
@@ -32,7 +33,7 @@ DEADLINE = 300.0  # gpufl's total timeout (5 min)
 
 def upload(spool_root: Path, run: str | None = None, all: bool = False,  # noqa: A002
            force: bool = False, dsn: str | None = None, *, deadline: float = DEADLINE,
-           retention_days: float | None = RETENTION_DAYS,
+           retention_days: float | None = SPOOL_RETENTION_DAYS,
            identify: Callable[[Path], Identity] = identity_from_spool,
            max_bytes: int = BATCH_BYTES, warn: Warn | None = None,
            sleep: Callable[[float], None] = time.sleep,

@@ -10,7 +10,7 @@ created, which is when srun first writes anything a task printed):
 1. it connects to the batch capture's abstract unix socket (``batch_address``: named after the
    job) and checks that its peer is the job's user (``SO_PEERCRED``);
 2. it sends its fds 1 and 2 (``SCM_RIGHTS``); the ``Forwarder`` here (in the wrapper's reader,
-   ``runner._ReadLoop``) answers for each one that is one of the batch's ptys with the write
+   ``runner.readloop.ReadLoop``) answers for each one that is one of the batch's ptys with the write
    end of a pipe of its own (one pipe per pty: stdout and stderr that share a pty share a pipe,
    so their order is kept), first copying out what the ptys hold, so that what the script
    printed before srun started reaches the output first;
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     import socket
     from collections.abc import Mapping
 
-    from ..runner import _ReadLoop
+    from ..runner.readloop import ReadLoop
 
 # Lines of srun's own (its log prefix is its program name) and logcapture's (a task that could
 # not be captured says so on its stderr): kept as lines of the batch run.
@@ -153,7 +153,7 @@ class _Pipe:
 
 
 class Forwarder:
-    """The batch capture's side (``runner.Options.beside``): the listening socket, each
+    """The batch capture's side (``runner.outcome.Options.beside``): the listening socket, each
     srun's connection and pipes, served in the reader's rounds. Never raises into the reader:
     an srun it cannot serve is refused (it then runs as without forwarding)."""
 
@@ -163,9 +163,9 @@ class Forwarder:
         self.slaves: dict[tuple[int, int], str] = {}  # (st_dev, st_ino) of a batch pty: stream
         self.conns: dict[int, socket.socket] = {}
         self.pipes: dict[int, _Pipe] = {}
-        self.loop: _ReadLoop | None = None
+        self.loop: ReadLoop | None = None
 
-    # --- runner.Beside ------------------------------------------------------------------------
+    # --- runner.outcome.Beside -----------------------------------------------------------------
     def open(self, slaves: Mapping[int, str]) -> None:
         """Listen, before the batch script starts; ``slaves``: {pty slave fd: stream}."""
         import socket
@@ -186,14 +186,14 @@ class Forwarder:
             return
         self.sock = sock
 
-    def start(self, loop: _ReadLoop) -> None:
+    def start(self, loop: ReadLoop) -> None:
         self.loop = loop
         if self.sock is not None:
             self._watch(self.sock.fileno())
 
     def round(self, events: list[tuple[int, int]], now: float, now_m: float) -> bool:
         """Serve the socket's and connections' events, then read every pipe (each round,
-        before the ptys are read: see ``runner._ReadLoop._round``). Whether the worker was
+        before the ptys are read: see ``runner.readloop.ReadLoop._round``). Whether the worker was
         given output."""
         sent = False
         if self.sock is None and not self.pipes:
@@ -359,7 +359,7 @@ class Forwarder:
     # --- the pipes ----------------------------------------------------------------------------
     def _read(self, pipe: _Pipe, now: float, now_m: float, reads: int | None) -> bool:
         """Read ``pipe`` until it is empty (at most ``reads`` reads; None: no bound) and pass
-        every byte on (``_ReadLoop.pass_through``)."""
+        every byte on (``ReadLoop.pass_through``)."""
         assert self.loop is not None
         sent = False
         n = 0

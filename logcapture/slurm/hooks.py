@@ -65,7 +65,7 @@ MAX_NOTES = 10  # the shipper's warnings an epilog logs a run (a planted run may
 def optin_for_uid(uid: int, timeout: float = OPTIN_CHECK_TIMEOUT,
                   home: str | None = None) -> bool:
     """The prolog's opt-in rule (docs/admin.md): the job's user has ``~/.logoptin`` (passwd
-    home) in any form, checked as root by ``config.load_optin`` (lstat, no symlink followed,
+    home) in any form, checked as root by ``config.optin.load_optin`` (lstat, no symlink followed,
     a bounded read, owned by that user or refused, which still counts as opted in, like the
     wrapper). Waits at most ``timeout`` seconds (a hung home file system or user database
     counts as not opted in); a home root cannot search (NFS root_squash) too."""
@@ -76,7 +76,7 @@ def optin_for_uid(uid: int, timeout: float = OPTIN_CHECK_TIMEOUT,
     def check() -> None:
         import pwd
 
-        from ..config import load_optin
+        from ..config.optin import load_optin
 
         try:
             where = home if home is not None else pwd.getpwuid(uid).pw_dir
@@ -97,7 +97,7 @@ def prolog(env: dict[str, str] | os._Environ[str], *, now: float | None = None,
     import stat
     import time
 
-    from ..config import load_admin
+    from ..config.admin import load_admin
 
     job = JobInfo(env)
     admin = load_admin(env=env)
@@ -191,7 +191,7 @@ def _rediagnose(record: dict[str, object], job_id: str) -> None:
     epilog removes the record of a job it shipped)."""
     from pathlib import Path
 
-    from ..config import load_admin
+    from ..config.admin import load_admin
     from ..insights.notify import Notifier
     from ..ship import UploadResult, diagnose_run
     from ..store import Identity, open_store
@@ -228,7 +228,8 @@ def _ship(root: str, job_id: str, runs: list[str], admin: object, record: dict[s
     try:
         from pathlib import Path
 
-        from ..ship import trusted_identity, upload
+        from ..ownership import trusted_identity
+        from ..ship import upload
         from ..store import Identity
     except Exception as e:  # noqa: BLE001 - shipping is optional here
         return False, f"shipping unavailable ({type(e).__name__})"
@@ -281,7 +282,7 @@ def epilog(env: dict[str, str] | os._Environ[str], *, now: float | None = None,
     """Record the job's end, ship or leave to the agent, clean up. Returns log messages."""
     import time
 
-    from ..config import load_admin
+    from ..config.admin import load_admin
 
     job = JobInfo(env)
     admin = load_admin(env=env)

@@ -14,7 +14,7 @@ TYPE_CHECKING = False  # not typing's: importing typing costs every job ~8 ms of
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from ..config import AdminConfig
+    from ..config.admin import AdminConfig
 
 JOBS_DIR = ".jobs"
 SAMPLES_DIR = ".samples"  # root, 0700: the node samplers' spool, laid out like a spool root
@@ -42,8 +42,8 @@ def _open_root_subdir(root_fd: int, name: str, mode: int) -> int:
 
 
 def _spool_root(admin: AdminConfig) -> str:
-    """The spool root of the hooks and the node sampler (``spool.default_root``'s rule)."""
-    from ..spool import default_root
+    """The spool root of the hooks and the node sampler (``spool.layout.default_root``'s rule)."""
+    from ..spool.layout import default_root
 
     return str(default_root(process="slurm", configured=admin.spool_root))
 

@@ -209,13 +209,14 @@ def node_sampler(env: dict[str, str] | os._Environ[str], job_arg: str, *,
     import time
     from pathlib import Path
 
-    from ..config import load_admin
+    from ..config.admin import load_admin
     from ..errors import ConfigError, UsageError
     from ..sampling.gpu import GpuCollector, job_gpus_from_env
     from ..sampling.job import cpus_allocated_from_env
     from ..sampling.node import NodeJobCollector
     from ..sampling.sampler import Sampler, sample_interval
-    from ..spool import SpoolWriter, create_run_dir
+    from ..spool.layout import create_run_dir
+    from ..spool.writer import SpoolWriter
 
     event = stop if isinstance(stop, threading.Event) else threading.Event()
     if threading.current_thread() is threading.main_thread():

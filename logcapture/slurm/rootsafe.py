@@ -4,6 +4,11 @@ Root never trusts the user's directory: everything root opens below ``<job id>/`
 as ``logcapture.userfiles`` says (relative to a directory descriptor, ``O_NOFOLLOW``, a
 directory or a regular file of the job's user with one link), is read with a size bound,
 and its content never appears in root's messages (which name only paths and numbers).
+
+This is the one reader of segments besides ``spool.reading`` (which reads a whole segment by
+path, for its owner or for the shipper): root reads only the tail of the last segments,
+relative to descriptors of the job's user, streaming and bounded. Segment names are
+``spool.layout``'s (``segment_index``).
 """
 
 from __future__ import annotations
@@ -18,7 +23,6 @@ MAX_DECOMPRESSED_BYTES = 256 * 1024 * 1024
 MAX_END_LINE_BYTES = 1024 * 1024
 MAX_DIR_ENTRIES = 100_000
 MAX_END_CANDIDATES = 8  # segments tried, newest first, when looking for the End record
-_SEGMENT_NAME = r"^seg-(\d{6,})\.ndjson(\.gz)?$"
 # The states an End record may carry: Slurm's end states, and SIGNALED (a run outside Slurm
 # killed by a signal).
 _END_STATES = (*END_STATES, "SIGNALED")
@@ -123,7 +127,7 @@ def _valid_end(obj: object, run_id: str) -> dict[str, object] | None:
 def read_end(job_fd: int, run_id: str, uid: int) -> dict[str, object] | None:
     """The End record of run ``run_id`` in a job directory, read as root would read anything
     of a user's: no symlinks, regular files of the user only, bounded."""
-    import re
+    from ..spool.layout import segment_index
 
     run_fd = _open_user_dir(run_id, job_fd, uid)
     if run_fd is None:
@@ -131,9 +135,9 @@ def read_end(job_fd: int, run_id: str, uid: int) -> dict[str, object] | None:
     try:
         found: list[tuple[int, bool, str]] = []
         for name in _list_dir(run_fd):
-            m = re.match(_SEGMENT_NAME, name)
-            if m:
-                found.append((int(m.group(1)), bool(m.group(2)), name))
+            index = segment_index(name)
+            if index is not None:
+                found.append((index, name.endswith(".gz"), name))
         # The End is in the last segment the wrapper wrote; names planted after it (symlinks,
         # FIFOs, huge files) are refused one by one, a few at most.
         for _, compressed, name in sorted(found, reverse=True)[:MAX_END_CANDIDATES]:

@@ -15,8 +15,8 @@ and stderr as its stdout and stderr and a unix socket to the plugin as ``--socke
    ``slurm_spank_task_exit`` (slurmstepd, root) to say the task's wait status, and is
    answered once the run's end record is written: slurmstepd kills what is left of a step
    once its tasks have exited;
-4. ``runner.attach`` copies every byte to the task's original outputs and hands it to the
-   worker, as ``runner.run`` does for a command it spawned.
+4. ``runner.spawn.attach`` copies every byte to the task's original outputs and hands it to the
+   worker, as ``runner.spawn.run`` does for a command it spawned.
 
 The task is slurmstepd's child, never this process's: its exit status, its signals and
 ``scancel`` are Slurm's as without logcapture. Signals that reach this process (a step's
@@ -151,10 +151,10 @@ def _hand_over_ptys(plugin: socket.socket, winsize: tuple[int, int] | None, merg
     """Open the task's pty(s) and send the slave end(s) to the plugin; {master fd: stream}."""
     import socket
 
-    from .. import runner
+    from ..runner.terminal import caller_winsize, open_terminals
 
-    rows, cols = winsize or runner.caller_winsize()
-    out_m, out_s, err_m, err_s = runner.open_terminals(rows, cols, merge)
+    rows, cols = winsize or caller_winsize()
+    out_m, out_s, err_m, err_s = open_terminals(rows, cols, merge)
     try:
         socket.send_fds(plugin, [b"p"], [out_s] if merge else [out_s, err_s])
     except OSError:
@@ -174,14 +174,17 @@ def task_main(sock_fd: int, step: str, rank: str, local_rank: str, task_pid: int
     import signal
     import socket
 
-    from .. import runner
     from ..capture import prepare, remove_if_empty
     from ..errors import Warner
+    from ..runner.descriptors import same_destination
+    from ..runner.outcome import Options
+    from ..runner.signals import FORWARDED_SIGNALS
+    from ..runner.spawn import Attached, attach
     from .jobs import run_id_for
 
-    # From the start, not only in runner.attach: a step's TERM (scancel) reaching this
+    # From the start, not only in runner.spawn.attach: a step's TERM (scancel) reaching this
     # process after the task got its pty would leave the task writing to a closed one.
-    for sig in runner.FORWARDED_SIGNALS:
+    for sig in FORWARDED_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
     warn = Warner()
     env = dict(os.environ)
@@ -193,12 +196,12 @@ def task_main(sock_fd: int, step: str, rank: str, local_rank: str, task_pid: int
             warn(f"task {rank} of step {step} not captured: no spool directory of the job "
                  f"({TASKS_VAR}); the task runs normally")
             return 0
-        task = runner.Attached(task_pid)
+        task = Attached(task_pid)
         listener = StatusListener(status_address(env["SLURM_JOB_ID"], step, rank), task)
         prepared = prepare(command or ["?"], spool_root=spool,
                            run_id=task_run_id(job_run, step, rank), warn=warn, env=env,
                            slurm=task_identity(env, step, rank, local_rank), sample=False,
-                           merge=runner.same_destination(1, 2))
+                           merge=same_destination(1, 2))
         if prepared.worker is None:
             return 0  # prepare warned
         try:
@@ -210,9 +213,9 @@ def task_main(sock_fd: int, step: str, rank: str, local_rank: str, task_pid: int
             raise
         listener.start()
         try:
-            runner.attach(masters, task, prepared.worker,
-                          runner.Options(env=prepared.env, warn=warn, merge=prepared.merge),
-                          status_timeout=STATUS_WAIT)
+            attach(masters, task, prepared.worker,
+                   Options(env=prepared.env, warn=warn, merge=prepared.merge),
+                   status_timeout=STATUS_WAIT)
         finally:
             listener.done()
     except Exception as e:  # noqa: BLE001 - a task is never failed by logcapture

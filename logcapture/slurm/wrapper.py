@@ -135,9 +135,9 @@ def job_main(argv: list[str] | None = None) -> int:
 
 def job_script() -> None:
     """The console script ``logcapture-job``: ``job_main``, then the end without the
-    interpreter's teardown (``runner.leave``): the job has ended by then."""
+    interpreter's teardown (``runner.exits.leave``): the job has ended by then."""
     code = job_main()
-    from ..runner import leave
+    from ..runner.exits import leave
 
     leave(code)
 
@@ -147,7 +147,7 @@ def _captured(job: list[str], opts: dict[str, str]) -> int:
 
     from ..capture import capture_command
     from ..errors import Warner
-    from ..spool import default_root
+    from ..spool.layout import default_root
     from .jobrecords import PUBLIC_CONFIG
     from .jobs import run_id_for
     from .nodesampler import node_sampler_running

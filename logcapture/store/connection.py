@@ -89,13 +89,13 @@ def default_store_path(env: Mapping[str, str] = os.environ) -> Path:
 
 def resolve_dsn(dsn: str | None = None, env: Mapping[str, str] = os.environ) -> str:
     """``--store``, else ``$LOGCAPTURE_STORE``, else ``store:`` in the admin config file
-    (``$LOGCAPTURE_CONFIG`` or ``/etc/logcapture/config.yaml``, ``config.load_admin``), else
+    (``$LOGCAPTURE_CONFIG`` or ``/etc/logcapture/config.yaml``, ``config.admin.load_admin``), else
     the embedded default ``chdb://$XDG_STATE_HOME/logcapture/store``."""
     if dsn:
         return dsn
     if env.get("LOGCAPTURE_STORE"):
         return env["LOGCAPTURE_STORE"]
-    from ..config import load_admin
+    from ..config.admin import load_admin
 
     return load_admin(env=env).store or f"chdb://{default_store_path(env)}"
 
@@ -109,9 +109,16 @@ def redact(dsn: str) -> str:
     return dsn
 
 
-def flock_within(fd: int, wait: float, poll: float) -> bool:
+# Seconds between tries of a lock another process holds (the embedded store's, a run's
+# shipping cursor's): short next to the waits (seconds), so a waiter takes a freed lock within
+# a few tens of milliseconds, and cheap (one flock(2) a try).
+LOCK_POLL = 0.02
+
+
+def flock_within(fd: int, wait: float, poll: float = LOCK_POLL) -> bool:
     """Take an exclusive flock on ``fd``, trying again every ``poll`` seconds for at most
-    ``wait`` seconds (at least once). False when another holder kept it all that time."""
+    ``wait`` seconds (at least once). False when another holder kept it all that time. Every
+    lock waited for with a bound is waited for here."""
     import time
 
     deadline = time.monotonic() + wait
@@ -153,7 +160,7 @@ def _lock_or_wait(fd: int, lock_path: Path, wait: float) -> bool:
     except OSError:
         pass  # not ours to write (another user's store): wait all the same
     try:
-        return flock_within(fd, wait, poll=0.05)
+        return flock_within(fd, wait)
     finally:
         if want is not None:
             os.close(want)

@@ -10,7 +10,8 @@ from contextlib import contextmanager
 from typing import Any, BinaryIO
 
 from ..errors import LogcaptureError, NoEngine, UsageError
-from ..records import dumps
+from ..logview import NUMBERED
+from ..records import OUTPUT_STREAMS, dumps
 from .connection import _Connection, _StoreLock, classify
 from .queries import _Queries
 
@@ -25,11 +26,21 @@ def check_export(what: str, fmt: str) -> None:
         raise UsageError(f"--format must be csv, ndjson or parquet, not {fmt!r}")
 
 
+# The columns a job's rows carry when its task runs are exported together (records that carry
+# ``rank``: jobview.job_records): which task of which step on which node.
+TASK_COLUMNS = ("node", "step", "rank")
+
+
 def export_rows(what: str, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The rows ``export`` writes from one run's record dicts of that kind: its output records
     (``lines``), metadata records (one column per key) or sample records (``job.KEY`` and
     ``gpuN.KEY`` columns) or progress records (one row a point: ``ts``, ``stream``, ``bar``,
-    ``label``, ``n``, ``total``, ``unit``, ``rate``, ``elapsed``, ``done``)."""
+    ``label``, ``n``, ``total``, ``unit``, ``rate``, ``elapsed``, ``done``). Records of a
+    job's tasks (with ``rank``) add ``TASK_COLUMNS``."""
+    tasks = any("rank" in d for d in records)
+
+    def task(d: dict[str, Any]) -> dict[str, Any]:
+        return {k: d.get(k) for k in TASK_COLUMNS} if tasks else {}
     if what == "progress":
         return [{"ts": d["ts"], "stream": str(d["stream"]).removeprefix("progress:"),
                  "bar": d["bar"], "label": d["label"], "n": d["n"], "total": d["total"],
@@ -37,12 +48,22 @@ def export_rows(what: str, records: list[dict[str, Any]]) -> list[dict[str, Any]
                  "done": bool(d["done"])}
                 for d in sorted(records, key=lambda d: (d["ts"], d["stream"], d["seq"]))]
     if what == "lines":
-        return [{"ts": d["ts"], "stream": d["stream"], "seq": d["seq"], "kind": d["kind"],
-                 "text": _line_text(d)} for d in records]
+        # ``line``: the line number (logview.py), counted over each run's records in the
+        # log's order, both streams; null for a note or metadata.
+        count: dict[str, int] = {}
+        rows = []
+        for d in records:
+            n = None
+            if d["kind"] in NUMBERED and d["stream"] in OUTPUT_STREAMS:
+                n = count[d["run"]] = count.get(d["run"], 0) + 1
+            rows.append({"line": n, "ts": d["ts"], **task(d), "stream": d["stream"],
+                         "seq": d["seq"], "kind": d["kind"], "text": _line_text(d)})
+        return rows
     if what == "metadata":
         recs = sorted(records, key=lambda d: (d["ts"], d["seq"]))
-        column = _metadata_columns({k for d in recs for k in d["fields"]})
-        return [{"ts": d["ts"], "seq": d["seq"],
+        column = _metadata_columns({k for d in recs for k in d["fields"]},
+                                   TASK_COLUMNS if tasks else ())
+        return [{"ts": d["ts"], **task(d), "seq": d["seq"],
                  **{column.get(k, k): v for k, v in d["fields"].items()}} for d in recs]
     rows = []
     for d in records:
@@ -133,13 +154,14 @@ def write_rows(rows: list[dict[str, Any]], fmt: str, out: BinaryIO,
         raise classify(e, "exporting") from None
 
 
-def _metadata_columns(keys: set[str]) -> dict[str, str]:
+def _metadata_columns(keys: set[str], own: tuple[str, ...] = ()) -> dict[str, str]:
     """The column of each metadata key that cannot be its own name: the empty key (no
     column can be named so) and the export's own ``ts`` and ``seq`` (a line's own ``"ts"``
-    must not overwrite when it was printed): ``metadata.KEY``, made longer while another key
-    has that name."""
+    must not overwrite when it was printed), and ``own`` (a job's ``rank``: the task's, not
+    the one a program printed): ``metadata.KEY``, made longer while another key has that
+    name."""
     renamed = {}
-    for key in keys & {"", "ts", "seq"}:
+    for key in keys & {"", "ts", "seq", *own}:
         name = f"metadata.{key}"
         while name in keys:
             name = f"metadata.{name}"

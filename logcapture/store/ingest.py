@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import LogcaptureError, StoreDataError
-from ..records import KINDS, Record, dumps, from_dict
+from ..records import KINDS, Record, dumps, from_dict, kind_suffix
 from .connection import _Connection, classify
 from .schema import _TS_INPUT
 
@@ -122,10 +122,11 @@ _LINES_FROM_LINE_SEGMENTS = _lines_from_segments(())  # segments of line records
 # through ``ingest``.
 _PROBE_SEGMENTS = """SELECT _file, length(raw), countSubstrings(raw, '\\n') AS n,
     raw = '' OR endsWith(raw, '\\n'),
-    if(countSubstrings(raw, '"kind":"line"}\\n') = n, [],
-        arrayFilter(l -> l != '' AND NOT endsWith(l, '"kind":"line"}')
-            AND NOT endsWith(l, '"kind":"command"}'), splitByChar('\\n', raw)))
-FROM file({path:String}, 'RawBLOB', 'raw String', 'gzip')"""
+    if(countSubstrings(raw, '{line}\\n') = n, [],
+        arrayFilter(l -> l != '' AND NOT endsWith(l, '{line}')
+            AND NOT endsWith(l, '{command}'), splitByChar('\\n', raw)))
+FROM file({{path:String}}, 'RawBLOB', 'raw String', 'gzip')""".format(
+    line=kind_suffix("line").decode(), command=kind_suffix("command").decode())
 # What ``ingest_runs_seen`` does for the other records: one ``runs`` row per run and insert,
 # its newest ts read in key order (one granule per part).
 _RUNS_SEEN = """INSERT INTO runs (run, owner, uid, cluster, job_id, last_ts)
@@ -141,16 +142,16 @@ FILE_INGEST_SETTINGS = {
     # anyway (FINAL), and a block of one shipment holds none (bench_store: +25 %).
     "optimize_on_insert": 0,
 }
-# The last key of a line or command record (records.Line.to_json, Record.to_dict: ``kind`` is
-# written last). A JSON string cannot hold an unescaped quote, so text never ends a line so.
-_HOT_ENDS = (b'"kind":"line"}', b'"kind":"command"}')
+# The end of a line or command record (``records.kind_suffix``: a record's kind is its last
+# key). A JSON string cannot hold an unescaped quote, so text never ends a line so.
+_HOT_ENDS = (kind_suffix("line"), kind_suffix("command"))
 
 
 def split_by_kind(data: bytes) -> tuple[bytes, bytes]:
     """NDJSON (complete lines) -> (line and command records, every other line). All lines
     (the common batch) cost one ``count``; a mixed batch one ``endswith`` per line."""
     n = data.count(b"\n")
-    if data.count(b'"kind":"line"}\n') == n:
+    if data.count(_HOT_ENDS[0] + b"\n") == n:
         return data, b""
     lines = data.split(b"\n")
     lines.pop()
@@ -163,7 +164,7 @@ def split_by_kind(data: bytes) -> tuple[bytes, bytes]:
 
 @dataclass(frozen=True)
 class Identity:
-    """Who owns the rows of one run, from a trusted source (``ship.trusted_identity``): for
+    """Who owns the rows of one run, from a trusted source (``ownership.trusted_identity``): for
     Slurm the root-owned prolog record, standalone the spool directory's owner. ``run``
     replaces the run id of every shipped record."""
 

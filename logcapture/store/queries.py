@@ -14,10 +14,12 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .. import jobref
+from .. import jobref, ranklabel
 from ..errors import NotFound, StoreAuthError, StoreError, StoreUnavailable, UsageError
+from ..logview import ts_ns
 from ..records import redactions_by_kind
 from ..search import Found, Hit, Pattern, Request
+from ..summary_row import name_sql, state_sql
 from .connection import _Connection, classify
 from .schema import TABLES, json_keys
 
@@ -422,12 +424,13 @@ class _Queries(_Connection):
                  after: tuple[int, str, int] | None = None, limit: int = 1000
                  ) -> tuple[list[tuple[Any, ...]], bool, bool]:
         """One page of the run's log as ``logview`` shows it: entries ``(ts, stream, seq,
-        kind, text, style)`` in order, the newest ``limit`` before the cursor ``before`` (default:
-        the newest), or the oldest ``limit`` after ``after``; whether more lie beyond; and
-        whether the run has ended. A cursor is ``(ts in ns, stream, seq)``. The key begins
-        with the run and the time, so a page costs one range of the run's rows, however long
-        the log. NotFound when the run is not the owner's."""
-        from ..logview import METADATA, log_sql, metadata_text
+        kind, text, style, line number)`` in order, the newest ``limit`` before the cursor
+        ``before`` (default: the newest), or the oldest ``limit`` after ``after``; whether
+        more lie beyond; and whether the run has ended. A cursor is ``(ts in ns, stream,
+        seq)``. The key begins with the run and the time, so a page costs one range of the
+        run's rows, however long the log, and its line numbers a count of the keys before
+        it (``line_numbers``). NotFound when the run is not the owner's."""
+        from ..logview import METADATA, NUMBERED, log_sql, metadata_text
         from ..sgr import spans
 
         cond, params = self._run_cond(run, owner)
@@ -456,12 +459,47 @@ class _Queries(_Connection):
                 seen.add((r[1], r[2]))
                 unique.append(r)
         more = len(unique) > limit or len(rows) == params["limit"]
+        page = unique[:limit]
+        numbers = self.line_numbers(run, owner, [(r[1], int(r[2]), r[0]) for r in page
+                                                 if r[3] in NUMBERED])
         out = [(r[0] / 1_000_000_000, r[1], int(r[2]), r[3],
-                metadata_text(r[4]) if r[3] == METADATA else r[4], spans(r[5]))
-               for r in unique[:limit]]
+                metadata_text(r[4]) if r[3] == METADATA else r[4], spans(r[5]),
+                numbers.get((r[1], int(r[2])), 0)) for r in page]
         if after is None:
             out.reverse()
         return out, more, bool(state[0][0])
+
+    def line_numbers(self, run: str, owner: str | None,
+                     keys: Iterable[tuple[str, int] | tuple[str, int, int]]
+                     ) -> dict[tuple[str, int], int]:
+        """The line numbers (``logview.py``) of the run's rows named by ``keys`` (``(stream,
+        seq)``, with their time in ns when known: then only the rows up to the latest are
+        read), keyed by ``(stream, seq)``; a key that is no line has none."""
+        from ..logview import line_numbers_sql
+
+        keys = list(keys)
+        if not keys:
+            return {}
+        times = [int(k[2]) for k in keys if len(k) > 2]
+        # A µs either side: any bounds number alike (a count before, rows after).
+        lo, upto = ((min(times) - 1000, max(times) + 1000) if len(times) == len(keys)
+                    else (0, 2**62))
+        cond, params = self._run_cond(run, owner)
+        rows = self._query(line_numbers_sql("", cond), {
+            **params, "keys": [(k[0], int(k[1])) for k in keys], "lo": lo, "upto": upto})
+        return {(r[0], int(r[1])): int(r[2]) for r in rows}
+
+    def line_key(self, run: str, owner: str | None, n: int) -> tuple[int, str, int] | None:
+        """The key ``(ts in ns, stream, seq)`` of the run's line numbered ``n`` (logview.py),
+        or None."""
+        if n < 1:
+            return None
+        cond, params = self._run_cond(run, owner)
+        rows = self._query(
+            "SELECT toUnixTimestamp64Nano(ts), CAST(stream AS String), seq FROM lines FINAL "
+            "WHERE " + cond + " AND stream IN ('stdout', 'stderr') ORDER BY ts, stream, seq "
+            "LIMIT 1 OFFSET {skip:UInt64}", {**params, "skip": int(n) - 1})
+        return (int(rows[0][0]), rows[0][1], int(rows[0][2])) if rows else None
 
     def metadata(self, run: str, owner: str | None = None) -> list[dict[str, Any]]:
         """Metadata records of the run, newest first (dashboards show them that way)."""
@@ -541,11 +579,14 @@ class _Queries(_Connection):
         found = {(stream, int(seq)): text for stream, seq, text in rows}
         last = {k: int(v) for k, v in self._query(
             "SELECT stream, max(seq) FROM lines WHERE " + cond + " GROUP BY stream", p)}
-        heads: dict[str, int] = {}
+        # the last head of each stream and rank label: ranks sharing a terminal print their
+        # tracebacks interleaved, each rank's own
+        heads: dict[tuple[str, str | None], int] = {}
         for (stream, seq), text in found.items():
-            if traceback_head in text and seq > heads.get(stream, -1):
-                heads[stream] = seq
-        for stream, head in heads.items():
+            where = (stream, ranklabel.split(text).key)
+            if traceback_head in text and seq > heads.get(where, -1):
+                heads[where] = seq
+        for (stream, _), head in heads.items():
             if last.get(stream, head) - head > traceback_lines + trailing:
                 continue  # printed long before the end: not the fatal one
             q = {**p, "stream": stream, "lo": head, "hi": head + traceback_lines}
@@ -611,8 +652,21 @@ class _Queries(_Connection):
         around = self._search_context(rows, req.context) if req.context else {}
         found = [Hit(r[0], r[1], d, *around.get((r[0], r[1], r[2], int(r[3])), ([], [])))
                  for r, d in zip(rows, lines, strict=True)]
+        self._number_hits(found)
         return Found(found, self._search_summaries({(h.run, h.owner) for h in found}),
                      truncated)
+
+    def _number_hits(self, hits: list[Hit]) -> None:
+        """Each line of ``hits`` (matches and context) given its line number, one query per
+        run."""
+        per_run: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for h in hits:
+            per_run.setdefault((h.run, h.owner), []).extend((*h.before, h.line, *h.after))
+        for (run, owner), lines in per_run.items():
+            numbers = self.line_numbers(run, owner, [
+                (d["stream"], d["seq"], ts_ns(d["ts"])) for d in lines])
+            for d in lines:
+                d["line"] = numbers.get((d["stream"], d["seq"]))
 
     def _search_runs_cond(self, req: Request, owner: str | None, params: dict[str, Any]
                           ) -> str:
@@ -699,9 +753,8 @@ class _Queries(_Connection):
         if not keys:
             return {}
         rows = self._query(
-            "SELECT run, CAST(owner AS String), job_id, JSONExtractString(ifNull(slurm, "
-            "'{}'), 'job_name'), ifNull(command, '[]'), ifNull(state, 'RUNNING'), "
-            "toUnixTimestamp64Nano(ifNull(start_ts, last_ts)) FROM runs FINAL "
+            "SELECT run, CAST(owner AS String), job_id, " + name_sql() + ", "
+            + state_sql() + ", toUnixTimestamp64Nano(ifNull(start_ts, last_ts)) FROM runs FINAL "
             "WHERE has({runs:Array(String)}, run)",
             {"runs": sorted({k[0] for k in keys})}, what="searching")
         out = {}
@@ -709,8 +762,8 @@ class _Queries(_Connection):
             if (r[0], r[1]) in keys:
                 out[(r[0], r[1])] = {
                     "run": r[0], "owner": r[1], "job_id": r[2],
-                    "name": r[3] or " ".join(_loads(r[4], [])), "state": r[5],
-                    "start": _ns_to_float(r[6]), "source": "store"}
+                    "name": r[3], "state": r[4], "start": _ns_to_float(r[5]),
+                    "source": "store"}
         for k in keys - set(out):  # lines shipped before any record that lists the run
             out[k] = {"run": k[0], "owner": k[1], "job_id": "", "name": "", "state": "RUNNING",
                       "start": None, "source": "store"}

@@ -137,6 +137,16 @@ def _limit(request: Request, default: int = LOG_PAGE) -> int:
     return max(1, min(n, LOG_PAGE_MAX))
 
 
+def _line(request: Request) -> int | None:
+    """``?line=N``: the page that begins with line N (the page's ``#LN``)."""
+    value = request.query_params.get("line")
+    if value is None:
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise UsageError("line must be a line number (1, 2, ...)")
+    return int(value)
+
+
 async def _call(fn: Callable[..., Any], *args: Any) -> Any:
     """``fn(*args)`` in a worker thread: the readers block (store queries, spool reads)."""
     return await anyio.to_thread.run_sync(fn, *args)
@@ -188,7 +198,12 @@ class _Api:
         q = request.query_params
         return _json(await _call(self.pages.log, request.path_params["ref"],
                                  _flag(request, "stderr"), q.get("before"), q.get("after"),
-                                 _limit(request)))
+                                 _limit(request), _line(request)))
+
+    async def metadata(self, request: Request) -> Response:
+        # ?rank=N|all: which ranks' metadata of a job with task runs (default 0)
+        return _json(_clean(await _call(self.pages.metadata, request.path_params["ref"],
+                                        request.query_params.get("rank") or None)))
 
     async def job_log(self, request: Request) -> Response:
         q = request.query_params
@@ -277,7 +292,7 @@ def create_app(pages: Pages, token: str, port: int | None = None) -> Starlette:
         Route("/api/runs/{ref}/follow", api.follow),
         Route("/api/runs/{ref}/tasks", _per_run(pages.tasks)),
         Route("/api/runs/{ref}/joblog", api.job_log),
-        Route("/api/runs/{ref}/metadata", _per_run(pages.metadata)),
+        Route("/api/runs/{ref}/metadata", api.metadata),
         Route("/api/runs/{ref}/resources", _per_run(pages.resources)),
         Route("/api/runs/{ref}/progress", _per_run(pages.progress)),
         Route("/api/arrays/{ref}", _per_run(pages.array)),

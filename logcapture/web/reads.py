@@ -19,7 +19,8 @@ from typing import Any
 
 from ..errors import UsageError
 from ..store import EXPORTS, write_rows
-from ..xaxis import LEVEL_NAMES, choose_x_axis, is_number, key_levels
+from ..summary_row import summary_row
+from ..xaxis import LEVEL_NAMES, choose_x_axis, is_number, key_levels, series_of
 
 RUN_REF = re.compile(r"[A-Za-z0-9._-]{1,128}")
 FORMATS = {"csv": "text/csv", "ndjson": "application/x-ndjson",
@@ -128,17 +129,24 @@ class Pages:
     def insights(self, ref: str) -> dict[str, Any]:
         """The run's insights, as ``logcapture show`` lists them (query.describe): asked only
         of a run that has some to show (its summary's ``insights``, the kinds ``show`` lists),
-        since the spool's answer reads the whole run."""
+        since the spool's answer reads the whole run; of a job with task runs, the job's
+        across its ranks (``jobview.describe_job``)."""
+        from ..jobview import describe_job, task_runs
+
         run = self.resolve(ref)
+        if self._ask(task_runs, self.reader, run):  # a job's ranks: show JOB's answer
+            return {"run": run, "insights": self._ask(
+                lambda: describe_job(self.reader, run, self.reader.describe(run), {0})
+                )["insights"]}
         summary = self._ask(self.reader.summary, run)
         if not summary or not summary.get("insights"):
             return {"run": run, "insights": []}
         return {"run": run, "insights": self._ask(self.reader.describe, run)["insights"]}
 
     def log(self, ref: str, stderr: bool, before: str | None, after: str | None,
-            limit: int) -> dict[str, Any]:
+            limit: int, line: int | None = None) -> dict[str, Any]:
         run = self.resolve(ref)
-        page = self._ask(self.reader.log, run, stderr, before, after, limit)
+        page = self._ask(self.reader.log, run, stderr, before, after, limit, line)
         return {"run": run, **page}
 
     def tasks(self, ref: str) -> dict[str, Any]:
@@ -154,9 +162,20 @@ class Pages:
 
         return self._ask(page, self.reader, check_ref(ref), ranks, nodes, limit)
 
-    def metadata(self, ref: str) -> dict[str, Any]:
+    def metadata(self, ref: str, rank: str | None = None) -> dict[str, Any]:
+        """The run's metadata; of a job with task runs (``jobview``), the metadata of the
+        ranks ``rank`` names (default 0; ``all``; ``0-3``), each row with its rank, one
+        series per rank, and ``ranks``: the job's ranks."""
+        from ..jobview import chosen_ranks, job_records, task_runs
+
         run = self.resolve(ref)
-        return metadata(self._ask(self.reader.metadata, run)[::-1])
+        tasks = self._ask(task_runs, self.reader, run)
+        if not tasks:
+            return metadata(self._ask(self.reader.metadata, run)[::-1])
+        wanted = chosen_ranks([rank] if rank else [])
+        picked = [t for t in tasks if wanted is None or t["rank"] in wanted]
+        out = metadata(self._ask(job_records, self.reader, picked, "metadata"))
+        return {**out, "ranks": sorted({int(t["rank"]) for t in tasks}), "rank": rank or "0"}
 
     def progress(self, ref: str) -> dict[str, Any]:
         from .progress import progress_graphs
@@ -191,24 +210,15 @@ class Pages:
 # --------------------------------------------------------------------------- answers
 
 
-def exit_text(exit_status: Any, signal: Any) -> str:
-    if signal is not None:
-        return f"signal {signal}"
-    return "" if exit_status is None else str(exit_status)
-
-
 def run_row(s: Mapping[str, Any]) -> dict[str, Any]:
-    """A run summary (``query.SUMMARY_KEYS``) as the runs page lists it."""
+    """A run summary (``query.SUMMARY_KEYS``) as the runs page lists it: its name, exit,
+    duration and state as every reader shows them (``summary_row``)."""
     slurm = s.get("slurm") or {}
-    command = " ".join(s.get("command") or ())
-    duration = s.get("duration")
-    if duration is None and s["state"] == "RUNNING" and s.get("start") is not None:
-        duration = max(0.0, time.time() - s["start"])
-    return {"run": s["run"], "job_id": s.get("job_id") or "",
-            "name": slurm.get("job_name") or command, "job_name": slurm.get("job_name") or "",
-            "command": command, "user": s.get("owner") or "", "state": s["state"],
-            "exit": exit_text(s.get("exit_status"), s.get("signal")),
-            "start": s.get("start"), "duration": duration, "nodes": s.get("host") or "",
+    row = summary_row(s)
+    return {"run": s["run"], "job_id": s.get("job_id") or "", "name": row["name"],
+            "job_name": slurm.get("job_name") or "", "command": " ".join(s.get("command") or ()),
+            "user": s.get("owner") or "", "state": row["state"], "exit": row["exit"],
+            "start": s.get("start"), "duration": row["duration"], "nodes": s.get("host") or "",
             "source": s.get("source", ""), "array_job_id": str(slurm.get("array_job_id") or ""),
             "array_task_id": str(slurm.get("array_task_id") or "")}
 
@@ -233,24 +243,35 @@ def _column(fields: list[dict[str, Any]], key: str) -> list[Any]:
 
 def metadata(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """From metadata records in time order: the table (newest first) and the graphs: every
-    numeric key by time, and by the X key the rule picks, with why."""
+    numeric key by time, and by the X key the rule picks, with why. Records of a job's task
+    runs (with ``rank``, ``jobview.job_records``): the rule per rank, one series per key and
+    rank (``loss (rank 1)``), each table row with its rank."""
     fields = [dict(r["fields"]) for r in rows]
-    levels = key_levels(fields)
+    series = [series_of(r) for r in rows]
+    levels = key_levels(fields, series)
     keys = sorted(levels)
-    x_key = choose_x_axis(fields)
+    x_key = choose_x_axis(fields, series)
     columns: dict[str, None] = {}
     for f in fields:
         columns.update(dict.fromkeys(f))
+    ranks = sorted({r["rank"] for r in rows if r.get("rank") is not None})
+    if ranks:  # one graph series per key and rank, None in the rows of the other ranks
+        fields = [{f"{k} (rank {r['rank']})": v for k, v in f.items()}
+                  for f, r in zip(fields, rows, strict=True)]
+        keys = [f"{k} (rank {n})" for k in keys for n in ranks]
     by_x = None
     if x_key is not None:
-        pairs = sorted(((f[x_key], i) for i, f in enumerate(fields) if is_number(f.get(x_key))))
+        xs = [r["fields"].get(x_key) for r in rows]
+        pairs = sorted(((x, i) for i, x in enumerate(xs) if is_number(x)))
         ordered = [fields[i] for _, i in pairs]
+        own = {x_key} | {f"{x_key} (rank {n})" for n in ranks}
         by_x = {"key": x_key, "because": LEVEL_NAMES[levels[x_key]],
                 "x": [x for x, _ in pairs],
-                "series": {k: _column(ordered, k) for k in keys if k != x_key}}
+                "series": {k: _column(ordered, k) for k in keys if k not in own}}
     newest = rows[::-1][:METADATA_TABLE_ROWS]
     return {"columns": list(columns), "total": len(rows),
-            "rows": [{"ts": r["ts"], "seq": r["seq"], "fields": r["fields"]} for r in newest],
+            "rows": [{"ts": r["ts"], "seq": r["seq"], "fields": r["fields"],
+                      **({"rank": r.get("rank")} if ranks else {})} for r in newest],
             "keys": keys, "by_x": by_x,
             "by_time": {"x": [r["ts"] for r in rows],
                         "series": {k: _column(fields, k) for k in keys}}}

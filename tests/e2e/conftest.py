@@ -243,7 +243,7 @@ class Cluster:
 
     def records(self, job: Job | str, run: str | None = None) -> list[dict]:
         """The records of the job's batch run, or of its run ``run`` (a task run)."""
-        from logcapture.spool import iter_run
+        from logcapture.spool.reading import iter_run
 
         path = self.run_dir(job) if run is None else self.run_dir(job).parent / run
         return [r.to_dict() for r in iter_run(path)]

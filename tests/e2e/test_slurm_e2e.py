@@ -377,7 +377,7 @@ def test_the_prologs_node_sampler_records_the_jobs_cpu_and_ships_it_with_the_job
     assert lines(records) == [f"burning on {socket.gethostname().split('.')[0]}", "burnt"]
     assert not [r for r in records if r["kind"] == "sample"]  # not sampled twice
     assert records[0]["inventory"]["cpus"]  # the inventory is still the wrapper's
-    from logcapture.spool import iter_run
+    from logcapture.spool.reading import iter_run
 
     samples = [r.to_dict() for r in iter_run(lc.samples_dir(j1))]
     node = samples[0]["node"]
@@ -533,7 +533,7 @@ def test_job_ids_states_and_views_as_the_user_reads_them(lc: Cluster) -> None:
     table = _as_reader(lc, U1, "ls", *spool).stdout.splitlines()
     assert table[0].split()[:4] == ["JOBID", "NAME", "STATE", "EXIT"]
     rows = {ln.split()[0]: ln.split() for ln in table[1:]}
-    assert rows[f"{t}_3"][1:4] == ["sweep", "COMPLETED", "0:0"]
+    assert rows[f"{t}_3"][1:4] == ["sweep", "COMPLETED", "0"]
     assert rows[cancelled.id][2] == "CANCELLED"
     assert rows[requeued.id][2] == "COMPLETED" and rows[f"{requeued.id}.0"][2] == "REQUEUED"
     assert sorted(ln.split()[0] for ln in _as_reader(lc, U1, "ls", t, *spool)

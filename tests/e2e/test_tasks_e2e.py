@@ -153,3 +153,46 @@ def test_the_epilog_ships_the_task_runs_with_the_job_and_logs_reads_them_by_rank
     assert r.stdout.splitlines() == ["rank 1 step 0", "progress 1", "err of rank 1"]
     r = lc.root_cli("logs", j)  # the job is its batch script's run
     assert r.returncode == 0 and r.stdout.startswith("batch starts\n"), r.stderr
+
+
+# Two ranks printing progress and metadata; rank 1 raises at step 2, rank 0 goes on.
+RANKS = r"""#!/bin/bash
+#SBATCH -n 2
+srun python3 -c '
+import json, os, time
+r = int(os.environ["SLURM_PROCID"])
+for s in range(4):
+    print(f"rank {r} step {s}", flush=True)
+    print(json.dumps({"step": s, "loss": round(1 / (s + 1) + r, 4), "rank": r}), flush=True)
+    if r == 1 and s == 2:
+        raise ValueError("shard 7 is corrupt on this rank")
+    time.sleep(0.1)
+'
+"""
+
+
+def test_show_names_the_failed_rank_and_its_node_and_the_x_axis_is_the_step(
+        lc: Cluster) -> None:
+    lc.optin(U1, "")
+    job = lc.submit(U1, RANKS, name="ranks")
+    assert lc.wait(job, timeout=90)[job.id][0] == "FAILED"
+    j = job.id
+    host = socket.gethostname().split(".")[0]
+    bin_ = lc.env["LOGCAPTURE_BIN"] + "/logcapture"
+    own = ["--spool", str(lc.spool_root / j), "--source", "spool"]
+    r = lc.as_user(U1, [bin_, "show", *own, j, "--json"])
+    assert r.returncode == 0, r.stderr
+    info = json.loads(r.stdout)
+    first = info["insights"][0]
+    assert first["kind"] == "python-exception", info["insights"]
+    assert first["message"].startswith(f"ValueError on rank 1 (node {host}): shard 7 is "
+                                       "corrupt on this rank")
+    assert [(x["rank"], x["node"], x["state"]) for x in info["ranks"]] == [
+        (0, host, "COMPLETED"), (1, host, "FAILED")]
+    # the merged rows read step 0, 0, 1, 1, ...: per rank, step is the X axis
+    assert (info["metadata_ranks"], info["x_axis"]) == ("0", "step")
+    r = lc.as_user(U1, [bin_, "show", *own, j, "--rank", "all", "--json"])
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["x_axis"] == "step"
+    r = lc.as_user(U1, [bin_, "show", *own, j])
+    assert f"  rank 1  node {host}  step 0  FAILED" in r.stdout, r.stdout

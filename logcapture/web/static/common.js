@@ -74,19 +74,41 @@ const LC = (() => {
     const mid = (min + max) / 2;
     u.setScale("x", {min: mid - 0.05, max: mid + 0.05});
   }
-  function duration(s) {
-    if (s === null || s === undefined) return "-";
-    if (s < 60) return s.toFixed(1) + " s";
-    const h = Math.floor(s / 3600), m = Math.floor((s % 3600) / 60), sec = Math.floor(s % 60);
-    if (h) return `${h} h ${pad(m)} min`;
-    return `${m} min ${pad(sec)} s`;
+  /* Sizes and durations as logcapture's Python writes them (views.size, views.duration):
+     the same text on the page as in `ls` and `show` (tests/format_cases.json holds both). */
+  const finite = v => typeof v === "number" && Number.isFinite(v);
+  /* Python's format(x, ".Nf"): the exact binary value rounded to N decimals, a tie to the
+     even digit (toFixed takes a tie away from zero). */
+  function fixed(x, digits) {
+    const text = x.toFixed(digits);
+    const exact = Math.abs(x).toFixed(100).split(".");
+    if (!/^50*$/.test(exact[1].slice(digits))) return text;
+    const kept = exact[0] + (digits ? "." + exact[1].slice(0, digits) : "");
+    if (Number(kept.slice(-1)) % 2) return text;
+    return (x < 0 ? "-" : "") + kept;
   }
-  function bytes(b) {
-    if (b === null || b === undefined) return "-";
-    const u = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let i = 0;
-    while (Math.abs(b) >= 1024 && i < u.length - 1) { b /= 1024; i++; }
-    return (i ? String(+b.toPrecision(4)) : String(Math.round(b))) + " " + u[i];
+  function duration(seconds) {
+    if (!finite(seconds)) return "-";
+    if (seconds < 1) return fixed(Math.max(seconds, 0), 2) + " s";
+    if (seconds < 10) return fixed(Math.max(seconds, 0), 1) + " s";
+    let s = Number(fixed(seconds, 0));
+    if (s < 60) return `${s} s`;
+    let m = Math.floor(s / 60); s %= 60;
+    if (m < 60) return `${m} min ${pad(s)} s`;
+    let h = Math.floor(m / 60); m %= 60;
+    if (h < 24) return `${h} h ${pad(m)} min`;
+    const d = Math.floor(h / 24); h %= 24;
+    return `${d} d ${pad(h)} h`;
+  }
+  function bytes(n) {
+    if (!finite(n)) return "-";
+    for (const unit of ["B", "KiB", "MiB", "GiB", "TiB"]) {
+      if (Math.abs(n) < 1024 || unit === "TiB") {
+        if (unit === "B") return `${Math.trunc(n)} B`;
+        return fixed(n, Math.abs(n) < 10 ? 1 : 0) + " " + unit;
+      }
+      n /= 1024;
+    }
   }
   function value(v) {
     if (v === null || v === undefined) return "";

@@ -81,7 +81,7 @@
   const stderrSwitch = document.getElementById("stderr-switch");
   const tsMode = document.getElementById("ts-mode");
   const live = document.getElementById("live");
-  let entries = [];  // {cursor, stream, kind, text, ts, style?}, oldest first, both streams
+  let entries = [];  // {cursor, stream, kind, text, ts, line, style?}, oldest first, both streams
   let view = [];  // the entries the switches show
   let runStart = null;  // the run's start (header), for times since start
   // ?at=CURSOR (a search result's link): open the log at that line, marked, instead of at
@@ -89,8 +89,13 @@
   let at = LC.params().get("at");
   let older = false, loadingOlder = false, generation = 0, source = null;
 
-  const shown = e => e.stream === "stdout" ? stdoutSwitch.checked
-                   : e.stream === "stderr" ? stderrSwitch.checked : true;
+  const streamShown = e => e.stream === "stdout" ? stdoutSwitch.checked
+                         : e.stream === "stderr" ? stderrSwitch.checked : true;
+  const shown = e => streamShown(e) && !folding.hidden.has(e);
+  function refreshView() {
+    folding = foldSections(entries);
+    view = entries.filter(shown);
+  }
   function stamp(ts) {
     if (tsMode.value === "since") {
       const t0 = runStart !== null ? runStart : (entries.length ? entries[0].ts : ts);
@@ -99,6 +104,63 @@
       return "+" + (h ? `${h}:${String(m).padStart(2, "0")}` : String(m)) + ":" + sec;
     }
     return time(ts).slice(11);
+  }
+
+  // ------------------------------------------------------------------ sections
+  // A CI's fold markers (GitHub ::group::, GitLab section_start, Buildkite ---/~~~/+++) are
+  // sections (docs/rendering.md): the start row folds and unfolds what lies between it and
+  // its end, and says how long the section took. A section opens as the job asked ("(folded)"
+  // in its start's text: GitHub's groups, GitLab's [collapsed=true], Buildkite's --- and ~~~)
+  // until the reader clicks it; one not yet ended (the job is in it) stays open.
+  const toggled = new Set();  // cursors of the section starts the reader clicked
+  let folding = {hidden: new Set(), ends: new Map(), around: new Map()};
+  const SECTION_START = /^\[logcapture: section (.*?)( \(folded\))?\]$/;
+  const SECTION_END = /, ([^,]*)\]$/;
+  function isFolded(start, ends) {
+    if (!ends.has(start.cursor)) return false;
+    const asked = SECTION_START.test(start.text) && !!SECTION_START.exec(start.text)[2];
+    return toggled.has(start.cursor) ? !asked : asked;
+  }
+  // One pass over the loaded entries: each start's end, the entries a folded section hides
+  // (its end too: its start row says the duration), and the folded starts around each.
+  function foldSections(list) {
+    const ends = new Map(), hidden = new Set(), around = new Map(), stack = [];
+    for (const e of list) {
+      if (e.kind === "section_end") { const s = stack.pop(); if (s) ends.set(s.cursor, e); }
+      else if (e.kind === "section") stack.push(e);
+    }
+    stack.length = 0;
+    for (const e of list) {
+      const closing = e.kind === "section_end" && stack.length ? stack[stack.length - 1] : null;
+      const folded = stack.filter(s => isFolded(s, ends));
+      if (folded.length) { hidden.add(e); around.set(e, folded); }
+      if (e.kind === "section_end") stack.pop();
+      else if (e.kind === "section") stack.push(e);
+      if (closing && !hidden.has(e) && isFolded(closing, ends)) hidden.add(e);
+    }
+    return {hidden, ends, around};
+  }
+  function sectionText(e) {
+    const m = SECTION_START.exec(e.text);
+    if (!m) return e.text;
+    const end = folding.ends.get(e.cursor);
+    const took = end ? (SECTION_END.exec(end.text) || [])[1] : null;
+    return (isFolded(e, folding.ends) ? "▸ " : "▾ ") + m[1] + (took ? `  (${took})` : end ? "" : "  (running)");
+  }
+  rowsBox.addEventListener("click", ev => {
+    const row = ev.target.closest(".row.section");
+    if (!row || ev.target.closest("a")) return;
+    const c = row.dataset.cursor;
+    if (toggled.has(c)) toggled.delete(c); else toggled.add(c);
+    refreshView();
+    drawRows();
+  });
+  // A line to show (a #L link, a search result) inside folded sections opens them.
+  function reveal(e) {
+    for (const s of folding.around.get(e) || []) {
+      if (toggled.has(s.cursor)) toggled.delete(s.cursor); else toggled.add(s.cursor);
+    }
+    refreshView();
   }
 
   function drawRows() {
@@ -115,11 +177,14 @@
       const {cursor, stream, kind, text, ts, style} = view[i];
       const err = stream === "stderr";
       const cls = "row " + (kind === "line" ? stream : kind) + (err ? " stderr" : "") +
-                  (cursor === at ? " at" : "");
+                  (cursor === at ? " at" : "") + (isMarked(view[i]) ? " hl" : "");
       const row = el("div", {class: cls, "data-cursor": cursor, "data-stream": stream},
+        lineCell(view[i]),
         el("span", {class: "n", text: stamp(ts), title: time(ts)}),
         el("span", {class: "s", text: err ? "err" : "", title: err ? "stderr" : null}),
-        ...rankParts(view[i], el("span", {class: "t"}, ...LC_SGR.nodes(text, style))));
+        ...rankParts(view[i], kind === "section"
+          ? el("span", {class: "t", text: sectionText(view[i])})
+          : el("span", {class: "t"}, ...LC_SGR.nodes(text, style))));
       row.style.top = (top + i * ROW) + "px";
       out.push(row);
     }
@@ -141,9 +206,10 @@
       const page = await api(`${base}/log?stderr=1&before=${encodeURIComponent(entries[0].cursor)}` +
                              `&limit=${PAGE}`);
       if (gen !== generation) return;
-      const added = page.entries.filter(shown).length;
+      const before = view.length;
       entries = page.entries.concat(entries);
-      view = entries.filter(shown);
+      refreshView();
+      const added = view.length - before;
       older = page.more;
       logBox.scrollTop += added * ROW - (older ? 0 : ROW);
     } finally {
@@ -166,7 +232,7 @@
     // keep the row at the top of the box in place (the nearest one shown), or the newest end
     const stick = atBottom();
     const topRow = view[Math.floor(Math.max(0, logBox.scrollTop - (older ? ROW : 0)) / ROW)];
-    view = entries.filter(shown);
+    refreshView();
     drawRows();
     if (stick || !topRow) toBottom();
     else {  // the rows now shown before it
@@ -177,7 +243,68 @@
     fill().catch(err => LC.showError(rowsBox, err));
   }
 
-  async function loadAt(gen) {
+  // ------------------------------------------------------------------ line links
+  // Every line has one number, the one `logcapture logs -n`, search and show give (notes and
+  // metadata have none). #L123 opens the log at line 123, marked; #L120-L130 marks a range,
+  // so a link can be pasted to a colleague. Clicking a number sets the link, shift-click
+  // extends it from the line clicked before (as GitHub does).
+  let marked = null;  // {from, to}: the lines the link marks
+  let anchorLine = null;  // the line a shift-click extends from
+  function parseMark(hash) {
+    const m = /^#L(\d+)(?:-L?(\d+))?$/.exec(hash);
+    if (!m) return null;
+    const a = Number(m[1]), b = m[2] ? Number(m[2]) : a;
+    return {from: Math.min(a, b), to: Math.max(a, b)};
+  }
+  const isMarked = e => marked !== null && e.line != null && e.line >= marked.from &&
+                        e.line <= marked.to;
+  function lineCell(e) {
+    return e.line != null
+      ? el("a", {class: "ln", href: `#L${e.line}`, text: String(e.line), "data-line": e.line})
+      : el("span", {class: "ln"});
+  }
+  function setMark(from, to) {
+    marked = {from: Math.min(from, to), to: Math.max(from, to)};
+    const hash = marked.from === marked.to ? `#L${marked.from}` : `#L${marked.from}-L${marked.to}`;
+    history.replaceState(null, "", location.pathname + location.search + hash);
+    drawRows();
+  }
+  rowsBox.addEventListener("click", ev => {
+    const a = ev.target.closest("a.ln");
+    if (!a) return;
+    ev.preventDefault();
+    const line = Number(a.dataset.line);
+    if (ev.shiftKey && anchorLine !== null) setMark(anchorLine, line);
+    else { anchorLine = line; setMark(line, line); }
+  });
+  // Scroll to the first marked line: at once when it is loaded, else by asking for the page
+  // that begins with it (and the one before it, as a search result's link does).
+  async function showMark(gen) {
+    const first = marked.from;
+    let e = entries.find(x => x.line === first);
+    if (!e) {
+      const page = await api(`${base}/log?stderr=1&limit=${PAGE}&line=${first}`);
+      if (gen !== generation) return;
+      e = page.entries.find(x => x.line === first);
+      if (!e) return;
+      at = e.cursor;
+      return loadAt(gen, "at a linked line");
+    }
+    if (e.stream === "stderr") stderrSwitch.checked = true;
+    if (e.stream === "stdout") stdoutSwitch.checked = true;
+    reveal(e);
+    const i = view.indexOf(e);
+    logBox.scrollTop = (older ? ROW : 0) + Math.max(0, i * ROW - logBox.clientHeight / 2);
+    drawRows();
+  }
+  window.addEventListener("hashchange", () => {
+    marked = parseMark(location.hash);
+    if (marked === null) { drawRows(); return; }
+    anchorLine = marked.from;
+    showMark(generation).catch(err => LC.showError(rowsBox, err));
+  });
+
+  async function loadAt(gen, why) {
     const [ns, stream, seq] = at.split(":");
     if (stream === "stderr") stderrSwitch.checked = true;
     if (stream === "stdout") stdoutSwitch.checked = true;
@@ -188,13 +315,15 @@
     const before = await api(`${q}&before=${encodeURIComponent(first)}`);
     if (gen !== generation) return;
     entries = before.entries.concat(after.entries);
-    view = entries.filter(shown);
+    refreshView();
+    const target = entries.find(e => e.cursor === at);
+    if (target) reveal(target);
     older = before.more;
     const i = Math.max(0, view.findIndex(e => e.cursor === at));
     drawRows();
     logBox.scrollTop = (older ? ROW : 0) + Math.max(0, i * ROW - logBox.clientHeight / 2);
     drawRows();
-    setLive(false, after.more ? "at a search result" : "");
+    setLive(false, after.more ? why || "at a search result" : "");
   }
 
   async function loadLog() {
@@ -202,10 +331,12 @@
     if (source) { source.close(); source = null; }
     if (tasks.length) return loadJobLog(gen);
     if (at) return loadAt(gen);
+    marked = parseMark(location.hash);
+    if (marked !== null) { anchorLine = marked.from; return showMark(gen); }
     const page = await api(`${base}/log?stderr=1&limit=${FIRST}`);
     if (gen !== generation) return;
     entries = page.entries;
-    view = entries.filter(shown);
+    refreshView();
     older = page.more;
     drawRows();
     toBottom();
@@ -230,7 +361,7 @@
       const stick = atBottom();
       const fresh = JSON.parse(ev.data).entries;
       entries.push(...fresh);
-      view.push(...fresh.filter(shown));
+      refreshView();
       if (!headerHasStart) loadHeader().catch(() => {});
       drawRows();
       if (stick) { toBottom(); drawRows(); }
@@ -276,7 +407,7 @@
     if (gen !== generation) return;
     const stick = !entries.length || atBottom();
     entries = page.entries;
-    view = entries.filter(shown);
+    refreshView();
     older = false;
     drawRows();
     if (stick) { toBottom(); drawRows(); }
@@ -341,8 +472,23 @@
   }
 
   let tableRows = 200;
+  // A job whose srun tasks were captured: whose metadata (rank 0 by default, one or all).
+  let rank = "0";
+  function drawRankPicker(m) {
+    const pick = document.getElementById("rank-pick");
+    pick.hidden = !m.ranks;
+    if (!m.ranks) return;
+    const select = document.getElementById("metadata-rank");
+    const options = ["all", ...m.ranks.map(String)];
+    if (select.options.length !== options.length) {
+      select.replaceChildren(...options.map(r => el("option", {value: r, text: r === "all" ? "all ranks" : r})));
+      select.onchange = () => { rank = select.value; loadMetadata(); };
+    }
+    select.value = rank;
+  }
   async function loadMetadata() {
-    const m = await api(base + "/metadata");
+    const m = await api(base + "/metadata?rank=" + encodeURIComponent(rank));
+    drawRankPicker(m);
     const graphs = document.getElementById("graphs");
     if (!m.keys.length) {
       graphs.replaceChildren(el("div", {class: "empty",
@@ -375,11 +521,13 @@
       return;
     }
     const numeric = new Set(m.columns.filter(c => m.rows.slice(0, 50).some(r => typeof r.fields[c] === "number")));
-    const head = el("tr", {}, el("th", {text: "time"}),
+    const ranked = m.rows[0].rank !== undefined;
+    const head = el("tr", {}, el("th", {text: "time"}), ...(ranked ? [el("th", {text: "rank", class: "num"})] : []),
                     ...m.columns.map(c => el("th", {text: c, class: numeric.has(c) ? "num" : ""})));
     const body = el("tbody");
     for (const r of m.rows.slice(0, tableRows)) {
       body.append(el("tr", {}, el("td", {class: "mono", text: time(r.ts)}),
+        ...(ranked ? [el("td", {class: "num", text: value(r.rank)})] : []),
         ...m.columns.map(c => el("td", {class: typeof r.fields[c] === "number" ? "num" : "",
                                         text: value(r.fields[c])}))));
     }

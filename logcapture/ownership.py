@@ -1,6 +1,7 @@
-"""Who owns a run's rows.
+"""Who owns a run: the privacy rule the shipper applies to the rows it stores and the read
+layer to the spool runs it shows (a module below both, so that neither imports the other).
 
-Identity (privacy): the owner and run id of shipped rows come from ``identify(run_dir)``,
+Identity: the owner and run id of shipped rows come from ``identify(run_dir)``,
 a trusted source chosen by the caller. The default, ``identity_from_spool``, takes the owner from
 the run directory's owner (which a user cannot forge: ``chown`` to another user needs root) and
 the run id from the directory name; the Start record only adds cluster and job id as
@@ -15,11 +16,11 @@ import pwd
 from collections.abc import Mapping
 from pathlib import Path
 
-from ..errors import LogcaptureError
-from ..records import Start, from_dict
-from ..spool import check_run_id, segments
-from ..store import Identity
-from .reading import _first_line
+from .errors import LogcaptureError
+from .records import Start, from_dict
+from .spool.layout import check_run_id, segments
+from .spool.reading import first_line
+from .store import Identity
 
 
 def identity_from_spool(run_dir: Path) -> Identity:
@@ -36,7 +37,7 @@ def identity_from_spool(run_dir: Path) -> Identity:
     try:
         segs = segments(run_dir)
         if segs:
-            first = _first_line(segs[0])
+            first = first_line(segs[0])
             if first:
                 rec = from_dict(json.loads(first))
                 if isinstance(rec, Start) and rec.slurm:  # null in a hand-made record
@@ -58,7 +59,7 @@ def trusted_identity(run_dir: Path, job_record: Mapping[str, object] | None = No
     job_id = run_dir.parent.name
     if job_record is None and job_id.isdigit():
         try:
-            from ..slurm.jobrecords import read_job_record
+            from .slurm.jobrecords import read_job_record
 
             job_record = read_job_record(str(run_dir.parent.parent), job_id)
         except (OSError, LogcaptureError):
@@ -69,3 +70,4 @@ def trusted_identity(run_dir: Path, job_record: Mapping[str, object] | None = No
             return Identity(run=check_run_id(run_dir.name), user=user, uid=uid,
                             cluster=str(job_record.get("cluster", "")), job_id=job_id)
     return identity_from_spool(run_dir)
+
