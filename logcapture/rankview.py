@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 from .jobref import format_ranks
@@ -68,18 +68,25 @@ def merge(logs: Iterable[tuple[Mapping[str, Any], Iterable[Entry]]]) -> Iterator
     """The entries of several runs as one sequence by read time (each run's own order kept):
     ``logs`` holds each run's summary (``jobref``'s columns: ``run``, ``rank`` (None for the
     batch script), ``nodes``) with its entries in its order."""
-    def tagged(i: int, run: Mapping[str, Any], entries: Iterable[Entry]
-               ) -> Iterator[tuple[float, int, int, int, RankEntry]]:
-        rank = run.get("rank")
-        node = str(run.get("nodes") or "")
-        order = -1 if rank is None else int(rank)
-        for n, e in enumerate(entries):
-            item = RankEntry(e, str(run["run"]), rank, node, () if rank is None else (rank,))
-            yield (e.ts, order, i, n, item)
-
     streams = [tagged(i, run, entries) for i, (run, entries) in enumerate(logs)]
     for *_, item in heapq.merge(*streams):
         yield item
+
+
+MergeKey = tuple[float, int, int, int]
+
+
+def tagged(i: int, run: Mapping[str, Any], entries: Iterable[Entry], first: int = 0
+           ) -> Iterator[tuple[float, int, int, int, RankEntry]]:
+    """The entries of run number ``i`` as :func:`merge` orders them: by read time, the batch
+    script's first on a tie, then by rank, then by run and each run's own order (``first``:
+    the number of the run's entries that came before these)."""
+    rank = run.get("rank")
+    node = str(run.get("nodes") or "")
+    order = -1 if rank is None else int(rank)
+    for n, e in enumerate(entries, first):
+        item = RankEntry(e, str(run["run"]), rank, node, () if rank is None else (rank,))
+        yield (e.ts, order, i, n, item)
 
 
 class _Group:
@@ -94,31 +101,49 @@ class _Group:
         return self.item._replace(ranks=tuple(sorted(self.ranks)))
 
 
+class Folder:
+    """:func:`fold` a piece at a time, for a log read while it grows (``jobfollow``):
+    :meth:`push` takes the next entry in time order, :meth:`release` gives the entries no
+    later one can join any more."""
+
+    def __init__(self, window: float = FOLD_WINDOW) -> None:
+        self.window = window
+        self._pending: deque[_Group] = deque()  # in time order; final once the window passed
+        self._open: dict[tuple[str, str], _Group] = {}  # (stream, text) -> group to join
+
+    def release(self, before: float | None = None) -> Iterator[RankEntry]:
+        """The entries whose window ended before the time ``before`` (None: all of them)."""
+        pending = self._pending
+        while pending and (before is None or pending[0].item.entry.ts + self.window < before):
+            done = pending.popleft()
+            if done.key is not None and self._open.get(done.key) is done:
+                del self._open[done.key]
+            yield done.result()
+
+    def push(self, item: RankEntry) -> Iterator[RankEntry]:
+        """Takes ``item`` (no earlier than those before it); gives the entries it made final."""
+        ts = item.entry.ts
+        yield from self.release(ts)
+        if item.rank is None or item.entry.kind != LINE:
+            self._pending.append(_Group(item, None))
+            return
+        key = (item.entry.stream, item.entry.text)
+        group = self._open.get(key)
+        if group is not None and item.rank not in group.ranks and (
+                ts - group.item.entry.ts <= self.window):
+            group.ranks.append(item.rank)
+            return
+        group = self._open[key] = _Group(item, key)
+        self._pending.append(group)
+
+
 def fold(items: Iterable[RankEntry], window: float = FOLD_WINDOW) -> Iterator[RankEntry]:
     """``items`` (in time order, as :func:`merge` gives them) with the same line of several
     ranks close together given once (the module docstring), its ``ranks`` naming them."""
-    pending: deque[_Group] = deque()  # in time order; each is final once the window passed
-    open_: dict[tuple[str, str], _Group] = {}  # (stream, text) -> the group a rank may join
+    folder = Folder(window)
     for item in items:
-        ts = item.entry.ts
-        while pending and pending[0].item.entry.ts + window < ts:
-            done = pending.popleft()
-            if done.key is not None and open_.get(done.key) is done:
-                del open_[done.key]
-            yield done.result()
-        if item.rank is None or item.entry.kind != LINE:
-            pending.append(_Group(item, None))
-            continue
-        key = (item.entry.stream, item.entry.text)
-        group = open_.get(key)
-        if group is not None and item.rank not in group.ranks and (
-                ts - group.item.entry.ts <= window):
-            group.ranks.append(item.rank)
-            continue
-        group = open_[key] = _Group(item, key)
-        pending.append(group)
-    for group in pending:
-        yield group.result()
+        yield from folder.push(item)
+    yield from folder.release()
 
 
 def label(item: RankEntry, several: bool, text: Any = None) -> str:
@@ -131,11 +156,13 @@ def label(item: RankEntry, several: bool, text: Any = None) -> str:
     return shown
 
 
-def text_lines(items: Iterable[RankEntry], several: bool, text: Any = None) -> Iterator[str]:
+def text_lines(items: Iterable[RankEntry], several: bool | Callable[[], bool],
+               text: Any = None) -> Iterator[str]:
     """The lines ``logs`` prints for a job's merged entries: each labelled, a folded line
-    followed by its note."""
+    followed by its note (``several``: asked at each entry when it is a function, for a log
+    read while it grows)."""
     for item in items:
-        yield label(item, several, text)
+        yield label(item, several() if callable(several) else several, text)
         if item.folded:
             yield fold_note(item.ranks)
 

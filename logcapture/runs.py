@@ -164,23 +164,44 @@ class SpoolTail:
 
 # How often a follow that reads nothing new asks whether the run's writer is gone.
 ABANDON_CHECK = 5.0
+SPOOL_POLL = 0.25  # seconds between a follower's reads of the spool
 
 
-def follow_records(run_dir: Path, poll: float = 0.25,
+class SpoolFollow:
+    """A run followed without waiting: each :meth:`read` returns the records written since
+    the last one; when nothing new came for ``check`` seconds it asks whether the writer is
+    gone (``spool.abandoned.close_abandoned``) and reads what that wrote. ``ended`` turns
+    true once the end record has been read. ``follow_records`` and a job's follow
+    (``jobfollow``) poll it."""
+
+    def __init__(self, run_dir: Path, check: float = ABANDON_CHECK) -> None:
+        self.run_dir = run_dir
+        self.check = check
+        self._tail = SpoolTail(run_dir)
+        self._checked = time.monotonic()
+
+    @property
+    def ended(self) -> bool:
+        return self._tail.ended
+
+    def read(self) -> list[Record]:
+        got = self._tail.read()
+        if not got and not self.ended and time.monotonic() - self._checked >= self.check:
+            self._checked = time.monotonic()
+            close_abandoned(self.run_dir)
+            got = self._tail.read()
+        return got
+
+
+def follow_records(run_dir: Path, poll: float = SPOOL_POLL,
                    check: float = ABANDON_CHECK) -> Iterator[Record]:
     """Every record of a run, then new ones as they are written, until the end record (one
     that ``spool.abandoned.close_abandoned`` writes when the writer is gone, too)."""
-    tail = SpoolTail(run_dir)
-    checked = time.monotonic()
+    follow = SpoolFollow(run_dir, check)
     while True:
-        got = tail.read()
-        yield from got
-        if tail.ended:
+        yield from follow.read()
+        if follow.ended:
             return
-        if not got and time.monotonic() - checked >= check:
-            checked = time.monotonic()
-            close_abandoned(run_dir)  # read at the next round
-            continue
         time.sleep(poll)
 
 

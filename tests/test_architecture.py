@@ -163,7 +163,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("libraries over records", ["insights", "store", "runs", "ownership", "grafana",
                                 "slurm.jobrecords", "slurm.jobs", "slurm.rootsafe"]),
     ("wiring", ["pipeline", "capture", "ship", "slurm.nodesampler"]),
-    ("reading", ["query", "jobview", "reader", "web"]),
+    ("reading", ["query", "jobfollow", "jobview", "reader", "web"]),
     ("entry points", ["cli", "entry", "__main__", "slurm", "slurm.wrapper", "slurm.hooks",
                       "slurm.__main__"]),
 ]

@@ -112,6 +112,7 @@ def logs(spool: Path | None, stream: str, follow: bool, store_dsn: str | None, s
     from contextlib import closing
     from itertools import islice
 
+    from ..jobfollow import follow_lines
     from ..logview import NOTE, LogView, numbered_text
     from ..rankview import job_runs, read_job, several_ranks, text_lines
     from ..records import from_dict
@@ -122,9 +123,6 @@ def logs(spool: Path | None, stream: str, follow: bool, store_dsn: str | None, s
     streams = OUTPUT_STREAMS if stream == "all" else (stream,)
     view = LogView(streams=streams)
     with closing(open_reader(spool, store_dsn, source)) as reader:
-        if follow and (ranks or nodes):
-            raise UsageError("--follow reads one run: name a task run (`logcapture ls "
-                             "JOB` lists them) instead of --rank/--node")
         # A job of several ranks (rankview.py): its runs' entries merged, labelled, folded
         runs = None if follow else job_runs(reader, run_ref, ranks, nodes)
         if runs is not None:
@@ -133,6 +131,11 @@ def logs(spool: Path | None, stream: str, follow: bool, store_dsn: str | None, s
                 click.echo("\n".join(batch), color=paint)
             return
         run = _wait_for_job(reader, run_ref) if follow else reader.resolve(run_ref)
+        if follow and (job := follow_lines(reader, run_ref, run, streams, ranks, nodes, text,
+                                           lambda m: click.echo(f"logcapture: {m}", err=True))):
+            for line in job:  # a job's runs, as they come (jobfollow.py)
+                click.echo(line, color=paint)
+            return
         printed = False  # any output of the job's (notes are logcapture's)
         if follow:  # each entry as it comes
             for d in reader.follow(run):

@@ -72,6 +72,14 @@ class LocalReader:
             return None
         return ident.user, ident.uid
 
+    def owns(self, run_dir: Path) -> bool:
+        """Whether the spool run ``run_dir`` is the caller's (``runs`` lists only those)."""
+        return self._mine(run_dir) is not None
+
+    def spool_dir(self, run: str) -> Path | None:
+        """The spool directory ``run`` is read from; None when it is read from the store."""
+        return self._dir(run)
+
     def _spool_run(self, ref: str | None) -> Path | None:
         if self.source == "store":
             return None

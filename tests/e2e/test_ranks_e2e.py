@@ -57,3 +57,58 @@ def test_a_job_of_two_ranks_read_merged_folded_and_by_rank(lc: Cluster) -> None:
                  ["search", *own, "done", "--job", j, "--rank", "0"]):
         r = lc.as_user(U2, [bin_, *args])
         assert r.returncode != 0 and "identical" not in r.stdout + r.stderr, (args, r)
+
+
+# Two steps: the second starts seconds after the first ended, while `logs -f` follows.
+STEPS = r"""#!/bin/bash
+#SBATCH -n 2
+echo "batch starts"
+sleep 2
+srun python3 -c '
+import os, time
+r = os.environ["SLURM_PROCID"]
+print("identical line from every rank", flush=True)
+time.sleep(1 + 0.3 * int(r))
+print(f"rank {r} of step 0", flush=True)
+'
+sleep 3
+srun python3 -c '
+import os
+print("step 1 rank " + os.environ["SLURM_PROCID"], flush=True)
+'
+echo "batch ends"
+"""
+
+
+def test_logs_follow_of_a_job_follows_its_steps_as_logs_shows_them(lc: Cluster) -> None:
+    import threading
+
+    lc.optin(U1, "")
+    job = lc.submit(U1, STEPS, name="follow")
+    lc.wait_running(job, "batch starts", timeout=60)
+    j = job.id
+    bin_ = lc.env["LOGCAPTURE_BIN"] + "/logcapture"
+    own = ["--spool", str(lc.spool_root / j), "--source", "spool"]
+    followed: list = []
+    follower = threading.Thread(target=lambda: followed.append(
+        lc.as_user(U1, [bin_, "logs", "-f", *own, j], timeout=120)))
+    follower.start()
+    assert lc.wait(job, timeout=90)[job.id] == ("COMPLETED", "0:0")
+    follower.join(60)
+    assert followed, "logs -f did not return once the job had ended"
+    r = followed[0]
+    assert r.returncode == 0, r.stderr
+    whole = lc.as_user(U1, [bin_, "logs", *own, j])
+    assert whole.returncode == 0, whole.stderr
+    assert r.stdout.splitlines() == whole.stdout.splitlines()
+    got = r.stdout.splitlines()
+    assert got[0] == "batch starts" and got[-1] == "batch ends", got
+    # the first rank to print it labels it (either: they print at once)
+    i = [n for n, line in enumerate(got) if line.endswith(": identical line from every rank")]
+    assert len(i) == 1 and got[i[0] + 1] == "[logcapture: same line from 2 ranks (0-1)]", got
+    assert got.index("0: rank 0 of step 0") < got.index("1: rank 1 of step 0") < got.index(
+        "0: step 1 rank 0"), got
+    assert "1: step 1 rank 1" in got
+    r = lc.as_user(U1, [bin_, "logs", "-f", *own, j, "--rank", "1"])
+    assert r.stdout.splitlines() == ["identical line from every rank", "rank 1 of step 0",
+                                     "step 1 rank 1"], r

@@ -1,0 +1,284 @@
+"""``logcapture logs -f JOB`` of a job with srun steps (logcapture/jobfollow.py): the batch
+script's lines and every task run's, read from a spool that real ``SpoolWriter``s write while
+it is followed, a new step's tasks picked up as they appear, merged, labelled and folded as
+``logs JOB`` shows them, until the job has ended."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import closing
+from pathlib import Path
+
+import pytest
+
+from logcapture import query as Q
+from logcapture.cli import main
+from logcapture.jobfollow import JobFollow
+from logcapture.records import End, Line, Start
+from logcapture.spool.abandoned import ABANDONED_SLURM_GRACE
+from logcapture.spool.layout import create_run_dir
+from logcapture.spool.writer import SpoolWriter
+
+from .test_rankview import ALL_RANKS, RANK_1, store_of
+
+ME = pwd.getpwuid(os.getuid()).pw_name
+JOB = "70"
+
+
+class Writer:
+    """One run of job ``JOB`` written as the capture writes it: a Start, lines, an End."""
+
+    def __init__(self, root: Path, run: str, slurm: dict[str, str], command: str) -> None:
+        self.run = run
+        self.w = SpoolWriter(create_run_dir(root / JOB, run), fsync=False, flush_interval=0.2)
+        self.seq = 0
+        self.w.write([Start(run=run, stream="run", seq=0, ts=time.time(), command=[command],
+                            user=ME, uid=os.getuid(), host="n1",
+                            slurm={"job_id": JOB, **slurm})])
+
+    def line(self, text: str, ts: float | None = None) -> None:
+        self.w.write([Line(run=self.run, stream="stdout", seq=self.seq,
+                           ts=time.time() if ts is None else ts, text=text)])
+        self.seq += 1
+
+    def end(self) -> None:
+        self.w.write([End(run=self.run, stream="run", seq=1, ts=time.time(), exit_status=0,
+                          state="COMPLETED", duration=1.0)])
+        self.w.close()
+
+
+def task(root: Path, step: int, rank: int) -> Writer:
+    return Writer(root, f"{JOB}.{step}.{rank}", {"step": str(step), "rank": str(rank),
+                                                   "local_rank": str(rank),
+                                                   "node": "n1" if rank < 2 else "n2"},
+                  "train.py")
+
+
+def each_line(tasks: list[Writer], text: str) -> None:
+    """A while after they started, each task prints ``text`` with its rank, then ends."""
+    time.sleep(0.3)
+    for t in tasks:
+        t.line(text.format(t.run[-1]))
+        time.sleep(0.1)
+    for t in tasks:
+        t.end()
+    time.sleep(0.3)
+
+
+def run_job(root: Path, seen: threading.Event, done: threading.Event) -> None:
+    """The job: the batch script prints, step 0's two tasks print a line both print (folded)
+    and one each; step 1's three tasks start only once the follower has shown step 0's last
+    line (so they appear while it follows), then print; the batch script ends last."""
+    batch = Writer(root, JOB, {"nodelist": "n[1-2]"}, "job.sh")
+    batch.line("batch begins")
+    time.sleep(0.3)
+    step0 = [task(root, 0, r) for r in range(2)]
+    for t in step0:
+        t.line("identical line from every rank")
+    each_line(step0, "rank {} of step 0")
+    seen.wait(60)  # the follower showed step 0 while the job runs
+    each_line([task(root, 1, r) for r in range(3)], "step 1 rank {}")
+    batch.line("batch ends")
+    batch.end()
+    done.set()
+
+
+EXPECTED = ["batch begins", "0: identical line from every rank",
+            "[logcapture: same line from 2 ranks (0-1)]", "0: rank 0 of step 0",
+            "1: rank 1 of step 0", "0: step 1 rank 0", "1: step 1 rank 1", "2: step 1 rank 2",
+            "batch ends"]
+
+
+def test_following_a_job_shows_its_tasks_as_they_come_as_logs_shows_them(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = tmp_path / "spool"
+    seen, done = threading.Event(), threading.Event()
+    writer = threading.Thread(target=run_job, args=(root, seen, done), daemon=True)
+    Writer(root, "69", {}, "other.sh").end()  # another run in the spool, not of the job
+    writer.start()
+    while not (root / JOB / JOB).exists():
+        time.sleep(0.05)
+    time.sleep(0.3)  # its Start record written
+    got: list[tuple[str, bool]] = []  # each line, and whether the job had ended then
+    with closing(Q.LocalReader(root, source="spool")) as reader:
+        batch = reader.resolve(JOB)
+        dirs = reader.spool_dir(batch)
+        assert dirs is not None
+        follow = JobFollow(reader, JOB, batch, dirs, ("stdout", "stderr"))
+        for line in follow.lines():
+            got.append((line, done.is_set()))
+            if line == "1: rank 1 of step 0":
+                seen.set()
+    writer.join(10)
+    assert done.is_set()  # it returned once the job had ended, not before
+    assert [line for line, _ in got] == EXPECTED
+    # Step 0 was shown while the job ran; step 1's tasks, which appeared after the follow
+    # began, were picked up.
+    assert not any(ended for line, ended in got if "step 0" in line or "same line" in line), got
+    # ``logs -f`` prints what ``logs`` prints of the ended job; --rank and --node as well
+    where = ["--spool", str(root), "--source", "spool"]
+    assert cli(capsys, JOB, *where) == EXPECTED
+    assert cli(capsys, JOB, "-f", *where) == EXPECTED
+    assert cli(capsys, JOB, "-f", "--rank", "1", *where) == [
+        "identical line from every rank", "rank 1 of step 0", "step 1 rank 1"]
+    assert cli(capsys, JOB, "-f", "--node", "n2", *where) == ["step 1 rank 2"]
+    assert cli(capsys, JOB, "-f", "--rank", "0-1", *where) == cli(
+        capsys, JOB, "--rank", "0-1", *where)
+
+
+def cli(capsys: pytest.CaptureFixture[str], *args: str) -> list[str]:
+    main(["logs", *args])
+    out = capsys.readouterr()
+    assert out.err == ""
+    return out.out.splitlines()
+
+
+def test_a_job_without_tasks_is_followed_as_its_batch_run(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = tmp_path / "spool"
+
+    def job() -> Iterator[None]:
+        batch = Writer(root, JOB, {"nodelist": "n1"}, "job.sh")
+        batch.line("only the batch")
+        yield
+        batch.line("no srun step")
+        batch.end()
+
+    steps = job()
+    next(steps)
+    threading.Timer(0.5, lambda: next(steps, None)).start()
+    assert cli(capsys, JOB, "-f", "--spool", str(root), "--source", "spool") == [
+        "only the batch", "no srun step"]
+
+
+def test_a_task_whose_writer_is_gone_is_closed_and_the_follow_returns(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A task run left without its end record (its capture was killed, long ago) is closed
+    as the follow of one run closes it (``spool.close_abandoned``), and the job's follow
+    returns with the note saying so."""
+    root = tmp_path / "spool"
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    host = os.uname().nodename
+    batch = Writer(root, JOB, {"nodelist": host}, "job.sh")
+    batch.line("batch")
+    t0, t1 = task(root, 0, 0), task(root, 0, 1)
+    t0.line("rank 0 ends")
+    t0.end()
+    # rank 1's capture: killed without an end record, its writer's pid gone
+    lost = create_run_dir(root / JOB, f"{JOB}.0.2")
+    w = SpoolWriter(lost, fsync=False)
+    w.write([Start(run=f"{JOB}.0.2", stream="run", seq=0, ts=time.time(), command=["x"],
+                   user=ME, uid=os.getuid(), host=host, pid=gone.pid,
+                   slurm={"job_id": JOB, "step": "0", "rank": "2", "node": host}),
+             Line(run=f"{JOB}.0.2", stream="stdout", seq=0, ts=time.time(), text="rank 2 dies")])
+    w.close()
+    for seg in lost.iterdir():  # written before the Slurm grace the epilog is given
+        old = time.time() - ABANDONED_SLURM_GRACE - 10
+        os.utime(seg, (old, old))
+    t1.line("rank 1 ends")
+    t1.end()
+    batch.line("batch ends")
+    batch.end()
+    with closing(Q.LocalReader(root, source="spool")) as reader:
+        dirs = reader.spool_dir(JOB)
+        assert dirs is not None
+        out = list(JobFollow(reader, JOB, JOB, dirs, ("stdout", "stderr"), poll=0.05,
+                             check=0.1).lines())
+    assert [line[:30] for line in out] == [
+        "batch", "0: rank 0 ends", "2: rank 2 dies", "2: [logcapture: warning: the r",
+        "1: rank 1 ends", "batch ends"]
+    assert "closed as LOST" in out[3]
+    assert out == cli(capsys, JOB, "--spool", str(root), "--source", "spool")
+
+
+def test_a_job_read_from_the_store_once_ended_is_printed_as_logs_prints_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Not in the spool (read on a login node, from the store): an ended job's follow prints
+    its whole log as ``logs JOB`` does, its tasks included, and returns."""
+    dsn = store_of(tmp_path, (ME, os.getuid(), "50"))
+    where = ["--spool", str(tmp_path / "none"), "--store", dsn, "--source", "store"]
+    assert cli(capsys, "50", "-f", *where) == ALL_RANKS
+    assert cli(capsys, "50", "-f", "--rank", "1", *where) == RANK_1
+
+
+def test_a_flood_is_shown_with_at_most_max_held_entries_waiting(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Entries wait for earlier ones of other runs, but never more than ``MAX_HELD`` of
+    them (and the folding, the lines of its window): a flood of two ranks is shown while the
+    job runs even if no wait would end."""
+    from itertools import islice
+
+    from logcapture import jobfollow
+
+    monkeypatch.setattr(jobfollow, "MAX_HELD", 50)
+    root = tmp_path / "spool"
+    batch = Writer(root, JOB, {"nodelist": "n1"}, "job.sh")  # runs on: no end record
+    tasks = [task(root, 0, r) for r in range(2)]
+    t0 = time.time()
+    for i in range(1000):  # ten seconds' worth, 100 lines a second
+        for t in tasks:
+            t.line(f"line {i}", t0 + i / 100)
+    for t in tasks:
+        t.w.flush()
+    batch.w.flush()
+    got: list[str] = []
+    with closing(Q.LocalReader(root, source="spool")) as reader:
+        dirs = reader.spool_dir(JOB)
+        assert dirs is not None
+        follow = JobFollow(reader, JOB, JOB, dirs, ("stdout",), poll=0.05, hold=1e9)
+        reading = threading.Thread(target=lambda: got.extend(islice(follow.lines(), 400)),
+                                   daemon=True)
+        reading.start()
+        reading.join(60)
+    assert len(got) == 400  # not held until the job ends
+    shown = [line for line in got if not line.startswith("[")]
+    assert shown[:3] == ["0: line 0", "0: line 1", "0: line 2"]
+    assert got[1] == "[logcapture: same line from 2 ranks (0-1)]"
+    batch.end()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as two real users")
+def test_another_users_task_run_of_the_same_job_id_is_never_followed() -> None:
+    """In a shared spool, a run of another user with the same job id (a Slurm job id of
+    another cluster, or a forged one) is not opened, labelled or folded in."""
+    import shutil
+    import sys
+    import tempfile
+
+    try:
+        users = [pwd.getpwnam(u) for u in ("lcuser1", "lcuser2")]
+    except KeyError:
+        pytest.skip("the test users lcuser1 and lcuser2 are not on this machine")
+    base = Path(tempfile.mkdtemp(prefix="lc-jobfollow-", dir="/tmp"))
+    try:
+        base.chmod(0o755)
+        root = base / "spool"
+        for owner, runs in ((users[0], [JOB, f"{JOB}.0.0"]), (users[1], [f"{JOB}.0.1"])):
+            for run in runs:
+                rank = {} if run == JOB else {"step": "0", "rank": run[-1], "node": "n1"}
+                w = Writer(root, run, rank or {"nodelist": "n1"}, "x")
+                w.line("identical line from every rank")
+                w.line(f"{owner.pw_name} was here")
+                w.end()
+                for p in [root / JOB / run, *(root / JOB / run).iterdir()]:
+                    os.chown(p, owner.pw_uid, owner.pw_gid)
+                    p.chmod(0o755 if p.is_dir() else 0o644)  # readable: only ownership counts
+        (root / JOB).chmod(0o755)
+        repo = Path(__file__).resolve().parents[1]
+        r = subprocess.run(
+            ["setpriv", f"--reuid={users[0].pw_uid}", f"--regid={users[0].pw_gid}",
+             "--init-groups", "env", f"PYTHONPATH={repo}", sys.executable, "-m", "logcapture",
+             "logs", "-f", JOB, "--spool", str(root), "--source", "spool"],
+            capture_output=True, text=True, timeout=60, cwd="/tmp")
+        assert r.returncode == 0, r.stderr
+        assert "lcuser2" not in r.stdout + r.stderr
+        assert r.stdout.splitlines() == ["identical line from every rank", "lcuser1 was here",
+                                         "identical line from every rank", "lcuser1 was here"]
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
