@@ -98,7 +98,6 @@ class JobFollow:
         self._steps: dict[str, dict[str, Any]] = {}
         self._sections = 0  # section entries given
         filtered = bool(ranks or nodes)
-        self._whole = not filtered  # the steps are sections of the whole job's log only
         start = next(iter(job_candidates([batch_dir], batch)), {"run": batch})
         self._add({**start, **jobref.job_fields(start)}, batch_dir, shown=not filtered)
 
@@ -163,7 +162,7 @@ class JobFollow:
                     for t in tagged(r.i, r.summary, got, r.count):
                         heapq.heappush(held, t)
                 r.count += len(got)
-            for t in self._step_entries() if self._whole else ():
+            for t in self._step_entries():
                 heapq.heappush(held, t)
             ended = all(r.follow.ended for r in self._runs.values())
             if ended and self._look():
@@ -180,7 +179,7 @@ class JobFollow:
         """The steps' section entries due: a step's opening once its first task run is
         followed, its closing once every one of them has its end (as ``logs JOB`` shows them,
         ``rankview.step_sections``)."""
-        out: list[tuple[float, int, int, int, RankEntry]] = []
+        out = []
         for name, step in self._steps.items():
             entries = []
             if not step["opened"]:

@@ -28,9 +28,8 @@ The rules:
 The folding reads entries in time order and holds only the last ``FOLD_WINDOW`` of them, so a
 log of any length is folded in bounded memory.
 
-- **Steps.** Each ``srun`` step is a section of the whole job's log (the batch script's with
-  every task's; not of the tasks chosen by rank or node, shown as they printed:
-  :func:`step_sections`), as a CI marker's is (docs/rendering.md, "Sections"): it opens at the
+- **Steps.** Each ``srun`` step whose tasks are shown is a section of the job's log
+  (:func:`step_sections`), as a CI marker's is (docs/rendering.md, "Sections"): it opens at the
   first start of its task runs and, once every one of them has ended, closes at the last end,
   with its duration; the page folds it, ``logs`` marks where it begins and ends.
 """
@@ -275,11 +274,7 @@ def read_job(reader: Any, runs: list[Mapping[str, Any]], streams: tuple[str, ...
         # both streams read: a line's number counts both (the view shows ``streams``)
         return LogView(streams=streams).feed(from_dict(d) for d in reader.lines(run, None))
 
-    # The steps are sections of the whole job's log (the batch script's with its tasks'); the
-    # tasks chosen by rank or node are shown as they printed.
-    whole = any(run.get("rank") is None for run in runs)
-    return job_log([(run, entries(str(run["run"]))) for run in runs],
-                   step_sections(runs) if whole else ())
+    return job_log([(run, entries(str(run["run"]))) for run in runs], step_sections(runs))
 
 
 def task_run_ids(reader: Any, jobs: Iterable[str], ranks: Iterable[str] = (),

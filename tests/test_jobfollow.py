@@ -133,9 +133,11 @@ def test_following_a_job_shows_its_tasks_as_they_come_as_logs_shows_them(
     where = ["--spool", str(root), "--source", "spool"]
     assert norm(cli(capsys, JOB, *where)) == EXPECTED
     assert cli(capsys, JOB, "-f", *where) == cli(capsys, JOB, *where)  # durations too
-    assert cli(capsys, JOB, "-f", "--rank", "1", *where) == [
-        "identical line from every rank", "rank 1 of step 0", "step 1 rank 1"]
-    assert cli(capsys, JOB, "-f", "--node", "n2", *where) == ["step 1 rank 2"]
+    assert norm(cli(capsys, JOB, "-f", "--rank", "1", *where)) == [
+        STEP0, "identical line from every rank", "rank 1 of step 0", END0, STEP1,
+        "step 1 rank 1", END1]
+    assert norm(cli(capsys, JOB, "-f", "--node", "n2", *where)) == [STEP1, "step 1 rank 2",
+                                                                    END1]
     assert cli(capsys, JOB, "-f", "--rank", "0-1", *where) == cli(
         capsys, JOB, "--rank", "0-1", *where)
 

@@ -136,9 +136,9 @@ ALL_RANKS = ["start of " + ME, STEP, "0: rank 0 step 0", "1: rank 1 step 0",
              "2: rank 2 step 0", "3: rank 3 step 0", "0: identical line from every rank",
              "[logcapture: same line from 3 ranks (0-2)]", "3: rank 3 is different", "0: done",
              "[logcapture: same line from 3 ranks (0-2)]", "3: done", STEP_END, "end of job"]
-RANK_1 = ["rank 1 step 0", "identical line from every rank", "done"]  # as it printed
-NODE_N2 = ["2: rank 2 step 0", "3: rank 3 step 0", "3: rank 3 is different",
-           "2: identical line from every rank", "2: done", "3: done"]
+RANK_1 = [STEP, "rank 1 step 0", "identical line from every rank", "done", STEP_END]
+NODE_N2 = [STEP, "2: rank 2 step 0", "3: rank 3 step 0", "3: rank 3 is different",
+           "2: identical line from every rank", "2: done", "3: done", STEP_END]
 
 
 def store_of(tmp_path: Path, *jobs: tuple[str, int, str]) -> str:
@@ -183,7 +183,7 @@ def test_logs_of_a_job_merges_labels_and_folds_its_ranks_from_the_spool(
     assert logs(capsys, "50", "--rank", "1", *where)[:2] == (0, RANK_1)
     assert logs(capsys, "50", "--node", "n2", *where)[:2] == (0, NODE_N2)
     code, out, _ = logs(capsys, "50", "--rank", "0-1", "--rank", "3", *where)
-    assert out[3:5] == ["0: identical line from every rank",
+    assert out[4:6] == ["0: identical line from every rank",
                         "[logcapture: same line from 2 ranks (0-1)]"]
     assert logs(capsys, "50.0.2", *where)[1] == ["rank 2 step 0",
                                                  "identical line from every rank", "done"]
@@ -295,5 +295,5 @@ def test_the_job_pages_answer_names_rank_node_and_fold_and_keeps_the_newest(spoo
         newest = RV.page(r, "50", limit=2)
         assert newest["more"] and [e["text"] for e in newest["entries"]] == [STEP_END,
                                                                               "end of job"]
-        assert [e["rank"] for e in RV.page(r, "50", "2-3", "n2")["entries"]] == [2, 3, 3, 2,
-                                                                                  2, 3]
+        assert [e["rank"] for e in RV.page(r, "50", "2-3", "n2")["entries"]] == [
+            None, 2, 3, 3, 2, 2, 3, None]  # the step's section around its tasks
