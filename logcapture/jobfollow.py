@@ -38,20 +38,7 @@ from . import jobref
 from .config.defaults import FLUSH_INTERVAL
 from .errors import NotFound, UsageError
 from .logview import LogView
-from .rankview import (
-    STEP_RUN,
-    STEPS,
-    Folder,
-    RankEntry,
-    job_runs,
-    read_job,
-    several_ranks,
-    step_end,
-    step_start,
-    tagged,
-    text_lines,
-)
-from .records import End
+from .rankview import Folder, RankEntry, job_runs, read_job, several_ranks, tagged, text_lines
 from .runs import ABANDON_CHECK, SPOOL_POLL, SpoolFollow, job_candidates
 from .spool.layout import find_run_dirs
 
@@ -71,7 +58,6 @@ class _Run:
         self.view = LogView(streams=streams)
         self.shown = shown  # the batch run is followed for its end even when not shown
         self.count = 0  # entries read so far
-        self.end: float | None = None  # its End record's time, once read
 
 
 class JobFollow:
@@ -93,10 +79,6 @@ class JobFollow:
         self._seen: dict[str, dict[str, Any] | None] = {}  # run dir -> its light summary
         self._runs: dict[str, _Run] = {}
         self._ranks: set[int] = set()
-        # Each srun step's section (rankview.step_sections): its start, its task runs, and
-        # whether its opening and closing entries were given.
-        self._steps: dict[str, dict[str, Any]] = {}
-        self._sections = 0  # section entries given
         filtered = bool(ranks or nodes)
         start = next(iter(job_candidates([batch_dir], batch)), {"run": batch})
         self._add({**start, **jobref.job_fields(start)}, batch_dir, shown=not filtered)
@@ -111,12 +93,6 @@ class JobFollow:
                                self.check)
         if summary.get("rank") is not None:
             self._ranks.add(int(summary["rank"]))
-            if summary.get("step") not in (None, "") and summary.get("start") is not None:
-                step = self._steps.setdefault(str(summary["step"]), {
-                    "start": float(summary["start"]), "runs": [], "opened": False,
-                    "closed": False})
-                step["start"] = min(step["start"], float(summary["start"]))
-                step["runs"].append(run)
 
     def _look(self) -> bool:
         """Follows the task runs of the job that appeared since the last look; True when
@@ -155,15 +131,11 @@ class JobFollow:
                 self._look()
                 next_look = time.monotonic() + self.discover
             for r in list(self._runs.values()):
-                records = r.follow.read()
-                r.end = next((rec.ts for rec in records if isinstance(rec, End)), r.end)
-                got = r.view.feed(records)
+                got = r.view.feed(r.follow.read())
                 if r.shown and got:
                     for t in tagged(r.i, r.summary, got, r.count):
                         heapq.heappush(held, t)
                 r.count += len(got)
-            for t in self._step_entries():
-                heapq.heappush(held, t)
             ended = all(r.follow.ended for r in self._runs.values())
             if ended and self._look():
                 continue  # a task run that appeared at the end: read it too
@@ -174,24 +146,6 @@ class JobFollow:
             if ended:
                 return
             self.sleep(self.poll)
-
-    def _step_entries(self) -> list[tuple[float, int, int, int, RankEntry]]:
-        """The steps' section entries due: a step's opening once its first task run is
-        followed, its closing once every one of them has its end (as ``logs JOB`` shows them,
-        ``rankview.step_sections``)."""
-        out = []
-        for name, step in self._steps.items():
-            entries = []
-            if not step["opened"]:
-                step["opened"] = True
-                entries.append(step_start(name, step["start"]))
-            ends = [self._runs[run].end for run in step["runs"]]
-            if not step["closed"] and all(e is not None for e in ends):
-                step["closed"] = True
-                entries.append(step_end(name, step["start"], max(e for e in ends if e is not None)))
-            out += tagged(STEPS, STEP_RUN, entries, self._sections)
-            self._sections += len(entries)
-        return out
 
     def lines(self, text: Any = None) -> Iterator[str]:
         """``text``: what an entry prints as (``rankview.label``)."""

@@ -27,11 +27,6 @@ The rules:
 
 The folding reads entries in time order and holds only the last ``FOLD_WINDOW`` of them, so a
 log of any length is folded in bounded memory.
-
-- **Steps.** Each ``srun`` step whose tasks are shown is a section of the job's log
-  (:func:`step_sections`), as a CI marker's is (docs/rendering.md, "Sections"): it opens at the
-  first start of its task runs and, once every one of them has ended, closes at the last end,
-  with its duration; the page folds it, ``logs`` marks where it begins and ends.
 """
 
 from __future__ import annotations
@@ -42,12 +37,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 from .jobref import format_ranks
-from .logview import LINE, SECTION, SECTION_END, Entry, note_text
-from .records import NOTE_SECTION, NOTE_SECTION_END, RUN
+from .logview import LINE, Entry
 
 FOLD_WINDOW = 1.0  # seconds between the first rank's line and another rank's same line
-STEPS = -1  # the run number ``tagged`` gives the steps' sections: before the runs' on a tie
-STEP_RUN: Mapping[str, Any] = {"run": "", "rank": None, "nodes": ""}  # whose they are: none
 
 
 class RankEntry(NamedTuple):
@@ -95,41 +87,6 @@ def tagged(i: int, run: Mapping[str, Any], entries: Iterable[Entry], first: int 
     for n, e in enumerate(entries, first):
         item = RankEntry(e, str(run["run"]), rank, node, () if rank is None else (rank,))
         yield (e.ts, order, i, n, item)
-
-
-def step_title(step: Any) -> str:
-    """A step's section title."""
-    return f"srun step {step}"
-
-
-def step_start(step: Any, ts: float) -> Entry:
-    """The entry that opens a step's section (``logview``'s section entry)."""
-    return Entry(ts, RUN, 0, SECTION, note_text(NOTE_SECTION, 0, step_title(step)))
-
-
-def step_end(step: Any, start: float, end: float) -> Entry:
-    """The entry that closes a step's section, with its duration."""
-    return Entry(end, RUN, 1, SECTION_END, note_text(NOTE_SECTION_END,
-                                                      round((end - start) * 1000),
-                                                      step_title(step)))
-
-
-def step_sections(runs: Iterable[Mapping[str, Any]]) -> list[Entry]:
-    """The sections of the ``srun`` steps of ``runs`` (``jobref`` columns: ``rank``,
-    ``step``, ``start``, ``end``), in time order: each from the first start of its task runs
-    to their last end, closed only once every one has ended."""
-    steps: dict[str, list[Mapping[str, Any]]] = {}
-    for r in runs:
-        if r.get("rank") is not None and r.get("step") not in (None, "") and (
-                r.get("start") is not None):
-            steps.setdefault(str(r["step"]), []).append(r)
-    out = []
-    for step, tasks in steps.items():
-        start = min(float(t["start"]) for t in tasks)
-        out.append(step_start(step, start))
-        if all(t.get("end") is not None for t in tasks):
-            out.append(step_end(step, start, max(float(t["end"]) for t in tasks)))
-    return sorted(out, key=lambda e: (e.ts, e.seq))
 
 
 class _Group:
@@ -210,13 +167,9 @@ def text_lines(items: Iterable[RankEntry], several: bool | Callable[[], bool],
             yield fold_note(item.ranks)
 
 
-def job_log(logs: list[tuple[Mapping[str, Any], Iterable[Entry]]],
-            sections: Iterable[Entry] = ()) -> Iterator[RankEntry]:
-    """A job's log from its runs' entries (``merge``) and its steps' ``sections``
-    (:func:`step_sections`), folded when several ranks are in it."""
-    streams = [tagged(i, run, entries) for i, (run, entries) in enumerate(logs)]
-    streams.append(tagged(STEPS, STEP_RUN, sections))
-    merged: Iterator[RankEntry] = (t[-1] for t in heapq.merge(*streams))
+def job_log(logs: list[tuple[Mapping[str, Any], Iterable[Entry]]]) -> Iterator[RankEntry]:
+    """A job's log from its runs' entries (``merge``), folded when several ranks are in it."""
+    merged = merge(logs)
     ranks = {run.get("rank") for run, _ in logs if run.get("rank") is not None}
     return fold(merged) if len(ranks) > 1 else merged
 
@@ -274,7 +227,7 @@ def read_job(reader: Any, runs: list[Mapping[str, Any]], streams: tuple[str, ...
         # both streams read: a line's number counts both (the view shows ``streams``)
         return LogView(streams=streams).feed(from_dict(d) for d in reader.lines(run, None))
 
-    return job_log([(run, entries(str(run["run"]))) for run in runs], step_sections(runs))
+    return job_log([(run, entries(str(run["run"]))) for run in runs])
 
 
 def task_run_ids(reader: Any, jobs: Iterable[str], ranks: Iterable[str] = (),

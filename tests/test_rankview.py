@@ -89,20 +89,6 @@ def test_folding_holds_only_the_window_and_keeps_every_entry() -> None:
     assert sum(1 for _ in out) == 5000 - 3
 
 
-
-def test_each_srun_step_is_a_section_from_its_first_start_to_its_last_end() -> None:
-    def task(step: str, rank: int, start: float, end: float | None) -> dict:
-        return {"run": f"9.{step}.{rank}", "rank": rank, "step": step, "start": start,
-                "end": end, "nodes": "n1"}
-    sections = RV.step_sections([{"run": "9", "rank": None, "step": None, "start": T0,
-                                  "end": T0 + 100, "nodes": "n1"},
-                                 task("0", 0, T0 + 2, T0 + 9), task("0", 1, T0 + 1, T0 + 12.5),
-                                 task("1", 0, T0 + 20, None), task("1", 1, T0 + 21, T0 + 30)])
-    assert [(e.ts - T0, e.kind, e.text) for e in sections] == [
-        (1, "section", "[logcapture: section srun step 0]"),
-        (12.5, "section_end", "[logcapture: end of section srun step 0, 11.5 s]"),
-        (20, "section", "[logcapture: section srun step 1]")]  # a task still running
-
 # --- through the readers, from a spool and from the store ----------------------------------
 def job_records(owner: str, uid: int, job: str = "50") -> dict[str, list]:
     """Job ``job``: its batch run and four tasks on two nodes. Ranks 0-2 print one line
@@ -130,15 +116,13 @@ def job_records(owner: str, uid: int, job: str = "50") -> dict[str, list]:
     return runs
 
 
-STEP = "[logcapture: section srun step 0]"  # each srun step a section of the job's log
-STEP_END = "[logcapture: end of section srun step 0, 6.5 s]"
-ALL_RANKS = ["start of " + ME, STEP, "0: rank 0 step 0", "1: rank 1 step 0",
-             "2: rank 2 step 0", "3: rank 3 step 0", "0: identical line from every rank",
+ALL_RANKS = ["start of " + ME, "0: rank 0 step 0", "1: rank 1 step 0", "2: rank 2 step 0",
+             "3: rank 3 step 0", "0: identical line from every rank",
              "[logcapture: same line from 3 ranks (0-2)]", "3: rank 3 is different", "0: done",
-             "[logcapture: same line from 3 ranks (0-2)]", "3: done", STEP_END, "end of job"]
-RANK_1 = [STEP, "rank 1 step 0", "identical line from every rank", "done", STEP_END]
-NODE_N2 = [STEP, "2: rank 2 step 0", "3: rank 3 step 0", "3: rank 3 is different",
-           "2: identical line from every rank", "2: done", "3: done", STEP_END]
+             "[logcapture: same line from 3 ranks (0-2)]", "3: done", "end of job"]
+RANK_1 = ["rank 1 step 0", "identical line from every rank", "done"]
+NODE_N2 = ["2: rank 2 step 0", "3: rank 3 step 0", "3: rank 3 is different",
+           "2: identical line from every rank", "2: done", "3: done"]
 
 
 def store_of(tmp_path: Path, *jobs: tuple[str, int, str]) -> str:
@@ -183,7 +167,7 @@ def test_logs_of_a_job_merges_labels_and_folds_its_ranks_from_the_spool(
     assert logs(capsys, "50", "--rank", "1", *where)[:2] == (0, RANK_1)
     assert logs(capsys, "50", "--node", "n2", *where)[:2] == (0, NODE_N2)
     code, out, _ = logs(capsys, "50", "--rank", "0-1", "--rank", "3", *where)
-    assert out[4:6] == ["0: identical line from every rank",
+    assert out[3:5] == ["0: identical line from every rank",
                         "[logcapture: same line from 2 ranks (0-1)]"]
     assert logs(capsys, "50.0.2", *where)[1] == ["rank 2 step 0",
                                                  "identical line from every rank", "done"]
@@ -284,16 +268,13 @@ def test_the_job_pages_answer_names_rank_node_and_fold_and_keeps_the_newest(spoo
         whole = RV.page(r, "50")
         assert not whole["more"] and whole["ended"]
         assert [e["text"] for e in whole["entries"]] == [
-            t if t in (STEP, STEP_END) else t.split(": ", 1)[-1]
-            for t in ALL_RANKS if not t.startswith("[logcapture: same line")]
-        assert [e["kind"] for e in whole["entries"] if e["rank"] is None and e["run"] == ""] \
-            == ["section", "section_end"]  # the page folds the step as a CI section
+            t.split(": ", 1)[-1] for t in ALL_RANKS if not t.startswith("[")]
         folded = [e for e in whole["entries"] if "note" in e]
         assert [(e["rank"], e["node"], e["ranks"], e["note"]) for e in folded] == [
             (0, "n1", [0, 1, 2], "[logcapture: same line from 3 ranks (0-2)]")] * 2
         assert whole["entries"][0]["rank"] is None and whole["entries"][0]["run"] == "50"
         newest = RV.page(r, "50", limit=2)
-        assert newest["more"] and [e["text"] for e in newest["entries"]] == [STEP_END,
+        assert newest["more"] and [e["text"] for e in newest["entries"]] == ["done",
                                                                               "end of job"]
-        assert [e["rank"] for e in RV.page(r, "50", "2-3", "n2")["entries"]] == [
-            None, 2, 3, 3, 2, 2, 3, None]  # the step's section around its tasks
+        assert [e["rank"] for e in RV.page(r, "50", "2-3", "n2")["entries"]] == [2, 3, 3, 2,
+                                                                                  2, 3]
