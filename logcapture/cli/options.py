@@ -41,6 +41,12 @@ def source_option(f: Any) -> Any:
              "spool), else the spool.")(f)
 
 
+def node_option(f: Any) -> Any:
+    """--node NAME, repeatable: only the tasks of a job's srun steps that ran on that node."""
+    return click.option("--node", "nodes", multiple=True, metavar="NAME",
+                        help="Only the tasks that ran on this node; repeatable.")(f)
+
+
 def retention_options(f: Any) -> Any:
     """--retention-days and --keep (the shipper's ``retention_days``: None with --keep)."""
     f = click.option("--keep", is_flag=True, help="Never delete shipped spool segments.")(f)

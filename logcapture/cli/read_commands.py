@@ -16,7 +16,14 @@ import click
 from ..errors import UsageError
 from ..records import OUTPUT_STREAMS, STDERR, STREAMS_MERGED
 from ..search import DEFAULT_LIMIT as DEFAULT_SEARCH_LIMIT
-from .options import open_reader, source_option, spool_option, spool_root, store_option
+from .options import (
+    node_option,
+    open_reader,
+    source_option,
+    spool_option,
+    spool_root,
+    store_option,
+)
 
 
 def format_insights(insights: list[dict[str, Any]], evidence: int = 3) -> list[str]:
@@ -90,8 +97,7 @@ def ls_cmd(spool: Path | None, store_dsn: str | None, source: str, as_json: bool
 @click.option("--rank", "ranks", multiple=True, metavar="N",
               help="Only the task(s) of the job's srun steps with this rank (SLURM_PROCID): "
                    "N, a range 0-3 or a list 0-3,8; repeatable.")
-@click.option("--node", "nodes", multiple=True, metavar="NAME",
-              help="Only the tasks that ran on this node; repeatable.")
+@node_option
 @click.option("--color", type=click.Choice(["auto", "always", "never"]), default="auto",
               show_default=True, help="Write the lines' colours back as ANSI escape sequences "
               "(auto: when stdout is a terminal and NO_COLOR is not set).")
@@ -260,8 +266,7 @@ def show(spool: Path | None, as_json: bool, store_dsn: str | None, source: str,
 @click.option("--rank", "ranks", multiple=True, metavar="N",
               help="Only the tasks of srun steps with this rank (of --job's jobs, else of "
                    "any): N, a range 0-3 or a list 0-3,8; repeatable.")
-@click.option("--node", "nodes", multiple=True, metavar="NAME",
-              help="Only the tasks that ran on this node; repeatable.")
+@node_option
 def search(pattern: str, regex: bool, jobs: tuple[str, ...], since: str | None,
            until: str | None, stream: str | None, states: tuple[str, ...], context: int,
            limit: int, as_json: bool, spool: Path | None, store_dsn: str | None,
