@@ -52,6 +52,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -67,6 +68,7 @@ SPANK_PLUGIN(logcapture_task, 1);
 #define READY_TIMEOUT_MS 10000 /* Python's start on a loaded node, at most */
 #define FINISH_TIMEOUT_MS 20000 /* the capture process's drain and end record, at most */
 #define EXIT_TIMEOUT_MS (FINISH_TIMEOUT_MS + 2000) /* and its exit after that */
+#define GONE_TIMEOUT_MS 1000 /* from its end of file to its exit, at most */
 #define CAPTURE_FD 3
 #define FORWARD_TIMEOUT_MS 5000 /* the batch capture's answer to srun, at most */
 
@@ -457,10 +459,37 @@ static int wait_input_until(int fd, const struct timespec *since, long limit_ms)
     return left > 0 ? wait_input(fd, (int)left) : 0;
 }
 
+/* A pidfd of process `pid` (pidfd_open(2), Linux 5.3): readable once the process has exited.
+ * -1 where the kernel or the C library has none. */
+static int open_pidfd(pid_t pid)
+{
+#ifdef SYS_pidfd_open
+    return pid > 0 ? (int)syscall(SYS_pidfd_open, pid, 0) : -1;
+#else
+    (void)pid;
+    return -1;
+#endif
+}
+
+/* Wait (bounded) until the process behind `pidfd` has exited: its end of file comes while it
+ * is still exiting, and slurmstepd's next look at the step (proctrack/cgroup reads the step
+ * cgroup's cgroup.procs at once, then after 1 s, 2 s ...) still finds it there until it has.
+ * Once exited it is a zombie, which cgroup.procs does not list (docs/architecture.md, "The
+ * cost of a captured step"), so who reaps it, and when, does not matter. */
+static void wait_exited(int pidfd, uint32_t job, uint32_t step, uint32_t task)
+{
+    if (pidfd < 0)
+        return; /* no pidfd: as before, slurmstepd waits for it itself */
+    if (wait_input(pidfd, GONE_TIMEOUT_MS) <= 0)
+        slurm_info("logcapture_task: %u.%u task %u: the capture process had not exited %d ms "
+                   "after closing its connection", job, step, task, GONE_TIMEOUT_MS);
+}
+
 int slurm_spank_task_exit(spank_t sp, int ac, char **av)
 {
     uint32_t job = 0, step = 0, task = 0;
-    int status = 0, sock, r;
+    int status = 0, sock, r, pidfd;
+    ssize_t got = 0;
     uid_t uid = (uid_t)-1;
     struct sockaddr_un addr;
     struct ucred peer;
@@ -494,8 +523,12 @@ int slurm_spank_task_exit(spank_t sp, int ac, char **av)
         close(sock);
         return ESPANK_SUCCESS;
     }
+    /* Taken while the process holds the connection open, so `peer.pid` is still its pid. */
+    pidfd = open_pidfd(peer.pid);
     snprintf(msg, sizeof(msg), "%d\n", status);
     if (send(sock, msg, strlen(msg), MSG_NOSIGNAL) < 0) {
+        if (pidfd >= 0)
+            close(pidfd);
         close(sock);
         return ESPANK_SUCCESS;
     }
@@ -506,17 +539,21 @@ int slurm_spank_task_exit(spank_t sp, int ac, char **av)
         slurm_info("logcapture_task: %u.%u task %u: the capture process did not finish in "
                    "%d s", job, step, task, FINISH_TIMEOUT_MS / 1000);
     /* After the reply, end of file: the capture process keeps the connection open until it
-     * exits. Once this returns and the step's last task is gone, slurmstepd waits for the
-     * step's processes to be gone too (proctrack/cgroup looks again after 1 s, then 2, ...),
-     * so a capture process still exiting then would hold the step up by a second. An exited
-     * one counts until init reaps it (the double fork made init its parent): a node whose
-     * init reaps orphans late still waits that second (docs/architecture.md). */
-    while (r > 0 && recv(sock, reply, sizeof(reply), 0) > 0) {
+     * exits. Once this returns and the step's last task is gone, slurmstepd looks for
+     * processes left in the step (proctrack/cgroup: it SIGKILLs them and looks again after
+     * 1 s, then 2, ...), so a capture process still exiting then would hold the step up by
+     * a second; its end of file comes a moment before it has left the step's cgroup, hence
+     * the pidfd wait after it. */
+    while (r > 0 && (got = recv(sock, reply, sizeof(reply), 0)) > 0) {
         r = wait_input_until(sock, &start, EXIT_TIMEOUT_MS);
         if (r <= 0)
             slurm_info("logcapture_task: %u.%u task %u: the capture process did not exit in "
                        "time", job, step, task);
     }
+    if (r > 0 && got == 0)
+        wait_exited(pidfd, job, step, task);
+    if (pidfd >= 0)
+        close(pidfd);
     close(sock);
     return ESPANK_SUCCESS;
 }
