@@ -17,9 +17,17 @@ For each it prints the median wall time of the srun step (timed inside the job s
 before srun to after it) and of the whole job (sbatch to its final state, prolog and epilog
 included), the ratio with logcapture to without, and each task's capture CPU: the capture
 processes' CPU seconds from the task run's End record (counts.capture.cpu_ms) over the task's
-duration, as a share of one core. The 1-minute load average is printed with each round.
+duration, as a share of one core, and its memory: the larger of the two capture processes'
+peak resident sizes (counts.capture.max_rss_kib; the reader and the worker it forked share
+pages, so both together hold less than twice that). The 1-minute load average is printed with
+each round.
+
+With ``--before-plugin FILE`` (a build of slurm/spank/logcapture_task.c from another tree) each
+round also runs the opted-in job with that plugin: the file slurmstepd loads for each step is
+switched between jobs, so the two builds are compared in the same rounds, on the same cluster.
 
     sudo .venv/bin/python bench/bench_tasks.py [--rounds N] [--only empty,flood,training]
+                                               [--before-plugin FILE]
 
 Needs root, Debian's slurm-wlm and munge and the task plugin's build tools
 (slurm/ci-setup.sh). Never asserts a time.
@@ -42,6 +50,7 @@ from bench_runner import TRAINING, load  # noqa: E402
 from bench_slurm import new_bench  # noqa: E402
 
 TASKS = 4
+WHAT = {"off": "without", "on": "with logcapture", "before": "with the --before-plugin"}
 WORK = {
     "empty": "pass\n",
     "flood": "import sys\nw = sys.stdout.write\n"
@@ -65,25 +74,39 @@ def step_seconds(out: Path) -> float:
     return float(t1) - float(t0)
 
 
-def task_cpu_shares(spool: Path, job: str) -> list[float]:
-    """Each task run's capture CPU over its duration (a share of one core)."""
+def task_usage(spool: Path, job: str) -> list[tuple[float, float]]:
+    """Each task run's capture CPU over its duration (a share of one core) and its capture
+    processes' peak resident size (MiB), from its End record."""
     from logcapture.spool import iter_run
 
-    shares = []
+    usage = []
     for run in sorted((spool / job).glob(f"{job}.0.*")):
         for rec in iter_run(run):
             if rec.kind == "end":
                 d = rec.to_dict()
-                cpu = d["counts"].get("capture", {}).get("cpu_ms", 0) / 1000
-                shares.append(cpu / max(d["duration"], 1e-9))
-    return shares
+                capture = d["counts"].get("capture", {})
+                usage.append((capture.get("cpu_ms", 0) / 1000 / max(d["duration"], 1e-9),
+                              capture.get("max_rss_kib", 0) / 1024))
+    return usage
+
+
+def use_plugin(lib: Path, build: Path) -> None:
+    """Make ``build`` the plugin the cluster's next steps load (a new file, not one
+    rewritten under a process that may still map it)."""
+    tmp = lib.with_suffix(".next")
+    shutil.copyfile(build, tmp)
+    os.replace(tmp, lib)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=2, help="jobs per case and workload")
     ap.add_argument("--only", default="empty,flood,training")
+    ap.add_argument("--before-plugin", type=Path, metavar="FILE",
+                    help="also run the opted-in job with this build of the task plugin")
     args = ap.parse_args()
+    if args.before_plugin is not None and not args.before_plugin.is_file():
+        ap.error(f"--before-plugin {args.before_plugin}: no such file")
     b = new_bench("bench_tasks")
     if b is None:
         return 2
@@ -92,42 +115,55 @@ def main() -> int:
     try:
         b.up()
         assert b.pw is not None
+        lib = b.dir / "lib" / "logcapture_task.so"
+        builds = {"on": b.dir / "lib" / "logcapture_task.tree.so"}
+        shutil.copyfile(lib, builds["on"])
+        cases = ["off", "on"]
+        if args.before_plugin is not None:
+            builds["before"] = args.before_plugin
+            cases.append("before")
         home = Path(b.pw.pw_dir)
         out = home / "bench-tasks.out"
         for name in args.only.split(","):
             work = home / "bench-work.py"
             work.write_text(WORK[name])
             os.chown(work, b.pw.pw_uid, b.pw.pw_gid)
-            r = results[name] = {"step off": [], "step on": [], "job off": [], "job on": [],
-                                 "cpu": []}
+            r = results[name] = {f"{what} {key}": [] for what in ("step", "job", "cpu", "rss")
+                                 for key in cases}
             for i in range(args.rounds):
-                for on in (False, True):
-                    b.optin(on)
-                    key = "on" if on else "off"
+                for key in cases:
+                    b.optin(key != "off")
+                    if key in builds:
+                        use_plugin(lib, builds[key])
                     r[f"job {key}"].append(b.job_seconds(JOB, str(out)))
                     r[f"step {key}"].append(step_seconds(out))
-                    if on:
-                        shares = task_cpu_shares(b.dir / "spool", b.last_job)
-                        assert len(shares) == TASKS, f"{len(shares)} task runs, not {TASKS}"
-                        r["cpu"].extend(shares)
+                    if key != "off":
+                        usage = task_usage(b.dir / "spool", b.last_job)
+                        assert len(usage) == TASKS, f"{len(usage)} task runs, not {TASKS}"
+                        r[f"cpu {key}"].extend(cpu for cpu, _ in usage)
+                        r[f"rss {key}"].extend(rss for _, rss in usage)
                         shutil.rmtree(b.dir / "spool" / b.last_job, ignore_errors=True)
                     out.unlink(missing_ok=True)
-                print(f"{name} round {i + 1}: step {r['step off'][-1]:.2f} s without, "
-                      f"{r['step on'][-1]:.2f} s with logcapture; load {load()}", flush=True)
+                print(f"{name} round {i + 1}: step " + ", ".join(
+                    f"{r[f'step {key}'][-1]:.2f} s {WHAT[key]}" for key in cases)
+                    + f"; load {load()}", flush=True)
     finally:
         b.optin(False)
         b.down()
         shutil.rmtree(base, ignore_errors=True)
 
-    print(f"\n{'workload':10} {'step off':>9} {'step on':>8} {'ratio':>6} {'job off':>8} "
-          f"{'job on':>7} {'ratio':>6} {'capture CPU/task':>18}   ({TASKS} tasks, "
-          f"{args.rounds} rounds, medians, seconds)")
+    print(f"\n{'workload':10} {'plugin':7} {'step off':>9} {'step on':>8} {'ratio':>6} "
+          f"{'job off':>8} {'job on':>7} {'ratio':>6} {'capture CPU/task':>27} "
+          f"{'capture RSS':>12}   ({TASKS} tasks, {args.rounds} rounds, medians, seconds)")
     for name, r in results.items():
         m = {k: statistics.median(v) for k, v in r.items() if v}
-        print(f"{name:10} {m['step off']:9.2f} {m['step on']:8.2f} "
-              f"{m['step on'] / m['step off']:6.3f} {m['job off']:8.2f} {m['job on']:7.2f} "
-              f"{m['job on'] / m['job off']:6.3f} {100 * m['cpu']:8.2f} % (max "
-              f"{100 * max(r['cpu']):.2f} %)")
+        for key in cases[1:]:
+            print(f"{name:10} {'this' if key == 'on' else key:7} {m['step off']:9.2f} "
+                  f"{m[f'step {key}']:8.2f} {m[f'step {key}'] / m['step off']:6.3f} "
+                  f"{m['job off']:8.2f} {m[f'job {key}']:7.2f} "
+                  f"{m[f'job {key}'] / m['job off']:6.3f} {100 * m[f'cpu {key}']:8.2f} % (max "
+                  f"{100 * max(r[f'cpu {key}']):5.2f} %) {m[f'rss {key}']:6.1f} MiB (max "
+                  f"{max(r[f'rss {key}']):.1f})")
     return 0
 
 
