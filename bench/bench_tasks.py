@@ -77,7 +77,7 @@ def step_seconds(out: Path) -> float:
 def task_usage(spool: Path, job: str) -> list[tuple[float, float]]:
     """Each task run's capture CPU over its duration (a share of one core) and its capture
     processes' peak resident size (MiB), from its End record."""
-    from logcapture.spool import iter_run
+    from logcapture.spool.reading import iter_run
 
     usage = []
     for run in sorted((spool / job).glob(f"{job}.0.*")):
