@@ -21,8 +21,8 @@
  * In slurm_spank_task_exit (slurmstepd, root, as the task's exit status is collected) it
  * tells the task's capture process the status over an abstract unix socket named after the
  * job, step and task, and waits (bounded) until that process has written the end of the
- * run: once every task of the step has exited slurmstepd kills what is left in the step,
- * the capture process included.
+ * run and exited: once every task of the step has exited slurmstepd kills what is left in
+ * the step, the capture process included, and waits a second for anything still there.
  *
  * In srun (local context, as the user) it keeps the tasks' lines from being stored a second
  * time with the batch script: srun writes what its tasks print to its own stdout and stderr,

@@ -89,6 +89,16 @@ class Cluster:
         python = python or self.env["LOGCAPTURE_BIN"] + "/python3"
         path.write_text(line.rsplit(" python=", 1)[0] + f" python={python}\n")
 
+    def set_slurmd_debug(self, level: str | None) -> None:
+        """slurmd's log level (slurm.conf SlurmdDebug; None: as the cluster was made), which
+        each step's slurmstepd takes from slurmd when it starts."""
+        path = self.dir / "etc" / "slurm.conf"
+        lines = [ln for ln in path.read_text().splitlines()
+                 if not ln.startswith("SlurmdDebug=")]
+        path.write_text("\n".join([*lines, f"SlurmdDebug={level or 'info'}"]) + "\n")
+        subprocess.run(["scontrol", "reconfigure"], env=self.env, check=True, timeout=60,
+                       capture_output=True)
+
     def task_run_dirs(self, job: Job | str) -> dict[str, Path]:
         """{run id: directory} of the job's task runs (JOB.STEP.RANK)."""
         job_id = job.id if isinstance(job, Job) else job

@@ -132,6 +132,33 @@ def test_a_task_whose_capture_cannot_start_runs_uncaptured_with_its_exit_status(
     assert "not captured" in nospool.out.read_text()  # the one warning, in the task's stderr
 
 
+EMPTY4 = """#!/bin/bash
+#SBATCH -n 4
+srun python3 -c pass
+"""
+
+
+def test_no_capture_process_is_left_in_a_step_when_its_tasks_have_ended(lc: Cluster) -> None:
+    # Once a step's tasks have ended, slurmstepd SIGKILLs what is left in the step's cgroup
+    # and looks again only a second later (logging each kill at debug2). The plugin returns
+    # from a task's exit only once its capture process has exited, so nothing of
+    # logcapture's is left there, however the exiting processes and slurmstepd are scheduled.
+    lc.optin(U1, "")
+    lc.set_slurmd_debug("debug2")
+    try:
+        jobs = [lc.submit(U1, EMPTY4, name="empty") for _ in range(4)]
+        states = lc.wait(*jobs, timeout=120)
+    finally:
+        lc.set_slurmd_debug(None)
+    log = lc.slurmd_log().splitlines()
+    for job in jobs:
+        assert states[job.id] == ("COMPLETED", "0:0")
+        assert len(lc.task_run_dirs(job)) == 4
+        step = [ln for ln in log if f"[{job.id}.0]" in ln]
+        assert sum("task_exit = 0" in ln for ln in step) == 4, step  # logged at debug2
+        assert not [ln for ln in step if "killing process" in ln], step
+
+
 def test_the_epilog_ships_the_task_runs_with_the_job_and_logs_reads_them_by_rank(
         lc: Cluster) -> None:
     lc.set_store(True)
