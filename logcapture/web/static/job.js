@@ -110,42 +110,48 @@
   // A CI's fold markers (GitHub ::group::, GitLab section_start, Buildkite ---/~~~/+++) are
   // sections (docs/rendering.md): the start row folds and unfolds what lies between it and
   // its end, and says how long the section took. A section opens as the job asked ("(folded)"
-  // in its start's text: GitHub's groups, GitLab's [collapsed=true], Buildkite's --- and ~~~)
-  // until the reader clicks it; one not yet ended (the job is in it) stays open.
+  // in its start's text: GitHub's groups, GitLab's [collapsed=true], Buildkite's --- and ~~~,
+  // unless the job asked to expand it later: Buildkite's ^^^ +++, a section_expand entry
+  // inside it) until the reader clicks it; one not yet ended (the job is in it) stays open.
   const toggled = new Set();  // cursors of the section starts the reader clicked
-  let folding = {hidden: new Set(), ends: new Map(), around: new Map()};
+  let folding = {hidden: new Set(), ends: new Map(), around: new Map(), expanded: new Set()};
   const SECTION_START = /^\[logcapture: section (.*?)( \(folded\))?\]$/;
   const SECTION_END = /, ([^,]*)\]$/;
-  function isFolded(start, ends) {
-    if (!ends.has(start.cursor)) return false;
-    const asked = SECTION_START.test(start.text) && !!SECTION_START.exec(start.text)[2];
+  function isFolded(start, f) {
+    if (!f.ends.has(start.cursor)) return false;
+    const asked = SECTION_START.test(start.text) && !!SECTION_START.exec(start.text)[2] &&
+                  !f.expanded.has(start.cursor);
     return toggled.has(start.cursor) ? !asked : asked;
   }
-  // One pass over the loaded entries: each start's end, the entries a folded section hides
-  // (its end too: its start row says the duration), and the folded starts around each.
+  // One pass over the loaded entries: each start's end and whether the job expanded it, then
+  // the entries a folded section hides (its end too: its start row says the duration), and
+  // the folded starts around each.
   function foldSections(list) {
-    const ends = new Map(), hidden = new Set(), around = new Map(), stack = [];
+    const ends = new Map(), expanded = new Set(), hidden = new Set(), around = new Map();
+    const stack = [];
     for (const e of list) {
       if (e.kind === "section_end") { const s = stack.pop(); if (s) ends.set(s.cursor, e); }
       else if (e.kind === "section") stack.push(e);
+      else if (e.kind === "section_expand" && stack.length) expanded.add(stack[stack.length - 1].cursor);
     }
+    const f = {ends, expanded};
     stack.length = 0;
     for (const e of list) {
       const closing = e.kind === "section_end" && stack.length ? stack[stack.length - 1] : null;
-      const folded = stack.filter(s => isFolded(s, ends));
+      const folded = stack.filter(s => isFolded(s, f));
       if (folded.length) { hidden.add(e); around.set(e, folded); }
       if (e.kind === "section_end") stack.pop();
       else if (e.kind === "section") stack.push(e);
-      if (closing && !hidden.has(e) && isFolded(closing, ends)) hidden.add(e);
+      if (closing && !hidden.has(e) && isFolded(closing, f)) hidden.add(e);
     }
-    return {hidden, ends, around};
+    return {hidden, ends, around, expanded};
   }
   function sectionText(e) {
     const m = SECTION_START.exec(e.text);
     if (!m) return e.text;
     const end = folding.ends.get(e.cursor);
     const took = end ? (SECTION_END.exec(end.text) || [])[1] : null;
-    return (isFolded(e, folding.ends) ? "▸ " : "▾ ") + m[1] + (took ? `  (${took})` : end ? "" : "  (running)");
+    return (isFolded(e, folding) ? "▸ " : "▾ ") + m[1] + (took ? `  (${took})` : end ? "" : "  (running)");
   }
   rowsBox.addEventListener("click", ev => {
     const row = ev.target.closest(".row.section");
