@@ -181,8 +181,13 @@ def numbered_text(shown: Callable[[Entry], str]) -> Callable[[Entry], str]:
     """What ``logs -n`` prints of an entry: what ``shown`` prints of it, after its line number,
     as ``cat -n`` writes it (a note, which has none, after as many spaces)."""
     def text(e: Entry) -> str:
-        return f"{e.line:6}\t{shown(e)}" if e.line else f"{'':6}\t{shown(e)}"
+        return line_prefix(e.line) + shown(e)
     return text
+
+
+def line_prefix(line: int) -> str:
+    """What ``logs -n`` prints before an entry of line number ``line`` (0: none)."""
+    return f"{line:6}\t" if line else f"{'':6}\t"
 
 
 def numbered_lines(raw: Iterable[bytes]) -> int:

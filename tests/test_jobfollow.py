@@ -129,6 +129,11 @@ def test_following_a_job_shows_its_tasks_as_they_come_as_logs_shows_them(
     assert cli(capsys, JOB, "-f", "--node", "n2", *where) == ["step 1 rank 2"]
     assert cli(capsys, JOB, "-f", "--rank", "0-1", *where) == cli(
         capsys, JOB, "--rank", "0-1", *where)
+    # numbered as `logs JOB -n` numbers the job's log (a folded line once)
+    numbered = cli(capsys, JOB, "-n", *where)
+    assert cli(capsys, JOB, "-f", "-n", *where) == numbered
+    assert [n.partition("\t")[0].strip() for n in numbered] == [
+        "1", "2", "", "3", "4", "5", "6", "7", "8"]
 
 
 def cli(capsys: pytest.CaptureFixture[str], *args: str) -> list[str]:

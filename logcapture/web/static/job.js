@@ -307,6 +307,10 @@
     marked = parseMark(location.hash);
     if (marked === null) { drawRows(); return; }
     anchorLine = marked.from;
+    if (tasks.length) {  // a job's log: its entries around the line, from the server
+      if (!showJobMark()) refilter();
+      return;
+    }
     showMark(generation).catch(err => LC.showError(rowsBox, err));
   });
 
@@ -335,9 +339,10 @@
   async function loadLog() {
     const gen = ++generation;
     if (source) { source.close(); source = null; }
+    marked = parseMark(location.hash);
+    if (marked !== null) anchorLine = marked.from;
     if (tasks.length) return loadJobLog(gen);
     if (at) return loadAt(gen);
-    marked = parseMark(location.hash);
     if (marked !== null) { anchorLine = marked.from; return showMark(gen); }
     const page = await api(`${base}/log?stderr=1&limit=${FIRST}`);
     if (gen !== generation) return;
@@ -407,22 +412,41 @@
     document.getElementById("rank-filters").hidden = false;
   }
 
+  // Each line's number is its number in the job's log (rankview.numbered, as `logcapture logs
+  // JOB -n` prints it; the server numbers, the page does not count): a #L link asks for the
+  // entries around that line when it is not among those loaded, and is then not refreshed.
   async function loadJobLog(gen) {
     const q = `rank=${encodeURIComponent(rankFilter.value)}&node=${encodeURIComponent(nodeFilter.value)}`;
-    const page = await api(`${base}/joblog?${q}&limit=${PAGE_MAX}`);
+    const around = marked !== null && !entries.some(e => e.line === marked.from)
+      ? `&line=${marked.from}` : "";
+    const page = await api(`${base}/joblog?${q}&limit=${PAGE_MAX}${around}`);
     if (gen !== generation) return;
-    const stick = !entries.length || atBottom();
+    const stick = !around && (!entries.length || atBottom());
     entries = page.entries;
     refreshView();
     older = false;
     drawRows();
-    if (stick) { toBottom(); drawRows(); }
-    setLive(!page.ended, page.ended ? "" : "live");
+    if (marked !== null && showJobMark()) { /* scrolled to the linked line */ }
+    else if (stick) { toBottom(); drawRows(); }
+    const live = !page.ended && !page.newer;
+    setLive(live, page.newer ? "at a linked line" : live ? "live" : "");
     if (page.more) document.getElementById("log-count").textContent +=
-      " (the newest; `logcapture logs` prints all)";
-    if (!page.ended) setTimeout(() => {
+      page.newer ? " (around the linked line; `logcapture logs` prints all)"
+                 : " (the newest; `logcapture logs` prints all)";
+    if (live) setTimeout(() => {
       if (gen === generation) loadJobLog(gen).catch(err => LC.showError(rowsBox, err));
     }, 5000);
+  }
+  function showJobMark() {
+    const e = entries.find(x => x.line === marked.from);
+    if (!e) return false;
+    if (e.stream === "stderr") stderrSwitch.checked = true;
+    if (e.stream === "stdout") stdoutSwitch.checked = true;
+    reveal(e);
+    const i = view.indexOf(e);
+    logBox.scrollTop = Math.max(0, i * ROW - logBox.clientHeight / 2);
+    drawRows();
+    return true;
   }
 
   // A distinct, stable colour per rank: hues a golden angle apart.
@@ -448,8 +472,17 @@
     entries = [];
     loadJobLog(generation).catch(err => LC.showError(rowsBox, err));
   }
-  rankFilter.addEventListener("change", refilter);
-  nodeFilter.addEventListener("change", refilter);
+  // Another choice of ranks or nodes is another log, numbered on its own: a #L mark of the
+  // one before does not carry over.
+  function rechoose() {
+    if (marked !== null) {
+      marked = null;
+      history.replaceState(null, "", location.pathname + location.search);
+    }
+    refilter();
+  }
+  rankFilter.addEventListener("change", rechoose);
+  nodeFilter.addEventListener("change", rechoose);
 
   logBox.addEventListener("scroll", () => {
     drawRows();
