@@ -59,12 +59,20 @@ class Marker(namedtuple("Marker", ("what", "name", "title", "collapsed", "flat")
         flat: bool
 
 
+# What a marker line starts with (``marker``): each marker is at the start of its line.
+_STARTS = ("::group::", "::endgroup::", "section_", *_BUILDKITE, _BUILDKITE_EXPAND)
+# ... after the newline that ends the line before it. One pattern that begins with a literal
+# newline: the regex engine finds each newline with memchr and tries the starts there, ~4x
+# faster on a batch of log lines than a substring search for each start (bench_sections.py).
+_AFTER_NEWLINE = re.compile("\n(?:" + "|".join(map(re.escape, _STARTS)) + ")")
+
+
 def may_hold_marker(joined: str) -> bool:
     """Might one of the lines joined by newlines in ``joined`` be a marker? (A cheap test for
-    the classifier's batches; a false alarm only sends the batch line by line.)"""
-    # Six searches of the batch (each ~1-2 GB/s): "group::" finds both of GitHub's.
-    return ("group::" in joined or "section_" in joined or "--- " in joined
-            or "+++ " in joined or "~~~ " in joined or _BUILDKITE_EXPAND in joined)
+    the classifier's batches; a false alarm only sends the batch line by line, so it looks
+    only at the starts of lines: a ruler ``a --- b`` or a name with ``section_`` in it is
+    none.)"""
+    return joined.startswith(_STARTS) or _AFTER_NEWLINE.search(joined) is not None
 
 
 def marker(text: str) -> Marker | None:

@@ -14,7 +14,13 @@ from helpers import env_for, lc
 from logcapture.logview import LogView, note_text
 from logcapture.pipeline import Pipeline
 from logcapture.records import NOTE_SECTION, NOTE_SECTION_END, NOTE_SECTION_EXPAND, Line, Note
-from logcapture.sections import MarkerBytes, Sections, duration_text, marker
+from logcapture.sections import (
+    MarkerBytes,
+    Sections,
+    duration_text,
+    marker,
+    may_hold_marker,
+)
 from logcapture.spool.layout import create_run_dir
 from logcapture.spool.reading import iter_run
 from logcapture.spool.writer import SpoolWriter
@@ -174,6 +180,13 @@ def test_marker_rules():
     s.apply(marker("--- a"), 0.0)
     assert s.apply(marker("^^^ +++"), 1.0) == [] and s.innermost() == "a"
     assert note_text(NOTE_SECTION_EXPAND, 0, "a") == "[logcapture: section a expanded]"
+    # the batch test looks at the starts of lines only: a marker's text inside a line is none
+    for batch in ("--- a", "x\n::group::a", "x\n::endgroup::", "x\nsection_end:1:a",
+                  "x\n~~~ a", "x\n+++ a", "x\n^^^ +++"):
+        assert may_hold_marker(batch), batch
+    for batch in ("epoch 1 --- loss 0.3", "x\nrun ::group::a", "x\nmy_section_end", "-- a",
+                  "x\n:: group"):
+        assert not may_hold_marker(batch), batch
 
 
 def test_marker_bytes_keep_the_output_files_bytes_and_hold_only_a_cut_marker():
