@@ -48,6 +48,7 @@ log of any length is folded in bounded memory.
 from __future__ import annotations
 
 import heapq
+import re
 import shlex
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -59,6 +60,7 @@ from .records import NOTE_SECTION, NOTE_SECTION_END, RUN
 
 FOLD_WINDOW = 1.0  # seconds between the first rank's line and another rank's same line
 TITLE_COMMAND = 60  # characters of a step's command in its section's title, at most
+_SPACES = re.compile(r"[\s\x00-\x1f\x7f-\x9f]+")
 
 
 class RankEntry(NamedTuple):
@@ -206,6 +208,8 @@ def step_title(step: str, tasks: Any, command: Any) -> str:
         words = command
     else:
         words = shlex.join(str(w) for w in command or ())
+    # one line of plain text: a `python3 -c '...'` script's newlines, a terminal's controls
+    words = _SPACES.sub(" ", words).strip()
     if len(words) > TITLE_COMMAND:
         words = words[:TITLE_COMMAND - 1] + "…"
     n = str(tasks or "")

@@ -159,6 +159,8 @@ def test_a_steps_title_names_its_tasks_and_its_command_cut() -> None:
     assert RV.step_title("3", "1", ["python3", "-c", "print('a b')"]) == (
         "srun step 3 (1 task: python3 -c 'print('\"'\"'a b'\"'\"')')")
     assert RV.step_title("0", None, []) == "srun step 0"
+    assert RV.step_title("1", "2", ["python3", "-c", "\nimport os\n\x1b[2Jprint(1)\n"]) == (
+        "srun step 1 (2 tasks: python3 -c ' import os [2Jprint(1) ')")  # one line, no controls
     long = RV.step_title("0", "64", ["python3", "x" * 100])
     assert long.startswith("srun step 0 (64 tasks: python3 xxx") and long.endswith("…)")
     assert len(long) == len("srun step 0 (64 tasks: )") + RV.TITLE_COMMAND
