@@ -165,15 +165,16 @@ class JobFollow:
             ended = all(r.follow.ended for r in self._runs.values())
             if ended and self._look():
                 continue  # a task run that appeared at the end: read it too
-            if ended:
-                self._complete(float("inf"))
+            if ended:  # every step too: nothing more can come
+                for step in self.marks.steps() if self.marks is not None else ():
+                    self.marks.set_complete(step)
             until = float("inf") if ended else min(self.clock(), looked) - self.hold
             marks = self.marks
             while held and (held[0][0] <= until or len(held) > MAX_HELD):
                 if marks is None:
                     yield from folder.push(heapq.heappop(held)[-1])
                     continue
-                if not marks.ready(held[0][-1]) and len(held) <= MAX_HELD:
+                if not (ended or marks.ready(held[0][-1]) or len(held) > MAX_HELD):
                     break  # wait for its steps' next entries or ends
                 for item in marks.push(heapq.heappop(held)[-1]):
                     yield from folder.push(item)

@@ -155,8 +155,10 @@ def test_following_a_job_shows_its_tasks_as_they_come_as_logs_shows_them(
 
 def late_job(root: Path, done: threading.Event) -> None:
     """Step 0: rank 0's first line is read before its Start record is written, and the
-    batch script prints its next line before the tasks' End records come. Steps 1 and 2 run
-    at once (``srun ... &``); step 3 alone; step 4 prints nothing."""
+    batch script prints its next line seconds before the tasks' End records come (longer
+    than the follow holds a line for the runs' order). Steps 1 and 2 run at once (``srun ...
+    &``); step 3 prints its first line seconds before step 2's End record comes; step 4
+    prints nothing."""
     batch = Writer(root, JOB, {"nodelist": "n1"}, "job.sh")
     batch.line("batch begins")
     time.sleep(0.3)
@@ -168,7 +170,7 @@ def late_job(root: Path, done: threading.Event) -> None:
     t1.line("rank 1 last")
     time.sleep(0.3)
     batch.line("batch next")
-    time.sleep(1.5)
+    time.sleep(4)
     t0.end()
     t1.end()
     s1 = task(root, 1, 0, 1, command="prep.sh")
@@ -182,10 +184,10 @@ def late_job(root: Path, done: threading.Event) -> None:
     time.sleep(0.3)
     s2.line("step 2 b")
     time.sleep(0.3)
-    s2.end()
-    time.sleep(0.3)
     s3 = task(root, 3, 0, 1)
     s3.line("step 3")
+    time.sleep(4)
+    s2.end()
     s3.end()
     task(root, 4, 0, 1).end()
     time.sleep(0.3)
