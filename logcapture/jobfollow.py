@@ -165,11 +165,11 @@ class JobFollow:
             ended = all(r.follow.ended for r in self._runs.values())
             if ended and self._look():
                 continue  # a task run that appeared at the end: read it too
-            if ended:  # every step too: nothing more can come
-                for step in self.marks.steps() if self.marks is not None else ():
-                    self.marks.set_complete(step)
-            until = float("inf") if ended else min(self.clock(), looked) - self.hold
             marks = self.marks
+            if ended and marks is not None:  # every step too: nothing more can come
+                for step in marks.steps():
+                    marks.set_complete(step)
+            until = float("inf") if ended else min(self.clock(), looked) - self.hold
             while held and (held[0][0] <= until or len(held) > MAX_HELD):
                 if marks is None:
                     yield from folder.push(heapq.heappop(held)[-1])
