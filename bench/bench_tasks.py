@@ -29,6 +29,9 @@ switched between jobs, so the two builds are compared in the same rounds, on the
     sudo .venv/bin/python bench/bench_tasks.py [--rounds N] [--only empty,flood,training]
                                                [--before-plugin FILE]
 
+``LOGCAPTURE_BIN=DIR`` runs the cluster with the logcapture installed in DIR (slurm/dev-cluster):
+an editable install's import hook costs every capture process's start.
+
 Needs root, Debian's slurm-wlm and munge and the task plugin's build tools
 (slurm/ci-setup.sh). Never asserts a time.
 """

@@ -523,7 +523,8 @@ int slurm_spank_task_exit(spank_t sp, int ac, char **av)
         close(sock);
         return ESPANK_SUCCESS;
     }
-    /* Taken while the process holds the connection open, so `peer.pid` is still its pid. */
+    /* `peer.pid` is the listener's; the pidfd is waited on only once that process has
+     * answered, so it was alive, and the number its own, when this was taken. */
     pidfd = open_pidfd(peer.pid);
     snprintf(msg, sizeof(msg), "%d\n", status);
     if (send(sock, msg, strlen(msg), MSG_NOSIGNAL) < 0) {
