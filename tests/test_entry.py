@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from logcapture.cli import cli
-from logcapture.entry import parse_run
+from logcapture.entry import parse_run, parse_task
 from logcapture.spool.reading import iter_run
 
 WORDS = ["run", "--spool", "--spool=/tmp/s", "/tmp/x", "--run-id", "r1", "--run-id=r2",
@@ -134,3 +134,110 @@ def test_an_error_in_the_fast_path_is_one_line_and_an_exit_code(tmp_path: Path) 
         r = subprocess.run([sys.executable, "-c", code.format(exc=exc)], capture_output=True,
                            text=True, timeout=60)
         assert (r.returncode, r.stderr) == (rc, said), (exc, r)
+
+
+# ``logcapture slurm task``, as the task plugin (slurm/spank/logcapture_task.c) starts it.
+TASK_WORDS = ["--socket", "3", "--socket=4", "x", "--step", "0", "--step=", "--rank", "1",
+              "--rank=-1", "--local-rank", "--local-rank=0", "--task-pid", "123", "--task-pid=7",
+              "٣", "--", "-", "-h", "--help", "--sock", "python3", "-c", "", "=", "+5", "07"]
+
+
+def click_task(args: list[str]) -> dict | None:
+    """What click passes to ``slurm_task`` for ``logcapture ARGS``, or None if click answers
+    with help or an error."""
+    task = cli.commands["slurm"].commands["task"]  # type: ignore[attr-defined]
+    try:
+        ctx = task.make_context("task", list(args[2:]), parent=click.Context(cli))
+    except (click.exceptions.Exit, click.ClickException):
+        return None
+    return dict(ctx.params)
+
+
+PLUGIN_ARGV = ["slurm", "task", "--socket", "3", "--step", "0", "--rank", "5", "--local-rank",
+               "1", "--task-pid", "4242", "--", "python3", "-c", "print(1)"]
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.lists(st.sampled_from(TASK_WORDS), max_size=12).map(lambda w: ["slurm", "task", *w]))
+def test_parse_task_accepts_only_what_click_parses_the_same(args: list[str]) -> None:
+    ours = parse_task(args)
+    if ours is not None:
+        assert ours == click_task(args), args
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.permutations([["--socket", "3"], ["--step=2"], ["--rank", "17"], ["--local-rank=1"],
+                        ["--task-pid", "99"]]),
+       st.lists(st.sampled_from(["python3", "-c", "--", "x", "--rank"]), max_size=4))
+def test_parse_task_takes_the_options_in_any_order(options: list[list[str]],
+                                                   command: list[str]) -> None:
+    args = ["slurm", "task", *(w for o in options for w in o), "--", *command]
+    assert parse_task(args) == click_task(args) == dict(
+        sock_fd=3, step="2", rank="17", local_rank="1", task_pid=99, command=tuple(command))
+
+
+def test_parse_task_reads_the_plugins_command_line_and_leaves_the_rest_to_click() -> None:
+    assert parse_task(PLUGIN_ARGV) == click_task(PLUGIN_ARGV) == dict(
+        sock_fd=3, step="0", rank="5", local_rank="1", task_pid=4242,
+        command=("python3", "-c", "print(1)"))
+    assert parse_task(PLUGIN_ARGV[:10] + PLUGIN_ARGV[12:]) is None  # no --task-pid
+    assert parse_task(["slurm", "task", "--help"]) is None
+    assert parse_task(["slurm", "prolog"]) is None
+    assert parse_task(["run", *PLUGIN_ARGV[2:]]) is None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the task's status comes from root (slurmstepd)")
+def test_logcapture_slurm_task_starts_without_click(tmp_path: Path) -> None:
+    """The plugin's ``logcapture slurm task`` never imports click or the CLI: it opens the
+    task's pty, hands the slave over, captures what the task writes, takes the status from
+    root, answers, and exits (end of file on the status connection)."""
+    import socket
+
+    from logcapture.slurm.task import status_address
+
+    spool = tmp_path / "999998"
+    spool.mkdir()
+    env = dict(os.environ, HOME=str(tmp_path), LOGCAPTURE_TASKS=str(spool),
+               SLURM_JOB_ID="999998", SLURMD_NODENAME="n1")
+    task = subprocess.Popen(["sleep", "30"])
+    plugin, theirs = socket.socketpair()
+    try:
+        capture = subprocess.Popen(
+            [sys.executable, "-X", "importtime", "-m", "logcapture", "slurm", "task",
+             "--socket", str(theirs.fileno()), "--step", "0", "--rank", "5", "--local-rank",
+             "1", "--task-pid", str(task.pid), "--", "echo", "hi"],
+            pass_fds=(theirs.fileno(),), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            env=env)
+        theirs.close()
+        plugin.settimeout(30)
+        _, fds, _, _ = socket.recv_fds(plugin, 1, 2)
+        os.write(fds[0], b"hello from rank 5\n")
+        for fd in fds:
+            os.close(fd)
+        task.kill()
+        task.wait()
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as status:
+            status.settimeout(30)
+            for _ in range(300):
+                try:
+                    status.connect(status_address("999998", "0", "5"))
+                    break
+                except OSError:
+                    import time
+                    time.sleep(0.1)
+            status.sendall(b"9\n")  # killed by SIGKILL, as waitpid gives it
+            assert status.recv(16) == b"done\n"
+            assert status.recv(16) == b""  # the process has exited
+        _, err = capture.communicate(timeout=30)
+    finally:
+        task.kill()
+        plugin.close()
+    assert capture.returncode == 0, err
+    imported = {line.split("|")[-1].strip() for line in err.decode().splitlines()
+                if line.startswith("import time:")}
+    assert "logcapture.slurm.task" in imported
+    assert "click" not in imported and "logcapture.cli" not in imported
+    run = spool / "999998.0.5"
+    assert [x.text for x in iter_run(run) if x.kind == "line"] == ["hello from rank 5"]
+    end = [x.to_dict() for x in iter_run(run) if x.kind == "end"]
+    assert end and end[0]["signal"] == 9, end
