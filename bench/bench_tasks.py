@@ -25,9 +25,12 @@ each round.
 With ``--before-plugin FILE`` (a build of slurm/spank/logcapture_task.c from another tree) each
 round also runs the opted-in job with that plugin: the file slurmstepd loads for each step is
 switched between jobs, so the two builds are compared in the same rounds, on the same cluster.
+``--before-python PY`` does the same for the interpreter (and so the logcapture) the plugin
+starts in each task (plugstack.conf's ``python=``, read by each step's slurmstepd); with both,
+the before case has both.
 
     sudo .venv/bin/python bench/bench_tasks.py [--rounds N] [--only empty,flood,training]
-                                               [--before-plugin FILE]
+                                               [--before-plugin FILE] [--before-python PY]
 
 ``LOGCAPTURE_BIN=DIR`` runs the cluster with the logcapture installed in DIR (slurm/dev-cluster):
 an editable install's import hook costs every capture process's start.
@@ -53,7 +56,7 @@ from bench_runner import TRAINING, load  # noqa: E402
 from bench_slurm import new_bench  # noqa: E402
 
 TASKS = 4
-WHAT = {"off": "without", "on": "with logcapture", "before": "with the --before-plugin"}
+WHAT = {"off": "without", "on": "with logcapture", "before": "with the --before-*"}
 WORK = {
     "empty": "pass\n",
     "flood": "import sys\nw = sys.stdout.write\n"
@@ -93,6 +96,13 @@ def task_usage(spool: Path, job: str) -> list[tuple[float, float]]:
     return usage
 
 
+def use_python(plugstack: Path, python: str) -> None:
+    """Make ``python`` the interpreter the plugin starts in the cluster's next steps."""
+    words = plugstack.read_text().split()
+    plugstack.write_text(" ".join(w if not w.startswith("python=") else f"python={python}"
+                                  for w in words) + "\n")
+
+
 def use_plugin(lib: Path, build: Path) -> None:
     """Make ``build`` the plugin the cluster's next steps load (a new file, not one
     rewritten under a process that may still map it)."""
@@ -107,9 +117,13 @@ def main() -> int:
     ap.add_argument("--only", default="empty,flood,training")
     ap.add_argument("--before-plugin", type=Path, metavar="FILE",
                     help="also run the opted-in job with this build of the task plugin")
+    ap.add_argument("--before-python", metavar="PY",
+                    help="also run the opted-in job with the task plugin starting this Python")
     args = ap.parse_args()
     if args.before_plugin is not None and not args.before_plugin.is_file():
         ap.error(f"--before-plugin {args.before_plugin}: no such file")
+    if args.before_python is not None and not os.access(args.before_python, os.X_OK):
+        ap.error(f"--before-python {args.before_python}: not an executable")
     b = new_bench("bench_tasks")
     if b is None:
         return 2
@@ -121,9 +135,13 @@ def main() -> int:
         lib = b.dir / "lib" / "logcapture_task.so"
         builds = {"on": b.dir / "lib" / "logcapture_task.tree.so"}
         shutil.copyfile(lib, builds["on"])
+        plugstack = b.dir / "etc" / "plugstack.conf"
+        pythons = {"on": next(w for w in plugstack.read_text().split()
+                              if w.startswith("python="))[len("python="):]}
         cases = ["off", "on"]
-        if args.before_plugin is not None:
-            builds["before"] = args.before_plugin
+        if args.before_plugin is not None or args.before_python is not None:
+            builds["before"] = args.before_plugin or builds["on"]
+            pythons["before"] = args.before_python or pythons["on"]
             cases.append("before")
         home = Path(b.pw.pw_dir)
         out = home / "bench-tasks.out"
@@ -138,6 +156,7 @@ def main() -> int:
                     b.optin(key != "off")
                     if key in builds:
                         use_plugin(lib, builds[key])
+                        use_python(plugstack, pythons[key])
                     r[f"job {key}"].append(b.job_seconds(JOB, str(out)))
                     r[f"step {key}"].append(step_seconds(out))
                     if key != "off":
