@@ -18,7 +18,7 @@ import pytest
 
 from logcapture import query as Q
 from logcapture.cli import main
-from logcapture.jobfollow import JobFollow
+from logcapture.jobfollow import HOLD_STORED, JobFollow
 from logcapture.records import End, Line, Start
 from logcapture.spool.abandoned import ABANDONED_SLURM_GRACE
 from logcapture.spool.layout import create_run_dir
@@ -282,3 +282,66 @@ def test_another_users_task_run_of_the_same_job_id_is_never_followed() -> None:
                                          "identical line from every rank", "lcuser1 was here"]
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def _replay(tmp_path: Path, name: str, ranks: tuple[str, ...] = (), lag: float = 2.0
+            ) -> list[tuple[str, float]]:
+    """Job 50 of ``test_rankview`` (a batch run, four tasks on two nodes) as the store
+    receives it while it runs on other nodes: at each step of a simulated clock, the records
+    written ``lag`` seconds before reach a real embedded store (the shipper's delay); the
+    job is followed from that store alone, as on a login node. Each line shown, with the
+    simulated time it was shown at."""
+    from logcapture import store as S
+
+    from .test_rankview import T0, job_records
+
+    dsn = f"chdb://{tmp_path / name}"
+    pending = sorted(((rec.ts, run, i, rec) for run, recs in job_records(ME, os.getuid())
+                      .items() for i, rec in enumerate(recs)), key=lambda x: x[:3])
+    now = [T0]
+
+    def ship(until: float) -> None:
+        with S.open_store(dsn) as st:
+            while pending and pending[0][0] <= until:
+                _, run, _, rec = pending.pop(0)
+                st.insert_records([rec], S.Identity(run=run, user=ME, uid=os.getuid(),
+                                                    cluster="c1", job_id="50"))
+
+    def sleep(_: float) -> None:  # the follower let the store go: time passes, the shipper
+        now[0] += 0.5             # writes
+        ship(now[0] - lag)
+
+    ship(T0)  # the batch script's Start record
+    got: list[tuple[str, float]] = []
+    with closing(Q.LocalReader(tmp_path / "empty", dsn, source="store")) as reader:
+        batch = reader.resolve("50")
+        assert reader.spool_dir(batch) is None  # read from the store
+        follow = JobFollow(reader, "50", batch, None, ("stdout", "stderr"), ranks,
+                           clock=lambda: now[0], sleep=sleep, discover=0, store_poll=0,
+                           discover_stored=0, settle=0)
+        for line in follow.lines():
+            got.append((line, now[0]))
+    assert not pending  # every record shipped before the follow returned
+    return got
+
+
+def test_a_running_job_is_followed_from_the_store_as_logs_shows_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A job whose runs are not in this spool (its nodes ship them to the store, read on a
+    login node) is followed while it runs: every task run, found in the store as it
+    appears, merged, labelled and folded as ``logs JOB`` prints the ended job."""
+    from .test_rankview import T0
+
+    got = _replay(tmp_path, "store")
+    assert [line for line, _ in got] == ALL_RANKS
+    # shown while the job ran (its batch script ends at T0 + 9, in the store 2 s later),
+    # each line the hold (HOLD_STORED) after its time
+    shown = dict(got)
+    assert T0 + 1 + HOLD_STORED <= shown["0: rank 0 step 0"] < T0 + 9
+    assert shown["end of job"] >= T0 + 9 + 2
+    # one rank: as it printed, without the batch script's lines
+    assert [line for line, _ in _replay(tmp_path, "store-rank-1", ("1",))] == RANK_1
+    # the ended job from that store: ``logs -f`` prints what ``logs`` prints
+    where = ["--spool", str(tmp_path / "empty"), "--store", f"chdb://{tmp_path / 'store'}",
+             "--source", "store"]
+    assert cli(capsys, "50", "-f", *where) == cli(capsys, "50", *where) == ALL_RANKS

@@ -137,8 +137,7 @@ def logs(spool: Path | None, stream: str, follow: bool, store_dsn: str | None, s
                 click.echo("\n".join(batch), color=paint)
             return
         run = _wait_for_job(reader, run_ref) if follow else reader.resolve(run_ref)
-        if follow and (job := follow_lines(reader, run_ref, run, streams, ranks, nodes, text,
-                                           lambda m: click.echo(f"logcapture: {m}", err=True))):
+        if follow and (job := follow_lines(reader, run_ref, run, streams, ranks, nodes, text)):
             for line in job:  # a job's runs, as they come (jobfollow.py)
                 click.echo(line, color=paint)
             return
