@@ -22,6 +22,14 @@ Where each run is read from:
   not in this spool, or when the job's node list is not this one node (its tasks on other
   nodes are only there); a run that is in this spool is read from it.
 
+Each ``srun`` step's section (``rankview.StepMarks``; not with ``--rank``/``--node``) is put
+where ``logs JOB`` puts it, right after the step's last entry: an entry that comes after a
+step's latest one (the batch script's next line, another step's first line) waits until the
+step prints again or every task run of it has ended and a look for new task runs came after
+(when the store is asked, a look of the store ``HOLD_STORED`` after the end: a task run of
+another node reaches it within that). A step that is quiet for a while holds the batch
+script's lines that long.
+
 An entry is shown once no entry of an earlier time can still come: ``HOLD`` seconds after its
 time (the spool writer flushes within ``FLUSH_INTERVAL``), ``HOLD_STORED`` (6 s) when the
 store is asked (a line reaches it within the spool's flush and the shipper's batch interval),
@@ -52,8 +60,18 @@ from .errors import NotFound
 from .logview import Entry, LogView, cursor_of, entry_from_json
 from .query.interface import LOG_PAGE_MAX
 from .query.store_reader import FOLLOW_SETTLE
-from .rankview import Folder, RankEntry, job_runs, read_job, several_ranks, tagged, text_lines
-from .records import OUTPUT_STREAMS, STDERR
+from .rankview import (
+    Folder,
+    RankEntry,
+    StepMarks,
+    job_runs,
+    read_job,
+    several_ranks,
+    step_of,
+    tagged,
+    text_lines,
+)
+from .records import OUTPUT_STREAMS, STDERR, End
 from .runs import ABANDON_CHECK, SPOOL_POLL, SpoolFollow, job_candidates
 from .spool.layout import find_run_dirs
 
@@ -72,13 +90,18 @@ class _SpoolTail:
     def __init__(self, run_dir: Path, streams: tuple[str, ...], check: float) -> None:
         self.follow = SpoolFollow(run_dir, check)
         self.view = LogView(streams=streams)
+        self.end: tuple[float | None, float | None] | None = None  # End's duration, time
 
     @property
     def ended(self) -> bool:
         return self.follow.ended
 
     def read(self) -> list[Entry]:
-        return self.view.feed(self.follow.read())
+        records = self.follow.read()
+        for rec in records:
+            if isinstance(rec, End):
+                self.end = (rec.duration, rec.ts)
+        return self.view.feed(records)
 
 
 class _StoredTail:
@@ -91,6 +114,7 @@ class _StoredTail:
         self.poll, self.settle = poll, settle
         self.cursor = FIRST
         self.ended = False
+        self.end: tuple[float | None, float | None] | None = None  # its duration, end time
         self._next = 0.0  # monotonic time of the next read
         self._end_seen: float | None = None
 
@@ -117,6 +141,8 @@ class _StoredTail:
                 self._end_seen = now
             elif not new and now - self._end_seen >= self.settle:
                 self.ended = True
+                info = self.reader.summary(self.run)
+                self.end = (info.get("duration"), info.get("end"))
         return out
 
 
@@ -130,6 +156,7 @@ class _Run:
         self.tail = tail
         self.shown = shown  # the batch run is followed for its end even when not shown
         self.count = 0  # entries read so far
+        self.told_end = False  # its end told to the steps' marks
 
 
 class JobFollow:
@@ -157,6 +184,10 @@ class JobFollow:
         self._runs: dict[str, _Run] = {}
         self._ranks: set[int] = set()
         shown = not (ranks or nodes)
+        # The steps' sections (rankview.StepMarks), in the whole job's log only; a step's
+        # task runs all ended at this wall time (it is complete once a look came after).
+        self.marks = None if not shown else StepMarks()
+        self._ended_at: dict[str, float] = {}
         if batch_dir is not None:
             start = next(iter(job_candidates([batch_dir], batch)), {"run": batch})
             summary: Mapping[str, Any] = {**start, **jobref.job_fields(start)}
@@ -184,6 +215,8 @@ class JobFollow:
         self._runs[run] = _Run(len(self._runs), summary, tail, shown)
         if summary.get("rank") is not None:
             self._ranks.add(int(summary["rank"]))
+        if self.marks is not None and shown:
+            self.marks.add_run(summary)
 
     def _look(self, stored: bool) -> bool:
         """Follows the task runs of the job that appeared since the last look (in the
@@ -225,6 +258,7 @@ class JobFollow:
         held: list[tuple[float, int, int, int, RankEntry]] = []
         folder = Folder()
         looked = float("-inf")  # wall time of the last look for new task runs
+        every = float("-inf")  # the same of the last look everywhere they may be
         next_look = next_stored = 0.0
         release = getattr(self.reader, "release_store", None)
         while True:
@@ -233,27 +267,76 @@ class JobFollow:
                 stored = self.stored and now >= next_stored
                 looked = self.clock()
                 self._look(stored)
+                if stored or not self.stored:
+                    every = looked
+                self._complete(every)
                 next_look = now + self.discover
                 if stored:
                     next_stored = now + self.discover_stored
-            for r in list(self._runs.values()):
-                got = r.tail.read()
-                if r.shown and got:
-                    for t in tagged(r.i, r.summary, got, r.count):
-                        heapq.heappush(held, t)
-                r.count += len(got)
+            self._read(held)
             ended = all(r.tail.ended for r in self._runs.values())
             if ended and self._look(self.stored):
                 continue  # a task run that appeared at the end: read it too
             if release is not None and self.stored:
                 release()  # the embedded store: the shipper's turn
             until = float("inf") if ended else min(self.clock(), looked) - self.hold
-            while held and (held[0][0] <= until or len(held) > MAX_HELD):
-                yield from folder.push(heapq.heappop(held)[-1])
-            yield from folder.release(None if ended else until)
+            yield from self._shown(held, folder, ended, until)
             if ended:
                 return
             self.sleep(self.poll)
+
+    def _read(self, held: list[tuple[float, int, int, int, RankEntry]]) -> None:
+        """Each followed run's new entries, into ``held`` in merge order."""
+        for r in list(self._runs.values()):
+            got = r.tail.read()
+            if r.shown and got:
+                for t in tagged(r.i, r.summary, got, r.count):
+                    heapq.heappush(held, t)
+            r.count += len(got)
+            self._told(r, len(got))
+
+    def _shown(self, held: list[tuple[float, int, int, int, RankEntry]], folder: Folder,
+               ended: bool, until: float) -> Iterator[RankEntry]:
+        """The held entries that no earlier one can precede any more (time ``until``), with
+        the steps' marks and folded."""
+        marks = self.marks
+        if ended and marks is not None:  # every step too: nothing more can come
+            for step in marks.steps():
+                marks.set_complete(step)
+        while held and (held[0][0] <= until or len(held) > MAX_HELD):
+            if marks is None:
+                yield from folder.push(heapq.heappop(held)[-1])
+                continue
+            if not (ended or marks.ready(held[0][-1]) or len(held) > MAX_HELD):
+                break  # wait for its steps' next entries or ends
+            for item in marks.push(heapq.heappop(held)[-1]):
+                yield from folder.push(item)
+        for item in marks.settle() if marks is not None else ():
+            yield from folder.push(item)
+        yield from folder.release(None if ended else until)
+
+    def _told(self, r: _Run, entries: int) -> None:
+        """Tells the steps' marks of a followed run's new entries and of its end."""
+        step = step_of(r.summary)
+        if self.marks is None or not r.shown or step is None:
+            return
+        self.marks.add_entries(step, entries)
+        if r.tail.end is not None and not r.told_end:
+            r.told_end = True
+            self.marks.run_ended(r.summary, *r.tail.end)
+            if self.marks.all_ended(step):
+                self._ended_at[step] = self.clock()
+
+    def _complete(self, looked: float) -> None:
+        """The steps whose task runs all ended before the look at ``looked`` (everywhere:
+        ``HOLD_STORED`` before a look of the store): complete (a task run of theirs that was
+        not known then would have been found)."""
+        if self.marks is None:
+            return
+        wait = self.hold if self.stored else 0.0
+        for step in self.marks.steps():
+            if self.marks.all_ended(step) and self._ended_at.get(step, looked) + wait < looked:
+                self.marks.set_complete(step)
 
     def lines(self, text: Any = None) -> Iterator[str]:
         """``text``: what an entry prints as (``rankview.label``)."""

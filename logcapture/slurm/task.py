@@ -51,11 +51,15 @@ def task_run_id(job_run: str, step: str, rank: str) -> str:
 def task_identity(env: dict[str, str], step: str, rank: str, local_rank: str,
                   component: str = "") -> dict[str, str]:
     """The Start record's ``slurm`` of a task: the job's, with this task's step, rank and
-    local rank (``global_rank``, the plugin's local rank) and, in a heterogeneous job, its
-    component (``het_group``, see ``het_group``)."""
+    local rank (``global_rank``, the plugin's local rank), ``step_tasks``, how many tasks its
+    step has (``SLURM_STEP_NUM_TASKS``, which srun sets for each task: a step's section title
+    names it, ``rankview.step_title``) and, in a heterogeneous job, its component
+    (``het_group``, see ``het_group``)."""
     from ..capture import slurm_identity
 
-    ident = {**slurm_identity(env), "step": step, "rank": rank, "local_rank": local_rank}
+    count = env.get("SLURM_STEP_NUM_TASKS", "")
+    ident = {**slurm_identity(env), "step": step, "rank": rank, "local_rank": local_rank,
+             **({"step_tasks": count} if count.isdigit() else {})}
     group = het_group(env, component)
     if group is not None:
         ident["het_group"] = group
