@@ -270,10 +270,14 @@ def test_a_heterogeneous_step_is_captured_per_task_with_distinct_ranks(lc: Clust
     own = ["--spool", str(lc.spool_root / j), "--source", "spool"]
     r = lc.as_user(U1, [bin_, "logs", *own, j])
     assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines() == ["batch starts", f"0: task 0 on {nodes[f'{j}.0.0']}",
-                                     "0: err 0", f"1: task 1 on {nodes[f'{j}.0.1']}", "1: err 1",
-                                     f"2: task 2 on {nodes[f'{j}.0.2']}", "2: err 2",
-                                     "srun said 0", "batch ends"]
+    lines = r.stdout.splitlines()
+    # one step of three tasks across the components, a section of the job's log
+    assert lines[1].startswith("[logcapture: section srun step 0 (3 tasks: bash -c "), lines
+    assert lines[8].startswith("[logcapture: end of section srun step 0 (3 tasks: "), lines
+    assert lines[:1] + lines[2:8] + lines[9:] == [
+        "batch starts", f"0: task 0 on {nodes[f'{j}.0.0']}", "0: err 0",
+        f"1: task 1 on {nodes[f'{j}.0.1']}", "1: err 1", f"2: task 2 on {nodes[f'{j}.0.2']}",
+        "2: err 2", "srun said 0", "batch ends"]
 
 
 TWO_NODES = r"""#!/bin/bash
