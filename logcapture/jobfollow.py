@@ -43,7 +43,10 @@ found no new task run. A job whose runs have all ended and whose batch run is no
 spool is printed as ``logs JOB`` prints it.
 
 Labels (``N: ``) are shown once the follow has seen the tasks of more than one rank (as
-``logs JOB``: a job of one task is shown as it printed).
+``logs JOB``: a job of one task is shown as it printed). Lines are numbered as ``logs JOB``
+numbers them (``rankview.numbered``) when both streams are followed; a line's number counts
+both streams, so a follow of one stream numbers none (``logs JOB --stream S -n`` does, from
+the log of both).
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ from .rankview import (
     RankEntry,
     StepMarks,
     job_runs,
+    numbered,
     read_job,
     several_ranks,
     step_of,
@@ -255,6 +259,14 @@ class JobFollow:
         return found
 
     def entries(self) -> Iterator[RankEntry]:
+        """The merged, folded entries as they come, numbered when both streams are shown
+        (the module docstring)."""
+        if set(self.streams) >= set(OUTPUT_STREAMS):
+            return numbered(self._merged())
+        return (i._replace(entry=i.entry._replace(line=0)) if i.entry.line else i
+                for i in self._merged())
+
+    def _merged(self) -> Iterator[RankEntry]:
         held: list[tuple[float, int, int, int, RankEntry]] = []
         folder = Folder()
         looked = float("-inf")  # wall time of the last look for new task runs
@@ -338,9 +350,10 @@ class JobFollow:
             if self.marks.all_ended(step) and self._ended_at.get(step, looked) + wait < looked:
                 self.marks.set_complete(step)
 
-    def lines(self, text: Any = None) -> Iterator[str]:
-        """``text``: what an entry prints as (``rankview.label``)."""
-        return text_lines(self.entries(), lambda: self.several, text)
+    def lines(self, text: Any = None, numbers: bool = False) -> Iterator[str]:
+        """``text``: what an entry prints as (``rankview.label``); ``numbers``: after its
+        number (``logs -n``)."""
+        return text_lines(self.entries(), lambda: self.several, text, numbers)
 
 
 def _one_node(batch: Mapping[str, Any]) -> bool:
@@ -351,13 +364,13 @@ def _one_node(batch: Mapping[str, Any]) -> bool:
 
 
 def follow_lines(reader: Any, ref: str | None, batch: str, streams: tuple[str, ...],
-                 ranks: tuple[str, ...] = (), nodes: tuple[str, ...] = (), text: Any = None
-                 ) -> Iterator[str] | None:
+                 ranks: tuple[str, ...] = (), nodes: tuple[str, ...] = (), text: Any = None,
+                 numbers: bool = False) -> Iterator[str] | None:
     """What ``logs -f REF`` prints when REF is a job (its batch run: ``batch``): the job
     followed, from this spool and from the store (``JobFollow``), or, when every run of it
     has ended and its batch run is not in this spool, its log as ``logs`` prints it. None
     when REF is no job (the caller follows ``batch`` alone). ``text``: what an entry prints
-    as (``rankview.label``)."""
+    as (``rankview.label``); ``numbers``: each line after its number in the job's log."""
     if ref is None or jobref.parse(ref) is None:
         if ranks or nodes:
             job_runs(reader, ref, ranks, nodes)  # the UsageError for a filter of no job
@@ -366,5 +379,6 @@ def follow_lines(reader: Any, ref: str | None, batch: str, streams: tuple[str, .
     if batch_dir is None:
         runs = job_runs(reader, ref, ranks, nodes)
         if runs is not None and all(r.get("state") not in ("RUNNING", "EMPTY") for r in runs):
-            return text_lines(read_job(reader, runs, streams), several_ranks(runs), text)
-    return JobFollow(reader, ref, batch, batch_dir, streams, ranks, nodes).lines(text)
+            return text_lines(read_job(reader, runs, streams), several_ranks(runs), text,
+                              numbers)
+    return JobFollow(reader, ref, batch, batch_dir, streams, ranks, nodes).lines(text, numbers)
