@@ -101,8 +101,9 @@ def parse_run(args: list[str]) -> dict | None:
     return params
 
 
-# slurm task's options (cli.slurm_commands.slurm_task), all required; the two numbers are ints.
-_TASK_OPTIONS = {"--socket": "sock_fd", "--step": "step", "--rank": "rank",
+# slurm task's options (cli.slurm_commands.slurm_task): all required but --job (default
+# ""); the two numbers are ints.
+_TASK_OPTIONS = {"--socket": "sock_fd", "--step": "step", "--rank": "rank", "--job": "job",
                  "--local-rank": "local_rank", "--task-pid": "task_pid"}
 _TASK_INTS = ("sock_fd", "task_pid")
 
@@ -113,7 +114,7 @@ def parse_task(args: list[str]) -> dict | None:
     them."""
     if args[:2] != ["slurm", "task"]:
         return None
-    params: dict = {}
+    params: dict = {"job": ""}
 
     def option(name: str, i: int) -> int | None:
         key = _TASK_OPTIONS.get(name)
@@ -164,10 +165,11 @@ def main(argv: list[str] | None = None) -> None:
             from .runner.exits import leave
             from .slurm.task import task_main
 
-            command = list(task.pop("command"))
-            # Without the interpreter's teardown: the run is written and the worker reaped;
-            # the exit closes the status connection the plugin waits on.
-            leave(task_main(**task, command=command))
+            # As cli.slurm_commands.slurm_task calls it; then without the interpreter's
+            # teardown: the run is written and the worker reaped, and the exit closes the
+            # status connection the plugin waits on.
+            leave(task_main(task["sock_fd"], task["step"], task["rank"], task["local_rank"],
+                            task["task_pid"], list(task["command"]), task["job"]))
             return
         from .cli import main as cli_main
 

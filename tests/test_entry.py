@@ -138,6 +138,7 @@ def test_an_error_in_the_fast_path_is_one_line_and_an_exit_code(tmp_path: Path) 
 
 # ``logcapture slurm task``, as the task plugin (slurm/spank/logcapture_task.c) starts it.
 TASK_WORDS = ["--socket", "3", "--socket=4", "x", "--step", "0", "--step=", "--rank", "1",
+              "--job", "--job=12",
               "--rank=-1", "--local-rank", "--local-rank=0", "--task-pid", "123", "--task-pid=7",
               "٣", "--", "-", "-h", "--help", "--sock", "python3", "-c", "", "=", "+5", "07"]
 
@@ -153,8 +154,8 @@ def click_task(args: list[str]) -> dict | None:
     return dict(ctx.params)
 
 
-PLUGIN_ARGV = ["slurm", "task", "--socket", "3", "--step", "0", "--rank", "5", "--local-rank",
-               "1", "--task-pid", "4242", "--", "python3", "-c", "print(1)"]
+PLUGIN_ARGV = ["slurm", "task", "--socket", "3", "--job", "77", "--step", "0", "--rank", "5",
+               "--local-rank", "1", "--task-pid", "4242", "--", "python3", "-c", "print(1)"]
 
 
 @settings(max_examples=3000, deadline=None)
@@ -173,14 +174,15 @@ def test_parse_task_takes_the_options_in_any_order(options: list[list[str]],
                                                    command: list[str]) -> None:
     args = ["slurm", "task", *(w for o in options for w in o), "--", *command]
     assert parse_task(args) == click_task(args) == dict(
-        sock_fd=3, step="2", rank="17", local_rank="1", task_pid=99, command=tuple(command))
+        sock_fd=3, step="2", rank="17", local_rank="1", task_pid=99, job="",
+        command=tuple(command))
 
 
 def test_parse_task_reads_the_plugins_command_line_and_leaves_the_rest_to_click() -> None:
     assert parse_task(PLUGIN_ARGV) == click_task(PLUGIN_ARGV) == dict(
-        sock_fd=3, step="0", rank="5", local_rank="1", task_pid=4242,
+        sock_fd=3, job="77", step="0", rank="5", local_rank="1", task_pid=4242,
         command=("python3", "-c", "print(1)"))
-    assert parse_task(PLUGIN_ARGV[:10] + PLUGIN_ARGV[12:]) is None  # no --task-pid
+    assert parse_task(PLUGIN_ARGV[:12] + PLUGIN_ARGV[14:]) is None  # no --task-pid
     assert parse_task(["slurm", "task", "--help"]) is None
     assert parse_task(["slurm", "prolog"]) is None
     assert parse_task(["run", *PLUGIN_ARGV[2:]]) is None
@@ -204,8 +206,8 @@ def test_logcapture_slurm_task_starts_without_click(tmp_path: Path) -> None:
     try:
         capture = subprocess.Popen(
             [sys.executable, "-X", "importtime", "-m", "logcapture", "slurm", "task",
-             "--socket", str(theirs.fileno()), "--step", "0", "--rank", "5", "--local-rank",
-             "1", "--task-pid", str(task.pid), "--", "echo", "hi"],
+             "--socket", str(theirs.fileno()), "--job", "999998", "--step", "0", "--rank", "5",
+             "--local-rank", "1", "--task-pid", str(task.pid), "--", "echo", "hi"],
             pass_fds=(theirs.fileno(),), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
             env=env)
         theirs.close()
