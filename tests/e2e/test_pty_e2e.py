@@ -1,17 +1,22 @@
 """An interactive step (``srun --pty bash``) driven by a real terminal (pexpect) on a real
-Slurm 22.05 cluster, as a user who opted in and one who did not: interactive steps are not
-captured, and the terminal behaves the same for both (window size at start and after a
-change, Ctrl-C reaching the foreground job and not the shell, raw mode set and restored)."""
+Slurm 22.05 cluster. Without ``interactive: true`` in ``.logoptin`` it is not captured; with
+it, it is a run of its job (``J.STEP.RANK``) that only its user can read, with nothing typed
+at a password prompt in it. Either way the terminal behaves as for a user who did not opt
+in: window size at start and after a change, Ctrl-C reaching the foreground job and not the
+shell, ^Z and fg, raw mode set and restored (vim, and a program of its own), the exit
+status."""
 
 from __future__ import annotations
 
 import pwd
 import re
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
-from .conftest import Cluster
+from .conftest import Cluster, Job
 
 pexpect = pytest.importorskip("pexpect")
 
@@ -19,10 +24,13 @@ pytestmark = pytest.mark.slurm
 
 U1, U2 = "lcuser1", "lcuser2"
 PROMPT = "lc-prompt> "
+PASSWORD = "pw-9f3c1e77ab2d"
 
 
-def _session(lc: Cluster, user: str) -> tuple[list[str], str]:
-    """Drive ``srun --pty bash`` as ``user``; the answers the shell gave, and the job id."""
+def _session(lc: Cluster, user: str, more: bool = False) -> tuple[list[str], str]:
+    """Drive ``srun --pty bash`` as ``user``; the answers the shell gave, and the job id.
+    ``more``: job control, vim, a password read, and ``exit 3`` (srun's status is the last
+    answer)."""
     pw = pwd.getpwnam(user)
     env = {"HOME": pw.pw_dir, "USER": user, "LOGNAME": user, "SHELL": "/bin/bash",
            "PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "TERM": "xterm",
@@ -61,11 +69,55 @@ def _session(lc: Cluster, user: str) -> tuple[list[str], str]:
         answers.append(ask("stty -g > /tmp/lc-stty-$$; stty raw -echo; stty -a | "
                            "grep -o -- '-icanon'; stty $(cat /tmp/lc-stty-$$); "
                            "stty -a | grep -o -- ' icanon'; rm /tmp/lc-stty-$$"))
-        child.sendline("exit")
+        if more:
+            answers += _more(child, ask)
+            child.sendline("exit 3")
+        else:
+            child.sendline("exit")
         child.expect(pexpect.EOF)
     finally:
         child.close(force=True)
+    if more:
+        answers.append(f"srun exit {child.exitstatus}")
     return answers, job.strip()
+
+
+def _more(child: pexpect.spawn, ask: Callable[[str], str]) -> list[str]:
+    """Job control, vim and a raw-mode program (the terminal's settings before and after), a
+    password read without echo."""
+    answers = []
+    # ^Z stops the foreground job (one process group), fg resumes it.
+    child.sendline("bash -c 'sleep 2; echo \"woke \"\"up\"'")
+    time.sleep(1)
+    child.sendcontrol("z")
+    child.expect("Stopped")
+    child.expect_exact(PROMPT)
+    answers.append(ask("jobs | grep -c Stopped"))
+    child.sendline("fg")
+    child.expect_exact("woke up", timeout=15)
+    child.expect_exact(PROMPT)
+    answers.append(ask("echo resumed"))
+    before = ask("stty -a")
+    child.sendline("vim -u NONE -N -n")
+    time.sleep(2)  # vim has the terminal in raw mode and its screen drawn
+    child.send("\x1b:q!\r")
+    child.expect_exact(PROMPT, timeout=15)
+    child.sendline("python3 -c 'import tty,termios,os; a=termios.tcgetattr(0); "
+                   "tty.setraw(0); os.write(1, b\"raw:\" + os.read(0, 1) + b\"\\r\\n\"); "
+                   "termios.tcsetattr(0, termios.TCSADRAIN, a)'")
+    time.sleep(1)
+    child.send("k")
+    child.expect_exact("raw:k")
+    child.expect_exact(PROMPT)
+    answers.append("stty same" if ask("stty -a") == before else "stty changed")
+    child.sendline('read -s -p "pass""word: " P; echo; echo "typed ${#P}"')
+    child.expect_exact("password: ")
+    child.sendline(PASSWORD)
+    child.expect_exact("typed 15")
+    child.expect_exact(PROMPT)
+    answers.append("password hidden" if PASSWORD not in child.before else "password shown")
+    answers.append(ask('echo "kept ""line"'))
+    return answers
 
 
 def test_an_interactive_step_is_not_captured_and_its_terminal_behaves_as_without(
@@ -80,3 +132,32 @@ def test_an_interactive_step_is_not_captured_and_its_terminal_behaves_as_without
     assert captured_answers == plain_answers
     assert captured_job.isdigit()
     assert not (lc.spool_root / captured_job).exists()  # nothing captured, not even a task
+
+
+def test_an_interactive_step_is_captured_when_asked_and_behaves_as_without(
+        lc: Cluster) -> None:
+    lc.optin(U1, "interactive: true\n")
+    captured, job = _session(lc, U1, more=True)
+    plain, _ = _session(lc, U2, more=True)
+    assert plain[0] == "30 100\nterminal", plain
+    assert plain[1] == "40 120", plain
+    assert plain[2:4] == ["interrupted", "alive"], plain
+    assert plain[4].split() == ["-icanon", "icanon"], plain
+    assert plain[5:] == ["1", "resumed", "stty same", "password hidden", "kept line",
+                         "srun exit 3"], plain
+    assert captured == plain
+    # The run of the job's step, once the step is over (the job ends with srun).
+    lc.wait(Job(job, U1, Path("/dev/null")), timeout=60)
+    runs = lc.task_run_dirs(job)
+    assert list(runs) == [f"{job}.0.0"], runs
+    records = lc.records(job, f"{job}.0.0")
+    assert any(r.get("exit_status") == 3 for r in records), records[-1]
+    assert PASSWORD.encode() not in lc.spool_bytes(job)
+    bin_ = lc.env["LOGCAPTURE_BIN"] + "/logcapture"
+    own = ["--spool", str(lc.spool_root / job), "--source", "spool"]
+    r = lc.as_user(U1, [bin_, "logs", *own, job])
+    assert r.returncode == 0, r.stderr
+    assert "kept line" in r.stdout and "woke up" in r.stdout, r.stdout
+    assert PASSWORD not in r.stdout
+    r = lc.as_user(U2, [bin_, "logs", *own, job])
+    assert r.returncode != 0 and "kept line" not in r.stdout
