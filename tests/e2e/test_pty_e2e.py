@@ -27,19 +27,30 @@ PROMPT = "lc-prompt> "
 PASSWORD = "pw-9f3c1e77ab2d"
 
 
-def _session(lc: Cluster, user: str, more: bool = False) -> tuple[list[str], str]:
-    """Drive ``srun --pty bash`` as ``user``; the answers the shell gave, and the job id.
-    ``more``: job control, vim, a password read, and ``exit 3`` (srun's status is the last
-    answer)."""
+SRUN_PTY = ["srun", "-n", "1", "--pty"]
+# What salloc runs on the first node with LaunchParameters=use_interactive_step (its
+# InteractiveStepOptions default), which the dev cluster does not set: the same step by hand.
+SALLOC_STEP = ["salloc", "-n", "1", "srun", "--interactive", "--preserve-env", "--pty"]
+
+
+def _spawn(lc: Cluster, user: str, launcher: list[str]) -> pexpect.spawn:
+    """``LAUNCHER bash`` as ``user`` on a terminal of 30 x 100 (pexpect's pty)."""
     pw = pwd.getpwnam(user)
     env = {"HOME": pw.pw_dir, "USER": user, "LOGNAME": user, "SHELL": "/bin/bash",
            "PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "TERM": "xterm",
            "SLURM_CONF": lc.env["SLURM_CONF"], "PS1": PROMPT}
     argv = [f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--init-groups", "--reset-env",
             "env", *[f"{k}={v}" for k, v in env.items()],
-            "srun", "-n", "1", "--pty", "bash", "--norc", "--noprofile", "-i"]
-    child = pexpect.spawn("setpriv", argv, cwd=pw.pw_dir, encoding="utf-8", timeout=30,
-                          dimensions=(30, 100))
+            *launcher, "bash", "--norc", "--noprofile", "-i"]
+    return pexpect.spawn("setpriv", argv, cwd=pw.pw_dir, encoding="utf-8", timeout=30,
+                         dimensions=(30, 100))
+
+
+def _session(lc: Cluster, user: str, more: bool = False) -> tuple[list[str], str]:
+    """Drive ``srun --pty bash`` as ``user``; the answers the shell gave, and the job id.
+    ``more``: job control, vim, a password read, and ``exit 3`` (srun's status is the last
+    answer)."""
+    child = _spawn(lc, user, SRUN_PTY)
     answers = []
 
     def ask(command: str) -> str:
@@ -157,7 +168,42 @@ def test_an_interactive_step_is_captured_when_asked_and_behaves_as_without(
     own = ["--spool", str(lc.spool_root / job), "--source", "spool"]
     r = lc.as_user(U1, [bin_, "logs", *own, job])
     assert r.returncode == 0, r.stderr
-    assert "kept line" in r.stdout and "woke up" in r.stdout, r.stdout
+    assert r.stdout.count("kept line") == 1 and "woke up" in r.stdout, r.stdout
     assert PASSWORD not in r.stdout
     r = lc.as_user(U2, [bin_, "logs", *own, job])
     assert r.returncode != 0 and "kept line" not in r.stdout
+
+
+def test_salloc_s_interactive_step_is_captured_and_read_by_its_owner_only(
+        lc: Cluster) -> None:
+    lc.set_store(True)  # the epilog ships the job's run: read through the read service
+    lc.optin(U1, "interactive: true\n")
+    child = _spawn(lc, U1, SALLOC_STEP)
+    try:
+        child.expect_exact(PROMPT)
+        child.sendline('echo "job=$SLURM_JOB_ID step=$SLURM_STEP_ID size=$(stty size)"')
+        child.expect(r"job=(\d+) step=(\d+) size=30 100")
+        job, step = child.match.group(1), child.match.group(2)
+        child.expect_exact(PROMPT)
+        child.sendline('echo "salloc ""shell line"; exit 5')
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 5
+    assert step == "4294967290"  # Slurm's SLURM_INTERACTIVE_STEP
+    lc.wait(Job(job, U1, Path("/dev/null")), timeout=60)
+    run = f"{job}.{step}.0"
+    reader = ["env", f"LOGCAPTURE_READER_SOCKET={lc.env['LOGCAPTURE_READER_SOCKET']}",
+              lc.env["LOGCAPTURE_BIN"] + "/logcapture"]
+    deadline = time.monotonic() + 90
+    while True:  # until the epilog has shipped it
+        r = lc.as_user(U1, [*reader, "logs", run], timeout=120)
+        if r.returncode == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert r.returncode == 0, (r.stderr, lc.slurm_log()[-2000:])
+    assert "salloc shell line" in r.stdout, r.stdout
+    r = lc.as_user(U1, [*reader, "logs", job], timeout=120)
+    assert r.returncode == 0 and r.stdout.count("salloc shell line") == 1, (r.stdout, r.stderr)
+    r = lc.as_user(U2, [*reader, "logs", job], timeout=120)
+    assert r.returncode != 0 and "salloc shell line" not in r.stdout
