@@ -200,9 +200,11 @@ def interactive_task(plugin: socket.socket, step: str, rank: str, local_rank: st
             relay.watch_winsize()
         listener.start()
         try:
+            # (the terminal is raw meanwhile: a warning ends its line with "\r\n" itself)
             attach({master: "stdout"}, task, prepared.worker,
-                   Options(env=prepared.env, warn=warn, merge=True, stdout_fd=outer,
-                           stderr_fd=outer, beside=relay), status_timeout=STATUS_WAIT)
+                   Options(env=prepared.env, warn=lambda m: warn(m + "\r"), merge=True,
+                           stdout_fd=outer, stderr_fd=outer, beside=relay),
+                   status_timeout=STATUS_WAIT)
         finally:
             listener.done()
     finally:
