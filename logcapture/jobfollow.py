@@ -16,6 +16,12 @@ How it reads, on the node that runs the job (its spool):
   window (``rankview.Folder``). New lines therefore show a few seconds after they were
   printed, in the order ``logs JOB`` prints them. At most ``MAX_HELD`` entries wait (a
   flood is shown a little out of that order rather than held without bound).
+- Each ``srun`` step's section (``rankview.StepMarks``; not with ``--rank``/``--node``) is
+  put where ``logs JOB`` puts it, right after the step's last entry: an entry that comes
+  after a step's latest one (the batch script's next line, another step's first line) waits
+  until the step prints again or every task run of it has its end record and a look for new
+  task runs came after. A step that is quiet for a while holds the batch script's lines that
+  long.
 - It returns once the batch run and every task run it follows have their end record (or the
   end that ``spool.abandoned.close_abandoned`` writes for a run whose writer is gone), and
   one more look found no new task run.
@@ -38,7 +44,18 @@ from . import jobref
 from .config.defaults import FLUSH_INTERVAL
 from .errors import NotFound, UsageError
 from .logview import LogView
-from .rankview import Folder, RankEntry, job_runs, read_job, several_ranks, tagged, text_lines
+from .rankview import (
+    Folder,
+    RankEntry,
+    StepMarks,
+    job_runs,
+    read_job,
+    several_ranks,
+    step_of,
+    tagged,
+    text_lines,
+)
+from .records import End
 from .runs import ABANDON_CHECK, SPOOL_POLL, SpoolFollow, job_candidates
 from .spool.layout import find_run_dirs
 
@@ -80,6 +97,10 @@ class JobFollow:
         self._runs: dict[str, _Run] = {}
         self._ranks: set[int] = set()
         filtered = bool(ranks or nodes)
+        # The steps' sections (rankview.StepMarks), in the whole job's log only; a step's
+        # task runs all ended at this wall time (it is complete once a look came after).
+        self.marks = None if filtered else StepMarks()
+        self._ended_at: dict[str, float] = {}
         start = next(iter(job_candidates([batch_dir], batch)), {"run": batch})
         self._add({**start, **jobref.job_fields(start)}, batch_dir, shown=not filtered)
 
@@ -93,6 +114,8 @@ class JobFollow:
                                self.check)
         if summary.get("rank") is not None:
             self._ranks.add(int(summary["rank"]))
+        if self.marks is not None and shown:
+            self.marks.add_run(summary)
 
     def _look(self) -> bool:
         """Follows the task runs of the job that appeared since the last look; True when
@@ -129,23 +152,59 @@ class JobFollow:
             if time.monotonic() >= next_look:
                 looked = self.clock()
                 self._look()
+                self._complete(looked)
                 next_look = time.monotonic() + self.discover
             for r in list(self._runs.values()):
-                got = r.view.feed(r.follow.read())
+                records = r.follow.read()
+                got = r.view.feed(records)
                 if r.shown and got:
                     for t in tagged(r.i, r.summary, got, r.count):
                         heapq.heappush(held, t)
                 r.count += len(got)
+                self._told(r, records, len(got))
             ended = all(r.follow.ended for r in self._runs.values())
             if ended and self._look():
                 continue  # a task run that appeared at the end: read it too
+            marks = self.marks
+            if ended and marks is not None:  # every step too: nothing more can come
+                for step in marks.steps():
+                    marks.set_complete(step)
             until = float("inf") if ended else min(self.clock(), looked) - self.hold
             while held and (held[0][0] <= until or len(held) > MAX_HELD):
-                yield from folder.push(heapq.heappop(held)[-1])
+                if marks is None:
+                    yield from folder.push(heapq.heappop(held)[-1])
+                    continue
+                if not (ended or marks.ready(held[0][-1]) or len(held) > MAX_HELD):
+                    break  # wait for its steps' next entries or ends
+                for item in marks.push(heapq.heappop(held)[-1]):
+                    yield from folder.push(item)
+            for item in marks.settle() if marks is not None else ():
+                yield from folder.push(item)
             yield from folder.release(None if ended else until)
             if ended:
                 return
             self.sleep(self.poll)
+
+    def _told(self, r: _Run, records: list[Any], entries: int) -> None:
+        """Tells the steps' marks of a followed run's new entries and of its end."""
+        step = step_of(r.summary)
+        if self.marks is None or not r.shown or step is None:
+            return
+        self.marks.add_entries(step, entries)
+        for rec in records:
+            if isinstance(rec, End):
+                self.marks.run_ended(r.summary, rec.duration, rec.ts)
+                if self.marks.all_ended(step):
+                    self._ended_at[step] = self.clock()
+
+    def _complete(self, looked: float) -> None:
+        """The steps whose task runs all ended before the look at ``looked``: complete (a
+        task run of theirs that was not known then would have been found)."""
+        if self.marks is None:
+            return
+        for step in self.marks.steps():
+            if self.marks.all_ended(step) and self._ended_at.get(step, looked) < looked:
+                self.marks.set_complete(step)
 
     def lines(self, text: Any = None) -> Iterator[str]:
         """``text``: what an entry prints as (``rankview.label``)."""

@@ -25,6 +25,22 @@ The rules:
   line; commands, notes and metadata are never folded; the batch script's lines are not
   folded with the tasks'. Folding is only done when several ranks are shown.
 
+  Lines of different ``srun`` steps are never folded together.
+- **Steps.** In the whole job's log (the batch script's with every task's, not the tasks
+  chosen by rank or node) each ``srun`` step is a section, as a CI system's fold markers make
+  one (docs/rendering.md, "Sections"), bounded by the step's own entries: it opens right
+  before the first entry of any of its tasks and closes right after the last one, titled
+  ``srun step N (T tasks: COMMAND)`` (:func:`step_title`) and ended with the step's duration
+  (its first task's start to its last task's end, by their Start and End records). Whatever
+  the batch script printed between the step's first and last entries is inside it. Read
+  times decide, not the runs' Start and End records: a task's first line can be read before
+  its Start record is written, its End record after the batch script's next line. Steps do
+  not nest: a step whose first entry comes while another step is still printing (``srun
+  ... &``) gets no section (its lines show, labelled, where they were printed), nor does a
+  step that printed nothing; a step still running has no end yet. :class:`StepMarks` is the
+  one place of this rule, for ``logs JOB``, the job page and ``logs -f JOB``, which shows
+  the same marks at the same places.
+
 The folding reads entries in time order and holds only the last ``FOLD_WINDOW`` of them, so a
 log of any length is folded in bounded memory.
 """
@@ -32,26 +48,33 @@ log of any length is folded in bounded memory.
 from __future__ import annotations
 
 import heapq
+import re
+import shlex
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from .jobref import format_ranks
-from .logview import LINE, Entry
+from .logview import LINE, SECTION, SECTION_END, Entry, note_text
+from .records import NOTE_SECTION, NOTE_SECTION_END, RUN
 
 FOLD_WINDOW = 1.0  # seconds between the first rank's line and another rank's same line
+TITLE_COMMAND = 60  # characters of a step's command in its section's title, at most
+_SPACES = re.compile(r"[\s\x00-\x1f\x7f-\x9f]+")
 
 
 class RankEntry(NamedTuple):
     """An entry of a job's merged log: the ``logview`` entry, the run it came from, its task's
     rank (None: the batch script's own) and node, and ``ranks``: every rank that printed it
-    (more than one when folded, in rank order)."""
+    (more than one when folded, in rank order); ``step``: its task's ``srun`` step (None: the
+    batch script's, or a step's section mark's own run-less entry)."""
 
     entry: Entry
     run: str
     rank: int | None
     node: str
     ranks: tuple[int, ...] = ()
+    step: str | None = None
 
     @property
     def folded(self) -> bool:
@@ -84,15 +107,24 @@ def tagged(i: int, run: Mapping[str, Any], entries: Iterable[Entry], first: int 
     rank = run.get("rank")
     node = str(run.get("nodes") or "")
     order = -1 if rank is None else int(rank)
+    step = step_of(run)
     for n, e in enumerate(entries, first):
-        item = RankEntry(e, str(run["run"]), rank, node, () if rank is None else (rank,))
+        item = RankEntry(e, str(run["run"]), rank, node, () if rank is None else (rank,), step)
         yield (e.ts, order, i, n, item)
+
+
+def step_of(run: Mapping[str, Any]) -> str | None:
+    """The ``srun`` step of a task run (``jobref`` columns); None for the batch script's."""
+    if run.get("rank") is None:
+        return None
+    step = run.get("step")
+    return None if step in (None, "") else str(step)
 
 
 class _Group:
     __slots__ = ("item", "key", "ranks")
 
-    def __init__(self, item: RankEntry, key: tuple[str, str] | None) -> None:
+    def __init__(self, item: RankEntry, key: tuple[str | None, str, str] | None) -> None:
         self.item = item
         self.key = key
         self.ranks = list(item.ranks)
@@ -109,7 +141,8 @@ class Folder:
     def __init__(self, window: float = FOLD_WINDOW) -> None:
         self.window = window
         self._pending: deque[_Group] = deque()  # in time order; final once the window passed
-        self._open: dict[tuple[str, str], _Group] = {}  # (stream, text) -> group to join
+        # (step, stream, text) -> the group a line may join
+        self._open: dict[tuple[str | None, str, str], _Group] = {}
 
     def release(self, before: float | None = None) -> Iterator[RankEntry]:
         """The entries whose window ended before the time ``before`` (None: all of them)."""
@@ -127,7 +160,7 @@ class Folder:
         if item.rank is None or item.entry.kind != LINE:
             self._pending.append(_Group(item, None))
             return
-        key = (item.entry.stream, item.entry.text)
+        key = (item.step, item.entry.stream, item.entry.text)
         group = self._open.get(key)
         if group is not None and item.rank not in group.ranks and (
                 ts - group.item.entry.ts <= self.window):
@@ -167,9 +200,189 @@ def text_lines(items: Iterable[RankEntry], several: bool | Callable[[], bool],
             yield fold_note(item.ranks)
 
 
-def job_log(logs: list[tuple[Mapping[str, Any], Iterable[Entry]]]) -> Iterator[RankEntry]:
-    """A job's log from its runs' entries (``merge``), folded when several ranks are in it."""
+def step_title(step: str, tasks: Any, command: Any) -> str:
+    """A step's section title: ``srun step 0 (4 tasks: python3 train.py)``, from its number,
+    its number of tasks (``SLURM_STEP_NUM_TASKS``, when its Start records have it) and its
+    command (cut to ``TITLE_COMMAND`` characters)."""
+    if isinstance(command, str):
+        words = command
+    else:
+        words = shlex.join(str(w) for w in command or ())
+    # one line of plain text: a `python3 -c '...'` script's newlines, a terminal's controls
+    words = _SPACES.sub(" ", words).strip()
+    if len(words) > TITLE_COMMAND:
+        words = words[:TITLE_COMMAND - 1] + "…"
+    n = str(tasks or "")
+    what = f"{n} task{'' if n == '1' else 's'}" if n.isdigit() else ""
+    inside = ": ".join(filter(None, (what, words)))
+    return f"srun step {step}" + (f" ({inside})" if inside else "")
+
+
+class _Step:
+    __slots__ = ("complete", "end", "ended", "last", "name", "pending", "runs", "start",
+                 "started", "title")
+
+    def __init__(self, name: str, title: str) -> None:
+        self.name, self.title = name, title
+        self.runs: set[str] = set()  # its task runs known
+        self.ended: set[str] = set()  # those whose End record is in
+        self.start: float | None = None  # the first start of its task runs
+        self.end: float | None = None  # the last end (start + duration) of those ended
+        self.pending = 0  # its entries told of and not yet pushed
+        self.started = False  # its first entry was pushed
+        self.last = 0.0  # the read time of its latest entry pushed
+        self.complete = False  # no more entries of it can come
+
+    @property
+    def done(self) -> bool:
+        """Its last entry is pushed."""
+        return self.complete and self.pending <= 0
+
+    @property
+    def known(self) -> bool:
+        """Whether an entry still to come is of it (it has one waiting) or none can be."""
+        return self.pending > 0 or self.complete
+
+
+class StepMarks:
+    """The sections of a job's ``srun`` steps (the module docstring, "Steps"), put in among
+    its merged entries: :meth:`push` each entry in merge order (before folding); it gives the
+    entry with the marks due before and after it.
+
+    What it knows of the steps it is told: :meth:`add_run` each task run (its summary, with
+    ``start``, ``command`` and ``slurm``), :meth:`add_entries` how many entries of a step are
+    coming, :meth:`run_ended` each task run's end, :meth:`set_complete` a step whose every
+    task run is known and ended (no entry of it can come but those told of). For a log read
+    at once (:meth:`of_job`) that is everything before the first push; for a log read while
+    it grows (``jobfollow``) it comes bit by bit, and :meth:`ready` says when what a push
+    gives is decided, so both show the same marks at the same places."""
+
+    def __init__(self) -> None:
+        self._steps: dict[str, _Step] = {}
+        self._open: _Step | None = None  # the step whose section is open
+        self._active: list[_Step] = []  # the steps started whose last entry is not pushed
+
+    @classmethod
+    def of_job(cls, logs: Iterable[tuple[Mapping[str, Any], list[Entry]]]) -> StepMarks:
+        """The marks of a job's log read at once: its runs (summaries, ``jobref`` columns)
+        with all their entries; a step whose task runs have all ended is complete."""
+        marks = cls()
+        for run, entries in logs:
+            marks.add_run(run)
+            marks.add_entries(step_of(run), len(entries))
+            if run.get("duration") is not None or run.get("end") is not None:
+                marks.run_ended(run, run.get("duration"), run.get("end"))
+        for name in marks._steps:
+            if marks.all_ended(name):
+                marks.set_complete(name)
+        return marks
+
+    def add_run(self, run: Mapping[str, Any]) -> None:
+        name = step_of(run)
+        if name is None:
+            return
+        step = self._steps.get(name)
+        if step is None:
+            slurm = run.get("slurm") or {}
+            step = self._steps[name] = _Step(name, step_title(name, slurm.get("step_tasks"),
+                                                              run.get("command")))
+        step.runs.add(str(run["run"]))
+        if run.get("start") is not None:
+            start = float(run["start"])
+            step.start = start if step.start is None else min(step.start, start)
+
+    def add_entries(self, step: str | None, n: int) -> None:
+        if step is not None and step in self._steps:
+            self._steps[step].pending += n
+
+    def run_ended(self, run: Mapping[str, Any], duration: float | None,
+                  end: float | None) -> None:
+        """A task run ended: its ``duration`` (its End record's), or else its ``end`` time."""
+        step = self._steps.get(step_of(run) or "")
+        if step is None:
+            return
+        step.ended.add(str(run["run"]))
+        start = run.get("start")
+        if start is not None and duration is not None:
+            last: float | None = float(start) + float(duration)
+        else:
+            last = None if end is None else float(end)
+        if last is not None:
+            step.end = last if step.end is None else max(step.end, last)
+
+    def steps(self) -> list[str]:
+        return list(self._steps)
+
+    def all_ended(self, step: str) -> bool:
+        s = self._steps[step]
+        return s.runs <= s.ended
+
+    def set_complete(self, step: str) -> None:
+        self._steps[step].complete = True
+
+    def ready(self, item: RankEntry) -> bool:
+        """Whether what :meth:`push` gives for ``item`` is decided: whether the open section
+        ends before it (its step has an entry still to come, or can have none), and for a
+        step's first entry whether another step is still printing."""
+        step = self._steps.get(item.step) if item.step is not None else None
+        if self._open is not None and self._open is not step and not self._open.known:
+            return False
+        if step is not None and not step.started:
+            return all(s.known for s in self._active if s is not step)
+        return True
+
+    def push(self, item: RankEntry) -> list[RankEntry]:
+        out = self.settle()
+        step = self._steps.get(item.step) if item.step is not None else None
+        if step is not None:
+            if not step.started:
+                step.started = True
+                alone = not any(not s.done for s in self._active)
+                self._active.append(step)
+                if alone and self._open is None:
+                    self._open = step
+                    out.append(self._mark(step, item.entry.ts, SECTION))
+            step.pending -= 1
+            step.last = item.entry.ts
+        out.append(item)
+        out += self.settle()
+        return out
+
+    def settle(self) -> list[RankEntry]:
+        """The open section's end, once its step's last entry is pushed (else nothing)."""
+        out = []
+        step = self._open
+        if step is not None and step.done:
+            out.append(self._mark(step, step.last, SECTION_END))
+            self._open = None
+        self._active = [s for s in self._active if not s.done]
+        return out
+
+    def apply(self, items: Iterable[RankEntry]) -> Iterator[RankEntry]:
+        """``items`` (merged, in order) with the marks among them."""
+        for item in items:
+            yield from self.push(item)
+        yield from self.settle()
+
+    @staticmethod
+    def _mark(step: _Step, ts: float, kind: str) -> RankEntry:
+        if kind == SECTION:
+            entry = Entry(ts, RUN, 0, SECTION, note_text(NOTE_SECTION, 0, step.title))
+        else:
+            took = 0 if step.start is None or step.end is None else max(
+                0, round((step.end - step.start) * 1000))
+            entry = Entry(ts, RUN, 1, SECTION_END, note_text(NOTE_SECTION_END, took,
+                                                               step.title))
+        return RankEntry(entry, "", None, "")
+
+
+def job_log(logs: Sequence[tuple[Mapping[str, Any], Iterable[Entry]]],
+            marks: StepMarks | None = None) -> Iterator[RankEntry]:
+    """A job's log from its runs' entries (``merge``), with its steps' sections (``marks``:
+    none without), folded when several ranks are in it."""
     merged = merge(logs)
+    if marks is not None:
+        merged = marks.apply(merged)
     ranks = {run.get("rank") for run, _ in logs if run.get("rank") is not None}
     return fold(merged) if len(ranks) > 1 else merged
 
@@ -229,7 +442,11 @@ def read_job(reader: Any, runs: list[Mapping[str, Any]], streams: tuple[str, ...
         # both streams read: a line's number counts both (the view shows ``streams``)
         return LogView(streams=streams).feed(from_dict(d) for d in reader.lines(run, None))
 
-    return job_log([(run, entries(str(run["run"]))) for run in runs])
+    logs = [(run, entries(str(run["run"]))) for run in runs]
+    # The steps are sections of the whole job's log (the batch script's with its tasks'); the
+    # tasks chosen by rank or node are shown as they printed.
+    whole = any(run.get("rank") is None for run in runs)
+    return job_log(logs, StepMarks.of_job(logs) if whole else None)
 
 
 def task_run_ids(reader: Any, jobs: Iterable[str], ranks: Iterable[str] = (),

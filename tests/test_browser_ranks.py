@@ -1,7 +1,8 @@
 """The job page of a job of several ranks in a real browser (Debian's headless Chromium, driven
 by selenium): the batch script's and the tasks' lines merged, each task's labelled with its
-rank in the rank's colour, the line every rank printed once with its note, and the rank and
-node filters. No JavaScript error may reach the console."""
+rank in the rank's colour, the line every rank printed once with its note, the srun step as
+a section that folds, and the rank and node filters (the tasks chosen: no step section). No
+JavaScript error may reach the console."""
 
 from __future__ import annotations
 
@@ -50,7 +51,22 @@ def test_the_page_of_a_job_tells_ranks_apart_folds_and_filters(site, tmp_path):
         assert sum(1 for t in texts if t[1] == "identical line from every rank") == 1
         colours = {label: colour for label, colour, _, _ in rows if label}
         assert len(set(colours.values())) == 4, colours  # one colour per rank
+        # The srun step is a section around its tasks' lines, with its duration; it folds
+        # and unfolds as a CI marker's section does.
+        title = "srun step 0 (4 tasks: train.py)"
+        assert texts[1] == ("", f"▾ {title}  (6.5 s)", None)
+        assert texts[-2:] == [("", f"[logcapture: end of section {title}, 6.5 s]", None),
+                              ("", "end of job", None)]
         d.save_screenshot(str(tmp_path / "ranks-all.png"))
+        d.find_element(By.CSS_SELECTOR, "#log .row.section").click()
+        WebDriverWait(d, 20, poll_frequency=0.1).until(
+            lambda d: len(d.execute_script(ROWS)) == 3)
+        assert [r[2] for r in d.execute_script(ROWS)] == [
+            "start of " + me, f"▸ {title}  (6.5 s)", "end of job"]
+        d.save_screenshot(str(tmp_path / "ranks-step-folded.png"))
+        d.find_element(By.CSS_SELECTOR, "#log .row.section").click()
+        WebDriverWait(d, 20, poll_frequency=0.1).until(
+            lambda d: len(d.execute_script(ROWS)) == len(rows))
 
         Select(d.find_element(By.ID, "rank-filter")).select_by_value("1")
         WebDriverWait(d, 20, poll_frequency=0.1).until(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import re
 import subprocess
 import threading
 import time
@@ -33,11 +34,13 @@ JOB = "70"
 class Writer:
     """One run of job ``JOB`` written as the capture writes it: a Start, lines, an End."""
 
-    def __init__(self, root: Path, run: str, slurm: dict[str, str], command: str) -> None:
+    def __init__(self, root: Path, run: str, slurm: dict[str, str], command: str,
+                 start: float | None = None) -> None:
         self.run = run
         self.w = SpoolWriter(create_run_dir(root / JOB, run), fsync=False, flush_interval=0.2)
         self.seq = 0
-        self.w.write([Start(run=run, stream="run", seq=0, ts=time.time(), command=[command],
+        self.start = time.time() if start is None else start
+        self.w.write([Start(run=run, stream="run", seq=0, ts=self.start, command=[command],
                             user=ME, uid=os.getuid(), host="n1",
                             slurm={"job_id": JOB, **slurm})])
 
@@ -47,16 +50,20 @@ class Writer:
         self.seq += 1
 
     def end(self) -> None:
-        self.w.write([End(run=self.run, stream="run", seq=1, ts=time.time(), exit_status=0,
-                          state="COMPLETED", duration=1.0)])
+        now = time.time()
+        self.w.write([End(run=self.run, stream="run", seq=1, ts=now, exit_status=0,
+                          state="COMPLETED", duration=now - self.start)])
         self.w.close()
 
 
-def task(root: Path, step: int, rank: int) -> Writer:
+def task(root: Path, step: int, rank: int, tasks: int = 0, start: float | None = None,
+         command: str = "train.py") -> Writer:
     return Writer(root, f"{JOB}.{step}.{rank}", {"step": str(step), "rank": str(rank),
                                                    "local_rank": str(rank),
-                                                   "node": "n1" if rank < 2 else "n2"},
-                  "train.py")
+                                                   "node": "n1" if rank < 2 else "n2",
+                                                   **({"step_tasks": str(tasks)} if tasks
+                                                      else {})},
+                  command, start)
 
 
 def each_line(tasks: list[Writer], text: str) -> None:
@@ -77,21 +84,34 @@ def run_job(root: Path, seen: threading.Event, done: threading.Event) -> None:
     batch = Writer(root, JOB, {"nodelist": "n[1-2]"}, "job.sh")
     batch.line("batch begins")
     time.sleep(0.3)
-    step0 = [task(root, 0, r) for r in range(2)]
+    step0 = [task(root, 0, r, 2) for r in range(2)]
     for t in step0:
         t.line("identical line from every rank")
     each_line(step0, "rank {} of step 0")
     seen.wait(60)  # the follower showed step 0 while the job runs
-    each_line([task(root, 1, r) for r in range(3)], "step 1 rank {}")
+    each_line([task(root, 1, r, 3) for r in range(3)], "step 1 rank {}")
     batch.line("batch ends")
     batch.end()
     done.set()
 
 
-EXPECTED = ["batch begins", "0: identical line from every rank",
+def section(step: int, title: str) -> list[str]:
+    """The marks of a step's section (durations, real time here, as ``D``: :func:`norm`)."""
+    return [f"[logcapture: section srun step {step} ({title})]",
+            f"[logcapture: end of section srun step {step} ({title}), D]"]
+
+
+def norm(lines: list[str]) -> list[str]:
+    return [re.sub(r"^(\[logcapture: end of section .*), [^,\]]+\]$", r"\1, D]", line)
+            for line in lines]
+
+
+STEP0, END0 = section(0, "2 tasks: train.py")
+STEP1, END1 = section(1, "3 tasks: train.py")
+EXPECTED = ["batch begins", STEP0, "0: identical line from every rank",
             "[logcapture: same line from 2 ranks (0-1)]", "0: rank 0 of step 0",
-            "1: rank 1 of step 0", "0: step 1 rank 0", "1: step 1 rank 1", "2: step 1 rank 2",
-            "batch ends"]
+            "1: rank 1 of step 0", END0, STEP1, "0: step 1 rank 0", "1: step 1 rank 1",
+            "2: step 1 rank 2", END1, "batch ends"]
 
 
 def test_following_a_job_shows_its_tasks_as_they_come_as_logs_shows_them(
@@ -116,19 +136,90 @@ def test_following_a_job_shows_its_tasks_as_they_come_as_logs_shows_them(
                 seen.set()
     writer.join(10)
     assert done.is_set()  # it returned once the job had ended, not before
-    assert [line for line, _ in got] == EXPECTED
+    assert norm([line for line, _ in got]) == EXPECTED
     # Step 0 was shown while the job ran; step 1's tasks, which appeared after the follow
     # began, were picked up.
-    assert not any(ended for line, ended in got if "step 0" in line or "same line" in line), got
-    # ``logs -f`` prints what ``logs`` prints of the ended job; --rank and --node as well
+    assert not any(ended for line, ended in got if "of step 0" in line or "same line" in line)
+    # ``logs -f`` prints what ``logs`` prints of the ended job, the steps' durations too;
+    # --rank and --node as well (the tasks chosen as they printed: no steps' marks)
     where = ["--spool", str(root), "--source", "spool"]
-    assert cli(capsys, JOB, *where) == EXPECTED
-    assert cli(capsys, JOB, "-f", *where) == EXPECTED
+    assert norm(cli(capsys, JOB, *where)) == EXPECTED
+    assert [line for line, _ in got] == cli(capsys, JOB, *where)
+    assert cli(capsys, JOB, "-f", *where) == cli(capsys, JOB, *where)
     assert cli(capsys, JOB, "-f", "--rank", "1", *where) == [
         "identical line from every rank", "rank 1 of step 0", "step 1 rank 1"]
     assert cli(capsys, JOB, "-f", "--node", "n2", *where) == ["step 1 rank 2"]
     assert cli(capsys, JOB, "-f", "--rank", "0-1", *where) == cli(
         capsys, JOB, "--rank", "0-1", *where)
+
+
+def late_job(root: Path, done: threading.Event) -> None:
+    """Step 0: rank 0's first line is read before its Start record is written, and the
+    batch script prints its next line seconds before the tasks' End records come (longer
+    than the follow holds a line for the runs' order). Steps 1 and 2 run at once (``srun ...
+    &``); step 3 prints its first line seconds before step 2's End record comes; step 4
+    prints nothing."""
+    batch = Writer(root, JOB, {"nodelist": "n1"}, "job.sh")
+    batch.line("batch begins")
+    time.sleep(0.3)
+    first = time.time()
+    t0 = task(root, 0, 0, 2, start=first + 0.3)
+    t0.line("rank 0 first", first)
+    t1 = task(root, 0, 1, 2)
+    time.sleep(0.3)
+    t1.line("rank 1 last")
+    time.sleep(0.3)
+    batch.line("batch next")
+    time.sleep(4)
+    t0.end()
+    t1.end()
+    s1 = task(root, 1, 0, 1, command="prep.sh")
+    s1.line("step 1 a")
+    time.sleep(0.3)
+    s2 = task(root, 2, 1, 1, command="eval.py")
+    s2.line("step 2 a")
+    time.sleep(0.3)
+    s1.line("step 1 b")
+    s1.end()
+    time.sleep(0.3)
+    s2.line("step 2 b")
+    time.sleep(0.3)
+    s3 = task(root, 3, 0, 1)
+    s3.line("step 3")
+    time.sleep(4)
+    s2.end()
+    s3.end()
+    task(root, 4, 0, 1).end()
+    time.sleep(0.3)
+    batch.line("batch ends")
+    batch.end()
+    done.set()
+
+
+def test_a_steps_section_is_where_logs_puts_it_whenever_its_records_come(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = tmp_path / "spool"
+    done = threading.Event()
+    writer = threading.Thread(target=late_job, args=(root, done), daemon=True)
+    writer.start()
+    while not (root / JOB / JOB).exists():
+        time.sleep(0.05)
+    time.sleep(0.3)
+    with closing(Q.LocalReader(root, source="spool")) as reader:
+        follow = JobFollow(reader, JOB, JOB, reader.spool_dir(JOB) or root,
+                           ("stdout", "stderr"))
+        got = list(follow.lines())
+    writer.join(10)
+    assert done.is_set()
+    step0, end0 = section(0, "2 tasks: train.py")
+    step1, end1 = section(1, "1 task: prep.sh")
+    step3, end3 = section(3, "1 task: train.py")
+    assert norm(got) == ["batch begins", step0, "0: rank 0 first", "1: rank 1 last", end0,
+                         "batch next", step1, "0: step 1 a", "1: step 2 a", "0: step 1 b",
+                         end1, "1: step 2 b", step3, "0: step 3", end3, "batch ends"]
+    where = ["--spool", str(root), "--source", "spool"]
+    assert got == cli(capsys, JOB, *where)  # the marks, their places and durations
+    assert cli(capsys, JOB, "-f", *where) == got
 
 
 def cli(capsys: pytest.CaptureFixture[str], *args: str) -> list[str]:
@@ -190,10 +281,11 @@ def test_a_task_whose_writer_is_gone_is_closed_and_the_follow_returns(
         assert dirs is not None
         out = list(JobFollow(reader, JOB, JOB, dirs, ("stdout", "stderr"), poll=0.05,
                              check=0.1).lines())
-    assert [line[:30] for line in out] == [
-        "batch", "0: rank 0 ends", "2: rank 2 dies", "2: [logcapture: warning: the r",
-        "1: rank 1 ends", "batch ends"]
-    assert "closed as LOST" in out[3]
+    step, end = section(0, "train.py")  # its Start records do not say how many tasks
+    assert [line[:30] for line in norm(out)] == [
+        "batch", step[:30], "0: rank 0 ends", "2: rank 2 dies",
+        "2: [logcapture: warning: the r", "1: rank 1 ends", end[:30], "batch ends"]
+    assert "closed as LOST" in out[4]
     assert out == cli(capsys, JOB, "--spool", str(root), "--source", "spool")
 
 
@@ -239,7 +331,8 @@ def test_a_flood_is_shown_with_at_most_max_held_entries_waiting(
     assert len(got) == 400  # not held until the job ends
     shown = [line for line in got if not line.startswith("[")]
     assert shown[:3] == ["0: line 0", "0: line 1", "0: line 2"]
-    assert got[1] == "[logcapture: same line from 2 ranks (0-1)]"
+    assert got[:3] == [section(0, "train.py")[0], "0: line 0",
+                       "[logcapture: same line from 2 ranks (0-1)]"]
     batch.end()
 
 
@@ -278,7 +371,9 @@ def test_another_users_task_run_of_the_same_job_id_is_never_followed() -> None:
             capture_output=True, text=True, timeout=60, cwd="/tmp")
         assert r.returncode == 0, r.stderr
         assert "lcuser2" not in r.stdout + r.stderr
-        assert r.stdout.splitlines() == ["identical line from every rank", "lcuser1 was here",
-                                         "identical line from every rank", "lcuser1 was here"]
+        step, end = section(0, "x")
+        assert norm(r.stdout.splitlines()) == [
+            "identical line from every rank", "lcuser1 was here", step,
+            "identical line from every rank", "lcuser1 was here", end]
     finally:
         shutil.rmtree(base, ignore_errors=True)

@@ -90,6 +90,83 @@ def test_folding_holds_only_the_window_and_keeps_every_entry() -> None:
     assert sum(1 for _ in out) == 5000 - 3
 
 
+# --- each srun step a section, bounded by its own entries ----------------------------------
+BATCH = {"run": "9", "rank": None, "nodes": "n1", "start": T0, "duration": 100.0}
+
+
+def _step_task(step: str, rank: int, start: float, duration: float | None,
+               tasks: str = "2", command: tuple[str, ...] = ("python3", "train.py")) -> dict:
+    return {"run": f"9.{step}.{rank}", "rank": rank, "step": step, "nodes": "n1",
+            "start": start, "duration": duration, "command": list(command),
+            "slurm": {"step_tasks": tasks}}
+
+
+def _job(logs: list) -> list[str]:
+    return list(RV.text_lines(RV.job_log(logs, RV.StepMarks.of_job(logs)), True))
+
+
+def _marks(step: str, title: str, took: str) -> tuple[str, str]:
+    return (f"[logcapture: section srun step {step} ({title})]",
+            f"[logcapture: end of section srun step {step} ({title}), {took}]")
+
+
+def test_a_step_is_bounded_by_its_own_lines_not_by_its_runs_start_and_end() -> None:
+    # Rank 0's first line was read before its Start record was written (T0 + 1.1 < 1.2),
+    # and both End records came after the batch script's next line (T0 + 6 > 5): the section
+    # still opens right before the step's first line and closes right after its last one,
+    # with the step's duration from its first start to its last end (T0 + 1 to T0 + 6).
+    logs = [(BATCH, [_e(T0 + 0.5, "before"), _e(T0 + 5, "after", seq=1)]),
+            (_step_task("0", 0, T0 + 1.2, 4.7), [_e(T0 + 1.1, "first"),
+                                                  _e(T0 + 3, "rank 0 last", seq=1)]),
+            (_step_task("0", 1, T0 + 1, 5.0), [_e(T0 + 2, "x"), _e(T0 + 4, "last", seq=1)])]
+    start, end = _marks("0", "2 tasks: python3 train.py", "5.0 s")
+    assert _job(logs) == ["before", start, "0: first", "1: x", "0: rank 0 last", "1: last",
+                          end, "after"]
+    # what the batch script printed between the step's lines is inside its section
+    logs[0][1].insert(1, _e(T0 + 2.5, "meanwhile"))
+    assert _job(logs)[4:6] == ["meanwhile", "0: rank 0 last"]
+
+
+def test_steps_never_nest_a_step_printing_alone_is_a_section_the_others_are_not() -> None:
+    # step 1 runs in the background (srun ... &) while step 0 prints: step 0's section holds
+    # its lines where they were printed, step 1 has none; step 2 starts once both are done.
+    # Step 3 printed nothing: nothing shows of it. Step 4 still runs: its section is open.
+    logs = [(BATCH, [_e(T0, "batch")]),
+            (_step_task("0", 0, T0, 6.0), [_e(T0 + 1, "a"), _e(T0 + 5, "b", seq=1)]),
+            (_step_task("1", 0, T0 + 2, 7.0), [_e(T0 + 3, "c"), _e(T0 + 8, "d", seq=1)]),
+            (_step_task("2", 0, T0 + 10, 2.0), [_e(T0 + 11, "e")]),
+            (_step_task("3", 0, T0 + 12, 1.0), []),
+            (_step_task("4", 0, T0 + 14, None, "1", ("sleep", "9")), [_e(T0 + 15, "f")])]
+    s0, e0 = _marks("0", "2 tasks: python3 train.py", "6.0 s")
+    s2, e2 = _marks("2", "2 tasks: python3 train.py", "2.0 s")
+    s4, _ = _marks("4", "1 task: sleep 9", "")
+    assert _job(logs) == ["batch", s0, "0: a", "0: c", "0: b", e0, "0: d", s2, "0: e", e2,
+                          s4, "0: f"]
+    # the page folds what lies between each start and its end: well nested
+    depth = 0
+    for item in RV.job_log(logs, RV.StepMarks.of_job(logs)):
+        depth += {"section": 1, "section_end": -1}.get(item.entry.kind, 0)
+        assert depth in (0, 1)
+
+
+def test_the_same_line_of_two_steps_is_never_folded_together() -> None:
+    logs = [(BATCH, []),
+            (_step_task("0", 0, T0, 1.0), [_e(T0 + 0.5, "done")]),
+            (_step_task("1", 1, T0 + 0.6, 1.0), [_e(T0 + 0.7, "done")])]
+    assert [line for line in _job(logs) if not line.startswith("[")] == ["0: done", "1: done"]
+
+
+def test_a_steps_title_names_its_tasks_and_its_command_cut() -> None:
+    assert RV.step_title("3", "1", ["python3", "-c", "print('a b')"]) == (
+        "srun step 3 (1 task: python3 -c 'print('\"'\"'a b'\"'\"')')")
+    assert RV.step_title("0", None, []) == "srun step 0"
+    assert RV.step_title("1", "2", ["python3", "-c", "\nimport os\n\x1b[2Jprint(1)\n"]) == (
+        "srun step 1 (2 tasks: python3 -c ' import os [2Jprint(1) ')")  # one line, no controls
+    long = RV.step_title("0", "64", ["python3", "x" * 100])
+    assert long.startswith("srun step 0 (64 tasks: python3 xxx") and long.endswith("…)")
+    assert len(long) == len("srun step 0 (64 tasks: )") + RV.TITLE_COMMAND
+
+
 # --- through the readers, from a spool and from the store ----------------------------------
 def job_records(owner: str, uid: int, job: str = "50") -> dict[str, list]:
     """Job ``job``: its batch run and four tasks on two nodes. Ranks 0-2 print one line
@@ -106,7 +183,8 @@ def job_records(owner: str, uid: int, job: str = "50") -> dict[str, list]:
         runs[run] = [
             Start(run=run, stream="run", seq=0, ts=T0 + 1, command=["train.py"], user=owner,
                   uid=uid, host=NODE[r], slurm={"job_id": job, "step": "0", "rank": str(r),
-                                                "local_rank": str(r % 2), "node": NODE[r]}),
+                                                "local_rank": str(r % 2), "node": NODE[r],
+                                                "step_tasks": "4"}),
             Line(run=run, stream="stdout", seq=0, ts=T0 + 1 + r / 100, text=f"rank {r} step 0"),
             Line(run=run, stream="stdout", seq=1, ts=T0 + (2.05 if r == 3 else 2 + r / 10),
                  text=other),
@@ -117,10 +195,14 @@ def job_records(owner: str, uid: int, job: str = "50") -> dict[str, list]:
     return runs
 
 
-ALL_RANKS = ["start of " + ME, "0: rank 0 step 0", "1: rank 1 step 0", "2: rank 2 step 0",
-             "3: rank 3 step 0", "0: identical line from every rank",
+# The step is a section of the whole job's log: from its first line to its last, with its
+# duration from its tasks' Start and End records (T0 + 1 to T0 + 1 + 6.5).
+STEP = "[logcapture: section srun step 0 (4 tasks: train.py)]"
+STEP_END = "[logcapture: end of section srun step 0 (4 tasks: train.py), 6.5 s]"
+ALL_RANKS = ["start of " + ME, STEP, "0: rank 0 step 0", "1: rank 1 step 0",
+             "2: rank 2 step 0", "3: rank 3 step 0", "0: identical line from every rank",
              "[logcapture: same line from 3 ranks (0-2)]", "3: rank 3 is different", "0: done",
-             "[logcapture: same line from 3 ranks (0-2)]", "3: done", "end of job"]
+             "[logcapture: same line from 3 ranks (0-2)]", "3: done", STEP_END, "end of job"]
 RANK_1 = ["rank 1 step 0", "identical line from every rank", "done"]
 NODE_N2 = ["2: rank 2 step 0", "3: rank 3 step 0", "3: rank 3 is different",
            "2: identical line from every rank", "2: done", "3: done"]
@@ -269,13 +351,17 @@ def test_the_job_pages_answer_names_rank_node_and_fold_and_keeps_the_newest(spoo
         whole = RV.page(r, "50")
         assert not whole["more"] and whole["ended"]
         assert [e["text"] for e in whole["entries"]] == [
-            t.split(": ", 1)[-1] for t in ALL_RANKS if not t.startswith("[")]
+            t if t in (STEP, STEP_END) else t.split(": ", 1)[-1]
+            for t in ALL_RANKS if not t.startswith("[logcapture: same line")]
+        marks = [e for e in whole["entries"] if e["kind"] in ("section", "section_end")]
+        assert [(e["rank"], e["run"], e["stream"]) for e in marks] == [(None, "", "run")] * 2
+        assert marks[0]["ts"] == T0 + 1 and marks[1]["ts"] == T0 + 7.3  # its first, last line
         folded = [e for e in whole["entries"] if "note" in e]
         assert [(e["rank"], e["node"], e["ranks"], e["note"]) for e in folded] == [
             (0, "n1", [0, 1, 2], "[logcapture: same line from 3 ranks (0-2)]")] * 2
         assert whole["entries"][0]["rank"] is None and whole["entries"][0]["run"] == "50"
         newest = RV.page(r, "50", limit=2)
-        assert newest["more"] and [e["text"] for e in newest["entries"]] == ["done",
+        assert newest["more"] and [e["text"] for e in newest["entries"]] == [STEP_END,
                                                                               "end of job"]
         assert [e["rank"] for e in RV.page(r, "50", "2-3", "n2")["entries"]] == [2, 3, 3, 2,
                                                                                   2, 3]

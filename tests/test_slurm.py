@@ -959,6 +959,9 @@ def test_a_task_run_is_named_after_its_job_run_step_and_rank() -> None:
     ident = task.task_identity({"SLURM_JOB_ID": "42", "SLURMD_NODENAME": "n7",
                                 "SLURM_STEP_ID": "9"}, "0", "3", "1")
     assert ident == {"job_id": "42", "node": "n7", "step": "0", "rank": "3", "local_rank": "1"}
+    ident = task.task_identity({"SLURM_JOB_ID": "42", "SLURM_STEP_NUM_TASKS": "4"}, "0", "3",
+                               "1")
+    assert ident["step_tasks"] == "4"  # a step's section title names it (rankview.step_title)
     assert task.status_address("42", "0", "3") == b"\0logcapture/task/42.0.3"
 
 

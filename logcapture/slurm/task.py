@@ -51,10 +51,14 @@ def task_run_id(job_run: str, step: str, rank: str) -> str:
 def task_identity(env: dict[str, str], step: str, rank: str, local_rank: str
                   ) -> dict[str, str]:
     """The Start record's ``slurm`` of a task: the job's, with this task's step, rank and
-    local rank (from the plugin, which has them from Slurm, not from the job's environment)."""
+    local rank (from the plugin, which has them from Slurm, not from the job's environment),
+    and ``step_tasks``, how many tasks its step has (``SLURM_STEP_NUM_TASKS``, which srun
+    sets for each task: a step's section title names it, ``rankview.step_title``)."""
     from ..capture import slurm_identity
 
-    return {**slurm_identity(env), "step": step, "rank": rank, "local_rank": local_rank}
+    count = env.get("SLURM_STEP_NUM_TASKS", "")
+    return {**slurm_identity(env), "step": step, "rank": rank, "local_rank": local_rank,
+            **({"step_tasks": count} if count.isdigit() else {})}
 
 
 def job_spool(env: dict[str, str]) -> Path | None:

@@ -1,9 +1,11 @@
 """A job of two ranks read by rank on a real Slurm 22.05 cluster, as real users: `logs JOB`
 merges the tasks' lines labelled with their ranks and folds the line both ranks printed,
 `--rank` keeps each rank's own line, `search --rank` looks in that rank only, and another user
-reads none of it."""
+reads none of it; each srun step is a section of the job's log, in `logs -f` as in `logs`."""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 
@@ -45,6 +47,14 @@ def test_a_job_of_two_ranks_read_merged_folded_and_by_rank(lc: Cluster) -> None:
     assert len(common) == 1, got
     assert got[common[0] + 1] == "[logcapture: same line from 2 ranks (0-1)]", got
     assert got.index("0: rank 0 is done") < got.index("1: rank 1 is done"), got
+    # The step is a section, from its first line to its last, titled with its tasks and its
+    # command (a script's newlines as spaces), with its duration.
+    assert got[0] == "batch starts", got
+    assert got[1].startswith("[logcapture: section srun step 0 (2 tasks: python3 -c ' import "
+                             "os, time r = os.environ"), got
+    assert re.fullmatch(r"\[logcapture: end of section srun step 0 \(2 tasks: .*\), "
+                        r"\d\.\d s\]", got[-1]), got
+    assert got[-2] == "1: rank 1 is done", got
 
     r = lc.as_user(U1, [bin_, "logs", *own, j, "--rank", "1"])
     assert r.returncode == 0, r.stderr
@@ -112,6 +122,15 @@ def test_logs_follow_of_a_job_follows_its_steps_as_logs_shows_them(lc: Cluster) 
     assert got.index("0: rank 0 of step 0") < got.index("1: rank 1 of step 0") < got.index(
         "0: step 1 rank 0"), got
     assert "1: step 1 rank 1" in got
+    # Each step a section, closed after its last line whenever its tasks' End records came
+    # (after the batch script's next line, maybe): the same places in `logs -f` and `logs`.
+    marks = [(n, line) for n, line in enumerate(got) if "section srun step" in line]
+    assert [line.split(" (")[0] for _, line in marks] == [
+        "[logcapture: section srun step 0", "[logcapture: end of section srun step 0",
+        "[logcapture: section srun step 1", "[logcapture: end of section srun step 1"], got
+    assert [n for n, _ in marks] == [1, got.index("1: rank 1 of step 0") + 1,
+                                     got.index("1: rank 1 of step 0") + 2, len(got) - 2], got
+    assert marks[2][1].startswith("[logcapture: section srun step 1 (2 tasks: python3 -c"), got
     r = lc.as_user(U1, [bin_, "logs", "-f", *own, j, "--rank", "1"])
     assert r.stdout.splitlines() == ["identical line from every rank", "rank 1 of step 0",
                                      "step 1 rank 1"], r

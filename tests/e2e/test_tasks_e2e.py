@@ -94,6 +94,21 @@ def test_each_task_is_a_run_of_its_job_with_rank_node_and_step(lc: Cluster) -> N
     r = lc.as_user(U1, [bin_, "logs", *own, j])  # J is still the batch script's run
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[0] == "batch starts"
+    steps_are_sections(r.stdout.splitlines())
+
+
+def steps_are_sections(got: list[str]) -> None:
+    """Each srun step of ``TASKS`` is a section of the job's log around its tasks' lines,
+    titled with its number of tasks (SLURM_STEP_NUM_TASKS) and its command."""
+    marks = [line for line in got if "section srun step" in line]
+    assert [m.split(" (")[0] for m in marks] == [
+        "[logcapture: section srun step 0", "[logcapture: end of section srun step 0",
+        "[logcapture: section srun step 1", "[logcapture: end of section srun step 1"], got
+    assert marks[0].startswith("[logcapture: section srun step 0 (2 tasks: python3 -c"), got
+    assert marks[2].startswith("[logcapture: section srun step 1 (1 task: bash -c 'echo"), got
+    at = got.index
+    assert at(marks[0]) < at("0: rank 0 step 0") < at("1: err of rank 1") < at(marks[1]) < at(
+        marks[2]) < at("0: step 1 says bye") < at(marks[3]) < at("srun said 3"), got
 
 
 FAILS = r"""#!/bin/bash
@@ -153,6 +168,7 @@ def test_the_epilog_ships_the_task_runs_with_the_job_and_logs_reads_them_by_rank
     assert r.stdout.splitlines() == ["rank 1 step 0", "progress 1", "err of rank 1"]
     r = lc.root_cli("logs", j)  # the job is its batch script's run
     assert r.returncode == 0 and r.stdout.startswith("batch starts\n"), r.stderr
+    steps_are_sections(r.stdout.splitlines())  # read from the store
 
 
 # Two ranks printing progress and metadata; rank 1 raises at step 2, rank 0 goes on.
