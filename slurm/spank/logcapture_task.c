@@ -267,10 +267,12 @@ static int switch_terminal(int slave)
     return 1;
 }
 
+static int wait_input(int fd, int ms);
+
 /* A task of an `srun --pty` step (docs/architecture.md, "Interactive steps"): with a
  * .logoptin, start the capture process as for any task and send it the spool root
- * ("S<path>\n"). It answers with nothing (`interactive: true` not asked for, or it cannot
- * capture: then it said why on the terminal) or with the slave of a pty of its own, which
+ * ("S<path>\n"). It answers "n" (`interactive: true` not asked for, or it cannot capture:
+ * then it said why on the terminal) or "i" with the slave of a pty of its own, which
  * becomes the task's terminal (switch_terminal); the capture process then holds slurmstepd's
  * pty and relays it (logcapture/slurm/interactive.py). "Y" or "N" tells it which. */
 static void interactive_task(spank_t sp)
@@ -304,8 +306,16 @@ static void interactive_task(spank_t sp)
     }
     close(sv[1]);
     len = snprintf(hello, sizeof(hello), "S%s\n", spool_root);
-    n = send(sv[0], hello, (size_t)len, MSG_NOSIGNAL) == len ? receive_slaves(sv[0], fds) : 0;
+    if (send(sv[0], hello, (size_t)len, MSG_NOSIGNAL) == len
+        && wait_input(sv[0], READY_TIMEOUT_MS) > 0
+        && recv(sv[0], &answer, 1, MSG_PEEK) == 1 && answer == 'n') {
+        close(sv[0]); /* not asked for, or it said on the terminal why it cannot */
+        return;
+    }
+    n = receive_slaves(sv[0], fds);
     if (n == 0) {
+        slurm_error("logcapture_task: %u.%u task %u not captured: the capture process "
+                    "(%s -I -m logcapture slurm task) did not start", job, step, task, python);
         close(sv[0]);
         return;
     }

@@ -207,3 +207,39 @@ def test_salloc_s_interactive_step_is_captured_and_read_by_its_owner_only(
     assert r.returncode == 0 and r.stdout.count("salloc shell line") == 1, (r.stdout, r.stderr)
     r = lc.as_user(U2, [*reader, "logs", job], timeout=120)
     assert r.returncode != 0 and "salloc shell line" not in r.stdout
+
+
+def test_an_interactive_step_whose_capture_fails_runs_on_its_own_terminal(
+        lc: Cluster) -> None:
+    lc.optin(U1, "interactive: true\n")
+    plain, _ = _session(lc, U2)
+    # No logcapture where the plugin looks for it: not even Python runs.
+    lc.set_task_python("/nonexistent/python3")
+    try:
+        missing, missing_job = _session(lc, U1)
+    finally:
+        lc.set_task_python(None)
+    assert missing == plain
+    assert "not captured" in lc.slurmd_log()
+    # logcapture runs but finds no spool directory: one warning on the terminal, no run.
+    conf = lc.dir / "etc" / "plugstack.conf"
+    line = conf.read_text()
+    conf.write_text(re.sub(r"spool_root=\S+", "spool_root=/nonexistent", line))
+    try:
+        child = _spawn(lc, U1, SRUN_PTY)
+        try:
+            child.expect_exact("logcapture: interactive step 0 not captured: no spool "
+                               "directory of the job")
+            child.expect_exact(PROMPT)
+            child.sendline("echo $SLURM_JOB_ID; exit 4")
+            child.expect(r"(\d+)\r\n")
+            job = child.match.group(1)
+            child.expect(pexpect.EOF)
+        finally:
+            child.close(force=True)
+    finally:
+        conf.write_text(line)
+    assert child.exitstatus == 4
+    for j in (missing_job, job):
+        lc.wait(Job(j, U1, Path("/dev/null")), timeout=60)
+        assert lc.task_run_dirs(j) == {}
