@@ -59,6 +59,13 @@ def reap():
     _, status = os.waitpid(pid, 0)
     task.set_status(status)
 threading.Thread(target=reap, daemon=True).start()
+if os.environ.get("RELAY_PLAIN"):  # the fallback after a failed capture, on its own
+    from logcapture.runner.relay import relay_plain
+    relay.stop()
+    relay_plain(outer, master, b"echo typed-before\r")
+    while task.returncode is None:
+        threading.Event().wait(0.05)
+    sys.exit(task.returncode if task.returncode >= 0 else 128 - task.returncode)
 try:
     outcome = attach({master: "stdout"}, task, Sink(), Options(merge=True, stdout_fd=outer,
                      stderr_fd=outer, beside=relay))
@@ -76,12 +83,13 @@ class Terminal:
     """The outer pty's master as a person's terminal (pexpect over its fd) and the capture
     process relaying it to ``argv``."""
 
-    def __init__(self, tmp: Path, argv: list[str], rows: int = 30, cols: int = 100):
+    def __init__(self, tmp: Path, argv: list[str], rows: int = 30, cols: int = 100,
+                 plain: bool = False):
         self.master, slave = os.openpty()
         set_winsize(slave, rows, cols)
         self.stored = tmp / "stored"
         env = {**os.environ, "PYTHONPATH": str(REPO), "PS1": PROMPT, "TERM": "xterm",
-               "HOME": str(tmp)}
+               "HOME": str(tmp), **({"RELAY_PLAIN": "1"} if plain else {})}
         with (tmp / "capture.err").open("wb") as err:
             self.proc = subprocess.Popen(
                 [sys.executable, "-c", CAPTURE, str(slave), str(self.stored), *argv],
@@ -274,3 +282,19 @@ def test_a_hang_up_of_the_terminal_reaches_the_program(tmp_path: Path) -> None:
         t.proc.kill()
         os.close(t.slave)
     assert code == 128 + 1  # bash ended by SIGHUP, as on its own terminal
+
+
+def test_the_fallback_after_a_failed_capture_keeps_the_terminal_working(tmp_path: Path) -> None:
+    t = Terminal(tmp_path, ["bash", "--norc", "--noprofile", "-i"], plain=True)
+    try:
+        t.term.expect_exact("typed-before")  # what was typed before the fallback, first
+        t.term.expect_exact(PROMPT)
+        assert t.ask("stty size") == "30 100"
+        t.resize(40, 120)
+        assert t.ask('for i in $(seq 100); do [ "$(stty size)" = "40 120" ] && break; '
+                     'sleep 0.05; done; stty size') == "40 120"
+        t.term.send("exit 3\r")
+        assert t.finish() == 3
+    finally:
+        t.proc.kill()
+    assert t.stored.read_bytes() == b""  # nothing stored

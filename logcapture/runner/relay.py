@@ -129,10 +129,9 @@ class Relay:
             if self.watching_out:
                 self.loop.poller.unregister(self.out_fd)
                 self.watching_out = False
-        try:
+        if self.out_fd >= 0:  # once: the loop stops it, and so may its caller
             os.close(self.out_fd)
-        except OSError:
-            pass
+            self.out_fd = -1
 
     def keeps(self) -> bool:
         """Whether output read now may be stored: not while the inner pty reads lines without
@@ -244,3 +243,46 @@ def set_controlling(fd: int) -> bool:
         return False
     return True
 
+
+
+def relay_plain(outer: int, inner: int, typed: bytes = b"", poll: float = WINSIZE_POLL
+                ) -> None:
+    """The last resort once the program runs on the inner pty and its capture failed: copy
+    both ways (``typed`` first: what the relay had not written yet) and follow the window
+    size, nothing stored, until every writer has closed the inner pty or the outer hung up.
+    Without it the program would lose its terminal."""
+    from .readloop import _write_all
+
+    try:
+        _write_all(inner, typed)
+    except OSError:
+        return
+    size = b""
+    while True:
+        try:
+            now = get_winsize(outer)
+            if now != size:
+                size = now
+                fcntl.ioctl(inner, termios.TIOCSWINSZ, size)
+        except OSError:
+            pass
+        try:
+            ready, _, _ = select.select([outer, inner], [], [], poll)
+        except InterruptedError:  # pragma: no cover - PEP 475 retries
+            continue
+        for fd, to in ((inner, outer), (outer, inner)):
+            if fd not in ready:
+                continue
+            try:
+                data = os.read(fd, READ_SIZE)
+            except BlockingIOError:
+                continue
+            except OSError:
+                data = b""
+            if not data:
+                return  # the program's pty closed, or the terminal hung up (the caller's end)
+            try:
+                _write_all(to, data)
+            except OSError:
+                if to == outer:
+                    return

@@ -136,7 +136,7 @@ def interactive_task(plugin: socket.socket, step: str, rank: str, local_rank: st
 
     from ..capture import prepare
     from ..runner.outcome import Options
-    from ..runner.relay import Relay, open_inner, raw_attrs, set_controlling
+    from ..runner.relay import Relay, open_inner, raw_attrs, relay_plain, set_controlling
     from ..runner.spawn import Attached, attach
     from .jobrecords import PUBLIC_CONFIG
     from .jobs import run_id_for
@@ -192,6 +192,9 @@ def interactive_task(plugin: socket.socket, step: str, rank: str, local_rank: st
     assert listener is not None
     plugin.close()
     relay = Relay(outer, master, task_pid)
+    # The program's terminal stays open whatever happens to the capture (attach closes its
+    # masters at its end): a failure below falls back to copying without capture.
+    kept = os.dup(master)
     try:
         # Raw first: from here on a ^C typed is a byte for the program's terminal, never a
         # signal for this process's group.
@@ -205,10 +208,16 @@ def interactive_task(plugin: socket.socket, step: str, rank: str, local_rank: st
                    Options(env=prepared.env, warn=lambda m: warn(m + "\r"), merge=True,
                            stdout_fd=outer, stderr_fd=outer, beside=relay),
                    status_timeout=STATUS_WAIT)
+        except Exception as e:  # noqa: BLE001 - the shell keeps its terminal
+            warn(f"interactive step {step}: capture stopped ({type(e).__name__}); the shell "
+                 "goes on uncaptured\r")
+            relay.stop()
+            relay_plain(outer, kept, bytes(relay.pending))
         finally:
             listener.done()
     finally:
         relay.stop()
+        os.close(kept)
         try:
             termios.tcsetattr(outer, termios.TCSANOW, saved)
         except (OSError, termios.error):
