@@ -101,8 +101,10 @@ class JobFollow:
         # task runs all ended at this wall time (it is complete once a look came after).
         self.marks = None if filtered else StepMarks()
         self._ended_at: dict[str, float] = {}
-        start = next(iter(job_candidates([batch_dir], batch)), {"run": batch})
-        self._add({**start, **jobref.job_fields(start)}, batch_dir, shown=not filtered)
+        start = next(iter(job_candidates([batch_dir], ref)), {"run": batch})
+        start = {**start, **jobref.job_fields(start)}
+        if start["rank"] is None:  # (a job without a batch run, an interactive step's,
+            self._add(start, batch_dir, shown=not filtered)  # is its tasks: _look finds them)
 
     @property
     def several(self) -> bool:
@@ -162,7 +164,7 @@ class JobFollow:
                         heapq.heappush(held, t)
                 r.count += len(got)
                 self._told(r, records, len(got))
-            ended = all(r.follow.ended for r in self._runs.values())
+            ended = bool(self._runs) and all(r.follow.ended for r in self._runs.values())
             if ended and self._look():
                 continue  # a task run that appeared at the end: read it too
             marks = self.marks

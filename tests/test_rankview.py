@@ -377,3 +377,8 @@ def test_a_job_of_tasks_only_shows_each_task_once(tmp_path: Path,
     code, out, err = logs(capsys, "70", *where)
     assert code == 0, err
     assert out.count("3: rank 3 step 0") == 1 and "start of " + ME not in out
+    code, followed, err = logs(capsys, "-f", "70", *where)
+    assert code == 0, err
+    assert followed.count("3: rank 3 step 0") == 1 and followed.count("3: done") == 1
+    assert [x for x in followed if not x.startswith("[logcapture: ")] == \
+        [x for x in out if not x.startswith("[logcapture: ")]
