@@ -48,6 +48,7 @@ from .records import (
     NOTE_REPEAT,
     NOTE_SECTION,
     NOTE_SECTION_END,
+    NOTE_SECTION_EXPAND,
     NOTE_WARNING,
     OUTPUT_STREAMS,
     STDOUT,
@@ -62,7 +63,7 @@ from .records import (
     new_metadata,
 )
 from .redact import COMMAND_PREFIX, MIN_MASK, mask_accepted
-from .sections import Marker, Sections, marker, may_hold_marker
+from .sections import EXPAND, Marker, Sections, marker, may_hold_marker
 
 TYPE_CHECKING = False  # not typing's: importing typing costs every job ~8 ms (records.py)
 if TYPE_CHECKING:
@@ -625,6 +626,9 @@ class Classifier:
         it starts (sections.py), in place of the line."""
         self._last_kept[stream] = True
         self._last_marker[stream] = found
+        if found.what == EXPAND:
+            title = self.sections.innermost()
+            return [] if title is None else [self._note(stream, NOTE_SECTION_EXPAND, title, ts)]
         out: list[Record] = [self._note(stream, NOTE_SECTION_END, title, ts, ms)
                              for title, ms in self.sections.apply(found, ts)]
         if found.what == "start":

@@ -27,7 +27,10 @@ How it reads, on the node that runs the job (its spool):
   one more look found no new task run.
 
 Labels (``N: ``) are shown once the follow has seen the tasks of more than one rank (as
-``logs JOB``: a job of one task is shown as it printed). A job whose batch run is not in this
+``logs JOB``: a job of one task is shown as it printed). Lines are numbered as ``logs JOB``
+numbers them (``rankview.numbered``) when both streams are followed; a line's number counts
+both streams, so a follow of one stream numbers none (``logs JOB --stream S -n`` does, from
+the log of both). A job whose batch run is not in this
 spool (read from the store, or on another node) is followed as one run (``logs -f`` of its
 batch run) unless it has ended: then its log is printed as ``logs JOB`` prints it.
 """
@@ -49,13 +52,14 @@ from .rankview import (
     RankEntry,
     StepMarks,
     job_runs,
+    numbered,
     read_job,
     several_ranks,
     step_of,
     tagged,
     text_lines,
 )
-from .records import End
+from .records import OUTPUT_STREAMS, End
 from .runs import ABANDON_CHECK, SPOOL_POLL, SpoolFollow, job_candidates
 from .spool.layout import find_run_dirs
 
@@ -146,6 +150,14 @@ class JobFollow:
         return found
 
     def entries(self) -> Iterator[RankEntry]:
+        """The merged, folded entries as they come, numbered when both streams are shown
+        (the module docstring)."""
+        if set(self.streams) >= set(OUTPUT_STREAMS):
+            return numbered(self._merged())
+        return (i._replace(entry=i.entry._replace(line=0)) if i.entry.line else i
+                for i in self._merged())
+
+    def _merged(self) -> Iterator[RankEntry]:
         held: list[tuple[float, int, int, int, RankEntry]] = []
         folder = Folder()
         looked = float("-inf")  # wall time of the last look for new task runs
@@ -208,20 +220,22 @@ class JobFollow:
             if self.marks.all_ended(step) and self._ended_at.get(step, looked) < looked:
                 self.marks.set_complete(step)
 
-    def lines(self, text: Any = None) -> Iterator[str]:
-        """``text``: what an entry prints as (``rankview.label``)."""
-        return text_lines(self.entries(), lambda: self.several, text)
+    def lines(self, text: Any = None, numbers: bool = False) -> Iterator[str]:
+        """``text``: what an entry prints as (``rankview.label``); ``numbers``: after its
+        number (``logs -n``)."""
+        return text_lines(self.entries(), lambda: self.several, text, numbers)
 
 
 def follow_lines(reader: Any, ref: str | None, batch: str, streams: tuple[str, ...],
                  ranks: tuple[str, ...] = (), nodes: tuple[str, ...] = (), text: Any = None,
-                 warn: Callable[[str], None] | None = None) -> Iterator[str] | None:
+                 warn: Callable[[str], None] | None = None, numbers: bool = False
+                 ) -> Iterator[str] | None:
     """What ``logs -f REF`` prints when REF is a job (its batch run: ``batch``): the job
     followed from the spool, or, when its batch run is not in the spool and every run of it
     has ended, its log as ``logs`` prints it. None when REF is no job, or a job whose batch
     run is read from elsewhere while it runs: the caller follows ``batch`` alone (``warn``
     is told so when the job has task runs). ``text``: what an entry prints as
-    (``rankview.label``)."""
+    (``rankview.label``); ``numbers``: each line after its number in the job's log."""
     filtered = bool(ranks or nodes)
     if ref is None or jobref.parse(ref) is None:
         if filtered:
@@ -229,10 +243,12 @@ def follow_lines(reader: Any, ref: str | None, batch: str, streams: tuple[str, .
         return None
     batch_dir = reader.spool_dir(batch) if hasattr(reader, "spool_dir") else None
     if batch_dir is not None:
-        return JobFollow(reader, ref, batch, batch_dir, streams, ranks, nodes).lines(text)
+        return JobFollow(reader, ref, batch, batch_dir, streams, ranks, nodes).lines(
+            text, numbers)
     runs = job_runs(reader, ref, ranks, nodes)
     if runs is not None and all(r.get("state") not in ("RUNNING", "EMPTY") for r in runs):
-        return text_lines(read_job(reader, runs, streams), several_ranks(runs), text)
+        return text_lines(read_job(reader, runs, streams), several_ranks(runs), text,
+                          numbers)
     if filtered:
         raise UsageError(f"--follow with --rank/--node reads the job's tasks from the spool "
                          f"of the node that runs it: run it there, or name a task run "

@@ -45,6 +45,7 @@ from .records import (
     NOTE_REPEAT,
     NOTE_SECTION,
     NOTE_SECTION_END,
+    NOTE_SECTION_EXPAND,
     NOTE_WARNING,
     RUN,
     STDERR,
@@ -65,19 +66,22 @@ COMMAND = "command"
 NOTE = "note"
 METADATA = "metadata"
 # A section's start and end (sections.py): notes, whose entries say which, so that a page
-# folds what lies between.
+# folds what lies between; and the job's ask to expand the section it is in.
 SECTION = "section"
 SECTION_END = "section_end"
-_NOTE_KIND = {NOTE_SECTION: SECTION, NOTE_SECTION_END: SECTION_END}
+SECTION_EXPAND = "section_expand"
+_NOTE_KIND = {NOTE_SECTION: SECTION, NOTE_SECTION_END: SECTION_END,
+              NOTE_SECTION_EXPAND: SECTION_EXPAND}
 
 
 NUMBERED = (LINE, COMMAND)  # the entries that have a line number: the lines table's kinds
 
 
 class Entry(NamedTuple):
-    """One entry of a log view: ``kind`` is line, command, note (section and section_end
-    for a section's notes) or metadata; ``style`` a line's colour spans (``logcapture.sgr``),
-    empty when plain; ``line`` its line number (0: none, a note or metadata)."""
+    """One entry of a log view: ``kind`` is line, command, note (section, section_end and
+    section_expand for a section's notes) or metadata; ``style`` a line's colour spans
+    (``logcapture.sgr``), empty when plain; ``line`` its line number (0: none, a note or
+    metadata)."""
 
     ts: float
     stream: str
@@ -105,6 +109,8 @@ def note_text(note: str, count: int, text: str) -> str:
         return f"[logcapture: section {text}{' (folded)' if count else ''}]"
     if note == NOTE_SECTION_END:
         return f"[logcapture: end of section {text}, {duration_text(count)}]"
+    if note == NOTE_SECTION_EXPAND:
+        return f"[logcapture: section {text} expanded]"
     return f"[logcapture: {note}: {text}]"
 
 
@@ -175,8 +181,13 @@ def numbered_text(shown: Callable[[Entry], str]) -> Callable[[Entry], str]:
     """What ``logs -n`` prints of an entry: what ``shown`` prints of it, after its line number,
     as ``cat -n`` writes it (a note, which has none, after as many spaces)."""
     def text(e: Entry) -> str:
-        return f"{e.line:6}\t{shown(e)}" if e.line else f"{'':6}\t{shown(e)}"
+        return line_prefix(e.line) + shown(e)
     return text
+
+
+def line_prefix(line: int) -> str:
+    """What ``logs -n`` prints before an entry of line number ``line`` (0: none)."""
+    return f"{line:6}\t" if line else f"{'':6}\t"
 
 
 def numbered_lines(raw: Iterable[bytes]) -> int:
@@ -208,6 +219,7 @@ def _note_text_sql() -> str:
                                 if(count != 0, ' (folded)', ''), ']'),
         note = '{NOTE_SECTION_END}', concat('[logcapture: end of section ', text, ', ',
                                             {_duration_sql()}, ']'),
+        note = '{NOTE_SECTION_EXPAND}', concat('[logcapture: section ', text, ' expanded]'),
         concat('[logcapture: ', note, ': ', text, ']'))"""
 
 
@@ -269,7 +281,8 @@ SELECT {key}{ts} AS ts, stream, seq, kind, text{st} FROM (
     UNION ALL
     SELECT * FROM (
         SELECT {key}ts, stream, seq, multiIf(note = '{NOTE_SECTION}', '{SECTION}',
-            note = '{NOTE_SECTION_END}', '{SECTION_END}', '{NOTE}') AS kind,
+            note = '{NOTE_SECTION_END}', '{SECTION_END}',
+            note = '{NOTE_SECTION_EXPAND}', '{SECTION_EXPAND}', '{NOTE}') AS kind,
             {_note_text_sql()} AS text{no_st}
         FROM {db}notes {fin}
         WHERE {run_cond}

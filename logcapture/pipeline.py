@@ -351,7 +351,7 @@ class Pipeline:
                       for p in tracker.committed([line.text for line in lines], at)]
             if final:
                 points += tracker.finish(ts)
-            elif tracker.due(ts) and isinstance(r, Renderer):
+            elif isinstance(r, Renderer) and (tracker.live or tracker.due(ts)):
                 points += tracker.sample(r.live(), ts, r.redrawn())
         except Exception as e:  # noqa: BLE001 - the job's output never breaks capture
             self._fault(stream, "following progress bars on", e)

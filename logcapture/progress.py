@@ -260,8 +260,8 @@ def bars(records: Iterable[dict[str, Any]], series: bool = False) -> list[dict[s
     """A run's bars from its progress record dicts (any order), in the order they began: per
     bar its ``label``, ``stream``, final ``n``, ``total``, ``unit``, ``rate`` (its mean rate
     per second: its count over its own elapsed time when it printed one of 10 s or more, else
-    the count it made from its first point to its last over that time, else the last rate it
-    printed), ``elapsed`` (seconds, the bar's own
+    the count it made from its first point to its last over that time when it made one, else
+    the last rate it printed), ``elapsed`` (seconds, the bar's own
     when it printed it, else from its first point to its last), ``start`` and ``end`` (epoch
     seconds), ``done`` (its last point was its final state), ``points``; with ``series``, the
     points as ``[ts, n, rate, elapsed]`` lists in time order."""
@@ -281,9 +281,9 @@ def bars(records: Iterable[dict[str, Any]], series: bool = False) -> list[dict[s
             t1 - t0 + float(first.get("elapsed") or 0.0) if t1 > t0 else None)
         if own is not None and float(own) >= _OWN_CLOCK:
             rate = n1 / float(own)  # the whole run of the bar, on its own clock
-        elif t1 > t0:
+        elif t1 > t0 and n1 > n0:
             rate = (n1 - n0) / (t1 - t0)  # over the points' read times
-        else:  # one moment: what the bar printed
+        else:  # one moment, or no count made between its points: what the bar printed
             rate = last.get("rate")
         bar: dict[str, Any] = {
             "label": last.get("label", ""), "stream": stream, "n": n1,

@@ -24,7 +24,6 @@ The rules:
   that printed the same text twice within the window starts a new group with its second
   line; commands, notes and metadata are never folded; the batch script's lines are not
   folded with the tasks'. Folding is only done when several ranks are shown.
-
   Lines of different ``srun`` steps are never folded together.
 - **Steps.** In the whole job's log (the batch script's with every task's, not the tasks
   chosen by rank or node) each ``srun`` step is a section, as a CI system's fold markers make
@@ -40,6 +39,12 @@ The rules:
   step that printed nothing; a step still running has no end yet. :class:`StepMarks` is the
   one place of this rule, for ``logs JOB``, the job page and ``logs -f JOB``, which shows
   the same marks at the same places.
+- **Number.** Every line and command of the job's log has one number, 1-based, in the order
+  this log shows them (:func:`numbered`): the batch script's and every task's lines merged,
+  a folded line once (its note has none), both streams counted (``--stream`` shows one with
+  the numbers of both, as a run's log does). ``logs JOB -n``, the job page's ``#L123`` and
+  its ``joblog`` answer give the same number; ``--rank``/``--node`` show another log (the
+  chosen tasks merged), numbered on its own: one rank alone is numbered as its run is.
 
 The folding reads entries in time order and holds only the last ``FOLD_WINDOW`` of them, so a
 log of any length is folded in bounded memory.
@@ -55,7 +60,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from .jobref import format_ranks
-from .logview import LINE, SECTION, SECTION_END, Entry, note_text
+from .logview import LINE, NUMBERED, SECTION, SECTION_END, Entry, line_prefix, note_text
 from .records import NOTE_SECTION, NOTE_SECTION_END, RUN
 
 FOLD_WINDOW = 1.0  # seconds between the first rank's line and another rank's same line
@@ -179,6 +184,17 @@ def fold(items: Iterable[RankEntry], window: float = FOLD_WINDOW) -> Iterator[Ra
     yield from folder.release()
 
 
+def numbered(items: Iterable[RankEntry]) -> Iterator[RankEntry]:
+    """``items`` (a job's log in the order shown) with each line and command numbered from 1
+    in that order (the module docstring), in place of its number in its own run."""
+    n = 0
+    for item in items:
+        if item.entry.kind in NUMBERED:
+            n += 1
+            item = item._replace(entry=item.entry._replace(line=n))
+        yield item
+
+
 def label(item: RankEntry, several: bool, text: Any = None) -> str:
     """The text of an entry as ``logs`` prints it: ``RANK: `` before a task's entry when
     ``several`` ranks are shown (as ``srun --label``). ``text``: what an entry prints as
@@ -190,14 +206,16 @@ def label(item: RankEntry, several: bool, text: Any = None) -> str:
 
 
 def text_lines(items: Iterable[RankEntry], several: bool | Callable[[], bool],
-               text: Any = None) -> Iterator[str]:
+               text: Any = None, numbers: bool = False) -> Iterator[str]:
     """The lines ``logs`` prints for a job's merged entries: each labelled, a folded line
     followed by its note (``several``: asked at each entry when it is a function, for a log
-    read while it grows)."""
+    read while it grows); ``numbers``: each after its number in the job's log (``logs -n``:
+    the number, then the rank's label)."""
     for item in items:
-        yield label(item, several() if callable(several) else several, text)
+        shown = label(item, several() if callable(several) else several, text)
+        yield line_prefix(item.entry.line) + shown if numbers else shown
         if item.folded:
-            yield fold_note(item.ranks)
+            yield line_prefix(0) + fold_note(item.ranks) if numbers else fold_note(item.ranks)
 
 
 def step_title(step: str, tasks: Any, command: Any) -> str:
@@ -379,12 +397,12 @@ class StepMarks:
 def job_log(logs: Sequence[tuple[Mapping[str, Any], Iterable[Entry]]],
             marks: StepMarks | None = None) -> Iterator[RankEntry]:
     """A job's log from its runs' entries (``merge``), with its steps' sections (``marks``:
-    none without), folded when several ranks are in it."""
+    none without), folded when several ranks are in it, numbered (:func:`numbered`)."""
     merged = merge(logs)
     if marks is not None:
         merged = marks.apply(merged)
     ranks = {run.get("rank") for run, _ in logs if run.get("rank") is not None}
-    return fold(merged) if len(ranks) > 1 else merged
+    return numbered(fold(merged) if len(ranks) > 1 else merged)
 
 
 def several_ranks(runs: Iterable[Mapping[str, Any]]) -> bool:
@@ -436,17 +454,28 @@ def read_job(reader: Any, runs: list[Mapping[str, Any]], streams: tuple[str, ...
     """The merged, folded log of ``runs`` (``job_runs``): each run's entries as ``logview``
     shows them (``streams``: the output streams shown)."""
     from .logview import LogView
-    from .records import from_dict
+    from .records import OUTPUT_STREAMS, from_dict
 
-    def entries(run: str) -> list[Entry]:
-        # both streams read: a line's number counts both (the view shows ``streams``)
-        return LogView(streams=streams).feed(from_dict(d) for d in reader.lines(run, None))
+    def job(streams: tuple[str, ...]) -> Iterator[RankEntry]:
+        logs = [(run, LogView(streams=streams).feed(recs)) for run, recs in records]
+        # The steps are sections of the whole job's log (the batch script's with its tasks');
+        # the tasks chosen by rank or node are shown as they printed.
+        return job_log(logs, StepMarks.of_job(logs) if whole else None)
 
-    logs = [(run, entries(str(run["run"]))) for run in runs]
-    # The steps are sections of the whole job's log (the batch script's with its tasks'); the
-    # tasks chosen by rank or node are shown as they printed.
+    # both streams read: a line's number counts both (the view shows ``streams``)
+    records = [(run, [from_dict(d) for d in reader.lines(str(run["run"]), None)])
+               for run in runs]
     whole = any(run.get("rank") is None for run in runs)
-    return job_log(logs, StepMarks.of_job(logs) if whole else None)
+    shown = job(streams)
+    if set(streams) >= set(OUTPUT_STREAMS):
+        return shown
+    # One stream shown: its lines keep their numbers in the log of both (a line's number
+    # counts both streams), taken from that log by each line's run, stream and seq.
+    lines = {(i.run, i.entry.stream, i.entry.seq): i.entry.line
+             for i in job(OUTPUT_STREAMS) if i.entry.line}
+    return (i._replace(entry=i.entry._replace(
+                line=lines.get((i.run, i.entry.stream, i.entry.seq), 0)))
+            if i.entry.line else i for i in shown)
 
 
 def task_run_ids(reader: Any, jobs: Iterable[str], ranks: Iterable[str] = (),
@@ -489,14 +518,17 @@ def tasks_of(reader: Any, ref: str) -> list[dict[str, Any]]:
             for r in runs if r.get("rank") is not None]
 
 
-def page(reader: Any, ref: str, ranks: str = "", nodes: str = "", limit: int = 10_000
-         ) -> dict[str, Any]:
+def page(reader: Any, ref: str, ranks: str = "", nodes: str = "", limit: int = 10_000,
+         line: int | None = None) -> dict[str, Any]:
     """The job page's log of a job of several ranks: the newest ``limit`` entries of
     ``read_job`` over the job's runs (``ranks``: ``0-3,8`` as ``--rank`` takes it, ``nodes``:
     a comma list; empty: all, with the batch script's), each ``{cursor, stream, kind, text,
-    ts, run, rank, node}`` and, when folded, ``ranks`` and ``note`` (``fold_note``); ``more``:
-    older entries were left out (``logcapture logs JOB`` prints them all); ``ended``: every
-    run of them has ended."""
+    ts, line, run, rank, node}`` (``line``: its number in the job's log, as ``logs JOB -n``
+    prints it; none for a note) and, when folded, ``ranks`` and ``note`` (``fold_note``);
+    ``more``: older entries were left out (``logcapture logs JOB`` prints them all);
+    ``newer``: newer ones were (``line``: the ``limit`` entries around line ``line``, the
+    page's ``#L``, when it is not among the newest); ``ended``: every run of them has
+    ended."""
     from .logview import cursor_of
     from .records import OUTPUT_STREAMS
 
@@ -504,21 +536,41 @@ def page(reader: Any, ref: str, ranks: str = "", nodes: str = "", limit: int = 1
     node_values = [n for n in nodes.split(",") if n]
     runs = job_runs(reader, ref, rank_values, node_values)
     if runs is None:
-        return {"entries": [], "more": False, "ended": True}
-    newest: deque[RankEntry] = deque(maxlen=limit + 1)
-    newest.extend(read_job(reader, runs, OUTPUT_STREAMS))
-    more = len(newest) > limit
-    if more:
-        newest.popleft()
+        return {"entries": [], "more": False, "newer": False, "ended": True}
+    shown, more, newer = _window(read_job(reader, runs, OUTPUT_STREAMS), limit, line)
     entries = []
-    for item in newest:
+    for item in shown:
         e = item.entry
         d = {"cursor": cursor_of(e.ts, e.stream, e.seq), "stream": e.stream, "kind": e.kind,
              "text": e.text, "ts": e.ts, "run": item.run, "rank": item.rank, "node": item.node}
+        if e.line:
+            d["line"] = e.line
         if item.folded:
             d["ranks"], d["note"] = list(item.ranks), fold_note(item.ranks)
         if e.style:  # a line's colours (logcapture.sgr), as query's entries carry them
             d["style"] = [list(s) for s in e.style]
         entries.append(d)
-    return {"entries": entries, "more": more,
+    return {"entries": entries, "more": more, "newer": newer,
             "ended": all(r.get("state") not in ("RUNNING", "EMPTY") for r in runs)}
+
+
+def _window(items: Iterable[RankEntry], limit: int, line: int | None
+            ) -> tuple[list[RankEntry], bool, bool]:
+    """The newest ``limit`` of ``items``, or, when line ``line`` is older than those, the
+    ``limit`` around it (half of them before it); with whether older and newer ones were left
+    out. Holds the newest ``limit``, and the ones around line ``line`` once it is seen."""
+    newest: deque[RankEntry] = deque(maxlen=limit + 1)
+    around: list[RankEntry] | None = None
+    older = False  # entries before ``around``
+    for seen, item in enumerate(items):
+        newest.append(item)
+        if around is None and line is not None and item.entry.line == line:
+            around = list(newest)[-(limit // 2) - 1:]
+            older = seen + 1 > len(around)
+        elif around is not None and len(around) <= limit:
+            around.append(item)
+    more = len(newest) > limit
+    tail = list(newest)[1:] if more else list(newest)
+    if around is None or any(i.entry.line == line for i in tail):
+        return tail, more, False
+    return around[:limit], older, len(around) > limit

@@ -65,11 +65,13 @@ NOTE_CUT = "cut"  # a line longer than the limit was cut; count = characters dro
 NOTE_WARNING = "warning"  # something went wrong (bad command, bad config, internal fault)
 NOTE_MODE = "mode"  # the mode changed (from .logoptin or a /LOGCOMMAND)
 # A CI fold marker (sections.py): a section starts (text its title, count 1 when it opens
-# collapsed) or ends (text its title, count its duration in ms).
+# collapsed) or ends (text its title, count its duration in ms), or the job asks to expand
+# the section it is in (Buildkite's ``^^^ +++``; text that section's title).
 NOTE_SECTION = "section"
 NOTE_SECTION_END = "section_end"
+NOTE_SECTION_EXPAND = "section_expand"
 NOTE_KINDS = (NOTE_REPEAT, NOTE_BLANK, NOTE_CUT, NOTE_WARNING, NOTE_MODE, NOTE_SECTION,
-              NOTE_SECTION_END)
+              NOTE_SECTION_END, NOTE_SECTION_EXPAND)
 
 
 # How the job's stdout and stderr were captured, in the start record's config["streams"]:

@@ -458,13 +458,15 @@ def test_line_links_open_mark_and_share_the_numbers_logs_gives(site, browser, sh
 
 CI = ("printf '::group::Install\\n'; echo pip; echo wheel; sleep 0.3; printf '::endgroup::\\n';"
       "printf '\\033[0Ksection_start:1764250000:tests[collapsed=true]\\r\\033[0K"
-      "Running tests\\n'; echo ok; printf -- '+++ Report\\n'; echo done")
+      "Running tests\\n'; echo ok; printf -- '--- Lint\\n'; echo lint-error;"
+      "printf '^^^ +++\\n'; printf -- '+++ Report\\n'; echo done")
 
 
 def test_sections_fold_and_unfold_with_their_durations(site, browser, shots):
     """The markers of GitHub, GitLab and Buildkite printed by a real job: each section's start
-    row says its title and duration, folded as the job asked; a click unfolds and folds it;
-    a #L link to a line inside a folded section opens it."""
+    row says its title and duration, folded as the job asked (Buildkite's `--- Lint` then
+    `^^^ +++`: expanded); a click unfolds and folds it; a #L link to a line inside a folded
+    section opens it."""
     s, env = site
     d = browser
     subprocess.run([*LOGCAPTURE, "run", "--run-id", "ci", "--", "bash", "-c", CI], env=env,
@@ -474,9 +476,11 @@ def test_sections_fold_and_unfold_with_their_durations(site, browser, shots):
     wait(d).until(lambda d: d.execute_script("return document.body.dataset.ready") == "1")
     texts = log_texts(d)
     starts = log_texts(d, "#log .row.section")
-    assert [t.split("  (")[0] for t in starts] == ["▸ Install", "▸ Running tests", "▾ Report"]
+    assert [t.split("  (")[0] for t in starts] == [
+        "▸ Install", "▸ Running tests", "▾ Lint", "▾ Report"]
     assert all(t.endswith(")") for t in starts)  # each with its duration
     assert "pip" not in texts and "ok" not in texts and "done" in texts  # folded, open
+    assert "lint-error" in texts and "[logcapture: section Lint expanded]" in texts
     assert not any("section_start" in t or "::group" in t for t in texts)
     d.save_screenshot(str(shots / "sections.png"))
     d.find_element(By.CSS_SELECTOR, "#log .row.section").click()

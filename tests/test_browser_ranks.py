@@ -83,3 +83,57 @@ def test_the_page_of_a_job_tells_ranks_apart_folds_and_filters(site, tmp_path):
     finally:
         d.quit()
 
+
+
+NUMBERED_ROWS = ("return [...document.querySelectorAll('#log .row')].map(r => {"
+                 "const l = r.querySelector('.r');"
+                 "return [r.querySelector('.ln').textContent, l ? l.textContent : '',"
+                 " r.querySelector('.t').textContent, r.classList.contains('hl')]})")
+
+
+def test_a_jobs_line_numbers_and_links_are_those_of_logs_n(tmp_path_factory, tmp_path):
+    """Job 73's page numbers each line as `logcapture logs 73 -n` does (the job's merged log:
+    the batch script's and every rank's lines, a folded line once, both streams); #L8 opens
+    the page at that line, marked, and a link pasted into the page moves the mark; the page's
+    API answers the lines around a linked line with those numbers."""
+    from helpers import lc
+    from test_rankview import write_job_with_stderr
+
+    tmp = tmp_path_factory.mktemp("numbered-job")
+    write_job_with_stderr(tmp / "spool", "73")
+    env = env_for(tmp)
+    printed = lc(["logs", "73", "-n"], env, check=True).stdout.decode().splitlines()
+    want = {}
+    for line in printed:
+        number, _, text = line.partition("\t")
+        if number.strip():
+            want[number.strip()] = text
+    assert sorted(map(int, want)) == list(range(1, 13))
+    d = chromium(tmp_path / "profile")
+    try:
+        with Serve(env) as s:
+            d.get(s.url)
+            d.get(s.base + "/job/73#L8")
+            wait = WebDriverWait(d, 20, poll_frequency=0.1)
+            wait.until(lambda d: d.execute_script("return document.body.dataset.ready") == "1")
+            wait.until(lambda d: any(r[3] for r in d.execute_script(NUMBERED_ROWS)))
+            rows = d.execute_script(NUMBERED_ROWS)
+            shown = {n: (f"{label} " if label else "") + text for n, label, text, _ in rows if n}
+            assert shown == want
+            assert [(n, text) for n, _, text, hl in rows if hl] == [
+                ("8", "identical line from every rank")]
+            assert want["8"] == "0: identical line from every rank"
+            d.save_screenshot(str(tmp_path / "job-L8.png"))
+            d.execute_script("location.hash = '#L2'")
+            wait.until(lambda d: [(n, t) for n, _, t, hl in d.execute_script(NUMBERED_ROWS)
+                                  if hl] == [("2", "warning from 73")])
+            answer = d.execute_async_script(
+                "const done = arguments[arguments.length - 1];"
+                "fetch('/api/runs/73/joblog?limit=3&line=7').then(r => r.json()).then(done)")
+            assert [(e["line"], e["text"]) for e in answer["entries"]] == [
+                (6, "rank 3 step 0"), (7, "warning from 73.0.1"),
+                (8, "identical line from every rank")]
+            assert answer["more"] and answer["newer"]
+            assert [e["message"] for e in d.get_log("browser") if e["level"] == "SEVERE"] == []
+    finally:
+        d.quit()

@@ -151,6 +151,14 @@ def test_following_a_job_shows_its_tasks_as_they_come_as_logs_shows_them(
     assert cli(capsys, JOB, "-f", "--node", "n2", *where) == ["step 1 rank 2"]
     assert cli(capsys, JOB, "-f", "--rank", "0-1", *where) == cli(
         capsys, JOB, "--rank", "0-1", *where)
+    # numbered as `logs JOB -n` numbers the job's log (a folded line once)
+    numbered = cli(capsys, JOB, "-n", *where)
+    assert cli(capsys, JOB, "-f", "-n", *where) == numbered
+    lines = [n.partition("\t") for n in numbered]
+    assert [text for _, _, text in lines] == cli(capsys, JOB, *where)
+    assert [int(n) for n, _, text in lines if not text.startswith("[logcapture:")] == list(
+        range(1, 9))  # a folded line once; its note and the steps' marks have none
+    assert all(not n.strip() for n, _, text in lines if text.startswith("[logcapture:"))
 
 
 def late_job(root: Path, done: threading.Event) -> None:

@@ -253,3 +253,103 @@ def test_lightning_bars_on_a_gpu(name: str) -> None:
     assert any(v.startswith("Validation") for v in labels.values())
     assert all(p.rate is None or p.rate > 10 for p in points)
     _at_most_one_a_second(points)
+
+
+# The final states the Lightning bytes drew: each epoch's bar at 313/313, drawn over by the next
+# epoch's 0/313 after the validation bar (leave=False) was erased; rich refreshes at 10 Hz, so
+# its validation bar was last drawn at 74/79 and 78/79, tqdm's at 79/79.
+LIGHTNING_FINALS = {
+    "lightning_rich": [("Epoch 0/1", 313), ("Validation", 74), ("Epoch 1/1", 313),
+                       ("Validation", 78), ("Epoch 1/1", 313)],
+    "lightning_tqdm": [("Epoch 0", 313), ("Validation DataLoader 0", 79), ("Epoch 1", 313),
+                       ("Epoch 1", 313), ("Validation DataLoader 0", 79)],
+}
+
+
+@pytest.mark.parametrize("name", sorted(LIGHTNING_FINALS))
+@pytest.mark.parametrize("step", [0.005, 0.008, 0.012, 0.015, 0.02, 0.04])
+def test_a_bar_drawn_over_by_a_reset_keeps_its_final_state(name: str, step: float) -> None:
+    """On a GPU an epoch and its validation take about a second: at the pace of a redraw each
+    ``step`` seconds, the next epoch's 0/313 draws over the bar within one second of its last
+    sample. Each bar still ends with the last state the program drew (not the one the last
+    sample happened to see: 'Epoch 0/1 254/313'), and no bar is split or lost."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from capture_tool import size
+
+    points = _series(name, step, size(name)[0])
+    # (Lightning's sanity check, two batches before any bar is live, is seen or not depending
+    # on where a look falls: a stream with no bar live is looked at every LOOK_EVERY.)
+    finals = [p for p in points if p.done and not p.state.label.startswith("Sanity")]
+    assert sorted((p.state.label, p.state.n) for p in finals) == sorted(LIGHTNING_FINALS[name])
+    assert len({p.bar for p in points if not p.state.label.startswith("Sanity")}) == len(
+        finals)  # one final point per bar
+    _at_most_one_a_second(points)
+
+
+def test_lightning_epochs_end_at_their_total_in_show_and_export(lc_env: dict[str, str]) -> None:
+    """Lightning's rich bars replayed under `logcapture run` on the 120x30 screen they were
+    drawn for, a redraw each 15 ms: the epoch's end and its validation take 0.6 s, so the
+    next epoch draws over the bar within a second of its last sample. `show`, `show --json`
+    and `export --what progress` end each epoch at 313/313."""
+    import csv
+    import io
+    import json
+    import sys
+
+    from helpers import lc
+
+    env = {**lc_env, "LOGCAPTURE_COLUMNS": "120", "LOGCAPTURE_LINES": "30"}
+    replay = REPLAY.replace("0.05", "0.015")
+    res = lc(["run", "--run-id", "gpu", "--no-sample", "--", sys.executable, "-c", replay,
+              str(CAPTURED / "lightning_rich.input")], env)
+    assert res.returncode == 0, res.stderr
+    shown = json.loads(lc(["show", "gpu", "--json"], env, check=True).stdout)["progress"]
+    epochs = [b for b in shown if b["label"].startswith("Epoch")]
+    assert [b["label"] for b in epochs][:2] == ["Epoch 0/1", "Epoch 1/1"]
+    assert all((b["n"], b["total"], b["done"]) == (313, 313, True) for b in epochs)
+    assert all(b["rate"] > 10 for b in epochs)
+    text = lc(["show", "gpu"], env, check=True).stdout.decode()
+    assert "Epoch 0/1: 313/313 it (100%)" in text
+    rows = list(csv.DictReader(io.StringIO(lc(
+        ["export", "gpu", "--what", "progress", "--format", "csv"], env, check=True
+    ).stdout.decode())))
+    finals = {r["bar"]: r for r in rows if r["done"] == "true"}
+    first = [r for r in rows if r["label"] == "Epoch 0/1"]
+    assert first and {r["bar"] for r in first} == {first[0]["bar"]}  # one bar, not two
+    assert finals[first[0]["bar"]]["n"] == "313"
+
+
+def test_a_line_read_in_the_middle_of_its_redraw_is_no_state() -> None:
+    """A read that ends in the middle of a redraw leaves the new state's start and the old
+    state's end on the line ('| 3' over '| 299/313'): no state until the redraw is done."""
+    frame = "\rEpoch 1: {:3d}%|{:<10}| {}/313 [00:01<00:00, 290.00it/s]"
+    r = Renderer(columns=120)
+    r.feed(frame.format(95, "#" * 9, 299).encode())
+    assert [s.n for s in map(parse_bar, r.live()) if s] == [299]
+    new = frame.format(96, "#" * 9, 300).encode()
+    r.feed(new[:25])  # "\rEpoch 1:  96%|#########| 3" over the old line
+    assert r.live() == []
+    r.feed(new[25:])
+    assert [s.n for s in map(parse_bar, r.live()) if s] == [300]
+    # a counter that rests its cursor at the start of its line (print(..., end="\r"))
+    r = Renderer()
+    r.feed(b"files 1/3\rfiles 2/3\r")
+    assert r.live() == ["files 2/3"]
+
+
+def test_a_committed_bar_drawn_again_is_the_same_bar() -> None:
+    """A live display's row committed while the program still redraws it (the renderer's busy
+    commit) is the bar's final state; drawn again unchanged, it is not a new bar."""
+    t = ProgressTracker()
+    done = "Epoch 0/1  ━━━━━━━━━━ 313/313 0:00:01 • 0:00:00 281.02it/s"
+    points = t.sample(["Epoch 0/1  ━━━━━━━━━━ 200/313 0:00:01 • 0:00:01 280.00it/s"], 1.0)
+    points += t.committed([done], 1.4)
+    for ts in (1.5, 1.7, 2.6, 3.7):
+        points += t.sample([done], ts)
+    points += t.sample(["Epoch 1/1  ━━━━━━━━━━ 20/313 0:00:00 • 0:00:01 280.00it/s"], 4.0)
+    points += t.finish(4.5)
+    assert [(p.bar, p.state.label, p.state.n, p.done) for p in points] == [
+        (0, "Epoch 0/1", 200, False), (0, "Epoch 0/1", 313, True),
+        (1, "Epoch 1/1", 20, False), (1, "Epoch 1/1", 20, True)]

@@ -267,6 +267,9 @@ def test_logs_of_a_job_reads_the_same_from_the_store(
     assert logs(capsys, "50", *where)[:2] == (0, ALL_RANKS)
     assert logs(capsys, "50", "--rank", "1", *where)[:2] == (0, RANK_1)
     assert logs(capsys, "50", "--node", "n2", *where)[:2] == (0, NODE_N2)
+    from_spool = logs(capsys, "50", "-n", "--spool", str(spool), "--source", "spool")[1]
+    assert logs(capsys, "50", "-n", *where)[1] == from_spool
+    assert sorted(_numbered(from_spool)) == list(range(1, 11))
 
 
 @contextmanager
@@ -382,3 +385,69 @@ def test_a_job_of_tasks_only_shows_each_task_once(tmp_path: Path,
     assert followed.count("3: rank 3 step 0") == 1 and followed.count("3: done") == 1
     assert [x for x in followed if not x.startswith("[logcapture: ")] == \
         [x for x in out if not x.startswith("[logcapture: ")]
+
+
+# --- one line number in the job's log ------------------------------------------------------
+def _numbered(out: list[str]) -> dict[int, str]:
+    """`logs -n`'s lines: number -> what follows it (rank label and text)."""
+    got = {}
+    for line in out:
+        number, _, text = line.partition("\t")
+        if number.strip():
+            got[int(number)] = text
+    return got
+
+
+def write_job_with_stderr(root: Path, job: str) -> Path:
+    """``job_records`` with a line on stderr from the batch script and from rank 1, so that
+    a view of one stream leaves lines of the other out."""
+    for run, recs in job_records(ME, os.getuid(), job).items():
+        extra = []
+        if run in (job, f"{job}.0.1"):
+            at = T0 + (0.75 if run == job else 1.5)
+            extra = [Line(run=run, stream="stderr", seq=0, ts=at, text=f"warning from {run}")]
+        w = SpoolWriter(create_run_dir(root / job, run), fsync=False)
+        w.write(sorted([*recs, *extra], key=lambda r: r.ts))
+        w.close()
+    return root
+
+
+def test_a_jobs_lines_have_one_number_in_its_merged_log(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`logs JOB -n` numbers the job's merged log 1, 2, 3, ...: the batch script's and every
+    task's lines, a folded line once, both streams counted (one stream shows its lines with
+    those numbers); the job page's answer gives each entry the same number, around a linked
+    line too; --rank shows another log: one rank alone is numbered as its own run is."""
+    spool = write_job_with_stderr(tmp_path / "spool", "51")
+    where = ["--spool", str(spool), "--source", "spool"]
+    code, out, _ = logs(capsys, "51", "-n", *where)
+    numbered = _numbered(out)
+    assert code == 0 and sorted(numbered) == list(range(1, 13))
+    assert numbered[1] == "start of " + ME and numbered[2] == "warning from 51"
+    assert numbered[12] == "end of job"
+    assert out[out.index("     8\t0: identical line from every rank") + 1] == (
+        "      \t[logcapture: same line from 3 ranks (0-2)]")
+    # one stream: its lines with their numbers in the log of both
+    stdout = _numbered(logs(capsys, "51", "-n", "--stream", "stdout", *where)[1])
+    stderr = _numbered(logs(capsys, "51", "-n", "--stream", "stderr", *where)[1])
+    assert stdout == {n: t for n, t in numbered.items() if "warning" not in t}
+    assert stderr == {n: t for n, t in numbered.items() if "warning" in t}
+    # one rank: as its run is numbered (`logs 51.0.1 -n`)
+    assert logs(capsys, "51", "-n", "--rank", "1", *where)[1] == logs(
+        capsys, "51.0.1", "-n", *where)[1]
+    with closing(Q.LocalReader(spool, source="spool")) as r:
+        page = RV.page(r, "51")
+        assert {e["line"]: (f"{e['rank']}: " if e["rank"] is not None else "") + e["text"]
+                for e in page["entries"] if "line" in e} == numbered
+        assert all("line" not in e for e in page["entries"] if e["kind"] != "line")
+        # a linked line older than the newest `limit`: the entries around it
+        # (the srun step's section marks have no number)
+        around = RV.page(r, "51", limit=4, line=2)
+        assert [e.get("line") for e in around["entries"]] == [1, 2, None, 3]
+        assert (around["more"], around["newer"]) == (False, True)
+        around = RV.page(r, "51", limit=3, line=6)
+        assert [e.get("line") for e in around["entries"]] == [5, 6, 7]
+        assert (around["more"], around["newer"]) == (True, True)
+        newest = RV.page(r, "51", limit=3, line=11)
+        assert [e.get("line") for e in newest["entries"]] == [11, None, 12]
+        assert (newest["more"], newest["newer"]) == (True, False)

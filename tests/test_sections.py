@@ -13,8 +13,14 @@ from helpers import env_for, lc
 
 from logcapture.logview import LogView, note_text
 from logcapture.pipeline import Pipeline
-from logcapture.records import NOTE_SECTION, NOTE_SECTION_END, Line, Note
-from logcapture.sections import MarkerBytes, Sections, duration_text, marker
+from logcapture.records import NOTE_SECTION, NOTE_SECTION_END, NOTE_SECTION_EXPAND, Line, Note
+from logcapture.sections import (
+    MarkerBytes,
+    Sections,
+    duration_text,
+    marker,
+    may_hold_marker,
+)
 from logcapture.spool.layout import create_run_dir
 from logcapture.spool.reading import iter_run
 from logcapture.spool.writer import SpoolWriter
@@ -48,6 +54,16 @@ BUILDKITE = (b"--- :package: Build\n"
              b"cache hit\n"
              b"+++ :pytest: Tests\n"
              b"1 failed\n")
+# - Buildkite's "^^^ +++" (a script prints it when a command fails): it expands the group the
+#   job is in, and starts and ends none; with no group open, or with more text after it, it
+#   is no marker of a group to expand.
+BUILDKITE_EXPAND = (b"^^^ +++\n"
+                    b"--- :hammer: Build\n"
+                    b"make: *** [all] Error 2\n"
+                    b"^^^ +++\n"
+                    b"~~~ :broom: Cleanup\n"
+                    b"rm -rf build\n"
+                    b"^^^ +++ not alone\n")
 
 
 def _run(tmp: Path, data: bytes, cuts: list[int], stream: str = "stdout",
@@ -74,6 +90,8 @@ def _shape(records: list[object]) -> list[tuple[str, str, int | None]]:
             out.append(("start", r.text, r.count))
         elif isinstance(r, Note) and r.note == NOTE_SECTION_END:
             out.append(("end", r.text, None))
+        elif isinstance(r, Note) and r.note == NOTE_SECTION_EXPAND:
+            out.append(("expand", r.text, None))
     return out
 
 
@@ -92,8 +110,13 @@ WANT = {
                   ("line", "cache hit", None), ("end", "Setup cache", None),
                   ("start", ":pytest: Tests", 0), ("line", "1 failed", None),
                   ("end", ":pytest: Tests", None)],  # never closed: ends with the run
+    "buildkite_expand": [("start", ":hammer: Build", 1), ("line", "make: *** [all] Error 2", None),
+                         ("expand", ":hammer: Build", None), ("end", ":hammer: Build", None),
+                         ("start", ":broom: Cleanup", 1), ("line", "rm -rf build", None),
+                         ("line", "^^^ +++ not alone", None), ("end", ":broom: Cleanup", None)],
 }
-BYTES = {"github": GITHUB, "gitlab": GITLAB, "buildkite": BUILDKITE}
+BYTES = {"github": GITHUB, "gitlab": GITLAB, "buildkite": BUILDKITE,
+         "buildkite_expand": BUILDKITE_EXPAND}
 
 
 @pytest.mark.parametrize("ci", sorted(BYTES))
@@ -150,6 +173,20 @@ def test_marker_rules():
     assert [duration_text(ms) for ms in (5, 999, 1000, 12345, 61000, 3_723_000)] == [
         "5 ms", "999 ms", "1.0 s", "12.3 s", "1 min 01 s", "1 h 02 min"]
     assert note_text(NOTE_SECTION_END, 61000, "t") == "[logcapture: end of section t, 1 min 01 s]"
+    # Buildkite: ~~~ opens collapsed like ---; ^^^ +++ expands the innermost, ends nothing
+    assert marker("~~~ Setup") == marker("--- Setup")
+    assert marker("^^^ +++").what == "expand" and marker("^^^ +++  ").what == "expand"
+    assert marker("^^^ ++") is None and marker("^^^ +++x") is None
+    s.apply(marker("--- a"), 0.0)
+    assert s.apply(marker("^^^ +++"), 1.0) == [] and s.innermost() == "a"
+    assert note_text(NOTE_SECTION_EXPAND, 0, "a") == "[logcapture: section a expanded]"
+    # the batch test looks at the starts of lines only: a marker's text inside a line is none
+    for batch in ("--- a", "x\n::group::a", "x\n::endgroup::", "x\nsection_end:1:a",
+                  "x\n~~~ a", "x\n+++ a", "x\n^^^ +++"):
+        assert may_hold_marker(batch), batch
+    for batch in ("epoch 1 --- loss 0.3", "x\nrun ::group::a", "x\nmy_section_end", "-- a",
+                  "x\n:: group"):
+        assert not may_hold_marker(batch), batch
 
 
 def test_marker_bytes_keep_the_output_files_bytes_and_hold_only_a_cut_marker():
@@ -168,7 +205,8 @@ def test_logs_marks_sections_the_same_from_the_spool_and_the_store(tmp_path):
     env = env_for(tmp_path)
     script = ("printf '::group::Install\\n'; echo pip; sleep 0.3; printf '::endgroup::\\n';"
               "printf '\\033[0Ksection_start:1764250000:tests[collapsed=true]\\r\\033[0K"
-              "Running tests\\n'; echo ok; printf '+++ Report\\n'; echo done")
+              "Running tests\\n'; echo ok; printf '^^^ +++\\n'; printf '+++ Report\\n';"
+              "echo done")
     lc(["run", "--run-id", "s", "--", "bash", "-c", script], env, check=True)
     spool = lc(["logs", "-n", "--source", "spool", "s"], env,
                check=True).stdout.decode().splitlines()
@@ -176,6 +214,7 @@ def test_logs_marks_sections_the_same_from_the_spool_and_the_store(tmp_path):
     assert spool[1] == "     1\tpip"
     assert spool[2].startswith("      \t[logcapture: end of section Install, ")
     assert spool[3] == "      \t[logcapture: section Running tests (folded)]"
+    assert spool[5] == "      \t[logcapture: section Running tests expanded]"
     assert spool[-1].startswith("      \t[logcapture: end of section Report, ")
     assert "section_start" not in "\n".join(spool)
     lc(["upload", "s"], env, check=True)

@@ -125,20 +125,23 @@ def logs(spool: Path | None, stream: str, follow: bool, store_dsn: str | None, s
     from ..sgr import shown_text, wants_color
 
     paint = wants_color(color, sys.stdout.isatty(), os.environ)
-    text = numbered_text(shown_text(paint)) if numbers else shown_text(paint)
+    shown = shown_text(paint)  # a job's entries are numbered in the job's log (rankview)
+    text = numbered_text(shown) if numbers else shown
     streams = OUTPUT_STREAMS if stream == "all" else (stream,)
     view = LogView(streams=streams)
     with closing(open_reader(spool, store_dsn, source)) as reader:
         # A job of several ranks (rankview.py): its runs' entries merged, labelled, folded
         runs = None if follow else job_runs(reader, run_ref, ranks, nodes)
         if runs is not None:
-            lines = text_lines(read_job(reader, runs, streams), several_ranks(runs), text)
+            lines = text_lines(read_job(reader, runs, streams), several_ranks(runs), shown,
+                               numbers)
             while batch := list(islice(lines, 1000)):  # 1000 lines an echo
                 click.echo("\n".join(batch), color=paint)
             return
         run = _wait_for_job(reader, run_ref) if follow else reader.resolve(run_ref)
-        if follow and (job := follow_lines(reader, run_ref, run, streams, ranks, nodes, text,
-                                           lambda m: click.echo(f"logcapture: {m}", err=True))):
+        if follow and (job := follow_lines(reader, run_ref, run, streams, ranks, nodes, shown,
+                                           lambda m: click.echo(f"logcapture: {m}", err=True),
+                                           numbers)):
             for line in job:  # a job's runs, as they come (jobfollow.py)
                 click.echo(line, color=paint)
             return

@@ -133,9 +133,10 @@ def _level_and_source(e: str = "") -> str:
     """A log entry's level and source columns for Grafana's logs panel (``e``: the entries'
     table alias with its dot, or '')."""
     return f"""multiIf({e}kind = 'note' AND startsWith({e}text, '[logcapture: warning'), 'warning',
-               {e}kind IN ('note', 'command', 'section', 'section_end'), 'debug',
-               {e}stream = 'stderr', 'error', 'info') AS level,
-       if({e}kind IN ('note', 'section', 'section_end'), 'logcapture', {e}stream) AS source"""
+               {e}kind IN ('note', 'command', 'section', 'section_end', 'section_expand'),
+               'debug', {e}stream = 'stderr', 'error', 'info') AS level,
+       if({e}kind IN ('note', 'section', 'section_end', 'section_expand'), 'logcapture',
+          {e}stream) AS source"""
 
 
 def sql_logs(db: str) -> str:

@@ -171,9 +171,14 @@ class Renderer:
         """The lines the renderer still holds, which the program may redraw, as they stand:
         where progress bars are (render/progress.py): the lines not committed yet and the
         cursor's line (a program that moves the cursor up redraws the rows above it: rich's
-        bars, nested tqdm bars). Nothing while a full-screen program has the screen."""
+        bars, nested tqdm bars). Nothing while a full-screen program has the screen, nor the
+        cursor's line while the program is drawing over it (the cursor inside its text, not at
+        its start: what follows the cursor is the previous state's, a read that ended in the
+        middle of a redraw)."""
         if self._line_mode:
             cur = self._cur.rstrip(" ")
+            if 0 < self._x < len(cur):
+                cur = ""
             return [r.text for r in self._pending] + ([cur] if cur else [])
         from .screen import ALT_SCREEN
 

@@ -6,7 +6,11 @@ uncommitted, the ones a program redraws (``Renderer.live``), and every
 line the renderer commits. A live line that ``progress.parse_bar`` reads is a state of a bar;
 the bar's points are its states, at most one a second, and its final state: the line it is
 committed as, or its last state when it is erased (tqdm's ``leave=False``), when its count
-goes back (the same bar drawn again) or when the stream ends. A bar is known by its label
+goes back (the same bar drawn again) or when the stream ends. Between two samples, while a bar
+is live, the live lines are read after every renderer step without making a point (a peek):
+a bar's latest state is followed, so that the state a reset draws over (Lightning's epoch bar
+at 313/313, drawn as the next epoch's 0/313 within the same second) is its final point, and a
+bar drawn and ended between two samples is still seen. A bar is known by its label
 with its numbers taken out (tqdm's ``epoch 3`` is the bar ``epoch 2`` was) and its place
 among the live lines with that label. A committed line of a bar's own shape (``strong``)
 that was never seen live (a bar that finished within one read) is a bar of one point; a plain
@@ -35,7 +39,8 @@ _DIGITS = re.compile(r"\d+(?:\.\d+)?")
 # any are not parsed unless a bar is live (a flood of plain lines costs a few C-level
 # substring searches a batch).
 _MARKERS = ("%|", "\u2501", "%[", "/step", "/sample", "ETA:", "/s]", "s/it")
-# ... and what the final state of a live plain counter holds.
+# ... and what the final state of a live plain counter holds (looked for only while one is
+# live: log lines printed above a tqdm bar mention paths and fractions).
 _LIVE_MARKERS = ("/",)
 
 
@@ -67,6 +72,13 @@ class _Bar:
         self.missed = 0  # samples in a row that did not see it
         self.rate: float | None = None  # of its last point
 
+    def see(self, state: BarState, ts: float) -> None:
+        """Its latest state; ``last_ts`` stays the time its count got there (a bar that
+        waits at its end, as an epoch's bar during validation, ends when it got there)."""
+        if state.n != self.last.n:
+            self.last_ts = ts
+        self.last = state
+
 
 def _key(label: str) -> str:
     return _DIGITS.sub("#", label)
@@ -81,6 +93,7 @@ class ProgressTracker:
         self._numbers = 0
         self._sampled = float("-inf")  # the last sample that found a bar
         self._looked = float("-inf")  # the last sample
+        self._ended: dict[str, BarState] = {}  # by label: the last bar committed (``_again``)
 
     @property
     def live(self) -> bool:
@@ -92,11 +105,14 @@ class ProgressTracker:
 
     def sample(self, live: list[str], ts: float, redrawn: str | None = None) -> list[Point]:
         """The live lines at ``ts`` (``redrawn``: the one of them the program drew over after
-        a carriage return, the only one where a plain counter counts); nothing when the last
-        sample is less than ``INTERVAL`` ago."""
-        if not self.due(ts):
+        a carriage return, the only one where a plain counter counts). A sample when the last
+        one is ``INTERVAL`` ago; else, while a bar is live, a peek (the module docstring): the
+        only points it makes are the final states of bars drawn again from the start."""
+        due = self.due(ts)
+        if not due and not self._bars:
             return []
-        self._looked = ts
+        if due:
+            self._looked = ts
         out: list[Point] = []
         seen: dict[str, int] = {}
         present = set()
@@ -104,22 +120,30 @@ class ProgressTracker:
             state = parse_bar(text)
             if state is None or (not state.strong and text != redrawn):
                 continue
-            self._sampled = ts
             k = state.key or _key(state.label)
             key = (k, seen.get(k, 0))
             seen[k] = key[1] + 1
-            present.add(key)
             bar = self._bars.get(key)
             if bar is not None and (state.n < bar.last.n or (
                     state.total != bar.last.total and state.key is None)):
                 self._close(bar, out)  # drawn again from the start: a new bar
+                del self._bars[key]
                 bar = None
+            if bar is None and self._again(k, state):
+                continue
+            if not due:
+                self._peek(key, bar, state, ts)
+                continue
+            self._sampled = ts
+            present.add(key)
             if bar is None:
                 bar = self._bars[key] = _Bar(state, ts)
             else:
                 bar.counts.add(state.n)
                 bar.missed = 0
             self._point(bar, state, ts, False, out)
+        if not due:
+            return out
         if not present and self._bars:
             self._sampled = ts
         for key in [k for k in self._bars if k not in present]:
@@ -132,11 +156,38 @@ class ProgressTracker:
                 self._close(self._bars.pop(key), out)
         return out
 
+    def _again(self, k: str, state: BarState) -> bool:
+        """Is ``state``, live where no bar is followed, the final state of the bar of label
+        ``k`` whose line was just committed, drawn again (a live display's row the renderer
+        committed while the program still redraws it)? Else a new bar begins: forget it."""
+        ended = self._ended.get(k)
+        if ended is not None and (ended.label, ended.n, ended.total) == (
+                state.label, state.n, state.total):
+            return True
+        self._ended.pop(k, None)
+        return False
+
+    def _peek(self, key: tuple[str, int], bar: _Bar | None, state: BarState,
+              ts: float) -> None:
+        """A state seen between samples: the bar's latest, no point; seen, it is not erased
+        (rich erases its rows before it draws them again). A plain counter that has made no
+        point yet keeps its first state (its first point once it counts), and one first seen
+        here waits for a sample: its first two points stay a second apart."""
+        if bar is None:
+            if state.strong:
+                self._bars[key] = _Bar(state, ts)
+            return
+        bar.counts.add(state.n)
+        bar.missed = 0  # drawn since the last sample: not erased
+        if state.strong or bar.number is not None:
+            bar.see(state, ts)
+
     def committed(self, texts: list[str], ts: float) -> list[Point]:
         """Lines the renderer committed at ``ts``: a bar's final state when one is a bar
         seen live, or a bar of one point when it has a bar's own shape."""
         out: list[Point] = []
-        markers = _MARKERS + _LIVE_MARKERS if self._bars else _MARKERS
+        counters = any(not bar.last.strong for bar in self._bars.values())
+        markers = _MARKERS + _LIVE_MARKERS if counters else _MARKERS
         joined = "\n".join(texts)
         if not any(m in joined for m in markers):
             return out
@@ -147,14 +198,24 @@ class ProgressTracker:
             if state is None:
                 continue
             k = state.key or _key(state.label)
-            key = next((b for b in self._bars if b[0] == k), None)
+            key = min((b for b in self._bars if b[0] == k), default=None)
             if key is not None:
                 bar = self._bars.pop(key)
+                self._shift(key)
                 bar.counts.add(state.n)
                 self._point(bar, state, ts, True, out)
+                self._ended[k] = state
             elif state.strong:
                 self._point(_Bar(state, ts), state, ts, True, out)
+                self._ended[k] = state
         return out
+
+    def _shift(self, gone: tuple[str, int]) -> None:
+        """The line of bar ``gone`` was committed, the topmost live line of its label: the
+        live bars below it with that label are one place higher now."""
+        below = sorted(b for b in self._bars if b[0] == gone[0] and b[1] > gone[1])
+        for k, i in below:
+            self._bars[(k, i - 1)] = self._bars.pop((k, i))
 
     def finish(self, ts: float) -> list[Point]:
         """The stream ended: each bar still live ends with its last state."""
@@ -165,15 +226,16 @@ class ProgressTracker:
         return out
 
     def _close(self, bar: _Bar, out: list[Point]) -> None:
-        self._point(bar, bar.last, bar.last_ts, True, out)
+        ts = bar.last_ts if bar.emitted is None else max(bar.last_ts, bar.emitted[0])
+        self._point(bar, bar.last, ts, True, out)
 
     def _point(self, bar: _Bar, state: BarState, ts: float, done: bool,
                out: list[Point]) -> None:
         if not state.strong and len(bar.counts) < 2:
-            bar.last, bar.last_ts = state, ts
+            bar.see(state, ts)
             return  # a counter is a bar once it has been seen counting
         if bar.emitted is not None and bar.emitted[1] == state.n and not done:
-            bar.last, bar.last_ts = state, ts
+            bar.see(state, ts)
             return  # no progress since its last point
         if bar.number is None:
             bar.number = self._numbers

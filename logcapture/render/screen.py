@@ -283,23 +283,29 @@ class Screen(pyte.Screen):
         """The logical lines on the screen, none of them committed yet, joined across soft
         wraps, trailing spaces stripped. All of them, not only the cursor's and those below
         it: a program that redraws several rows (nested bars) may be read while its cursor
-        is on any of them."""
+        is on any of them. Not the line the program is drawing over (the cursor inside the
+        text of its row, not at its start: the rest of the row is the previous state's)."""
         buf = self.buffer
         rows = [y for y, row in buf.items() if row]
         if not rows:
             return []
         out: list[str] = []
         parts: list[str] = []
+        cy, cx = self.cursor.y, self.cursor.x
+        skip = False
         for y in range(max(rows) + 1):
             row = buf.get(y)
             wrapped = row.wrapped if row is not None else 0
             parts.append(cells_text(row, wrapped or None))
+            if y == cy and 0 < cx < len(parts[-1].rstrip(" ")):
+                skip = True
             if not wrapped:
                 text = "".join(parts).rstrip(" ")
                 parts = []
-                if text:
+                if text and not skip:
                     out.append(text)
-        if parts:
+                skip = False
+        if parts and not skip:
             out.append("".join(parts).rstrip(" "))
         return out
 

@@ -208,7 +208,8 @@ class _Api:
     async def job_log(self, request: Request) -> Response:
         q = request.query_params
         return _json(await _call(self.pages.job_log, request.path_params["ref"],
-                                 q.get("rank", ""), q.get("node", ""), _limit(request)))
+                                 q.get("rank", ""), q.get("node", ""), _limit(request),
+                                 _line(request)))
 
     async def follow(self, request: Request) -> Response:
         ref = request.path_params["ref"]

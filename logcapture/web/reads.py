@@ -155,12 +155,13 @@ class Pages:
 
         return {"tasks": self._ask(tasks_of, self.reader, check_ref(ref))}
 
-    def job_log(self, ref: str, ranks: str, nodes: str, limit: int) -> dict[str, Any]:
+    def job_log(self, ref: str, ranks: str, nodes: str, limit: int,
+                line: int | None = None) -> dict[str, Any]:
         """The log of a job of several ranks (``rankview.page``): its chosen ranks and nodes
-        merged, labelled and folded."""
+        merged, labelled, folded and numbered; ``line``: around that line (``#L``)."""
         from ..rankview import page
 
-        return self._ask(page, self.reader, check_ref(ref), ranks, nodes, limit)
+        return self._ask(page, self.reader, check_ref(ref), ranks, nodes, limit, line)
 
     def metadata(self, ref: str, rank: str | None = None) -> dict[str, Any]:
         """The run's metadata; of a job with task runs (``jobview``), the metadata of the

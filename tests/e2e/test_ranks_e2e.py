@@ -55,6 +55,14 @@ def test_a_job_of_two_ranks_read_merged_folded_and_by_rank(lc: Cluster) -> None:
     assert re.fullmatch(r"\[logcapture: end of section srun step 0 \(2 tasks: .*\), "
                         r"\d\.\d s\]", got[-1]), got
     assert got[-2] == "1: rank 1 is done", got
+    # One number a line in the job's merged log, before the rank's label; notes have none.
+    r = lc.as_user(U1, [bin_, "logs", *own, j, "-n"])
+    assert r.returncode == 0, r.stderr
+    numbered = [line.partition("\t") for line in r.stdout.splitlines()]
+    assert [text for _, _, text in numbered] == got
+    assert [int(n) for n, _, text in numbered if not text.startswith("[logcapture:")] == list(
+        range(1, len([t for t in got if not t.startswith("[logcapture:")]) + 1)), numbered
+    assert all(not n.strip() for n, _, text in numbered if text.startswith("[logcapture:"))
 
     r = lc.as_user(U1, [bin_, "logs", *own, j, "--rank", "1"])
     assert r.returncode == 0, r.stderr

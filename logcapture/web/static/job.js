@@ -110,42 +110,48 @@
   // A CI's fold markers (GitHub ::group::, GitLab section_start, Buildkite ---/~~~/+++) are
   // sections (docs/rendering.md): the start row folds and unfolds what lies between it and
   // its end, and says how long the section took. A section opens as the job asked ("(folded)"
-  // in its start's text: GitHub's groups, GitLab's [collapsed=true], Buildkite's --- and ~~~)
-  // until the reader clicks it; one not yet ended (the job is in it) stays open.
+  // in its start's text: GitHub's groups, GitLab's [collapsed=true], Buildkite's --- and ~~~,
+  // unless the job asked to expand it later: Buildkite's ^^^ +++, a section_expand entry
+  // inside it) until the reader clicks it; one not yet ended (the job is in it) stays open.
   const toggled = new Set();  // cursors of the section starts the reader clicked
-  let folding = {hidden: new Set(), ends: new Map(), around: new Map()};
+  let folding = {hidden: new Set(), ends: new Map(), around: new Map(), expanded: new Set()};
   const SECTION_START = /^\[logcapture: section (.*?)( \(folded\))?\]$/;
   const SECTION_END = /, ([^,]*)\]$/;
-  function isFolded(start, ends) {
-    if (!ends.has(start.cursor)) return false;
-    const asked = SECTION_START.test(start.text) && !!SECTION_START.exec(start.text)[2];
+  function isFolded(start, f) {
+    if (!f.ends.has(start.cursor)) return false;
+    const asked = SECTION_START.test(start.text) && !!SECTION_START.exec(start.text)[2] &&
+                  !f.expanded.has(start.cursor);
     return toggled.has(start.cursor) ? !asked : asked;
   }
-  // One pass over the loaded entries: each start's end, the entries a folded section hides
-  // (its end too: its start row says the duration), and the folded starts around each.
+  // One pass over the loaded entries: each start's end and whether the job expanded it, then
+  // the entries a folded section hides (its end too: its start row says the duration), and
+  // the folded starts around each.
   function foldSections(list) {
-    const ends = new Map(), hidden = new Set(), around = new Map(), stack = [];
+    const ends = new Map(), expanded = new Set(), hidden = new Set(), around = new Map();
+    const stack = [];
     for (const e of list) {
       if (e.kind === "section_end") { const s = stack.pop(); if (s) ends.set(s.cursor, e); }
       else if (e.kind === "section") stack.push(e);
+      else if (e.kind === "section_expand" && stack.length) expanded.add(stack[stack.length - 1].cursor);
     }
+    const f = {ends, expanded};
     stack.length = 0;
     for (const e of list) {
       const closing = e.kind === "section_end" && stack.length ? stack[stack.length - 1] : null;
-      const folded = stack.filter(s => isFolded(s, ends));
+      const folded = stack.filter(s => isFolded(s, f));
       if (folded.length) { hidden.add(e); around.set(e, folded); }
       if (e.kind === "section_end") stack.pop();
       else if (e.kind === "section") stack.push(e);
-      if (closing && !hidden.has(e) && isFolded(closing, ends)) hidden.add(e);
+      if (closing && !hidden.has(e) && isFolded(closing, f)) hidden.add(e);
     }
-    return {hidden, ends, around};
+    return {hidden, ends, around, expanded};
   }
   function sectionText(e) {
     const m = SECTION_START.exec(e.text);
     if (!m) return e.text;
     const end = folding.ends.get(e.cursor);
     const took = end ? (SECTION_END.exec(end.text) || [])[1] : null;
-    return (isFolded(e, folding.ends) ? "▸ " : "▾ ") + m[1] + (took ? `  (${took})` : end ? "" : "  (running)");
+    return (isFolded(e, folding) ? "▸ " : "▾ ") + m[1] + (took ? `  (${took})` : end ? "" : "  (running)");
   }
   rowsBox.addEventListener("click", ev => {
     const row = ev.target.closest(".row.section");
@@ -301,6 +307,10 @@
     marked = parseMark(location.hash);
     if (marked === null) { drawRows(); return; }
     anchorLine = marked.from;
+    if (tasks.length) {  // a job's log: its entries around the line, from the server
+      if (!showJobMark()) refilter();
+      return;
+    }
     showMark(generation).catch(err => LC.showError(rowsBox, err));
   });
 
@@ -329,9 +339,10 @@
   async function loadLog() {
     const gen = ++generation;
     if (source) { source.close(); source = null; }
+    marked = parseMark(location.hash);
+    if (marked !== null) anchorLine = marked.from;
     if (tasks.length) return loadJobLog(gen);
     if (at) return loadAt(gen);
-    marked = parseMark(location.hash);
     if (marked !== null) { anchorLine = marked.from; return showMark(gen); }
     const page = await api(`${base}/log?stderr=1&limit=${FIRST}`);
     if (gen !== generation) return;
@@ -401,22 +412,41 @@
     document.getElementById("rank-filters").hidden = false;
   }
 
+  // Each line's number is its number in the job's log (rankview.numbered, as `logcapture logs
+  // JOB -n` prints it; the server numbers, the page does not count): a #L link asks for the
+  // entries around that line when it is not among those loaded, and is then not refreshed.
   async function loadJobLog(gen) {
     const q = `rank=${encodeURIComponent(rankFilter.value)}&node=${encodeURIComponent(nodeFilter.value)}`;
-    const page = await api(`${base}/joblog?${q}&limit=${PAGE_MAX}`);
+    const around = marked !== null && !entries.some(e => e.line === marked.from)
+      ? `&line=${marked.from}` : "";
+    const page = await api(`${base}/joblog?${q}&limit=${PAGE_MAX}${around}`);
     if (gen !== generation) return;
-    const stick = !entries.length || atBottom();
+    const stick = !around && (!entries.length || atBottom());
     entries = page.entries;
     refreshView();
     older = false;
     drawRows();
-    if (stick) { toBottom(); drawRows(); }
-    setLive(!page.ended, page.ended ? "" : "live");
+    if (marked !== null && showJobMark()) { /* scrolled to the linked line */ }
+    else if (stick) { toBottom(); drawRows(); }
+    const live = !page.ended && !page.newer;
+    setLive(live, page.newer ? "at a linked line" : live ? "live" : "");
     if (page.more) document.getElementById("log-count").textContent +=
-      " (the newest; `logcapture logs` prints all)";
-    if (!page.ended) setTimeout(() => {
+      page.newer ? " (around the linked line; `logcapture logs` prints all)"
+                 : " (the newest; `logcapture logs` prints all)";
+    if (live) setTimeout(() => {
       if (gen === generation) loadJobLog(gen).catch(err => LC.showError(rowsBox, err));
     }, 5000);
+  }
+  function showJobMark() {
+    const e = entries.find(x => x.line === marked.from);
+    if (!e) return false;
+    if (e.stream === "stderr") stderrSwitch.checked = true;
+    if (e.stream === "stdout") stdoutSwitch.checked = true;
+    reveal(e);
+    const i = view.indexOf(e);
+    logBox.scrollTop = Math.max(0, i * ROW - logBox.clientHeight / 2);
+    drawRows();
+    return true;
   }
 
   // A distinct, stable colour per rank: hues a golden angle apart.
@@ -442,8 +472,17 @@
     entries = [];
     loadJobLog(generation).catch(err => LC.showError(rowsBox, err));
   }
-  rankFilter.addEventListener("change", refilter);
-  nodeFilter.addEventListener("change", refilter);
+  // Another choice of ranks or nodes is another log, numbered on its own: a #L mark of the
+  // one before does not carry over.
+  function rechoose() {
+    if (marked !== null) {
+      marked = null;
+      history.replaceState(null, "", location.pathname + location.search);
+    }
+    refilter();
+  }
+  rankFilter.addEventListener("change", rechoose);
+  nodeFilter.addEventListener("change", rechoose);
 
   logBox.addEventListener("scroll", () => {
     drawRows();
