@@ -130,28 +130,32 @@ def node_figures(samples: list[dict[str, Any]], rows: list[dict[str, Any]]
     return out
 
 
-def export_job(reader: Any, ref: str, run: str, what: str, values: tuple[str, ...]
-               ) -> list[dict[str, Any]] | None:
+def export_job(reader: Any, ref: str, run: str, what: str, values: tuple[str, ...],
+               nodes: tuple[str, ...] = ()) -> list[dict[str, Any]] | None:
     """The records ``export JOB --what lines|metadata`` writes for a job of task runs: the
     batch script's own (step ``batch``, no rank) and every task's, or only the tasks of
-    ``--rank`` (``values``); each with ``rank``, ``node`` and ``step``. None when the job has
-    no task runs (the run's records as ever); a UsageError when ``--rank`` names none."""
+    ``--rank`` (``values``) on the nodes of ``--node`` (``nodes``); each with ``rank``,
+    ``node`` and ``step``. None when the job has no task runs (the run's records as ever); a
+    UsageError when ``--rank`` or ``--node`` names none."""
     from .errors import UsageError
 
     every = task_runs(reader, ref)
+    filters = " ".join([*(f"--rank {v}" for v in values), *(f"--node {n}" for n in nodes)])
     if not every or what not in ("lines", "metadata"):
-        if values:
-            raise UsageError(f"--rank reads the lines or metadata of a job's tasks of srun "
+        if filters:
+            raise UsageError(f"{filters} reads the lines or metadata of a job's tasks of srun "
                              f"steps: {ref} has none captured (`logcapture ls JOB` lists "
                              f"them), or --what {what} was asked")
         return None
     ranks = chosen_ranks(values) if values else None
-    tasks = [t for t in every if ranks is None or t["rank"] in ranks]
+    tasks = [t for t in every if (ranks is None or t["rank"] in ranks)
+             and (not nodes or t.get("nodes", "") in nodes)]
     if not tasks:
-        raise UsageError(f"--rank {', '.join(values)}: no such rank among the tasks of {ref} "
-                         f"(ranks {jobref.format_ranks(t['rank'] for t in every)})")
+        raise UsageError(f"{filters}: no such rank or node among the tasks of {ref} (ranks "
+                         f"{jobref.format_ranks(t['rank'] for t in every)}; nodes "
+                         f"{', '.join(sorted({str(t.get('nodes', '')) for t in every}))})")
     own: list[dict[str, Any]] = []
-    if not values:
+    if not filters:
         recs = reader.metadata(run) if what == "metadata" else reader.lines(run)
         host = str(reader.summary(run).get("nodes") or "")
         own = [{**r, "rank": None, "node": host, "step": "batch"} for r in recs]

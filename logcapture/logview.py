@@ -177,6 +177,13 @@ def entry_from_row(row: dict[str, Any]) -> Entry:
                  spans(row.get("style")), int(row.get("line") or 0))
 
 
+def entry_from_json(d: dict[str, Any]) -> Entry:
+    """An entry from its JSON form (``query.interface.entry_json``: a page of ``Reader.log``,
+    from the spool, the store or the read service alike)."""
+    return Entry(float(d["ts"]), str(d["stream"]), parse_cursor(str(d["cursor"]))[2],
+                 str(d["kind"]), str(d["text"]), spans(d.get("style")), int(d.get("line") or 0))
+
+
 def numbered_text(shown: Callable[[Entry], str]) -> Callable[[Entry], str]:
     """What ``logs -n`` prints of an entry: what ``shown`` prints of it, after its line number,
     as ``cat -n`` writes it (a note, which has none, after as many spaces)."""

@@ -19,7 +19,7 @@ import pytest
 
 from logcapture import query as Q
 from logcapture.cli import main
-from logcapture.jobfollow import JobFollow
+from logcapture.jobfollow import HOLD_STORED, JobFollow
 from logcapture.records import End, Line, Start
 from logcapture.spool.abandoned import ABANDONED_SLURM_GRACE
 from logcapture.spool.layout import create_run_dir
@@ -385,3 +385,84 @@ def test_another_users_task_run_of_the_same_job_id_is_never_followed() -> None:
             "identical line from every rank", "lcuser1 was here", end]
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def _replay(tmp_path: Path, name: str, ranks: tuple[str, ...] = (), lag: float = 2.0,
+            batch_here: bool = False) -> list[tuple[str, float]]:
+    """Job 50 of ``test_rankview`` (a batch run, four tasks on two nodes) as the store
+    receives it while it runs on other nodes: at each step of a simulated clock, the records
+    written ``lag`` seconds before reach a real embedded store (the shipper's delay); the
+    job is followed from that store, as on a login node, or (``batch_here``) on the node
+    that runs its batch script, whose spool has the batch run as it is written. Each line
+    shown, with the simulated time it was shown at."""
+    from logcapture import store as S
+
+    from .test_rankview import T0, job_records
+
+    dsn = f"chdb://{tmp_path / name}"
+    spool = tmp_path / f"{name}-spool"
+    pending = sorted(((rec.ts, run, i, rec) for run, recs in job_records(ME, os.getuid())
+                      .items() for i, rec in enumerate(recs)), key=lambda x: x[:3])
+    local = [p for p in pending if p[1] == "50"] if batch_here else []
+    pending = [p for p in pending if p not in local]
+    writer = SpoolWriter(create_run_dir(spool / "50", "50"), fsync=False) if local else None
+    now = [T0]
+
+    def ship(until: float) -> None:
+        with S.open_store(dsn) as st:
+            while pending and pending[0][0] <= until:
+                _, run, _, rec = pending.pop(0)
+                st.insert_records([rec], S.Identity(run=run, user=ME, uid=os.getuid(),
+                                                    cluster="c1", job_id="50"))
+        while writer is not None and local and local[0][0] <= until + lag:
+            writer.write([local.pop(0)[3]])
+            writer.flush()
+
+    def sleep(_: float) -> None:  # the follower let the store go: time passes, the shipper
+        now[0] += 0.5             # writes
+        ship(now[0] - lag)
+
+    ship(T0)  # the batch script's Start record
+    got: list[tuple[str, float]] = []
+    with closing(Q.LocalReader(spool, dsn, source="auto" if local else "store")) as reader:
+        batch = reader.resolve("50")
+        assert (reader.spool_dir(batch) is not None) == batch_here
+        follow = JobFollow(reader, "50", batch, reader.spool_dir(batch), ("stdout", "stderr"),
+                           ranks, clock=lambda: now[0], sleep=sleep, discover=0, store_poll=0,
+                           discover_stored=0, settle=0)
+        for line in follow.lines():
+            got.append((line, now[0]))
+    assert not pending and not local  # every record written before the follow returned
+    if writer is not None:
+        writer.close()
+    return got
+
+
+def test_a_running_job_is_followed_from_the_store_as_logs_shows_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A job whose runs are not in this spool (its nodes ship them to the store, read on a
+    login node) is followed while it runs: every task run, found in the store as it
+    appears, merged, labelled and folded as ``logs JOB`` prints the ended job."""
+    from .test_rankview import T0
+
+    got = _replay(tmp_path, "store")
+    assert [line for line, _ in got] == ALL_RANKS
+    # shown while the job ran (its batch script ends at T0 + 9, in the store 2 s later),
+    # each line the hold (HOLD_STORED) after its time
+    shown = dict(got)
+    assert T0 + 1 + HOLD_STORED <= shown["0: rank 0 step 0"] < T0 + 9
+    assert shown["end of job"] >= T0 + 9 + 2
+    # one rank: as it printed, without the batch script's lines
+    assert [line for line, _ in _replay(tmp_path, "store-rank-1", ("1",))] == RANK_1
+    # the ended job from that store: ``logs -f`` prints what ``logs`` prints
+    where = ["--spool", str(tmp_path / "empty"), "--store", f"chdb://{tmp_path / 'store'}",
+             "--source", "store"]
+    assert cli(capsys, "50", "-f", *where) == cli(capsys, "50", *where) == ALL_RANKS
+
+
+def test_on_the_batch_node_a_job_of_several_nodes_reads_its_other_tasks_from_the_store(
+        tmp_path: Path) -> None:
+    """On the node of its batch script, a job whose node list names other nodes is followed
+    from this spool (the batch run) and the store (the tasks, all shipped from elsewhere
+    here) together, in the order ``logs JOB`` prints."""
+    assert [line for line, _ in _replay(tmp_path, "mixed", batch_here=True)] == ALL_RANKS

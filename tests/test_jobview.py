@@ -116,6 +116,32 @@ def test_export_of_a_job_carries_node_step_and_rank(job: dict[str, str]) -> None
     assert bad.returncode != 0 and b"no such rank" in bad.stderr
 
 
+def test_export_by_node_as_logs_and_search_take_it(job: dict[str, str]) -> None:
+    def export(*args: str) -> list[dict]:
+        done = lc(["export", JOB, "--what", "lines", "--format", "ndjson", *args], job)
+        assert done.returncode == 0, done.stderr
+        return [json.loads(x) for x in done.stdout.decode().splitlines()]
+
+    # only the tasks on n3 (rank 1): the batch script's lines are left out, as with --rank
+    on_n3 = export("--node", "n3")
+    assert on_n3 and {(x["rank"], x["node"], x["step"]) for x in on_n3} == {(1, "n3", "0")}
+    assert on_n3 == export("--rank", "1")
+    # repeatable; with --rank, a task must match both
+    both = export("--node", "n1", "--node", "n3")
+    assert {x["rank"] for x in both} == {0, 1} and "batch" not in {x["step"] for x in both}
+    assert export("--node", "n1", "--node", "n3", "--rank", "0-1") == both
+    meta = lc(["export", JOB, "--what", "metadata", "--node", "n1"], job)
+    rows = list(csv.DictReader(io.StringIO(meta.stdout.decode())))
+    assert rows and {(r["rank"], r["node"], r["step"]) for r in rows} == {("0", "n1", "0")}
+    for args in (("--node", "n2"), ("--node", "n1", "--rank", "1")):
+        bad = lc(["export", JOB, *args], job)
+        assert bad.returncode != 0, args
+        assert b"no such rank or node among the tasks of 77 (ranks 0-1; nodes n1, n3)" in \
+            bad.stderr
+    plain = lc(["export", f"{JOB}.0.1", "--what", "samples", "--node", "n3"], job)
+    assert plain.returncode != 0 and b"--node n3 reads the lines or metadata" in plain.stderr
+
+
 def test_show_of_a_plain_run_is_unchanged(job: dict[str, str]) -> None:
     info = json.loads(lc(["show", f"{JOB}.0.1", "--json"], job).stdout)
     assert "ranks" not in info and info["rank"] == 1

@@ -965,6 +965,24 @@ def test_a_task_run_is_named_after_its_job_run_step_and_rank() -> None:
     assert task.status_address("42", "0", "3") == b"\0logcapture/task/42.0.3"
 
 
+def test_a_task_of_a_heterogeneous_step_is_named_after_its_rank_across_components() -> None:
+    """``srun --het-group=0,1``: each component is a job of its own (ids 42 and 43) whose
+    task ids count from 0; SLURM_PROCID, which Slurm sets for the task, counts across them."""
+    from logcapture.slurm import task
+
+    env = {"SLURM_JOB_ID": "42", "SLURM_HET_SIZE": "2", "SLURM_JOB_ID_HET_GROUP_0": "42",
+           "SLURM_JOB_ID_HET_GROUP_1": "43", "SLURM_PROCID": "2", "SLURMD_NODENAME": "n2"}
+    assert task.global_rank(env, "1") == "2"  # the second task of component 1
+    assert task.global_rank({"SLURM_PROCID": "x"}, "1") == "1"
+    assert task.global_rank({}, "3") == "3"
+    assert task.task_identity(env, "0", "2", "1", "43") == {
+        "job_id": "42", "node": "n2", "step": "0", "rank": "2", "local_rank": "1",
+        "het_group": "1"}
+    assert task.het_group(env, "42") == "0" and task.het_group(env, "44") is None
+    assert task.het_group({"SLURM_JOB_ID": "42"}, "42") is None  # no heterogeneous job
+    assert "het_group" not in task.task_identity({"SLURM_JOB_ID": "42"}, "0", "0", "0", "42")
+
+
 def test_a_task_captures_only_into_a_job_spool_of_its_user(tmp_path: Path) -> None:
     from logcapture.slurm import task
 

@@ -140,7 +140,6 @@ def logs(spool: Path | None, stream: str, follow: bool, store_dsn: str | None, s
             return
         run = _wait_for_job(reader, run_ref) if follow else reader.resolve(run_ref)
         if follow and (job := follow_lines(reader, run_ref, run, streams, ranks, nodes, shown,
-                                           lambda m: click.echo(f"logcapture: {m}", err=True),
                                            numbers)):
             for line in job:  # a job's runs, as they come (jobfollow.py)
                 click.echo(line, color=paint)
@@ -378,8 +377,10 @@ def serve(spool: Path | None, store_dsn: str | None, port: int, host: str,
 @click.option("--rank", "ranks", multiple=True, metavar="N",
               help="A job of several ranks: only these ranks' lines or metadata (a rank, a "
                    "range like 0-3; repeatable). Default: the batch script's and every rank's.")
+@node_option
 def export_cmd(spool: Path | None, store_dsn: str | None, source: str, run_ref: str,
-               what: str, fmt: str, output: Path | None, ranks: tuple[str, ...]) -> None:
+               what: str, fmt: str, output: Path | None, ranks: tuple[str, ...],
+               nodes: tuple[str, ...]) -> None:
     """Write your own data of RUN: its lines, metadata (one column per key), resource
     samples or progress-bar points, as CSV, NDJSON or Parquet, from the store once the run
     is shipped, else from the spool. RUN: a run id, a Slurm job id, or `latest` (your
@@ -392,7 +393,7 @@ def export_cmd(spool: Path | None, store_dsn: str | None, source: str, run_ref: 
     check_export(what, fmt)
     with closing(open_reader(spool, store_dsn, source)) as reader:
         run = reader.resolve(run_ref)
-        job = export_job(reader, run_ref, run, what, ranks)
+        job = export_job(reader, run_ref, run, what, ranks, nodes)
         rows = reader.export_rows(run, what) if job is None else export_rows(what, job)
         # the engine writes the file: the store's when there is one, else an in-memory one
         with reader.held() if reader.held.available else nullcontext() as store:

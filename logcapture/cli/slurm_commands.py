@@ -42,11 +42,15 @@ def slurm_epilog() -> None:
 @click.option("--socket", "sock_fd", type=int, required=True, metavar="FD",
               help="The plugin's socket, where the task's pty slaves are sent.")
 @click.option("--step", required=True, help="The step id (S_JOB_STEPID).")
-@click.option("--rank", required=True, help="The task's global id (S_TASK_GLOBAL_ID).")
+@click.option("--rank", required=True,
+              help="The task's global id (S_TASK_GLOBAL_ID; in a heterogeneous step, in its "
+                   "component).")
+@click.option("--job", default="", help="The job id (S_JOB_ID; in a heterogeneous job, the "
+              "component's).")
 @click.option("--local-rank", required=True, help="The task's id on this node (S_TASK_ID).")
 @click.option("--task-pid", type=int, required=True, help="The task's pid.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def slurm_task(sock_fd: int, step: str, rank: str, local_rank: str, task_pid: int,
+def slurm_task(sock_fd: int, step: str, rank: str, job: str, local_rank: str, task_pid: int,
                command: tuple[str, ...]) -> None:
     """Capture one task of a job step as a run of its job (run id JOB.STEP.RANK). Started
     by the logcapture_task SPANK plugin in each task of an opted-in job's steps, as the
@@ -55,7 +59,7 @@ def slurm_task(sock_fd: int, step: str, rank: str, local_rank: str, task_pid: in
     from ..slurm.task import task_main
 
     main = interactive_main if is_interactive(dict(os.environ)) else task_main
-    sys.exit(main(sock_fd, step, rank, local_rank, task_pid, list(command)))
+    sys.exit(main(sock_fd, step, rank, local_rank, task_pid, list(command), job))
 
 
 @slurm_group.command(name="sampler")

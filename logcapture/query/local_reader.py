@@ -129,6 +129,16 @@ class LocalReader:
                 return [summary_of_store(r) for r in st.runs(self.owner, job=ref)]
         return [dict(d) for d in jobref.select(ref, self.store.runs())]
 
+    def stored_runs(self, ref: str) -> list[dict[str, Any]] | None:
+        """Summaries of the caller's runs in the store (or the read service) that the job
+        reference ``ref`` may name; None when no store is read (``--source spool``, none)."""
+        return self._store_candidates(ref) if self._in_store() else None
+
+    def release_store(self) -> None:
+        """Between a follower's reads: an embedded store is one process's at a time, so the
+        shipper may write in the meantime."""
+        self.held.release()
+
     def resolve(self, ref: str | None) -> str:
         if ref is None or ref == "latest":  # the newest run, wherever it is
             # (a job's, not one of its tasks, which start after it: `ls JOB` lists those)

@@ -101,10 +101,11 @@ def outer_terminal() -> int:
     return os.open(os.ttyname(1), os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
 
 
-def interactive_main(sock_fd: int, step: str, rank: str, local_rank: str, task_pid: int,
-                     command: list[str]) -> int:
+def interactive_main(sock_fd: int, step: str, task_id: str, local_rank: str, task_pid: int,
+                     command: list[str], job: str = "") -> int:
     """``logcapture slurm task`` in a task of an interactive step (``is_interactive``): 0
-    always, after one ``logcapture:`` warning on the terminal when it could not capture."""
+    always, after one ``logcapture:`` warning on the terminal when it could not capture.
+    ``task_id`` and ``job``: the plugin's, as ``slurm.task.task_main`` takes them."""
     import signal
     import socket
 
@@ -116,8 +117,8 @@ def interactive_main(sock_fd: int, step: str, rank: str, local_rank: str, task_p
     warn = Warner()
     plugin = socket.socket(fileno=sock_fd)
     try:
-        interactive_task(plugin, step, rank, local_rank, task_pid, command, dict(os.environ),
-                         warn)
+        interactive_task(plugin, step, task_id, local_rank, task_pid, command,
+                         dict(os.environ), warn, job)
     except Exception as e:  # noqa: BLE001 - a task is never failed by logcapture
         warn(f"interactive step {step}: capture stopped ({type(e).__name__}); the shell "
              "runs normally")
@@ -126,9 +127,9 @@ def interactive_main(sock_fd: int, step: str, rank: str, local_rank: str, task_p
     return 0
 
 
-def interactive_task(plugin: socket.socket, step: str, rank: str, local_rank: str,
+def interactive_task(plugin: socket.socket, step: str, task_id: str, local_rank: str,
                      task_pid: int, command: list[str], env: dict[str, str],
-                     warn: Callable[[str], None]) -> None:
+                     warn: Callable[[str], None], job: str = "") -> None:
     """Capture the task of an interactive step (the module docstring). Until the plugin
     answers ``Y`` any failure leaves the task on its own terminal (the caller warns once)."""
     import socket
@@ -140,8 +141,16 @@ def interactive_task(plugin: socket.socket, step: str, rank: str, local_rank: st
     from ..runner.spawn import Attached, attach
     from .jobrecords import PUBLIC_CONFIG
     from .jobs import run_id_for
-    from .task import STATUS_WAIT, StatusListener, status_address, task_identity, task_run_id
+    from .task import (
+        STATUS_WAIT,
+        StatusListener,
+        global_rank,
+        status_address,
+        task_identity,
+        task_run_id,
+    )
 
+    rank = global_rank(env, task_id)  # SLURM_PROCID, as for any task
     hello = _receive(plugin, HELLO_WAIT)
     if not hello.startswith(b"S") or not hello.endswith(b"\n"):
         return  # not the plugin's: leave the task alone
@@ -161,7 +170,8 @@ def interactive_task(plugin: socket.socket, step: str, rank: str, local_rank: st
     saved = termios.tcgetattr(outer)
     prepared = prepare(command or ["?"], spool_root=spool,
                        run_id=task_run_id(job_run, step, rank), warn=warn, env=env,
-                       slurm={**task_identity(env, step, rank, local_rank), "interactive": "1"},
+                       slurm={**task_identity(env, step, rank, local_rank, job),
+                              "interactive": "1"},
                        sample=False, merge=True)
     if prepared.worker is None:
         plugin.sendall(b"n")  # prepare warned
@@ -170,7 +180,8 @@ def interactive_task(plugin: socket.socket, step: str, rank: str, local_rank: st
     listener: StatusListener | None = None
     master = slave = -1
     try:
-        listener = StatusListener(status_address(env["SLURM_JOB_ID"], step, rank), task)
+        listener = StatusListener(
+            status_address(job or env["SLURM_JOB_ID"], step, task_id), task)
         master, slave = open_inner(outer)
         socket.send_fds(plugin, [b"i"], [slave])
         os.close(slave)

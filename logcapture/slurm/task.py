@@ -48,17 +48,46 @@ def task_run_id(job_run: str, step: str, rank: str) -> str:
     return f"{job_run}.{step}.{rank}"
 
 
-def task_identity(env: dict[str, str], step: str, rank: str, local_rank: str
-                  ) -> dict[str, str]:
+def task_identity(env: dict[str, str], step: str, rank: str, local_rank: str,
+                  component: str = "") -> dict[str, str]:
     """The Start record's ``slurm`` of a task: the job's, with this task's step, rank and
-    local rank (from the plugin, which has them from Slurm, not from the job's environment),
-    and ``step_tasks``, how many tasks its step has (``SLURM_STEP_NUM_TASKS``, which srun
-    sets for each task: a step's section title names it, ``rankview.step_title``)."""
+    local rank (``global_rank``, the plugin's local rank), ``step_tasks``, how many tasks its
+    step has (``SLURM_STEP_NUM_TASKS``, which srun sets for each task: a step's section title
+    names it, ``rankview.step_title``) and, in a heterogeneous job, its component
+    (``het_group``, see ``het_group``)."""
     from ..capture import slurm_identity
 
     count = env.get("SLURM_STEP_NUM_TASKS", "")
-    return {**slurm_identity(env), "step": step, "rank": rank, "local_rank": local_rank,
-            **({"step_tasks": count} if count.isdigit() else {})}
+    ident = {**slurm_identity(env), "step": step, "rank": rank, "local_rank": local_rank,
+             **({"step_tasks": count} if count.isdigit() else {})}
+    group = het_group(env, component)
+    if group is not None:
+        ident["het_group"] = group
+    return ident
+
+
+def global_rank(env: dict[str, str], task: str) -> str:
+    """The task's rank in its step, as the program sees it (``SLURM_PROCID``). The plugin's
+    task id (S_TASK_GLOBAL_ID) is the same, except in a step of a heterogeneous job
+    (``srun --het-group=0,1``): there it counts from 0 in each component, while
+    ``SLURM_PROCID`` adds the component's task offset, so the ranks of the step are distinct.
+    ``env`` is the task's environment as slurmstepd made it for the plugin (S_JOB_ENV, after
+    Slurm set ``SLURM_PROCID``), not one the job chose."""
+    procid = env.get("SLURM_PROCID", "")
+    return procid if procid.isdigit() else task
+
+
+def het_group(env: dict[str, str], component: str) -> str | None:
+    """The component (``--het-group`` index) of a heterogeneous job whose job id is
+    ``component`` (the plugin's S_JOB_ID: each component is a job of its own, while
+    ``SLURM_JOB_ID`` is the first's), from ``SLURM_JOB_ID_HET_GROUP_<N>``; None outside one."""
+    if not component or not env.get("SLURM_HET_SIZE"):
+        return None
+    prefix = "SLURM_JOB_ID_HET_GROUP_"
+    for key, value in env.items():
+        if key.startswith(prefix) and value == component and key[len(prefix):].isdigit():
+            return key[len(prefix):]
+    return None
 
 
 def job_spool(env: dict[str, str]) -> Path | None:
@@ -175,10 +204,13 @@ def _hand_over_ptys(plugin: socket.socket, winsize: tuple[int, int] | None, merg
     return {out_m: "stdout"} if merge else {out_m: "stdout", err_m: "stderr"}
 
 
-def task_main(sock_fd: int, step: str, rank: str, local_rank: str, task_pid: int,
-              command: list[str]) -> int:
+def task_main(sock_fd: int, step: str, task_id: str, local_rank: str, task_pid: int,
+              command: list[str], job: str = "") -> int:
     """``logcapture slurm task``: capture one task (the module docstring); 0 always, after
-    one ``logcapture:`` warning on the task's stderr when it could not."""
+    one ``logcapture:`` warning on the task's stderr when it could not. ``task_id`` and
+    ``job``: the plugin's S_TASK_GLOBAL_ID and S_JOB_ID, which name the status socket
+    (``status_address``; ``job`` defaults to ``SLURM_JOB_ID``, the same outside a
+    heterogeneous job); the run is named after the task's rank (``global_rank``)."""
     import signal
     import socket
 
@@ -196,6 +228,7 @@ def task_main(sock_fd: int, step: str, rank: str, local_rank: str, task_pid: int
         signal.signal(sig, signal.SIG_IGN)
     warn = Warner()
     env = dict(os.environ)
+    rank = global_rank(env, task_id)
     plugin = socket.socket(fileno=sock_fd)
     try:
         spool = job_spool(env)
@@ -205,10 +238,11 @@ def task_main(sock_fd: int, step: str, rank: str, local_rank: str, task_pid: int
                  f"({TASKS_VAR}); the task runs normally")
             return 0
         task = Attached(task_pid)
-        listener = StatusListener(status_address(env["SLURM_JOB_ID"], step, rank), task)
+        listener = StatusListener(
+            status_address(job or env["SLURM_JOB_ID"], step, task_id), task)
         prepared = prepare(command or ["?"], spool_root=spool,
                            run_id=task_run_id(job_run, step, rank), warn=warn, env=env,
-                           slurm=task_identity(env, step, rank, local_rank), sample=False,
+                           slurm=task_identity(env, step, rank, local_rank, job), sample=False,
                            merge=same_destination(1, 2))
         if prepared.worker is None:
             return 0  # prepare warned

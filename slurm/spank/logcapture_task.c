@@ -134,7 +134,7 @@ static int start_capture(spank_t sp, int sock, uint32_t job, uint32_t step, uint
                          int local)
 {
     char **env = NULL, **job_argv = NULL, **argv;
-    char a_step[16], a_task[16], a_local[16], a_pid[16];
+    char a_job[16], a_step[16], a_task[16], a_local[16], a_pid[16];
     pid_t child, pid = getpid();
     int status, job_argc = 0, i, n = 0;
 
@@ -142,17 +142,21 @@ static int start_capture(spank_t sp, int sock, uint32_t job, uint32_t step, uint
         return -1;
     if (spank_get_item(sp, S_JOB_ARGV, &job_argc, &job_argv) != ESPANK_SUCCESS)
         job_argc = 0;
-    argv = calloc((size_t)job_argc + 20, sizeof(char *));
+    argv = calloc((size_t)job_argc + 24, sizeof(char *));
     if (argv == NULL)
         return -1;
+    snprintf(a_job, sizeof(a_job), "%u", job);
     snprintf(a_step, sizeof(a_step), "%u", step);
     snprintf(a_task, sizeof(a_task), "%u", task);
     snprintf(a_local, sizeof(a_local), "%d", local);
     snprintf(a_pid, sizeof(a_pid), "%d", (int)pid);
-    (void)job;
     /* -I: the job's PYTHON* variables cannot change which logcapture runs (python(1)). */
     argv[n++] = python, argv[n++] = "-I", argv[n++] = "-m", argv[n++] = "logcapture";
     argv[n++] = "slurm", argv[n++] = "task", argv[n++] = "--socket", argv[n++] = "3";
+    /* In a heterogeneous job each component is a job of its own (S_JOB_ID) whose task ids
+     * count from 0 (S_TASK_GLOBAL_ID): the two name this task's status socket, unique on the
+     * node; the run is named after SLURM_PROCID (logcapture.slurm.task.global_rank). */
+    argv[n++] = "--job", argv[n++] = a_job;
     argv[n++] = "--step", argv[n++] = a_step, argv[n++] = "--rank", argv[n++] = a_task;
     argv[n++] = "--local-rank", argv[n++] = a_local, argv[n++] = "--task-pid";
     argv[n++] = a_pid, argv[n++] = "--";

@@ -306,14 +306,17 @@ def cluster() -> Iterator[Cluster]:
     # daemons bind it: then the cluster is started again on other ports.
     failures = []
     for _ in range(3):
-        ctld_port, slurmd_port = _free_ports(2)
+        ctld_port, slurmd_port, node2_port = _free_ports(3)
         env.update({"LOGCAPTURE_DEV_CTLD_PORT": str(ctld_port),
-                    "LOGCAPTURE_DEV_SLURMD_PORT": str(slurmd_port)})
+                    "LOGCAPTURE_DEV_SLURMD_PORT": str(slurmd_port),
+                    # a second node, in partition `two` (slurm/dev-cluster, "A second node")
+                    "LOGCAPTURE_DEV_NODE2_PORT": str(node2_port)})
         r = subprocess.run([str(DEV_CLUSTER), "up"], env=env, capture_output=True, text=True,
                            timeout=120)
         if r.returncode == 0:
             break
-        failures.append(f"ports {ctld_port}, {slurmd_port}:\n{r.stdout}\n{r.stderr}")
+        failures.append(f"ports {ctld_port}, {slurmd_port}, {node2_port}:\n{r.stdout}\n"
+                        f"{r.stderr}")
         subprocess.run([str(DEV_CLUSTER), "down"], env=env, capture_output=True, timeout=60)
     else:
         pytest.fail("dev-cluster up failed three times:\n" + "\n".join(failures))

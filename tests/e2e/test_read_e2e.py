@@ -210,6 +210,64 @@ def test_logs_follow_reads_a_running_job_from_its_start_to_its_end(rd: Cluster) 
     assert rd.wait(job)[job.id] == ("COMPLETED", "0:0")
 
 
+# Two tasks tick until the test, having seen tick 2 of both through `logs -f`, lets them end.
+RANK_TICKS = r"""#!/bin/bash
+#SBATCH -n 2
+echo "batch starts"
+srun python3 -c '
+import os, time
+r, i = os.environ["SLURM_PROCID"], 0
+while not os.path.exists(os.path.expanduser("~/ranks-may-end")) and i < 300:
+    i += 1
+    print(f"rank {r} tick {i}", flush=True)
+    time.sleep(0.5)
+'
+echo "batch ends"
+"""
+
+
+def test_logs_follow_reads_every_task_of_a_running_job_through_the_service(
+        rd: Cluster) -> None:
+    """On the login node, `logs -f JOB` of a job with an srun step follows its tasks too
+    (read from the store through the service as the agent ships them), labelled as `logs
+    JOB` prints the ended job, line for line."""
+    rd.optin(U1, "")
+    gate = rd.home(U1) / "ranks-may-end"
+    gate.unlink(missing_ok=True)
+    job = rd.submit(U1, RANK_TICKS, name="rank-ticks")
+    rd.wait_running(job)
+    deadline = time.monotonic() + 60
+    while read_as(rd, U1, "show", "--json", job.id).returncode != 0:  # the agent's first batch
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    pw = pwd.getpwnam(U1)
+    texts: list[str] = []
+    with subprocess.Popen(
+            ["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--init-groups",
+             "--reset-env", "env", f"HOME={rd.home(U1)}", "PATH=/usr/bin:/bin",
+             "LANG=C.UTF-8", f"LOGCAPTURE_READER_SOCKET={socket_path(rd)}",
+             rd.env["LOGCAPTURE_BIN"] + "/logcapture", "logs", "-f", job.id],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/") as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        for line in proc.stdout:
+            texts.append(line.rstrip("\n"))
+            if {"0: rank 0 tick 2", "1: rank 1 tick 2"} <= set(texts) and not gate.exists():
+                assert rd.state(job.id) == "RUNNING", texts  # seen live
+                rd.write_as(U1, gate, "")
+        err = proc.stderr.read()
+        proc.wait(60)
+    assert proc.returncode == 0, err
+    assert gate.exists(), f"the follower never showed both ranks' tick 2: {texts[:8]} {err}"
+    assert rd.wait(job)[job.id] == ("COMPLETED", "0:0")
+    assert texts[0] == "batch starts" and texts[-1] == "batch ends"
+    for r in (0, 1):
+        ticks = [t for t in texts if t.startswith(f"{r}: rank {r} tick ")]
+        assert ticks == [f"{r}: rank {r} tick {i}" for i in range(1, len(ticks) + 1)], texts
+        assert len(ticks) >= 2
+    wait_in_store(rd, U1, job)
+    assert texts == read_as(rd, U1, "logs", job.id).stdout.splitlines()
+
+
 def test_hand_made_requests_on_the_clusters_socket(rd: Cluster) -> None:
     rd.optin(U1, "")
     job = rd.submit(U1, "#!/bin/bash\necho 'u1 socket secret line'\n", name="sock")

@@ -9,7 +9,7 @@ import socket
 
 import pytest
 
-from .conftest import Cluster
+from .conftest import Cluster, Job
 
 pytestmark = pytest.mark.slurm
 
@@ -212,3 +212,93 @@ def test_show_names_the_failed_rank_and_its_node_and_the_x_axis_is_the_step(
     assert json.loads(r.stdout)["x_axis"] == "step"
     r = lc.as_user(U1, [bin_, "show", *own, j])
     assert f"  rank 1  node {host}  step 0  FAILED" in r.stdout, r.stdout
+
+
+
+# A heterogeneous job of two components (one task, then two), and a step that runs both
+# (`srun --het-group=0,1`): Slurm places the components on different nodes (the dev cluster's
+# second node, partition `two`), makes each a job of its own (ids J and J+1) whose task ids
+# count from 0, and gives the tasks SLURM_PROCID 0, 1, 2 across them.
+HET = r"""#!/bin/bash
+#SBATCH -p two -n 1
+#SBATCH hetjob
+#SBATCH -p two -n 2
+echo "batch starts"
+srun --het-group=0,1 bash -c 'sleep 0.$((3 * SLURM_PROCID))
+echo "task $SLURM_PROCID on $SLURMD_NODENAME"; sleep 0.1; echo "err $SLURM_PROCID" >&2'
+echo "srun said $?"
+echo "batch ends"
+"""
+
+
+def _both(lc: Cluster, script: str, name: str, timeout: float) -> tuple[Job, Job]:
+    """``script`` run by U1 (opted in) and by U2 (not): both completed, and the output file
+    of the captured job has the same bytes as the other's (nothing added, lost or moved)."""
+    lc.optin(U1, "")
+    captured, plain = lc.submit(U1, script, name=name), lc.submit(U2, script, name=name)
+    states = lc.wait(captured, plain, timeout=timeout)
+    assert states[captured.id] == states[plain.id] == ("COMPLETED", "0:0")
+    assert captured.out.read_bytes() == plain.out.read_bytes()
+    return captured, plain
+
+
+def _starts(lc: Cluster, job: str) -> dict[str, dict]:
+    """{task run: its Start record's slurm} of the job's task runs."""
+    return {run: next(r for r in lc.records(job, run) if r["kind"] == "start")["slurm"]
+            for run in lc.task_run_dirs(job)}
+
+
+def test_a_heterogeneous_step_is_captured_per_task_with_distinct_ranks(lc: Cluster) -> None:
+    captured, plain = _both(lc, HET, "het", timeout=150)
+    assert b"task 2 on " in plain.out.read_bytes()
+    j = captured.id
+    starts = _starts(lc, j)
+    assert sorted(starts) == [f"{j}.0.0", f"{j}.0.1", f"{j}.0.2"], lc.slurmd_log()[-2000:]
+    ident = {run: (s["rank"], s["step"], s["het_group"], s["local_rank"], s["job_id"])
+             for run, s in starts.items()}
+    assert ident == {f"{j}.0.0": ("0", "0", "0", "0", j), f"{j}.0.1": ("1", "0", "1", "0", j),
+                     f"{j}.0.2": ("2", "0", "1", "1", j)}
+    nodes = {run: s["node"] for run, s in starts.items()}
+    assert nodes[f"{j}.0.1"] == nodes[f"{j}.0.2"] != nodes[f"{j}.0.0"]
+    for run, s in starts.items():
+        rank = s["rank"]
+        records = lc.records(j, run)
+        assert _lines(records) == [f"task {rank} on {s['node']}"]
+        assert _lines(records, "stderr") == [f"err {rank}"]
+    # Read as the job's user: the three ranks, labelled
+    bin_ = lc.env["LOGCAPTURE_BIN"] + "/logcapture"
+    own = ["--spool", str(lc.spool_root / j), "--source", "spool"]
+    r = lc.as_user(U1, [bin_, "logs", *own, j])
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    # one step of three tasks across the components, a section of the job's log
+    assert lines[1].startswith("[logcapture: section srun step 0 (3 tasks: bash -c "), lines
+    assert lines[8].startswith("[logcapture: end of section srun step 0 (3 tasks: "), lines
+    assert lines[:1] + lines[2:8] + lines[9:] == [
+        "batch starts", f"0: task 0 on {nodes[f'{j}.0.0']}", "0: err 0",
+        f"1: task 1 on {nodes[f'{j}.0.1']}", "1: err 1", f"2: task 2 on {nodes[f'{j}.0.2']}",
+        "2: err 2", "srun said 0", "batch ends"]
+
+
+TWO_NODES = r"""#!/bin/bash
+#SBATCH -p two -N 2 -n 2
+echo "batch on $SLURMD_NODENAME"
+srun bash -c 'sleep 0.$((3 * SLURM_PROCID)); echo "rank $SLURM_PROCID on $SLURMD_NODENAME"'
+echo "srun said $?"
+"""
+
+
+def test_a_step_on_two_nodes_names_each_ranks_node(lc: Cluster) -> None:
+    captured, _ = _both(lc, TWO_NODES, "two", timeout=90)
+    j, host = captured.id, socket.gethostname().split(".")[0]
+    starts = _starts(lc, j)
+    assert {run: (s["rank"], s["node"]) for run, s in starts.items()} == {
+        f"{j}.0.0": ("0", host), f"{j}.0.1": ("1", host + "2")}
+    bin_ = lc.env["LOGCAPTURE_BIN"] + "/logcapture"
+    own = ["--spool", str(lc.spool_root / j), "--source", "spool"]
+    r = lc.as_user(U1, [bin_, "logs", *own, j, "--node", host + "2"])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [f"rank 1 on {host}2"]
+    r = lc.as_user(U1, [bin_, "show", *own, j, "--json"])
+    assert [(x["rank"], x["node"]) for x in json.loads(r.stdout)["ranks"]] == [
+        (0, host), (1, host + "2")]
