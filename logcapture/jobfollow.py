@@ -193,9 +193,11 @@ class JobFollow:
         self.marks = None if not shown else StepMarks()
         self._ended_at: dict[str, float] = {}
         if batch_dir is not None:
-            start = next(iter(job_candidates([batch_dir], batch)), {"run": batch})
+            start = next(iter(job_candidates([batch_dir], ref)), {"run": batch})
             summary: Mapping[str, Any] = {**start, **jobref.job_fields(start)}
-            self._add(summary, _SpoolTail(batch_dir, streams, check), shown)
+            if summary["rank"] is None:  # (a job without a batch run, an interactive
+                # step's, resolves to one of its tasks: _look follows it as a task)
+                self._add(summary, _SpoolTail(batch_dir, streams, check), shown)
         else:
             summary = {**reader.summary(batch), "rank": None}
             self._add(summary, self._stored_tail(batch), shown)
@@ -286,7 +288,7 @@ class JobFollow:
                 if stored:
                     next_stored = now + self.discover_stored
             self._read(held)
-            ended = all(r.tail.ended for r in self._runs.values())
+            ended = bool(self._runs) and all(r.tail.ended for r in self._runs.values())
             if ended and self._look(self.stored):
                 continue  # a task run that appeared at the end: read it too
             if release is not None and self.stored:

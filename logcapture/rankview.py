@@ -443,7 +443,9 @@ def job_runs(reader: Any, ref: str | None, ranks: Iterable[str] = (),
     if not found:
         return None
     batch = reader.resolve(ref)
-    own = [{**s, **jobref.job_fields(s)} for s in summaries if s["run"] == batch]
+    # (a job without a batch run, an interactive step's, resolves to one of its tasks)
+    own = [{**s, **jobref.job_fields(s)} for s in summaries
+           if s["run"] == batch and not jobref.is_task(s)]
     return own + found
 
 

@@ -106,3 +106,18 @@ def test_has_help():
     result = check("--help")
     assert result.returncode == 0
     assert "Validate a .logoptin FILE" in result.stdout
+
+
+def test_interactive_steps_asked_for_are_said_and_a_bad_value_is_a_problem(tmp_path):
+    path = tmp_path / ".logoptin"
+    path.write_text("interactive: true\n")
+    result = check(str(path))
+    assert result.returncode == 0, result.stdout
+    assert "interactive: true (srun --pty and salloc shells are captured too)" in result.stdout
+    path.write_text("interactive: false\n")
+    assert "interactive: true" not in check(str(path)).stdout
+    path.write_text("interactive: always\n")
+    result = check(str(path))
+    assert result.returncode == 1
+    assert f"{path}:1:14: key 'interactive': must be true or false, not a string" \
+        in result.stdout

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import shutil
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
 from pathlib import Path
@@ -367,6 +368,23 @@ def test_the_job_pages_answer_names_rank_node_and_fold_and_keeps_the_newest(spoo
                                                                               "end of job"]
         assert [e["rank"] for e in RV.page(r, "50", "2-3", "n2")["entries"]] == [2, 3, 3, 2,
                                                                                   2, 3]
+
+
+def test_a_job_of_tasks_only_shows_each_task_once(tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """A job without a batch run (``srun --pty bash`` from a login node: one interactive
+    task) reads as its tasks, each once."""
+    root = write_job(tmp_path / "spool", ME, "70")
+    shutil.rmtree(root / "70" / "70")  # the batch run
+    where = ["--spool", str(root / "70"), "--source", "spool"]
+    code, out, err = logs(capsys, "70", *where)
+    assert code == 0, err
+    assert out.count("3: rank 3 step 0") == 1 and "start of " + ME not in out
+    code, followed, err = logs(capsys, "-f", "70", *where)
+    assert code == 0, err
+    assert followed.count("3: rank 3 step 0") == 1 and followed.count("3: done") == 1
+    assert [x for x in followed if not x.startswith("[logcapture: ")] == \
+        [x for x in out if not x.startswith("[logcapture: ")]
 
 
 # --- one line number in the job's log ------------------------------------------------------

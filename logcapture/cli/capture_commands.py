@@ -100,5 +100,8 @@ def check(uid: int | None, file: Path | None) -> None:
            "terminal, two otherwise" if streams == "auto" else
            "stdout and stderr are always two streams (where they share a file, the order "
            "of their lines there may differ from a run without logcapture)")
-    click.echo(f"{path}: valid; mode: {result.config.mode}; streams: {streams} ({how})")
+    said = f"{path}: valid; mode: {result.config.mode}; streams: {streams} ({how})"
+    if result.config.interactive:
+        said += "; interactive: true (srun --pty and salloc shells are captured too)"
+    click.echo(said)
 

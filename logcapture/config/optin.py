@@ -22,9 +22,11 @@ from pathlib import Path
 from ..errors import typo_of
 from ..records import DISABLED, ENABLED, MODES
 from .checking import (
+    BOOL,
     STR,
     Problem,
     choice,
+    construct,
     file_kind,
     node_kind,
     parse,
@@ -42,7 +44,7 @@ if TYPE_CHECKING:
 OPTIN_ENV = "LOGCAPTURE_OPTIN"
 OPTIN_NAME = ".logoptin"
 OPTIN_MAX_BYTES = 65536
-OPTIN_KEYS = ("mode", "streams", "notify", "mail", "redact")
+OPTIN_KEYS = ("mode", "streams", "notify", "mail", "redact", "interactive")
 # ``streams``: how the job's stdout and stderr are captured (runner.descriptors.same_destination).
 # ``auto``: one terminal for both when they go to the same place (the order of their writes
 # is then kept there, as without logcapture), two otherwise; ``separate``: always two, so the
@@ -62,13 +64,15 @@ FALLBACK_MESSAGE = (
 )
 
 
-class OptinConfig(namedtuple("OptinConfig", ("mode", "streams", "notify", "mail", "redact"),
-                             defaults=(ENABLED, STREAMS_AUTO, (), None, ()))):
+class OptinConfig(namedtuple("OptinConfig", ("mode", "streams", "notify", "mail", "redact",
+                                            "interactive"),
+                             defaults=(ENABLED, STREAMS_AUTO, (), None, (), False))):
     """The user's settings: ``mode`` (the cluster guide's option), ``streams``
     (``STREAMS_CHOICES``); ``notify``, the events a short message is sent for
     (``NOTIFY_EVENTS``); ``mail``, where it goes (default: the user's own mailbox, as Slurm's
     --mail-user); ``redact``, the user's own secrets to redact, as given (literals and
-    ``/REGEX/``: ``redact.pattern_of``)."""
+    ``/REGEX/``: ``redact.pattern_of``); ``interactive``, whether interactive steps
+    (``srun --pty``, ``salloc``'s shell) are captured too (``slurm.interactive``)."""
 
     __slots__ = ()
     if TYPE_CHECKING:
@@ -77,6 +81,7 @@ class OptinConfig(namedtuple("OptinConfig", ("mode", "streams", "notify", "mail"
         notify: tuple[str, ...]
         mail: str | None
         redact: tuple[str, ...]
+        interactive: bool
 
 
 class OptinResult(namedtuple("OptinResult", ("opted_in", "config", "problems", "warnings"),
@@ -265,5 +270,11 @@ def _streams(node: yaml.Node) -> Any:
     return choice(STREAMS_CHOICES)(node)
 
 
+def _boolean(node: yaml.Node) -> Any:
+    if not isinstance(node, yaml.ScalarNode) or node.tag != BOOL:
+        raise Problem(f"must be true or false, not {node_kind(node)}")
+    return bool(construct(node))
+
+
 _OPTIN_SCHEMA: Schema = {"mode": choice(MODES), "streams": _streams, "notify": _events,
-                         "mail": _mail, "redact": redact_list}
+                         "mail": _mail, "redact": redact_list, "interactive": _boolean}

@@ -117,6 +117,8 @@ class ReadLoop:
         self.reads = 0  # pty reads that returned data
         self.lingers = 0  # LINGER waits
         self.beside = opts.beside
+        # A writer beside that can say when output must not be stored (runner.relay: echo off)
+        self.keeps: Callable[[], bool] | None = getattr(self.beside, "keeps", None)
         if self.beside is not None:
             self.beside.start(self)
 
@@ -344,7 +346,10 @@ class ReadLoop:
         find more in the pty (reading 16 times before one copy took ~10 % more, smaller, reads
         on 200 MB of bulk output)."""
         sent = False
-        worker = self.worker
+        # Output read while the beside writer says no (runner.relay: echo off) is copied
+        # out and counted, never stored.
+        keep = self.keeps is None or not any(bursts.values()) or self.keeps()
+        worker = self.worker if keep else None
         for fd, burst in bursts.items():
             if not burst:
                 continue
@@ -361,7 +366,7 @@ class ReadLoop:
             if worker is not None:
                 worker.send(frame.KIND[stream], burst, now, now_m)
                 sent = True
-            elif self.plain is not None:
+            elif self.plain is not None and keep:
                 self._feed_plain(stream, data, now)
         return sent
 

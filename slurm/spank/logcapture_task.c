@@ -8,9 +8,10 @@
  * In slurm_spank_task_init (the task process, as the job's user, just before it execs the
  * step's program) it acts only when the job's environment holds LOGCAPTURE_TASKS, which the
  * job wrapper exports for a user who opted in, and never in the batch or extern step (the
- * wrapper captures the batch script itself), nor in a task of an `srun --pty` step.
- * It starts `python -I -m logcapture slurm task` detached (a grandchild, so the task never
- * sees an unknown child), with the task's own
+ * wrapper captures the batch script itself). A task of an `srun --pty` step (the interactive
+ * step of `salloc` too) is captured only when the user asks, whatever the job: see
+ * interactive_task below. It starts `python -I -m logcapture slurm task` detached (a
+ * grandchild, so the task never sees an unknown child), with the task's own
  * stdout and stderr as its stdout and stderr and one end of a socketpair as fd 3. The Python
  * side opens the task's pseudo-terminal(s) and hands the slave end(s) back over the socket
  * (SCM_RIGHTS, unix(7)); the plugin dup2s them onto the task's fds 1 and 2. The capture
@@ -49,7 +50,9 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <signal.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -73,6 +76,7 @@ SPANK_PLUGIN(logcapture_task, 1);
 #define FORWARD_TIMEOUT_MS 5000 /* the batch capture's answer to srun, at most */
 
 static char python[4096] = "";
+static char spool_root[4096] = ""; /* plugstack.conf spool_root=, for interactive steps */
 static int forward_sock = -1;            /* srun: the batch capture, while srun forwards */
 static int forward_saved[3] = {-1, -1, -1}; /* srun: its fds 1 and 2 as they were */
 static int forward_tried = 0;
@@ -112,17 +116,19 @@ int slurm_spank_init(spank_t sp, int ac, char **av)
     for (i = 0; i < ac; i++) {
         if (strncmp(av[i], "python=", 7) == 0)
             snprintf(python, sizeof(python), "%s", av[i] + 7);
+        else if (strncmp(av[i], "spool_root=", 11) == 0)
+            snprintf(spool_root, sizeof(spool_root), "%s", av[i] + 11);
         else if (spank_remote(sp))
             slurm_info("logcapture_task: unknown plugstack.conf argument %s ignored", av[i]);
     }
     return ESPANK_SUCCESS;
 }
 
-/* The step ids the wrapper captures itself, or that run no user program. */
+/* The step ids the wrapper captures itself, or that run no user program. (The interactive
+ * step, salloc's shell with LaunchParameters=use_interactive_step, is an `srun --pty` step.) */
 static int captured_step(uint32_t step)
 {
-    return step != SLURM_BATCH_SCRIPT && step != SLURM_EXTERN_CONT
-        && step != SLURM_INTERACTIVE_STEP && step != SLURM_PENDING_STEP;
+    return step != SLURM_BATCH_SCRIPT && step != SLURM_EXTERN_CONT && step != SLURM_PENDING_STEP;
 }
 
 /* Start the capture process as a grandchild of the task, with `sock` as its fd 3. */
@@ -217,6 +223,120 @@ static int receive_slaves(int sock, int fds[2])
     return n;
 }
 
+/* Whether the job's user has a .logoptin ($LOGCAPTURE_OPTIN, else $HOME/.logoptin of the
+ * job's environment), as the job wrapper looks (logcapture.slurm.wrapper.optin_exists): only
+ * then is Python started to read what it asks, so that everyone else's interactive steps
+ * start as fast as without logcapture. */
+static int optin_exists(spank_t sp)
+{
+    char path[4096], home[4096];
+    struct stat st;
+
+    if (spank_getenv(sp, "LOGCAPTURE_OPTIN", path, sizeof(path)) == ESPANK_SUCCESS
+        && path[0] != '\0')
+        return lstat(path, &st) == 0;
+    if (spank_getenv(sp, "HOME", home, sizeof(home)) != ESPANK_SUCCESS || home[0] == '\0')
+        return 0;
+    if (snprintf(path, sizeof(path), "%s/.logoptin", home) >= (int)sizeof(path))
+        return 0;
+    return lstat(path, &st) == 0;
+}
+
+/* Make `slave` the task's controlling terminal and its fds 0, 1 and 2 in place of
+ * slurmstepd's pty; 1 when done, 0 (the task still on slurmstepd's pty) when not. The task
+ * leads its session (slurmstepd made it so for --pty): it must give up its terminal first
+ * (TIOCNOTTY), which sends SIGHUP and SIGCONT to the terminal's foreground process group,
+ * its own (ioctl_tty(2)): SIGHUP is ignored meanwhile. */
+static int switch_terminal(int slave)
+{
+    struct sigaction ignore, hup;
+    int r;
+
+    memset(&ignore, 0, sizeof(ignore));
+    ignore.sa_handler = SIG_IGN;
+    sigemptyset(&ignore.sa_mask);
+    if (sigaction(SIGHUP, &ignore, &hup) < 0)
+        return 0;
+    r = ioctl(STDOUT_FILENO, TIOCNOTTY);
+    if (r == 0 && ioctl(slave, TIOCSCTTY, 0) < 0) {
+        (void)ioctl(STDOUT_FILENO, TIOCSCTTY, 0); /* slurmstepd's pty back */
+        r = -1;
+    }
+    sigaction(SIGHUP, &hup, NULL);
+    if (r < 0)
+        return 0;
+    /* Cannot fail with a valid fd; if it did, what the task writes on slurmstepd's pty
+     * would still reach it, uncaptured. */
+    (void)dup2(slave, STDIN_FILENO);
+    (void)dup2(slave, STDOUT_FILENO);
+    (void)dup2(slave, STDERR_FILENO);
+    return 1;
+}
+
+static int wait_input(int fd, int ms);
+
+/* A task of an `srun --pty` step (docs/architecture.md, "Interactive steps"): with a
+ * .logoptin, start the capture process as for any task and send it the spool root
+ * ("S<path>\n"). It answers "n" (`interactive: true` not asked for, or it cannot capture:
+ * then it said why on the terminal) or "i" with the slave of a pty of its own, which
+ * becomes the task's terminal (switch_terminal); the capture process then holds slurmstepd's
+ * pty and relays it (logcapture/slurm/interactive.py). "Y" or "N" tells it which. */
+static void interactive_task(spank_t sp)
+{
+    char hello[sizeof(spool_root) + 3], answer;
+    uint32_t job = 0, step = 0, task = 0;
+    int local = 0, sv[2], fds[2] = {-1, -1}, n, len, ok;
+
+    if (!optin_exists(sp))
+        return;
+    if (spank_get_item(sp, S_JOB_ID, &job) != ESPANK_SUCCESS
+        || spank_get_item(sp, S_JOB_STEPID, &step) != ESPANK_SUCCESS
+        || spank_get_item(sp, S_TASK_GLOBAL_ID, &task) != ESPANK_SUCCESS
+        || spank_get_item(sp, S_TASK_ID, &local) != ESPANK_SUCCESS) {
+        slurm_error("logcapture_task: job, step or task id unknown; task not captured");
+        return;
+    }
+    if (!captured_step(step))
+        return;
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0) {
+        slurm_error("logcapture_task: %u.%u task %u not captured: socketpair: %m",
+                    job, step, task);
+        return;
+    }
+    if (start_capture(sp, sv[1], job, step, task, local) < 0) {
+        slurm_error("logcapture_task: %u.%u task %u not captured: cannot start %s: %m",
+                    job, step, task, python);
+        close(sv[0]);
+        close(sv[1]);
+        return;
+    }
+    close(sv[1]);
+    len = snprintf(hello, sizeof(hello), "S%s\n", spool_root);
+    if (send(sv[0], hello, (size_t)len, MSG_NOSIGNAL) == len
+        && wait_input(sv[0], READY_TIMEOUT_MS) > 0
+        && recv(sv[0], &answer, 1, MSG_PEEK) == 1 && answer == 'n') {
+        close(sv[0]); /* not asked for, or it said on the terminal why it cannot */
+        return;
+    }
+    n = receive_slaves(sv[0], fds);
+    if (n == 0) {
+        slurm_error("logcapture_task: %u.%u task %u not captured: the capture process "
+                    "(%s -I -m logcapture slurm task) did not start", job, step, task, python);
+        close(sv[0]);
+        return;
+    }
+    ok = switch_terminal(fds[0]);
+    close(fds[0]);
+    if (n > 1)
+        close(fds[1]);
+    answer = ok ? 'Y' : 'N';
+    (void)send(sv[0], &answer, 1, MSG_NOSIGNAL);
+    close(sv[0]);
+    if (!ok)
+        slurm_error("logcapture_task: %u.%u task %u not captured: its terminal could not be "
+                    "switched: %m", job, step, task);
+}
+
 int slurm_spank_task_init(spank_t sp, int ac, char **av)
 {
     char optin[8], port[16];
@@ -228,6 +348,16 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
     (void)av;
     if (!spank_remote(sp) || python[0] == '\0')
         return ESPANK_SUCCESS;
+    /* srun --pty: the task has a terminal of its own, captured only when the user asks,
+     * whether or not the job is a captured batch job (interactive_task). A terminal without
+     * SLURM_PTY_PORT is slurmstepd's for unbuffered output (srun -u, or --pty that srun
+     * disregarded because its stdout is no terminal, as in a batch script): its output goes
+     * through srun as any step's, and the task is captured below. */
+    if (isatty(STDOUT_FILENO)
+        && spank_getenv(sp, "SLURM_PTY_PORT", port, sizeof(port)) == ESPANK_SUCCESS) {
+        interactive_task(sp);
+        return ESPANK_SUCCESS;
+    }
     /* Its value (the job's spool directory) is the Python side's business: too long for the
      * buffer (ESPANK_NOSPACE) is there all the same. */
     found = spank_getenv(sp, OPTIN_VAR, optin, sizeof(optin));
@@ -241,13 +371,6 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
         return ESPANK_SUCCESS;
     }
     if (!captured_step(step))
-        return ESPANK_SUCCESS;
-    /* srun --pty: the task has a terminal of its own; an interactive step is left as it is.
-     * A terminal without SLURM_PTY_PORT is slurmstepd's for unbuffered output (srun -u, or
-     * --pty that srun disregarded because its stdout is no terminal, as in a batch script):
-     * its output goes through srun as any step's, and the task is captured. */
-    if (isatty(STDOUT_FILENO)
-        && spank_getenv(sp, "SLURM_PTY_PORT", port, sizeof(port)) == ESPANK_SUCCESS)
         return ESPANK_SUCCESS;
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0) {
         slurm_error("logcapture_task: %u.%u task %u not captured: socketpair: %m",
