@@ -163,13 +163,14 @@ def main(argv: list[str] | None = None) -> None:
         task = parse_task(args)
         if task is not None:
             from .runner.exits import leave
-            from .slurm.task import task_main
+            from .slurm.interactive import task_capture
 
             # As cli.slurm_commands.slurm_task calls it; then without the interpreter's
             # teardown: the run is written and the worker reaped, and the exit closes the
             # status connection the plugin waits on.
-            leave(task_main(task["sock_fd"], task["step"], task["rank"], task["local_rank"],
-                            task["task_pid"], list(task["command"]), task["job"]))
+            capture = task_capture(os.environ)
+            leave(capture(task["sock_fd"], task["step"], task["rank"], task["local_rank"],
+                          task["task_pid"], list(task["command"]), task["job"]))
             return
         from .cli import main as cli_main
 

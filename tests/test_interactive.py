@@ -88,3 +88,39 @@ def test_the_job_spool_must_be_the_user_s_directory(tmp_path: Path) -> None:
     (root / "77").unlink()
     (root / "77").mkdir()
     assert I.job_spool(env, str(root)) == root / "77"
+
+
+def test_both_starts_of_slurm_task_choose_the_capture_by_the_same_rule(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plugin's command line is read by entry.main's fast path and, when that leaves it
+    to click, by cli.slurm_commands: both must start the interactive capture in an
+    ``srun --pty`` task (the plugin speaks another protocol there)."""
+    from logcapture import entry
+    from logcapture.cli import main as cli_main
+    from logcapture.runner import exits
+    from logcapture.slurm import task
+
+    master, slave = os.openpty()
+    try:
+        assert I.task_capture({"SLURM_PTY_PORT": "4000"}, slave) is I.interactive_main
+        assert I.task_capture({}, slave) is task.task_main
+    finally:
+        os.close(master)
+        os.close(slave)
+
+    called: list[tuple] = []
+    monkeypatch.setattr(I, "interactive_main", lambda *a: called.append(a) or 5)
+    monkeypatch.setattr(I, "is_interactive", lambda env, fd=1: True)
+
+    def leave(code: int) -> None:
+        raise SystemExit(code)
+
+    monkeypatch.setattr(exits, "leave", leave)
+    args = ["slurm", "task", "--socket", "3", "--step", "0", "--rank", "1", "--job", "9",
+            "--local-rank", "0", "--task-pid", "42", "bash"]
+    for start in (entry.main, cli_main):
+        with pytest.raises(SystemExit) as ended:
+            start(args if start is entry.main else args + ["-i"])
+        assert ended.value.code == 5
+    assert called == [(3, "0", "1", "0", 42, ["bash"], "9"),
+                      (3, "0", "1", "0", 42, ["bash", "-i"], "9")]

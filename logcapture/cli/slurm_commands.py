@@ -55,11 +55,10 @@ def slurm_task(sock_fd: int, step: str, rank: str, job: str, local_rank: str, ta
     """Capture one task of a job step as a run of its job (run id JOB.STEP.RANK). Started
     by the logcapture_task SPANK plugin in each task of an opted-in job's steps, as the
     job's user (docs/admin.md); not for interactive use."""
-    from ..slurm.interactive import interactive_main, is_interactive
-    from ..slurm.task import task_main
+    from ..slurm.interactive import task_capture
 
-    main = interactive_main if is_interactive(dict(os.environ)) else task_main
-    sys.exit(main(sock_fd, step, rank, local_rank, task_pid, list(command), job))
+    capture = task_capture(os.environ)
+    sys.exit(capture(sock_fd, step, rank, local_rank, task_pid, list(command), job))
 
 
 @slurm_group.command(name="sampler")

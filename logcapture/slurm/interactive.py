@@ -39,10 +39,21 @@ ANSWER_WAIT = 10.0  # seconds for the plugin's answer once the slave was sent
 PTY_VAR = "SLURM_PTY_PORT"  # srun --pty: slurmstepd relays the task's pty to srun
 
 
-def is_interactive(env: dict[str, str], fd: int = 1) -> bool:
+def is_interactive(env: dict[str, str] | os._Environ[str], fd: int = 1) -> bool:
     """A task of an ``srun --pty`` step: ``SLURM_PTY_PORT`` and a terminal on stdout, the
     plugin's own test (a terminal without it is slurmstepd's for ``srun -u``)."""
     return bool(env.get(PTY_VAR)) and os.isatty(fd)
+
+
+def task_capture(env: dict[str, str] | os._Environ[str], fd: int = 1) -> Callable[..., int]:
+    """The capture of this task, for both ways ``logcapture slurm task`` starts (the fast
+    path in ``entry.main`` and click's ``cli.slurm_commands.slurm_task``):
+    ``interactive_main`` in a task of an ``srun --pty`` step, else ``slurm.task.task_main``."""
+    if is_interactive(env, fd):
+        return interactive_main
+    from .task import task_main
+
+    return task_main
 
 
 def _receive(plugin: socket.socket, timeout: float, limit: int = 4096) -> bytes:
