@@ -621,6 +621,8 @@ def _start_sampler(run_id: str, interval: float, env: dict[str, str], spool: Spo
         job = JobCollector(root_pid=root, cgroup_path=find_job_cgroup(root),
                            exclude_pids={root, os.getpid()},
                            cpus_allocated=cpus_allocated_from_env(env))
+        if enabled:  # imported now, as the rest of the worker's modules (gc.freeze)
+            job.psutil  # noqa: B018
         gpu = GpuCollector(job_gpus=job_gpus_from_env(env), pids_fn=job.pids)
         inventory = take_inventory(env=env, gpu=gpu, warn=inventory_warnings.append)
     except Exception as e:  # noqa: BLE001

@@ -190,7 +190,8 @@ def test_parse_task_reads_the_plugins_command_line_and_leaves_the_rest_to_click(
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the task's status comes from root (slurmstepd)")
 def test_logcapture_slurm_task_starts_without_click(tmp_path: Path) -> None:
-    """The plugin's ``logcapture slurm task`` never imports click or the CLI: it opens the
+    """The plugin's ``logcapture slurm task`` never imports click, the CLI or psutil (it does
+    not sample; its worker included, as its imports go to the same stderr): it opens the
     task's pty, hands the slave over, captures what the task writes, takes the status from
     root, answers, and exits (end of file on the status connection)."""
     import socket
@@ -239,6 +240,7 @@ def test_logcapture_slurm_task_starts_without_click(tmp_path: Path) -> None:
                 if line.startswith("import time:")}
     assert "logcapture.slurm.task" in imported
     assert "click" not in imported and "logcapture.cli" not in imported
+    assert "psutil" not in imported  # a task's capture does not sample (slurm.task)
     run = spool / "999998.0.5"
     assert [x.text for x in iter_run(run) if x.kind == "line"] == ["hello from rank 5"]
     end = [x.to_dict() for x in iter_run(run) if x.kind == "end"]

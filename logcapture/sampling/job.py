@@ -26,8 +26,6 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
-import psutil as _psutil
-
 TYPE_CHECKING = False  # not typing's: importing typing costs every job ~8 ms (records.py)
 if TYPE_CHECKING:
     from typing import Any
@@ -120,7 +118,7 @@ class JobCollector:
 
     def __init__(self, root_pid: int | None = None, cgroup_path: str | Path | None = None, *,
                  proc_root: str | Path = "/proc", clock: Callable[[], float] = time.monotonic,
-                 cpus_allocated: int | None = None, psutil: Any = _psutil,
+                 cpus_allocated: int | None = None, psutil: Any = None,
                  exclude_pids: Iterable[int] = (), read_pss: bool = True):
         self.root_pid = root_pid
         self.proc_root = Path(proc_root)
@@ -128,7 +126,7 @@ class JobCollector:
         self._children_files: bool | None = None  # /proc/<pid>/task/<tid>/children present?
         self.cgroup_path = Path(cgroup_path) if cgroup_path is not None else None
         self.clock = clock
-        self.psutil = psutil
+        self._psutil = psutil  # None: imported when first needed (psutil)
         self.exclude_pids = set(exclude_pids)
         if cpus_allocated is None:
             cpus_allocated = cpus_allocated_from_env({}, root_pid or 0)
@@ -150,6 +148,16 @@ class JobCollector:
         self._unreadable = 0
         self._vanished: set[int] = set()
         self._denied: set[int] = set()
+
+    @property
+    def psutil(self) -> Any:
+        """The ``psutil`` module given, or psutil itself, imported on first use: ~10 ms of
+        CPU that a capture without sampling (each task of a step) never needs."""
+        if self._psutil is None:
+            import psutil
+
+            self._psutil = psutil
+        return self._psutil
 
     def _warn(self, key: str, message: str) -> None:
         if key not in self._warned:
