@@ -149,6 +149,8 @@ def parse_bar(text: str) -> BarState | None:
 
 
 def _tqdm(text: str) -> BarState | None:
+    if "%|" not in text:  # in every match: a miss costs no scan of the pattern
+        return None
     m = _TQDM.match(text)
     if m is None:
         return None
@@ -167,6 +169,8 @@ def _tqdm(text: str) -> BarState | None:
 
 
 def _tqdm_no_total(text: str) -> BarState | None:
+    if " [" not in text:  # in every match
+        return None
     m = _TQDM_NO_TOTAL.match(text)
     if m is None:
         return None
@@ -197,6 +201,8 @@ def _rich(text: str) -> BarState | None:
 
 
 def _keras(text: str) -> BarState | None:
+    if "/" not in text:  # in every match (n/total)
+        return None
     m = _KERAS.match(text)
     if m is None or int(m["n"]) > int(m["total"]):
         return None
@@ -210,6 +216,8 @@ def _keras(text: str) -> BarState | None:
 
 
 def _wget(text: str) -> BarState | None:
+    if "%[" not in text:  # in every match
+        return None
     m = _WGET.match(text)
     if m is None:
         return None
@@ -222,6 +230,8 @@ def _wget(text: str) -> BarState | None:
 
 
 def _counter(text: str) -> BarState | None:
+    if "/" not in text:  # in every match
+        return None
     for m in _COUNTER.finditer(text):
         n, total = int(m["n"]), int(m["total"])
         if 0 <= n <= total and total > 0:

@@ -353,3 +353,28 @@ def test_a_committed_bar_drawn_again_is_the_same_bar() -> None:
     assert [(p.bar, p.state.label, p.state.n, p.done) for p in points] == [
         (0, "Epoch 0/1", 200, False), (0, "Epoch 0/1", 313, True),
         (1, "Epoch 1/1", 20, False), (1, "Epoch 1/1", 20, True)]
+
+
+# The literal each parser tests before its pattern (progress.py): it must be in every text the
+# pattern matches, or the test would drop a bar the pattern finds.
+_LITERALS = [("_TQDM", "%|"), ("_TQDM_NO_TOTAL", " ["), ("_KERAS", "/"), ("_WGET", "%["),
+             ("_COUNTER", "/")]
+
+
+@pytest.mark.parametrize(("pattern", "literal"), _LITERALS)
+def test_each_parsers_literal_is_in_every_match(pattern: str, literal: str) -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from logcapture import progress
+
+    compiled = getattr(progress, pattern)
+    alphabet = st.sampled_from(list("0123456789 :%|[]/<>,.?=-sitkMB/abc\u2501"))
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.one_of(st.from_regex(compiled), st.text(alphabet, max_size=60)))
+    def check(text: str) -> None:
+        if compiled.search(text) is not None:
+            assert literal in text, text
+
+    check()
