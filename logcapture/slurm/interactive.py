@@ -82,20 +82,13 @@ def asked(env: dict[str, str]) -> bool:
 def job_spool(env: dict[str, str], spool_root: str) -> Path | None:
     """The job's spool directory under the system spool root (the plugin's ``spool_root=``,
     else ``$LOGCAPTURE_SPOOL_ROOT``, else the default), when it is a directory of this
-    user's, as the prolog makes it; else None."""
-    import stat
-
+    user's (``slurm.task.own_directory``), as the prolog makes it; else None."""
     from ..spool.layout import default_root
+    from .task import own_directory
 
     root = default_root(env, process="slurm", configured=spool_root or None)
     job_dir = root / env.get("SLURM_JOB_ID", "-")
-    try:
-        st = os.lstat(job_dir)
-    except OSError:
-        return None
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
-        return None
-    return job_dir
+    return job_dir if own_directory(job_dir) else None
 
 
 def outer_terminal() -> int:

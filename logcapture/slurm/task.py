@@ -90,20 +90,25 @@ def het_group(env: dict[str, str], component: str) -> str | None:
     return None
 
 
+def own_directory(path: str | Path) -> bool:
+    """Whether ``path`` is a directory (not a link to one) of this process's user: the rule
+    for a job's spool directory, which the prolog makes for the job's user on every node."""
+    import stat
+
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid()
+
+
 def job_spool(env: dict[str, str]) -> Path | None:
     """The job's spool directory the wrapper exported, when it is a directory of this user's
-    (the prolog makes it on every node of the job); else None."""
-    import stat
+    (``own_directory``); else None."""
     from pathlib import Path
 
     value = env.get(TASKS_VAR, "")
-    if not value.startswith("/"):
-        return None
-    try:
-        st = os.lstat(value)
-    except OSError:
-        return None
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+    if not value.startswith("/") or not own_directory(value):
         return None
     return Path(value)
 
