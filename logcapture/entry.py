@@ -16,8 +16,8 @@ reports them (``errors.failure``, shared by both). The capture itself is
 captured step, and the task's program waits for it to be ready: importing click and the CLI
 was a third of its CPU until then (90-99 ms without them 60-68 ms, measured from a regular
 install; docs/performance.md). Its command line is parsed here the same way
-(``parse_task``, compared with click's in ``tests/test_entry.py``) and
-``slurm.task.task_main`` called at once; it ends without the interpreter's teardown
+(``parse_task``, compared with click's in ``tests/test_entry.py``) and the task's capture
+(``slurm.interactive.task_capture``) called at once; it ends without the interpreter's teardown
 (``runner.exits.leave``), which slurmstepd would wait for at the step's end, one task after
 another (7 ms, 1 ms without).
 """
