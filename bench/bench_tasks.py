@@ -81,9 +81,10 @@ def step_seconds(out: Path) -> float:
     return float(t1) - float(t0)
 
 
-def task_usage(spool: Path, job: str) -> list[tuple[float, float]]:
-    """Each task run's capture CPU over its duration (a share of one core) and its capture
-    processes' peak resident size (MiB), from its End record."""
+def task_usage(spool: Path, job: str) -> list[tuple[float, float, float, float]]:
+    """Each task run's capture CPU over its duration (a share of one core), its capture
+    processes' peak resident size (MiB), and its reader's and its worker's CPU (ms), from its
+    End record."""
     from logcapture.spool.reading import iter_run
 
     usage = []
@@ -93,7 +94,8 @@ def task_usage(spool: Path, job: str) -> list[tuple[float, float]]:
                 d = rec.to_dict()
                 capture = d["counts"].get("capture", {})
                 usage.append((capture.get("cpu_ms", 0) / 1000 / max(d["duration"], 1e-9),
-                              capture.get("max_rss_kib", 0) / 1024))
+                              capture.get("max_rss_kib", 0) / 1024,
+                              capture.get("reader_cpu_ms", 0), capture.get("worker_cpu_ms", 0)))
     return usage
 
 
@@ -155,7 +157,8 @@ def main() -> int:
             work = home / "bench-work.py"
             work.write_text(WORK[name])
             os.chown(work, b.pw.pw_uid, b.pw.pw_gid)
-            r = results[name] = {f"{what} {key}": [] for what in ("step", "job", "cpu", "rss")
+            r = results[name] = {f"{what} {key}": [] for what in ("step", "job", "cpu", "rss",
+                                                                  "reader", "worker")
                                  for key in cases}
             for i in range(args.rounds):
                 for key in cases:
@@ -168,8 +171,8 @@ def main() -> int:
                     if key != "off":
                         usage = task_usage(b.dir / "spool", b.last_job)
                         assert len(usage) == TASKS, f"{len(usage)} task runs, not {TASKS}"
-                        r[f"cpu {key}"].extend(cpu for cpu, _ in usage)
-                        r[f"rss {key}"].extend(rss for _, rss in usage)
+                        for j, what in enumerate(("cpu", "rss", "reader", "worker")):
+                            r[f"{what} {key}"].extend(u[j] for u in usage)
                         shutil.rmtree(b.dir / "spool" / b.last_job, ignore_errors=True)
                     out.unlink(missing_ok=True)
                 print(f"{name} round {i + 1}: step " + ", ".join(
@@ -182,7 +185,8 @@ def main() -> int:
 
     print(f"\n{'workload':10} {'plugin':7} {'step off':>9} {'step on':>8} {'ratio':>6} "
           f"{'job off':>8} {'job on':>7} {'ratio':>6} {'capture CPU/task':>27} "
-          f"{'capture RSS':>12}   ({TASKS} tasks, {args.rounds} rounds, medians, seconds)")
+          f"{'capture RSS':>12} {'reader':>7} {'worker':>7}   ({TASKS} tasks, {args.rounds} "
+          "rounds, medians, seconds; reader and worker: CPU ms a task)")
     for name, r in results.items():
         m = {k: statistics.median(v) for k, v in r.items() if v}
         for key in cases[1:]:
@@ -191,7 +195,8 @@ def main() -> int:
                   f"{m['job off']:8.2f} {m[f'job {key}']:7.2f} "
                   f"{m[f'job {key}'] / m['job off']:6.3f} {100 * m[f'cpu {key}']:8.2f} % (max "
                   f"{100 * max(r[f'cpu {key}']):5.2f} %) {m[f'rss {key}']:6.1f} MiB (max "
-                  f"{max(r[f'rss {key}']):.1f})")
+                  f"{max(r[f'rss {key}']):.1f}) {m[f'reader {key}']:7.0f} "
+                  f"{m[f'worker {key}']:7.0f}")
     return 0
 
 
