@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -84,6 +85,9 @@ def test_logcapture_run_starts_without_click(tmp_path: Path) -> None:
     # Neither process (the wrapper, the forked capture worker: both log here) imports typing
     # or dataclasses (inspect): ~25-35 ms of CPU at every start (records.py).
     assert not imported & {"typing", "dataclasses", "inspect"}, imported
+    # The closed segment is compressed with ISA-L: the standard library's gzip (~0.7 ms) is
+    # only its fallback (spool.layout.gzip_compress).
+    assert "gzip" not in imported or importlib.util.find_spec("isal") is None
     assert [x.text for x in iter_run(spool / "e1") if x.kind == "line"] == ["out"]
 
     r = subprocess.run([sys.executable, "-m", "logcapture", "run", "--mode", "loud", "true"],
@@ -241,6 +245,7 @@ def test_logcapture_slurm_task_starts_without_click(tmp_path: Path) -> None:
     assert "logcapture.slurm.task" in imported
     assert "click" not in imported and "logcapture.cli" not in imported
     assert "psutil" not in imported  # a task's capture does not sample (slurm.task)
+    assert "gzip" not in imported or importlib.util.find_spec("isal") is None
     run = spool / "999998.0.5"
     assert [x.text for x in iter_run(run) if x.kind == "line"] == ["hello from rank 5"]
     end = [x.to_dict() for x in iter_run(run) if x.kind == "end"]
