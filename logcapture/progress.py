@@ -76,46 +76,50 @@ def _scaled(number: str, prefix: str) -> float:
     return float(number) * _SCALE.get(prefix, 1.0)
 
 
+# Each shape's pattern is kept as its source and compiled by ``re`` at its first use (re
+# keeps what it compiled): compiling all eight cost ~2 ms at the start of every capture
+# worker, and most jobs draw no bar, or bars of one shape (each parser tests a literal its
+# pattern needs before it matches: most lines never reach one).
 # tqdm's default format (tqdm.format_meter): "{l_bar}{bar}| {n_fmt}/{total_fmt}
 # [{elapsed}<{remaining}, {rate_fmt}{postfix}]" where l_bar is "{desc}: {percentage:3.0f}%|";
 # without a total "{desc}: {n_fmt}{unit} [{elapsed}, {rate_fmt}{postfix}]". rate_fmt is
 # "{rate}{unit}/s", or "{1/rate}s/{unit}" below one a second, or "?{unit}/s" before the first.
-_TQDM = re.compile(
+_TQDM = (
     rf"^(?:(?P<label>.*?): )?\s*(?P<pct>\d+)%\|[^|]*\| ?(?P<n>{_NUM})(?P<np>[kMGTPEZY]?)/"
     rf"(?P<total>{_NUM})(?P<tp>[kMGTPEZY]?) \[(?P<elapsed>[\d:]+)<[\d:?]+, *"
     rf"(?:(?P<rate>{_NUM})(?P<rp>[kMGTPEZY]?)|\?)(?P<rest>\S*?)(?:,|\]|$)")
-_TQDM_NO_TOTAL = re.compile(
+_TQDM_NO_TOTAL = (
     rf"^(?:(?P<label>.*?): )?(?P<n>{_NUM})(?P<np>[kMGTPEZY]?)(?P<unit>[A-Za-z]*) "
     rf"\[(?P<elapsed>[\d:]+), *(?:(?P<rate>{_NUM})(?P<rp>[kMGTPEZY]?)|\?)(?P<rest>\S*?)"
     r"(?:,|\]|$)")
 # rich's default columns: "{description} {bar} {percentage:>3.0f}% {time_remaining}"; the bar
 # is drawn with U+2501/U+2578/U+257A (and U+2500 on a terminal without Unicode it still is).
-_RICH = re.compile(r"^(?P<label>.*?)\s*[━╸╺─]{3,}\s+(?P<pct>\d+)%\s+(?:-:--:--|[\d:]+)\s*$")
+_RICH = r"^(?P<label>.*?)\s*[━╸╺─]{3,}\s+(?P<pct>\d+)%\s+(?:-:--:--|[\d:]+)\s*$"
 # pip (rich, DownloadColumn, TransferSpeedColumn): "━━━ 19.0/60.0 MB 97.0 MB/s eta 0:00:01",
 # the last state "60.0/60.0 MB 97.3 MB/s  0:00:00" (elapsed).
-_PIP = re.compile(
+_PIP = (
     rf"^(?P<label>.*?)\s*[━╸╺─]{{3,}}\s+(?P<n>{_NUM})/(?P<total>{_NUM}) (?P<unit>[kMGT]?B)"
     rf"(?: (?:(?P<rate>{_NUM}) (?P<rp>[kMGT]?)B/s|\?))?(?:\s+(?P<eta>eta)?\s*"
     r"(?P<clock>-:--:--|[\d:]+))?\s*$")
 # Lightning's RichProgressBar: "Epoch 1/1  ━━━━━━ 313/313 0:00:01 • 0:00:00 284.63it/s
 # train_loss: 0.657" (count, elapsed • remaining, rate, metrics).
-_LIGHTNING = re.compile(
+_LIGHTNING = (
     rf"^(?P<label>.*?)\s*[━╸╺─]{{3,}}\s+(?P<n>\d+)/(?P<total>\d+|\?)\s+(?P<elapsed>[\d:]+)\s+"
     rf"•\s+(?:-:--:--|[\d:]+)(?:\s+(?P<rate>{_NUM})(?P<unit>[A-Za-z]*)/s)?")
 # Keras 3 (keras.utils.Progbar): "45/100 ━━━━━━ 1s 12ms/step - loss: 0.3"; the time is the
 # remaining time while it runs and the elapsed time at the end. Keras 2: "45/100 [====>....]
 # - ETA: 1s - loss: 0.3", at the end "100/100 [====] - 2s 15ms/step - loss: 0.2".
-_KERAS = re.compile(
+_KERAS = (
     rf"^(?P<label>.*?)\s*(?P<n>\d+)/(?P<total>\d+) (?:[━─]+|\[[=>.]*\])"
     rf"(?:\s+-)?\s+(?:(?P<eta>ETA: )?(?P<time>(?:\d+:)*{_NUM}(?:s|ms|us)?))?"
     rf"(?:\s+(?P<per>{_NUM})(?P<pu>s|ms|us)/(?P<what>step|sample))?(?P<rest>.*)$")
 # wget's bar: "name   45%[=====>      ]  45.20M  12.3MB/s    eta 3s" (binary prefixes; the last
 # state "in 2.1s", the time it took); a name longer than its place scrolls through it.
-_WGET = re.compile(
+_WGET = (
     rf"^(?P<label>.*?)\s+(?P<pct>\d+)%\[[=> ]*\]\s+(?P<n>{_NUM})(?P<np>[KMGT]?)\s+"
     rf"(?:(?P<rate>{_NUM})(?P<rp>[KMGT]?)B/s|--\.-KB/s)(?:\s+(?:eta|in) (?P<t>[\dhms. ]+))?\s*$")
 # A counter with a total anywhere in a line: "label 45/100" (the first n/total with n <= total).
-_COUNTER = re.compile(r"(?<![\w./])(?P<n>\d+)\s*/\s*(?P<total>\d+)(?![\w/]|\.\d)")
+_COUNTER = r"(?<![\w./])(?P<n>\d+)\s*/\s*(?P<total>\d+)(?![\w/]|\.\d)"
 _A_DIGIT = re.compile(r"\d")
 _TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
 
@@ -151,7 +155,7 @@ def parse_bar(text: str) -> BarState | None:
 def _tqdm(text: str) -> BarState | None:
     if "%|" not in text:  # in every match: a miss costs no scan of the pattern
         return None
-    m = _TQDM.match(text)
+    m = re.match(_TQDM, text)
     if m is None:
         return None
     rate = None
@@ -171,7 +175,7 @@ def _tqdm(text: str) -> BarState | None:
 def _tqdm_no_total(text: str) -> BarState | None:
     if " [" not in text:  # in every match
         return None
-    m = _TQDM_NO_TOTAL.match(text)
+    m = re.match(_TQDM_NO_TOTAL, text)
     if m is None:
         return None
     rate = _scaled(m["rate"], m["rp"]) if m["rate"] is not None else None
@@ -182,13 +186,13 @@ def _tqdm_no_total(text: str) -> BarState | None:
 def _rich(text: str) -> BarState | None:
     if "\u2501" not in text and "\u2500" not in text and "\u2578" not in text:
         return None
-    m = _LIGHTNING.match(text)
+    m = re.match(_LIGHTNING, text)
     if m:
         total = float(m["total"]) if m["total"] != "?" else None
         rate = float(m["rate"]) if m["rate"] is not None else None
         return BarState(_label(m["label"]), float(m["n"]), total, m["unit"] or "it", rate,
                         _clock(m["elapsed"]))
-    m = _PIP.match(text)
+    m = re.match(_PIP, text)
     if m:
         scale = _SCALE.get(m["unit"][:-1], 1.0)
         rate = (float(m["rate"]) * _SCALE.get(m["rp"], 1.0) / scale
@@ -196,14 +200,14 @@ def _rich(text: str) -> BarState | None:
         elapsed = _clock(m["clock"]) if m["clock"] and not m["eta"] else None
         return BarState(_label(m["label"]), float(m["n"]), float(m["total"]), m["unit"],
                         rate, elapsed)
-    m = _RICH.match(text)
+    m = re.match(_RICH, text)
     return BarState(_label(m["label"]), float(m["pct"]), 100.0, "%") if m else None
 
 
 def _keras(text: str) -> BarState | None:
     if "/" not in text:  # in every match (n/total)
         return None
-    m = _KERAS.match(text)
+    m = re.match(_KERAS, text)
     if m is None or int(m["n"]) > int(m["total"]):
         return None
     rate = elapsed = None
@@ -218,7 +222,7 @@ def _keras(text: str) -> BarState | None:
 def _wget(text: str) -> BarState | None:
     if "%[" not in text:  # in every match
         return None
-    m = _WGET.match(text)
+    m = re.match(_WGET, text)
     if m is None:
         return None
     pct = int(m["pct"])
@@ -232,7 +236,7 @@ def _wget(text: str) -> BarState | None:
 def _counter(text: str) -> BarState | None:
     if "/" not in text:  # in every match
         return None
-    for m in _COUNTER.finditer(text):
+    for m in re.finditer(_COUNTER, text):
         n, total = int(m["n"]), int(m["total"])
         if 0 <= n <= total and total > 0:
             label = text[:m.start()].strip(" :[(-")
