@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 from helpers import agent_until_shipped
 
+from logcapture.ownership import trusted_identity
 from logcapture.records import End, Line, Sample, Start
 from logcapture.sampling.node import (
     NodeJobCollector,
@@ -459,6 +460,36 @@ def test_epilog_ships_with_the_trusted_identity_and_removes_the_spool(root: Path
     assert [(x["run"], x["owner"], x["uid"], x["job_id"]) for x in found["runs"]] == [
         ("4242", "nobody", NOBODY.pw_uid, "4242")]
     assert found["lines"] == ["hello", "second"]
+
+
+@root_only
+def test_epilog_of_a_later_component_keeps_and_ships_the_first_components_task_runs(
+        root: Path) -> None:
+    """A heterogeneous job's component 1 (job 4243 to Slurm) on a node of its own: its tasks'
+    runs are named after the job (4242.0.R) in 4243's directory (slurm.task.job_spool)."""
+    env = _hook_env(root, job_id="4243", SLURM_HET_JOB_ID="4242")
+    hooks.prolog(env)
+    assert jobrecords.read_job_record(str(root), "4243")["het_job_id"] == "4242"
+    for run in ("4242.0.1", "4244.0.0"):  # the job's task, and one not of this job
+        run_dir = root / "4243" / run
+        run_dir.mkdir(mode=0o700)
+        w = SpoolWriter(run_dir, flush_interval=0.05, fsync=False)
+        w.write([Start(run=run, stream="run", seq=0, ts=1.0),
+                 Line(run=run, stream="stdout", seq=0, ts=1.0, text="task line")])
+        w.close()
+        for path in [run_dir, *run_dir.iterdir()]:
+            os.chown(path, NOBODY.pw_uid, NOBODY.pw_gid)
+    messages = hooks.epilog(env, state_of=lambda j: {})
+    assert messages == [f"samples left in {root}/.samples/4243 and task run(s) in "
+                        f"{root}/4243 for the agent (no store configured)"]
+    assert (root / "4243" / "4242.0.1").is_dir()  # not removed with the directory
+    names = ["4242.0.1", "4244.0.0", "4241.0.0", "4243.0.0", "4243.1.0.2", "x.0.0"]
+    assert jobrecords._task_run_dirs(names, "4243", "4242") == [
+        "4242.0.1", "4243.0.0", "4243.1.0.2"]
+    assert jobrecords._task_run_dirs(names, "4243") == ["4243.0.0", "4243.1.0.2"]
+    # and the rows of what is in 4243's directory are job 4242's
+    ident = trusted_identity(root / "4243" / "4242.0.1")
+    assert (ident.job_id, ident.uid, ident.run) == ("4242", NOBODY.pw_uid, "4242.0.1")
 
 
 @root_only
@@ -994,6 +1025,25 @@ def test_a_task_captures_only_into_a_job_spool_of_its_user(tmp_path: Path) -> No
     assert task.job_spool({"LOGCAPTURE_TASKS": str(tmp_path / "missing")}) is None
     (tmp_path / "link").symlink_to(mine)
     assert task.job_spool({"LOGCAPTURE_TASKS": str(tmp_path / "link")}) is None
+
+
+def test_a_later_components_task_captures_into_its_components_directory(
+        tmp_path: Path) -> None:
+    """Each component of a heterogeneous job is a job to Slurm: on a node of component 1 alone
+    the prolog made <spool_root>/43, not the /42 the batch script's wrapper exported."""
+    from logcapture.slurm import task
+
+    env = {"LOGCAPTURE_TASKS": str(tmp_path / "42"), "SLURM_JOB_ID": "42"}
+    assert task.job_spool(env, "43") is None  # neither directory
+    (tmp_path / "43").mkdir()
+    assert task.job_spool(env, "43") == tmp_path / "43"
+    (tmp_path / "42").mkdir()  # a node of both components: each its own
+    assert task.job_spool(env, "43") == tmp_path / "43"
+    assert task.job_spool(env, "42") == task.job_spool(env) == tmp_path / "42"
+    (tmp_path / "43").rmdir()
+    (tmp_path / "43").symlink_to(tmp_path / "42")  # not the prolog's: the job's own then
+    assert task.job_spool(env, "43") == tmp_path / "42"
+    assert task.job_spool(env, "../x") == tmp_path / "42"
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="slurmstepd's status comes from root")
