@@ -870,29 +870,33 @@ def test_the_prologs_optin_rule_is_logoptin_in_the_passwd_home_in_any_form(
 
 
 @root_only
+@pytest.mark.parametrize("job_id, het", [("4242", ""), ("4243", "4242")])
 def test_prolog_starts_a_detached_node_sampler_and_epilog_stops_and_cleans_it(
-        root: Path, request: pytest.FixtureRequest) -> None:
-    env = _hook_env(root, LOGCAPTURE_SAMPLE_INTERVAL="0.1")
+        root: Path, request: pytest.FixtureRequest, job_id: str, het: str) -> None:
+    """Also for a heterogeneous job's later component (job 4243 to Slurm): its samples are
+    the first component's job's run's (4242), whose node figures they give."""
+    env = _hook_env(root, job_id, LOGCAPTURE_SAMPLE_INTERVAL="0.1",
+                    **({"SLURM_HET_JOB_ID": het} if het else {}))
     # the job's process: the sampler finds it by its user and SLURM_JOB_ID (no cgroup here)
     job = subprocess.Popen(["setpriv", f"--reuid={NOBODY.pw_uid}", f"--regid={NOBODY.pw_gid}",
                             "--clear-groups", "sleep", "60"],
-                           env={"SLURM_JOB_ID": "4242", "PATH": "/usr/bin:/bin"})
+                           env={"SLURM_JOB_ID": job_id, "PATH": "/usr/bin:/bin"})
     request.addfinalizer(lambda: (job.kill(), job.wait()))
     messages = hooks.prolog(env, optin=lambda uid: True)
     assert len(messages) == 1 and messages[0].startswith("node sampler started (pid ")
-    pidfile = root / jobrecords.SAMPLERS_DIR / "4242.pid"
+    pidfile = root / jobrecords.SAMPLERS_DIR / f"{job_id}.pid"
     st = pidfile.stat()
     assert st.st_uid == 0 and stat.S_IMODE(st.st_mode) == 0o644  # the wrapper reads it
     assert stat.S_IMODE((root / jobrecords.SAMPLERS_DIR).stat().st_mode) == 0o755
     pid = int(pidfile.read_text().split()[0])
     try:
         assert os.getsid(pid) == pid  # its own session: the prolog script does not wait
-        assert nodesampler.node_sampler_running(str(root), "4242")
-        assert not nodesampler.node_sampler_running(str(root), "4243")
+        assert nodesampler.node_sampler_running(str(root), job_id)
+        assert not nodesampler.node_sampler_running(str(root), "4244")
         # a copy of the trusted record, for an agent shipping .samples
-        record = jobrecords.read_job_record(str(root / jobrecords.SAMPLES_DIR), "4242")
+        record = jobrecords.read_job_record(str(root / jobrecords.SAMPLES_DIR), job_id)
         assert record["user"] == "nobody"
-        run_dir = root / jobrecords.SAMPLES_DIR / "4242" / "4242"
+        run_dir = root / jobrecords.SAMPLES_DIR / job_id / (het or job_id)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and not _spooled(run_dir):
             time.sleep(0.1)
@@ -902,13 +906,15 @@ def test_prolog_starts_a_detached_node_sampler_and_epilog_stops_and_cleans_it(
         # No run of the wrapper on this node (not the batch node): the samples alone are
         # left for the agent, the user's empty directory goes.
         messages = hooks.epilog(env, state_of=lambda j: {})
-        assert messages == [f"samples left in {root}/.samples/4242 for the agent "
+        assert messages == [f"samples left in {root}/.samples/{job_id} for the agent "
                             "(no store configured)"]
         assert not nodesampler._sampler_alive(pid, nodesampler._proc_start_time(pid)[0] if
-                                        nodesampler._proc_start_time(pid) else 0, "4242")
-        assert not pidfile.exists() and not (root / "4242").exists()
+                                        nodesampler._proc_start_time(pid) else 0, job_id)
+        assert not pidfile.exists() and not (root / job_id).exists()
         samples = _samples(run_dir)
         assert samples and samples[-1].node == "n1" and samples[-1].run == "4242"
+        if het:  # stored as job 4242's
+            assert trusted_identity(run_dir).job_id == "4242"
     finally:
         try:
             os.kill(pid, 9)

@@ -295,7 +295,7 @@ def epilog(env: dict[str, str] | os._Environ[str], *, now: float | None = None,
     try:
         # First the node sampler: its last sample must be in its spool before shipping.
         messages += stop_node_sampler(root_fd, job.job_id, wait=sampler_wait)
-        samples = _sample_runs(root_fd, job.job_id)
+        samples = _sample_runs(root_fd, job.job_id, job.het_job_id)
         job_fd = _open_user_dir(job.job_id, root_fd, job.uid)
         runs: list[str] = []
         tasks: list[str] = []  # the runs of the job's srun tasks on this node

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 
 import pytest
 
@@ -319,6 +320,11 @@ def test_a_heterogeneous_jobs_components_are_shipped_as_one_job(lc: Cluster) -> 
     job = lc.submit(U1, HET, name="het-store")
     assert lc.wait(job, timeout=150)[job.id] == ("COMPLETED", "0:0")
     j, k = job.id, str(int(job.id) + 1)
+    # each component's epilog ships, then removes its directory; J's state can be final
+    # while J+1's epilog still runs
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and any((lc.spool_root / d).exists() for d in (j, k)):
+        time.sleep(0.2)
     for d in (j, k):
         assert not (lc.spool_root / d).exists(), lc.slurm_log()  # shipped, then removed
     out = lc.store_query(
