@@ -143,11 +143,15 @@ def end_state(exit_status: int | None, signal: int | None, job: dict[str, str],
 
 
 def job_end_state(exit_status: int | None, signal: int | None,
-                  env: dict[str, str] | os._Environ[str], timeout: float = 3.0) -> str:
+                  env: dict[str, str] | os._Environ[str], timeout: float = 3.0,
+                  task: bool = False) -> str:
     """``end_state`` of the job in ``env`` (SLURM_JOB_ID), asking slurmctld now: the job
-    wrapper calls it when the job's script has ended, before its End record is written."""
+    wrapper calls it when the job's script has ended, before its End record is written. For
+    a ``task`` of a step that exited by itself (no signal) slurmctld is not asked: only a
+    signal can be Slurm's doing (scancel, a time limit, the OOM killer), and a step of many
+    tasks would otherwise send it one request per task at the moment the step ends."""
     job_id = env.get("SLURM_JOB_ID", "")
-    if not job_id.isdigit():
+    if not job_id.isdigit() or task and signal is None:
         return end_state(exit_status, signal, {})
     restarts = env.get("SLURM_RESTART_COUNT", "")
     return end_state(exit_status, signal, slurm_job(job_id, timeout),
