@@ -9,7 +9,8 @@ to the job's output file through the batch capture's pipes, logcapture.slurm.for
 - empty: `srun -n 4` of a program that does nothing: the fixed cost of a captured step
   (each task's capture process started and ready before the program runs, its run ended
   before slurmstepd lets the step end);
-- flood: `srun -n 4`, each task printing 100,000 lines of 70 characters as fast as it can;
+- flood: `srun -n 4`, each task printing 100,000 lines (``--lines``) of 70 characters as fast
+  as it can;
 - training: `srun -n 4`, each task running bench_runner.py's training-like workload (~1k lines
   a second for 10 s, a progress bar redrawn at 10 Hz, every 10th line a JSON metrics line).
 
@@ -30,7 +31,8 @@ starts in each task (plugstack.conf's ``python=``, read by each step's slurmstep
 the before case has both.
 
     sudo .venv/bin/python bench/bench_tasks.py [--rounds N] [--only empty,flood,training]
-                                               [--before-plugin FILE] [--before-python PY]
+                                               [--lines N] [--before-plugin FILE]
+                                               [--before-python PY]
 
 ``LOGCAPTURE_BIN=DIR`` runs the cluster with the logcapture installed in DIR (slurm/dev-cluster):
 an editable install's import hook costs every capture process's start.
@@ -61,7 +63,7 @@ WHAT = {"off": "without", "on": "with logcapture", "before": "with the --before-
 WORK = {
     "empty": "pass\n",
     "flood": "import sys\nw = sys.stdout.write\n"
-             "for i in range(100000): w(f'task line {i:>8} ' + 'x' * 52 + '\\n')\n",
+             "for i in range({lines}): w(f'task line {{i:>8}} ' + 'x' * 52 + '\\n')\n",
     "training": TRAINING.format(json_every=10),
 }
 JOB = f"""#!/bin/bash
@@ -118,6 +120,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=2, help="jobs per case and workload")
     ap.add_argument("--only", default="empty,flood,training")
+    ap.add_argument("--lines", type=int, default=100_000, help="lines a task of the flood prints")
     ap.add_argument("--before-plugin", type=Path, metavar="FILE",
                     help="also run the opted-in job with this build of the task plugin")
     ap.add_argument("--before-python", metavar="PY",
@@ -155,7 +158,8 @@ def main() -> int:
         out = home / "bench-tasks.out"
         for name in args.only.split(","):
             work = home / "bench-work.py"
-            work.write_text(WORK[name])
+            work.write_text(WORK[name].format(lines=args.lines) if name == "flood"
+                            else WORK[name])
             os.chown(work, b.pw.pw_uid, b.pw.pw_gid)
             r = results[name] = {f"{what} {key}": [] for what in ("step", "job", "cpu", "rss",
                                                                   "reader", "worker")

@@ -300,7 +300,8 @@ def _capture_worker(fd: int, s: WorkerSettings) -> int:
         if s.env.get("SLURM_JOB_ID") and not outcome.spawn_error:
             from .slurm.jobs import job_end_state
 
-            state = job_end_state(outcome.exit_status, outcome.signal, s.env)
+            state = job_end_state(outcome.exit_status, outcome.signal, s.env,
+                                  task="step" in (s.start_fields.get("slurm") or {}))
         usage = end.get("usage")
         pipeline.finish(exit_status=outcome.exit_status, signal=outcome.signal,
                         state=state, duration=outcome.duration, bytes_read=outcome.bytes,

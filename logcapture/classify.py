@@ -15,7 +15,11 @@ It consumes what the filter produced for both output streams (``Rendered`` lines
   other text, no surrounding spaces. Nested objects are flattened to dotted keys
   (``{"a": {"b": 1}}`` -> ``a.b``). What Python's ``json.dumps`` writes is accepted, including
   its ``NaN``, ``Infinity`` and ``-Infinity``. A printed Python dict (single quotes, ``True``,
-  ``None``) is not JSON, so it is an ordinary line.
+  ``None``) is not JSON, so it is an ordinary line. Behind the labels a launcher puts before
+  each line of several processes sharing one terminal (``ranklabel``: torchrun ``--tee``'s
+  ``[default0]:``, ``srun --label``'s ``0: ``, Open MPI's ``[1,0]<stdout>:``), the object is
+  metadata when the label says rank 0 (or local rank 0): the run's metadata stays one
+  process's series, as a task run's is; other ranks' labelled objects stay lines.
 - **Modes**: ``enabled`` keeps lines and metadata (a metadata line is kept as a ``Line`` too),
   ``metadata`` keeps only ``Metadata`` records, ``disabled`` only the commands.
 
@@ -36,6 +40,7 @@ import threading
 from collections.abc import Callable
 from operator import itemgetter
 
+from . import ranklabel
 from .errors import typo_of
 from .records import (
     DISABLED,
@@ -158,6 +163,24 @@ def parse_metadata(text: str) -> dict[str, Any] | None:
     if dict in set(map(type, obj.values())):
         return flatten(obj)
     return obj
+
+
+def metadata_of(text: str) -> dict[str, Any] | None:
+    """``parse_metadata`` of a stdout line, or of the object behind its launcher labels when
+    they say rank 0 (the module docstring); None when it is no metadata line."""
+    if text[:1] == "{":
+        return parse_metadata(text)
+    if text[-1:] != "}" or text[:1] not in ranklabel.STARTS:
+        return None
+    labelled = ranklabel.split(text)
+    if labelled.key not in ranklabel.FIRST:
+        return None
+    return parse_metadata(labelled.text)
+
+
+def _candidate(text: str) -> bool:
+    """Whether a stdout line may be a metadata line (``metadata_of``): the cheap test."""
+    return text[:1] == "{" or text[-1:] == "}" and text[:1] in ranklabel.STARTS
 
 
 def _is_command_attempt(text: str) -> bool:
@@ -438,7 +461,8 @@ class Classifier:
         """The texts of ``items`` and their join by newlines when all are uncut lines without
         a command prefix, found with C-level operations on the joined texts (a command prefix
         or a "{" opening a line cannot hide from these checks), and whether one opens a
-        metadata candidate (``{`` on stdout); None otherwise."""
+        metadata candidate (``{`` on stdout); None otherwise, and for a stdout batch with a
+        labelled object (``[default0]:{``), which goes line by line."""
         try:
             uncut = not any([item.cut for item in items])  # type: ignore[union-attr]
         except AttributeError:  # a Dropped among them
@@ -449,6 +473,9 @@ class Classifier:
         joined = "\n".join(texts)
         if COMMAND_PREFIX in joined or may_hold_marker(joined):
             return None
+        if stream == STDOUT and ("}\n" in joined or joined[-1:] == "}") \
+                and ranklabel.has_labelled_object(joined):
+            return None  # a labelled object: line by line (``metadata_of``)
         return texts, joined, stream == STDOUT and (joined[:1] == "{" or "\n{" in joined)
 
     def _all_plain(self, stream: str, items: list[Rendered | Dropped],
@@ -489,12 +516,12 @@ class Classifier:
                         styles += [()] * (len(run) - len(styles))
                         styles.append(item.style)
                     run.append(text)
-                    if not (json_stream and text[:1] == "{"):
+                    if not (json_stream and _candidate(text)):
                         continue
                     # A metadata candidate: kept as a line in any case (mode enabled),
                     # followed by its Metadata record when it is one JSON object (the plain
                     # text: a style is beside it).
-                    fields = parse_metadata(text)
+                    fields = metadata_of(text)
                     if fields is None:
                         continue
                     out += self._lines_then_metadata(stream, run, fields, ts, styles)
@@ -599,7 +626,7 @@ class Classifier:
         counts = self.counts[stream]
         fields = None
         if stream == STDOUT and not item.cut and self.mode != DISABLED:
-            fields = parse_metadata(text)
+            fields = metadata_of(text)
         out = []
         if self.mode == ENABLED:
             found = marker(text) if not item.cut else None

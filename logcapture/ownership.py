@@ -66,6 +66,10 @@ def trusted_identity(run_dir: Path, job_record: Mapping[str, object] | None = No
             job_record = None
     if job_record:
         uid, user = job_record.get("uid"), job_record.get("user")
+        # a heterogeneous job's later component: its runs are its first component's job's
+        het = job_record.get("het_job_id")
+        if isinstance(het, str) and het.isdigit():
+            job_id = het
         if isinstance(uid, int) and isinstance(user, str):
             return Identity(run=check_run_id(run_dir.name), user=user, uid=uid,
                             cluster=str(job_record.get("cluster", "")), job_id=job_id)

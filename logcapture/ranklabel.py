@@ -87,6 +87,18 @@ def split(text: str) -> Labelled:
     return Labelled(rank, local, text[pos:] if pos else text)
 
 
+# A line that is launcher labels before a JSON object's opening brace (``[default0]:{``).
+_LABELLED_OBJECT = re.compile(rf"(?m)^(?:{_LABEL.pattern}){{1,{MAX_LABELS}}}\{{")
+FIRST = frozenset({"0", "local 0"})  # the keys of rank 0's lines (``Labelled.key``)
+
+
+def has_labelled_object(text: str) -> bool:
+    """Whether a line of ``text`` (lines joined by newlines) is launcher labels before a
+    JSON object (``[default0]:{...}``, `` 0: {...}``). Each label ends in ``:`` (and maybe a
+    space) before the brace: text without ``:{`` or ``: {`` is let go without the pattern."""
+    return (":{" in text or ": {" in text) and _LABELLED_OBJECT.search(text) is not None
+
+
 def rank_key(rank: int | None, local_rank: int | None = None) -> str | None:
     """``Labelled.key`` for a rank known otherwise (a task run's ``SLURM_PROCID``)."""
     return Labelled(rank, local_rank, "").key

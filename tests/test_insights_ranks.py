@@ -214,3 +214,67 @@ def test_every_launchers_label_attributes_a_traceback_to_its_rank(label: str) ->
     who = "local rank 1" if "default" in label else "rank 1"
     assert found["python-exception"].message.startswith(f"ValueError on {who}: shard 7")
     assert "(a consequence" in found["other-ranks"].message
+
+
+SLURM = Path(__file__).parent / "captured" / "slurm-h100" / "spool"
+
+
+@pytest.fixture
+def slurm_jobs(lc_env: dict[str, str], spool: Path) -> dict[str, str]:
+    """Jobs 2 and 3 as a real Slurm node's spool held them (tests/captured/slurm-h100)."""
+    import shutil
+    shutil.copytree(SLURM, spool)
+    return lc_env
+
+
+def _job(env: dict[str, str], job: str, *where: str) -> dict:
+    done = lc(["show", job, "--json", *where], env)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_a_job_whose_every_rank_got_an_nccl_error_names_the_first_and_its_cause(
+        slurm_jobs: dict[str, str], tmp_path: Path) -> None:
+    """Job 3: both tasks of `srun -n 2` put NCCL on one GPU; each task's capture found an
+    NCCL error of its own rank (a rank, not the list of ranks a watchdog timeout gives)."""
+    spool = _job(slurm_jobs, "3", "--source", "spool")
+    first, other = spool["insights"][:2]
+    assert first["kind"] == "nccl-error"
+    assert first["message"].startswith(
+        "NCCL error: invalid usage (NCCL 2.28.9): Duplicate GPU detected : rank 0 and rank 1 "
+        "both on CUDA device 60 on rank 0 (node vm) at /home/lcuser1/gpu_train.py:26")
+    assert first["hint"].startswith("NCCL's reason, when it printed one")
+    assert other["kind"] == "other-ranks" and "on rank 1 (node vm)" in other["message"]
+    store = f"chdb://{tmp_path}/store"
+    for run in ("3", "3.0.0", "3.0.1"):
+        assert lc(["upload", "--store", store, run], slurm_jobs).returncode == 0
+    stored = _job(slurm_jobs, "3", "--store", store)
+    assert [i["message"] for i in stored["insights"]] == [i["message"] for i in
+                                                         spool["insights"]]
+
+
+def test_a_job_on_a_real_node_names_the_rank_that_raised_not_the_gloo_error(
+        slurm_jobs: dict[str, str]) -> None:
+    """Job 2: rank 1 raised at step 12; rank 0's all-reduce then lost its peer."""
+    info = _job(slurm_jobs, "2", "--source", "spool")
+    first, other = info["insights"][:2]
+    assert first["message"].startswith("ValueError on rank 1 (node vm): bad batch at step 12")
+    assert other["message"].startswith("also failed after rank 1: RuntimeError on rank 0 "
+                                       "(node vm): ") and other["message"].endswith(
+        "(a consequence)")
+    assert info["x_axis"] == "step" and [r["rank"] for r in info["ranks"]] == [0, 1]
+
+
+def test_torchrun_tee_s_rank_0_objects_are_the_runs_metadata(lc_env: dict[str, str]) -> None:
+    """Real `torchrun --tee 3` output: both workers print a JSON line per step behind their
+    labels; rank 0's are the run's metadata, one series whose `step` is the X axis."""
+    src = REAL / "ddp_tee.out"
+    assert lc(["run", "--no-sample", "--run-id", "tee-1", "--", "cat", str(src)],
+              lc_env).returncode == 0
+    info = json.loads(lc(["show", "tee-1", "--json", "--source", "spool"], lc_env).stdout)
+    assert (info["metadata_keys"], info["x_axis"]) == (["loss", "rank", "step"], "step")
+    done = lc(["export", "tee-1", "--what", "metadata"], lc_env, text=True)
+    rows = [ln.split(",") for ln in done.stdout.splitlines()[1:]]
+    printed = [ln for ln in src.read_text().splitlines() if ln.startswith("[default0]:{")]
+    assert len(rows) == len(printed) == 4 and {r[-1] for r in rows} == {"0"}
+    assert [r[2] for r in rows] == ["0", "1", "2", "3"]

@@ -130,6 +130,28 @@ def test_end_state_is_what_sacct_would_say(exit_status: int | None, signal: int 
     assert end_state(exit_status, signal, job) == state
 
 
+def test_a_task_that_exited_by_itself_does_not_ask_slurmctld(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every task of a step ends at once: one `scontrol show job` each would be a burst of
+    requests to slurmctld. Only a signal can be Slurm's doing, so only then it is asked."""
+    from logcapture.slurm import jobs
+
+    asked: list[str] = []
+
+    def slurm_job(job_id: str, timeout: float = 10.0) -> dict[str, str]:
+        asked.append(job_id)
+        return {"JobState": "COMPLETING", "Reason": "TimeLimit"}
+
+    monkeypatch.setattr(jobs, "slurm_job", slurm_job)
+    env = {"SLURM_JOB_ID": "42"}
+    assert jobs.job_end_state(0, None, env, task=True) == "COMPLETED"
+    assert jobs.job_end_state(3, None, env, task=True) == "FAILED"
+    assert asked == []
+    assert jobs.job_end_state(None, 15, env, task=True) == "TIMEOUT"
+    assert jobs.job_end_state(0, None, env) == "TIMEOUT"  # the job's own run always asks
+    assert asked == ["42", "42"]
+
+
 # --- units ------------------------------------------------------------------------------------
 def test_units_a_person_reads() -> None:
     assert views.size(512) == "512 B"

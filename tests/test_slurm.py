@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 from helpers import agent_until_shipped
 
+from logcapture.ownership import trusted_identity
 from logcapture.records import End, Line, Sample, Start
 from logcapture.sampling.node import (
     NodeJobCollector,
@@ -462,6 +463,36 @@ def test_epilog_ships_with_the_trusted_identity_and_removes_the_spool(root: Path
 
 
 @root_only
+def test_epilog_of_a_later_component_keeps_and_ships_the_first_components_task_runs(
+        root: Path) -> None:
+    """A heterogeneous job's component 1 (job 4243 to Slurm) on a node of its own: its tasks'
+    runs are named after the job (4242.0.R) in 4243's directory (slurm.task.job_spool)."""
+    env = _hook_env(root, job_id="4243", SLURM_HET_JOB_ID="4242")
+    hooks.prolog(env)
+    assert jobrecords.read_job_record(str(root), "4243")["het_job_id"] == "4242"
+    for run in ("4242.0.1", "4244.0.0"):  # the job's task, and one not of this job
+        run_dir = root / "4243" / run
+        run_dir.mkdir(mode=0o700)
+        w = SpoolWriter(run_dir, flush_interval=0.05, fsync=False)
+        w.write([Start(run=run, stream="run", seq=0, ts=1.0),
+                 Line(run=run, stream="stdout", seq=0, ts=1.0, text="task line")])
+        w.close()
+        for path in [run_dir, *run_dir.iterdir()]:
+            os.chown(path, NOBODY.pw_uid, NOBODY.pw_gid)
+    messages = hooks.epilog(env, state_of=lambda j: {})
+    assert messages == [f"samples left in {root}/.samples/4243 and task run(s) in "
+                        f"{root}/4243 for the agent (no store configured)"]
+    assert (root / "4243" / "4242.0.1").is_dir()  # not removed with the directory
+    names = ["4242.0.1", "4244.0.0", "4241.0.0", "4243.0.0", "4243.1.0.2", "x.0.0"]
+    assert jobrecords._task_run_dirs(names, "4243", "4242") == [
+        "4242.0.1", "4243.0.0", "4243.1.0.2"]
+    assert jobrecords._task_run_dirs(names, "4243") == ["4243.0.0", "4243.1.0.2"]
+    # and the rows of what is in 4243's directory are job 4242's
+    ident = trusted_identity(root / "4243" / "4242.0.1")
+    assert (ident.job_id, ident.uid, ident.run) == ("4242", NOBODY.pw_uid, "4242.0.1")
+
+
+@root_only
 def test_epilog_reads_and_ships_nothing_of_a_hard_link_and_says_so(root: Path,
                                                                     tmp_path: Path) -> None:
     """Hard links in the job's run directory (made here by root for the user: a link is the
@@ -839,29 +870,33 @@ def test_the_prologs_optin_rule_is_logoptin_in_the_passwd_home_in_any_form(
 
 
 @root_only
+@pytest.mark.parametrize("job_id, het", [("4242", ""), ("4243", "4242")])
 def test_prolog_starts_a_detached_node_sampler_and_epilog_stops_and_cleans_it(
-        root: Path, request: pytest.FixtureRequest) -> None:
-    env = _hook_env(root, LOGCAPTURE_SAMPLE_INTERVAL="0.1")
+        root: Path, request: pytest.FixtureRequest, job_id: str, het: str) -> None:
+    """Also for a heterogeneous job's later component (job 4243 to Slurm): its samples are
+    the first component's job's run's (4242), whose node figures they give."""
+    env = _hook_env(root, job_id, LOGCAPTURE_SAMPLE_INTERVAL="0.1",
+                    **({"SLURM_HET_JOB_ID": het} if het else {}))
     # the job's process: the sampler finds it by its user and SLURM_JOB_ID (no cgroup here)
     job = subprocess.Popen(["setpriv", f"--reuid={NOBODY.pw_uid}", f"--regid={NOBODY.pw_gid}",
                             "--clear-groups", "sleep", "60"],
-                           env={"SLURM_JOB_ID": "4242", "PATH": "/usr/bin:/bin"})
+                           env={"SLURM_JOB_ID": job_id, "PATH": "/usr/bin:/bin"})
     request.addfinalizer(lambda: (job.kill(), job.wait()))
     messages = hooks.prolog(env, optin=lambda uid: True)
     assert len(messages) == 1 and messages[0].startswith("node sampler started (pid ")
-    pidfile = root / jobrecords.SAMPLERS_DIR / "4242.pid"
+    pidfile = root / jobrecords.SAMPLERS_DIR / f"{job_id}.pid"
     st = pidfile.stat()
     assert st.st_uid == 0 and stat.S_IMODE(st.st_mode) == 0o644  # the wrapper reads it
     assert stat.S_IMODE((root / jobrecords.SAMPLERS_DIR).stat().st_mode) == 0o755
     pid = int(pidfile.read_text().split()[0])
     try:
         assert os.getsid(pid) == pid  # its own session: the prolog script does not wait
-        assert nodesampler.node_sampler_running(str(root), "4242")
-        assert not nodesampler.node_sampler_running(str(root), "4243")
+        assert nodesampler.node_sampler_running(str(root), job_id)
+        assert not nodesampler.node_sampler_running(str(root), "4244")
         # a copy of the trusted record, for an agent shipping .samples
-        record = jobrecords.read_job_record(str(root / jobrecords.SAMPLES_DIR), "4242")
+        record = jobrecords.read_job_record(str(root / jobrecords.SAMPLES_DIR), job_id)
         assert record["user"] == "nobody"
-        run_dir = root / jobrecords.SAMPLES_DIR / "4242" / "4242"
+        run_dir = root / jobrecords.SAMPLES_DIR / job_id / (het or job_id)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and not _spooled(run_dir):
             time.sleep(0.1)
@@ -871,13 +906,15 @@ def test_prolog_starts_a_detached_node_sampler_and_epilog_stops_and_cleans_it(
         # No run of the wrapper on this node (not the batch node): the samples alone are
         # left for the agent, the user's empty directory goes.
         messages = hooks.epilog(env, state_of=lambda j: {})
-        assert messages == [f"samples left in {root}/.samples/4242 for the agent "
+        assert messages == [f"samples left in {root}/.samples/{job_id} for the agent "
                             "(no store configured)"]
         assert not nodesampler._sampler_alive(pid, nodesampler._proc_start_time(pid)[0] if
-                                        nodesampler._proc_start_time(pid) else 0, "4242")
-        assert not pidfile.exists() and not (root / "4242").exists()
+                                        nodesampler._proc_start_time(pid) else 0, job_id)
+        assert not pidfile.exists() and not (root / job_id).exists()
         samples = _samples(run_dir)
         assert samples and samples[-1].node == "n1" and samples[-1].run == "4242"
+        if het:  # stored as job 4242's
+            assert trusted_identity(run_dir).job_id == "4242"
     finally:
         try:
             os.kill(pid, 9)
@@ -994,6 +1031,25 @@ def test_a_task_captures_only_into_a_job_spool_of_its_user(tmp_path: Path) -> No
     assert task.job_spool({"LOGCAPTURE_TASKS": str(tmp_path / "missing")}) is None
     (tmp_path / "link").symlink_to(mine)
     assert task.job_spool({"LOGCAPTURE_TASKS": str(tmp_path / "link")}) is None
+
+
+def test_a_later_components_task_captures_into_its_components_directory(
+        tmp_path: Path) -> None:
+    """Each component of a heterogeneous job is a job to Slurm: on a node of component 1 alone
+    the prolog made <spool_root>/43, not the /42 the batch script's wrapper exported."""
+    from logcapture.slurm import task
+
+    env = {"LOGCAPTURE_TASKS": str(tmp_path / "42"), "SLURM_JOB_ID": "42"}
+    assert task.job_spool(env, "43") is None  # neither directory
+    (tmp_path / "43").mkdir()
+    assert task.job_spool(env, "43") == tmp_path / "43"
+    (tmp_path / "42").mkdir()  # a node of both components: each its own
+    assert task.job_spool(env, "43") == tmp_path / "43"
+    assert task.job_spool(env, "42") == task.job_spool(env) == tmp_path / "42"
+    (tmp_path / "43").rmdir()
+    (tmp_path / "43").symlink_to(tmp_path / "42")  # not the prolog's: the job's own then
+    assert task.job_spool(env, "43") == tmp_path / "42"
+    assert task.job_spool(env, "../x") == tmp_path / "42"
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="slurmstepd's status comes from root")

@@ -48,6 +48,9 @@ CUDA_OOM_HINT = ("reduce the batch size (or accumulate gradients), use mixed pre
 NCCL_HINT = ("a collective that times out usually waits for a rank that crashed, hung or took "
              "another code path; look at that rank's last lines. NCCL_DEBUG=WARN shows why "
              "NCCL failed")
+NCCL_ERROR_HINT = ("NCCL's reason, when it printed one (\"Last error:\", NCCL WARN), is in the "
+                   "message; else NCCL_DEBUG=WARN prints it. A failing collective makes the "
+                   "other ranks fail too: the rank that failed first is the one to read")
 SHELL_HINT = "check the spelling, the PATH and the modules your job script loads"
 
 MATCHERS: tuple[Matcher, ...] = (
@@ -116,7 +119,7 @@ MATCHERS: tuple[Matcher, ...] = (
     Matcher("nccl-error", "NCCL error",
             r"NCCL error(?: in: \S+?)?,? (?P<what>[^,(]+?)(?: \(run with NCCL_DEBUG=\w+ for "
             r"details\))?(?:, NCCL version (?P<version>[\w.+-]+))?(?:$|\n| ncclSystemError|[.,])",
-            "NCCL error: {what}[ (NCCL {version})]", NCCL_HINT),
+            "NCCL error: {what}[ (NCCL {version})]", NCCL_ERROR_HINT),
     # NCCL's own warnings (NCCL_DEBUG=WARN or INFO): "host:1234:5678 [0] NCCL WARN NET/IB :
     # Got completion from peer 10.0.0.2<1234> with error 12, ..."; NCCL 2.28 adds the time
     # before and its source line after: "[2026-11-27 11:50:55] vm:616:616 [0] init.cc:904
@@ -124,7 +127,7 @@ MATCHERS: tuple[Matcher, ...] = (
     Matcher("nccl-error", "NCCL WARN",
             r"(?P<host>[^\s:]+):\d+:\d+ \[(?P<device>\d+)\](?: [\w./-]+:\d+)? NCCL WARN "
             r"(?P<what>.+)",
-            "NCCL warning on {host} (device {device}): {what}", NCCL_HINT),
+            "NCCL warning on {host} (device {device}): {what}", NCCL_ERROR_HINT),
 
     # --- rendezvous -------------------------------------------------------------------------
     # PyTorch's TCPStore (torch/csrc/distributed/c10d/TCPStore.cpp), on the rank that hosts

@@ -113,6 +113,13 @@ def _beside_ranks(insight: dict[str, Any], tasks: Sequence[Mapping[str, Any]]
     return {**insight, "message": f"{insight.get('message', '')} (on {'; '.join(on)})"}
 
 
+def _rank_set(value: Any) -> set[int]:
+    """The ranks an insight's ``details.rank`` names: a list (the ranks a watchdog timeout
+    was reported by) or one rank (the task's own, or the label of the lines it read)."""
+    values = value if isinstance(value, (list, tuple)) else (value,)
+    return {int(r) for r in values if str(r).isdigit()}
+
+
 def _across(out: list[dict[str, Any]], tasks: Sequence[Mapping[str, Any]]) -> None:
     """What only the job's tasks together say: the ranks a rendezvous or a watchdog missed."""
     ranks = {int(t["rank"]) for t in tasks if str(t.get("rank", "")).isdigit()}
@@ -120,8 +127,7 @@ def _across(out: list[dict[str, Any]], tasks: Sequence[Mapping[str, Any]]) -> No
     for t in tasks:
         for i in t.get("insights") or ():
             if i.get("kind") == "nccl-error":
-                reported.update(int(r) for r in (i.get("details") or {}).get("rank") or ()
-                                if str(r).isdigit())
+                reported |= _rank_set((i.get("details") or {}).get("rank"))
     for n, insight in enumerate(out):
         details = dict(insight.get("details") or {})
         if insight.get("kind") == "rendezvous-timeout" and str(details.get("world")).isdigit():

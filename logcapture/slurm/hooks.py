@@ -295,7 +295,7 @@ def epilog(env: dict[str, str] | os._Environ[str], *, now: float | None = None,
     try:
         # First the node sampler: its last sample must be in its spool before shipping.
         messages += stop_node_sampler(root_fd, job.job_id, wait=sampler_wait)
-        samples = _sample_runs(root_fd, job.job_id)
+        samples = _sample_runs(root_fd, job.job_id, job.het_job_id)
         job_fd = _open_user_dir(job.job_id, root_fd, job.uid)
         runs: list[str] = []
         tasks: list[str] = []  # the runs of the job's srun tasks on this node
@@ -304,7 +304,7 @@ def epilog(env: dict[str, str] | os._Environ[str], *, now: float | None = None,
                 names = _list_dir(job_fd)
                 runs = [run for run in _run_dirs(names, job.job_id)
                         if _is_user_dir(run, job_fd, job.uid)]
-                tasks = [run for run in _task_run_dirs(names, job.job_id)
+                tasks = [run for run in _task_run_dirs(names, job.job_id, job.het_job_id)
                          if _is_user_dir(run, job_fd, job.uid)]
                 ends = {run: read_end(job_fd, run, job.uid) for run in runs}
             finally:

@@ -194,12 +194,14 @@ def _run_dirs(names: list[str], job_id: str) -> list[str]:
     return sorted(runs, key=lambda n: int(n.partition(".")[2] or 0))
 
 
-def _task_run_dirs(names: list[str], job_id: str) -> list[str]:
-    """The runs of the job's tasks (``slurm.task.task_run_id``: J.S.R, J.N.S.R)."""
+def _task_run_dirs(names: list[str], job_id: str, het_job_id: str = "") -> list[str]:
+    """The runs of the job's tasks (``slurm.task.task_run_id``: J.S.R, J.N.S.R) in its
+    directory; in a heterogeneous job's later component's (``het_job_id``: the first
+    component's id, ``JobInfo.het_job_id``), those of the first's (``slurm.task.job_spool``)."""
     import re
 
-    pattern = re.compile(rf"^{job_id}(\.\d+)?\.\d+\.\d+$")
-    return sorted(n for n in names if pattern.match(n))
+    pattern = re.compile(r"^(\d+)(\.\d+)?\.\d+\.\d+$")
+    return sorted(n for n in names if (m := pattern.match(n)) and m[1] in (job_id, het_job_id))
 
 
 def _remove_job(root_fd: int, job_id: str) -> None:

@@ -24,7 +24,7 @@ class JobInfo:
     slurmd, not by the user, so it is trusted)."""
 
     __slots__ = ("job_id", "user", "uid", "gid", "array_job_id", "array_task_id",
-                 "partition", "nodes", "node", "cluster", "restart_count")
+                 "partition", "nodes", "node", "cluster", "restart_count", "het_job_id")
 
     def __init__(self, env: dict[str, str] | os._Environ[str]):
         from ..errors import UsageError
@@ -54,12 +54,17 @@ class JobInfo:
         self.cluster = env.get("SLURM_CLUSTER_NAME", "")
         self.restart_count = (env.get("SLURM_JOB_RESTART_COUNT", "")
                               or env.get("SLURM_RESTART_COUNT", ""))
+        # A later component of a heterogeneous job: a job of its own to Slurm, whose tasks
+        # are the first component's job's to its user (slurm.task.job_spool)
+        het = env.get("SLURM_HET_JOB_ID", "")
+        self.het_job_id = het if het.isdigit() and het != self.job_id else ""
 
     def record(self) -> dict[str, object]:
         return {"cluster": self.cluster, "job_id": self.job_id, "user": self.user,
                 "uid": self.uid, "gid": self.gid, "array_job_id": self.array_job_id,
                 "array_task_id": self.array_task_id, "partition": self.partition,
-                "nodes": self.nodes, "node": self.node}
+                "nodes": self.nodes, "node": self.node,
+                **({"het_job_id": self.het_job_id} if self.het_job_id else {})}
 
 
 def slurm_job(job_id: str, timeout: float = 10.0) -> dict[str, str]:
@@ -138,11 +143,15 @@ def end_state(exit_status: int | None, signal: int | None, job: dict[str, str],
 
 
 def job_end_state(exit_status: int | None, signal: int | None,
-                  env: dict[str, str] | os._Environ[str], timeout: float = 3.0) -> str:
+                  env: dict[str, str] | os._Environ[str], timeout: float = 3.0,
+                  task: bool = False) -> str:
     """``end_state`` of the job in ``env`` (SLURM_JOB_ID), asking slurmctld now: the job
-    wrapper calls it when the job's script has ended, before its End record is written."""
+    wrapper calls it when the job's script has ended, before its End record is written. For
+    a ``task`` of a step that exited by itself (no signal) slurmctld is not asked: only a
+    signal can be Slurm's doing (scancel, a time limit, the OOM killer), and a step of many
+    tasks would otherwise send it one request per task at the moment the step ends."""
     job_id = env.get("SLURM_JOB_ID", "")
-    if not job_id.isdigit():
+    if not job_id.isdigit() or task and signal is None:
         return end_state(exit_status, signal, {})
     restarts = env.get("SLURM_RESTART_COUNT", "")
     return end_state(exit_status, signal, slurm_job(job_id, timeout),

@@ -167,15 +167,17 @@ def stop_node_sampler(root_fd: int, job_id: str, wait: float = SAMPLER_STOP_WAIT
     return messages
 
 
-def _sample_runs(root_fd: int, job_id: str) -> list[str]:
-    """The node sampler's run directories of a job (root's own: ``.samples/<job id>/``)."""
+def _sample_runs(root_fd: int, job_id: str, het_job_id: str = "") -> list[str]:
+    """The node sampler's run directories of a job (root's own: ``.samples/<job id>/``),
+    named after the job's run, or, in a heterogeneous job's later component, the first
+    component's (``het_job_id``)."""
     try:
         fd = os.open(f"{SAMPLES_DIR}/{job_id}",
                      os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=root_fd)
     except OSError:
         return []
     try:
-        return _run_dirs(_list_dir(fd), job_id)
+        return _run_dirs(_list_dir(fd), het_job_id or job_id)
     finally:
         os.close(fd)
 
@@ -238,7 +240,9 @@ def node_sampler(env: dict[str, str] | os._Environ[str], job_arg: str, *,
         os.close(_open_root_subdir(root_fd, SAMPLES_DIR, 0o700))
     finally:
         os.close(root_fd)
-    run = run_id_for({"SLURM_JOB_ID": job.job_id, "SLURM_RESTART_COUNT": job.restart_count})
+    # the job's run; a heterogeneous job's later component's samples join the first's
+    run = run_id_for({"SLURM_JOB_ID": job.het_job_id or job.job_id,
+                      "SLURM_RESTART_COUNT": job.restart_count})
     assert run is not None
     run_dir = create_run_dir(Path(root) / SAMPLES_DIR / job.job_id, run)
     log = _syslog_warner(job.job_id)

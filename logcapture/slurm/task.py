@@ -102,15 +102,22 @@ def own_directory(path: str | Path) -> bool:
     return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid()
 
 
-def job_spool(env: dict[str, str]) -> Path | None:
+def job_spool(env: dict[str, str], component: str = "") -> Path | None:
     """The job's spool directory the wrapper exported, when it is a directory of this user's
-    (``own_directory``); else None."""
+    (``own_directory``); else None. A task of a heterogeneous job's later component
+    (``component``, the plugin's S_JOB_ID, is not ``SLURM_JOB_ID``) goes into the directory
+    the prolog made for that component, beside the first's: each component is a job of its
+    own to Slurm, so a node that runs only component 1 has ``<spool_root>/J+1`` and no
+    ``<spool_root>/J``. Its runs keep the job's name (``J.S.R``); readers find them by it."""
     from pathlib import Path
 
     value = env.get(TASKS_VAR, "")
-    if not value.startswith("/") or not own_directory(value):
+    if not value.startswith("/"):
         return None
-    return Path(value)
+    if component.isdigit() and component != env.get("SLURM_JOB_ID") \
+            and own_directory(os.path.join(os.path.dirname(value), component)):
+        return Path(os.path.dirname(value), component)
+    return Path(value) if own_directory(value) else None
 
 
 class StatusListener:
@@ -236,7 +243,7 @@ def task_main(sock_fd: int, step: str, task_id: str, local_rank: str, task_pid: 
     rank = global_rank(env, task_id)
     plugin = socket.socket(fileno=sock_fd)
     try:
-        spool = job_spool(env)
+        spool = job_spool(env, job)
         job_run = run_id_for(env)
         if spool is None or job_run is None:
             warn(f"task {rank} of step {step} not captured: no spool directory of the job "

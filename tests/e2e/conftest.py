@@ -100,10 +100,11 @@ class Cluster:
                        capture_output=True)
 
     def task_run_dirs(self, job: Job | str) -> dict[str, Path]:
-        """{run id: directory} of the job's task runs (JOB.STEP.RANK)."""
+        """{run id: directory} of the job's task runs (JOB.STEP.RANK), in the job's spool
+        directory or, a heterogeneous job's later components', in theirs."""
         job_id = job.id if isinstance(job, Job) else job
-        base = self.spool_root / job_id
-        return {p.name: p for p in sorted(base.glob(f"{job_id}.*.*")) if p.is_dir()}
+        return {p.name: p for p in sorted(self.spool_root.glob(f"*/{job_id}.*.*"))
+                if p.is_dir()}
 
     def samples_dir(self, job: Job | str) -> Path:
         """Where the node sampler of this node spools the job's samples (root's)."""
@@ -255,7 +256,7 @@ class Cluster:
         """The records of the job's batch run, or of its run ``run`` (a task run)."""
         from logcapture.spool.reading import iter_run
 
-        path = self.run_dir(job) if run is None else self.run_dir(job).parent / run
+        path = self.run_dir(job) if run is None else self.task_run_dirs(job)[run]
         return [r.to_dict() for r in iter_run(path)]
 
     def spool_bytes(self, job: Job | str) -> bytes:

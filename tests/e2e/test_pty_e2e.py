@@ -8,6 +8,7 @@ status."""
 
 from __future__ import annotations
 
+import os
 import pwd
 import re
 import time
@@ -28,20 +29,19 @@ PASSWORD = "pw-9f3c1e77ab2d"
 
 
 SRUN_PTY = ["srun", "-n", "1", "--pty"]
-# What salloc runs on the first node with LaunchParameters=use_interactive_step (its
-# InteractiveStepOptions default), which the dev cluster does not set: the same step by hand.
-SALLOC_STEP = ["salloc", "-n", "1", "srun", "--interactive", "--preserve-env", "--pty"]
+BASH = ["bash", "--norc", "--noprofile", "-i"]
 
 
-def _spawn(lc: Cluster, user: str, launcher: list[str]) -> pexpect.spawn:
-    """``LAUNCHER bash`` as ``user`` on a terminal of 30 x 100 (pexpect's pty)."""
+def _spawn(lc: Cluster, user: str, launcher: list[str], command: list[str] = BASH,
+           shell: str = "/bin/bash") -> pexpect.spawn:
+    """``LAUNCHER COMMAND`` as ``user`` on a terminal of 30 x 100 (pexpect's pty), with
+    ``SHELL`` set to ``shell``."""
     pw = pwd.getpwnam(user)
-    env = {"HOME": pw.pw_dir, "USER": user, "LOGNAME": user, "SHELL": "/bin/bash",
+    env = {"HOME": pw.pw_dir, "USER": user, "LOGNAME": user, "SHELL": shell,
            "PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "TERM": "xterm",
            "SLURM_CONF": lc.env["SLURM_CONF"], "PS1": PROMPT}
     argv = [f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--init-groups", "--reset-env",
-            "env", *[f"{k}={v}" for k, v in env.items()],
-            *launcher, "bash", "--norc", "--noprofile", "-i"]
+            "env", *[f"{k}={v}" for k, v in env.items()], *launcher, *command]
     return pexpect.spawn("setpriv", argv, cwd=pw.pw_dir, encoding="utf-8", timeout=30,
                          dimensions=(30, 100))
 
@@ -178,7 +178,14 @@ def test_salloc_s_interactive_step_is_captured_and_read_by_its_owner_only(
         lc: Cluster) -> None:
     lc.set_store(True)  # the epilog ships the job's run: read through the read service
     lc.optin(U1, "interactive: true\n")
-    child = _spawn(lc, U1, SALLOC_STEP)
+    # salloc alone: the dev cluster's LaunchParameters=use_interactive_step makes its shell
+    # ($SHELL, here bash without the user's start-up files) the job's interactive step
+    pw = pwd.getpwnam(U1)
+    shell = Path(pw.pw_dir) / "lc-shell"
+    shell.write_text("#!/bin/sh\nexec bash --norc --noprofile -i\n")
+    shell.chmod(0o755)
+    os.chown(shell, pw.pw_uid, pw.pw_gid)
+    child = _spawn(lc, U1, ["salloc", "-n", "1"], command=[], shell=str(shell))
     try:
         child.expect_exact(PROMPT)
         child.sendline('echo "job=$SLURM_JOB_ID step=$SLURM_STEP_ID size=$(stty size)"')

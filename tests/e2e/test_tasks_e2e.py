@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 
 import pytest
 
@@ -287,6 +288,10 @@ def test_a_heterogeneous_step_is_captured_per_task_with_distinct_ranks(lc: Clust
                      f"{j}.0.2": ("2", "0", "1", "1", j)}
     nodes = {run: s["node"] for run, s in starts.items()}
     assert nodes[f"{j}.0.1"] == nodes[f"{j}.0.2"] != nodes[f"{j}.0.0"]
+    # each component's tasks in the directory its node's prolog made for that component
+    # (job J+1 to Slurm): a node of component 1 alone has no directory of job J
+    where = {run: path.parent.name for run, path in lc.task_run_dirs(j).items()}
+    assert where == {f"{j}.0.0": j, f"{j}.0.1": str(int(j) + 1), f"{j}.0.2": str(int(j) + 1)}
     for run, s in starts.items():
         rank = s["rank"]
         records = lc.records(j, run)
@@ -294,7 +299,7 @@ def test_a_heterogeneous_step_is_captured_per_task_with_distinct_ranks(lc: Clust
         assert _lines(records, "stderr") == [f"err {rank}"]
     # Read as the job's user: the three ranks, labelled
     bin_ = lc.env["LOGCAPTURE_BIN"] + "/logcapture"
-    own = ["--spool", str(lc.spool_root / j), "--source", "spool"]
+    own = ["--spool", str(lc.spool_root), "--source", "spool"]
     r = lc.as_user(U1, [bin_, "logs", *own, j])
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
@@ -305,6 +310,36 @@ def test_a_heterogeneous_step_is_captured_per_task_with_distinct_ranks(lc: Clust
         "batch starts", f"0: task 0 on {nodes[f'{j}.0.0']}", "0: err 0",
         f"1: task 1 on {nodes[f'{j}.0.1']}", "1: err 1", f"2: task 2 on {nodes[f'{j}.0.2']}",
         "2: err 2", "srun said 0", "batch ends"]
+
+
+def test_a_heterogeneous_jobs_components_are_shipped_as_one_job(lc: Cluster) -> None:
+    """Each node's epilog ships what its component's tasks wrote (component 1's runs from the
+    directory of job J+1), all as rows of job J, which its user reads as one job."""
+    lc.set_store(True)
+    lc.optin(U1, "")
+    job = lc.submit(U1, HET, name="het-store")
+    assert lc.wait(job, timeout=150)[job.id] == ("COMPLETED", "0:0")
+    j, k = job.id, str(int(job.id) + 1)
+    # each component's epilog ships, then removes its directory; J's state can be final
+    # while J+1's epilog still runs
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and any((lc.spool_root / d).exists() for d in (j, k)):
+        time.sleep(0.2)
+    for d in (j, k):
+        assert not (lc.spool_root / d).exists(), lc.slurm_log()  # shipped, then removed
+    out = lc.store_query(
+        "runs = {r['run']: r for r in store.runs()}\n"
+        "print(json.dumps(sorted([r['run'], r['job_id'], r['owner']] for r in runs.values()\n"
+        "                        if r['run'].split('.')[0] in sys.argv[2:])))", j, k)
+    assert json.loads(out) == [[j, j, U1], [f"{j}.0.0", j, U1], [f"{j}.0.1", j, U1],
+                               [f"{j}.0.2", j, U1]]
+    r = lc.root_cli("logs", j)
+    assert r.returncode == 0, r.stderr
+    lines = [ln for ln in r.stdout.splitlines() if not ln.startswith("[logcapture")]
+    nodes = [ln.rsplit(" on ", 1)[1] for ln in lines if " on " in ln]
+    assert nodes[1] == nodes[2] != nodes[0], lines
+    assert lines == ["batch starts", *(f"{n}: {t}" for n in range(3) for t in (
+        f"task {n} on {nodes[n]}", f"err {n}")), "srun said 0", "batch ends"]
 
 
 TWO_NODES = r"""#!/bin/bash
