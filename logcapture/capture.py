@@ -82,6 +82,9 @@ def capture_command(argv: list[str], *, spool_root: Path, run_id: str | None = N
     mode): the job's outcome never depends on logcapture.
     """
     closed = reserve_std_fds()  # before any file is opened here
+    # runner.spawn.run starts the command with subprocess: imported before the worker is
+    # forked, which asks slurmctld with it at a Slurm job's end (slurm.jobs.job_end_state).
+    import subprocess  # noqa: F401
     worker, base_env, winsize, merge, run_dir = prepare(
         argv, spool_root=spool_root, run_id=run_id, mode=mode, warn=warn, env=env,
         slurm=slurm, sample=sample)

@@ -193,11 +193,13 @@ def test_parse_task_reads_the_plugins_command_line_and_leaves_the_rest_to_click(
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the task's status comes from root (slurmstepd)")
-def test_logcapture_slurm_task_starts_without_click(tmp_path: Path) -> None:
+@pytest.mark.parametrize("wait_status", [9, 3 << 8])  # killed by SIGKILL; exited with 3
+def test_logcapture_slurm_task_starts_without_click(tmp_path: Path, wait_status: int) -> None:
     """The plugin's ``logcapture slurm task`` never imports click, the CLI or psutil (it does
-    not sample; its worker included, as its imports go to the same stderr): it opens the
-    task's pty, hands the slave over, captures what the task writes, takes the status from
-    root, answers, and exits (end of file on the status connection)."""
+    not sample; its worker included, as its imports go to the same stderr), nor subprocess
+    unless a signal ended the task (only then is slurmctld asked for the job's state): it
+    opens the task's pty, hands the slave over, captures what the task writes, takes the
+    status from root, answers, and exits (end of file on the status connection)."""
     import socket
 
     from logcapture.slurm.task import status_address
@@ -232,7 +234,7 @@ def test_logcapture_slurm_task_starts_without_click(tmp_path: Path) -> None:
                 except OSError:
                     import time
                     time.sleep(0.1)
-            status.sendall(b"9\n")  # killed by SIGKILL, as waitpid gives it
+            status.sendall(b"%d\n" % wait_status)  # as waitpid gives it
             assert status.recv(16) == b"done\n"
             assert status.recv(16) == b""  # the process has exited
         _, err = capture.communicate(timeout=30)
@@ -246,7 +248,11 @@ def test_logcapture_slurm_task_starts_without_click(tmp_path: Path) -> None:
     assert "click" not in imported and "logcapture.cli" not in imported
     assert "psutil" not in imported  # a task's capture does not sample (slurm.task)
     assert "gzip" not in imported or importlib.util.find_spec("isal") is None
+    # The reader spawns nothing (the task is slurmstepd's child); the worker asks slurmctld
+    # (scontrol) only for a task a signal ended.
+    assert ("subprocess" in imported) == (wait_status == 9)
     run = spool / "999998.0.5"
     assert [x.text for x in iter_run(run) if x.kind == "line"] == ["hello from rank 5"]
     end = [x.to_dict() for x in iter_run(run) if x.kind == "end"]
-    assert end and end[0]["signal"] == 9, end
+    assert end and (end[0]["signal"], end[0]["exit_status"]) == (
+        (9, None) if wait_status == 9 else (None, 3)), end

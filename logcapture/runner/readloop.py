@@ -9,7 +9,6 @@ import errno
 import os
 import select
 import signal
-import subprocess
 import time
 from collections.abc import Callable
 
@@ -51,6 +50,8 @@ READS_IN_A_ROW = 16  # full reads of one pty in a pass before the next pty's tur
 
 
 if TYPE_CHECKING:
+    import subprocess
+
     from .outcome import Sink
 
 

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 from collections.abc import Mapping
 
 from .terminal import caller_winsize, set_winsize
+
+TYPE_CHECKING = False  # not typing's: importing typing costs every job ~8 ms (records.py)
+if TYPE_CHECKING:
+    import subprocess
 
 FORWARDED_SIGNALS = (
     signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,

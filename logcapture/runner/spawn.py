@@ -9,7 +9,6 @@ import errno
 import os
 import select
 import signal
-import subprocess
 import time
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -47,6 +46,8 @@ def run(argv: Sequence[str], sink: Sink | Worker | None,
     """Run ``argv`` under ptys, copy its output to the real outputs and hand it to ``sink``
     (a ``Worker``, or a sink fed in this process); return how it ended. Raises
     ``NoTerminal`` when nothing could be started."""
+    import subprocess  # here, not at import: a task's capture (``attach``) spawns nothing
+
     opts = options or Options()
     warn = opts.warn or (lambda msg: None)
     worker = sink if isinstance(sink, Worker) else None
