@@ -249,10 +249,11 @@ def main() -> int:
         work = tmp / "bench-work.py"
         work.write_text(WORK[args.work])
         for i in range(args.rounds):
-            for name, kind in cases:
+            for c, (name, kind) in enumerate(cases):
                 fn = one_task if kind == "task" else one_run
                 py = [pythons[name], *(w for x in args.xoptions for w in ("-X", x))]
-                ranks = range(i * args.tasks, (i + 1) * args.tasks)
+                first = (i * len(cases) + c) * args.tasks  # each run a run id of its own
+                ranks = range(first, first + args.tasks)
                 with ThreadPoolExecutor(args.tasks) as pool:  # a step's tasks start together
                     got[(name, kind)].extend(pool.map(fn, [py] * len(ranks), [work] * len(ranks),
                                                       [tmp] * len(ranks), ranks))
