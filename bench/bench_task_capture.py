@@ -275,6 +275,13 @@ def main() -> int:
               f"{median(c['worker_cpu_ms'] for c in caps):7.0f} "
               f"{median(c['cpu_ms'] for c in caps):7.0f} {100 * median(share):6.2f}% {tree} "
               f"{median(end['duration'] for end in ends):8.2f}")
+    if "before" in pythons:
+        for kind in ("task", "run"):
+            if ("before", kind) in got:
+                this, before = (median(end["counts"]["capture"]["cpu_ms"]
+                                       for end, _ in got[(name, kind)])
+                                for name in ("this", "before"))
+                print(f"{kind}: capture CPU this / before {this / before:.3f}")
     return 0
 
 
