@@ -125,10 +125,13 @@ class Prepared(namedtuple("Prepared", ("worker", "env", "winsize", "merge", "run
 def prepare(argv: list[str], *, spool_root: Path, run_id: str | None = None,
             mode: str | None = None, warn: Callable[[str], None],
             env: dict[str, str] | None = None, slurm: dict[str, str] | None = None,
-            sample: bool = True, merge: bool | None = None) -> Prepared:
+            sample: bool = True, merge: bool | None = None, gpus: bool = True) -> Prepared:
     """Everything before the command's ptys: the configuration, the opt-in file, the run's
     spool directory and Start fields, and the capture worker, forked here. ``merge``: whether
     stdout and stderr share one pty (None: decided here, ``runner.descriptors.same_destination``).
+    ``gpus`` False: the Start record's inventory without the node's GPUs (no NVML in this
+    capture at all: a task of a step, whose node's GPUs its job's batch run and node sampler
+    record).
     What fails costs a warning and turns capture off (``Prepared.worker`` None)."""
     base_env = dict(os.environ if env is None else env)
     worker: Worker | None = None
@@ -172,7 +175,7 @@ def prepare(argv: list[str], *, spool_root: Path, run_id: str | None = None,
             run_id=rid, run_dir=run_dir, admin=admin, mode=effective_mode, rows=rows,
             columns=cols, env=dict(base_env), problems=problems, sample=sample,
             start_fields=start_fields, wrapper_pid=os.getpid(), warn=warn, merged=merge,
-            redact=optin.config.redact if optin.ok else ())
+            redact=optin.config.redact if optin.ok else (), gpus=gpus)
         worker = fork_worker(lambda fd: _capture_worker(fd, settings))
         base_env["LOGCAPTURE_RUN_ID"] = rid
         winsize: tuple[int, int] | None = (rows, cols)
@@ -206,7 +209,7 @@ def remove_if_empty(run_dir: Path) -> None:
 
 class WorkerSettings(namedtuple("WorkerSettings", (
         "run_id", "run_dir", "admin", "mode", "rows", "columns", "env", "problems", "sample",
-        "start_fields", "wrapper_pid", "warn", "merged", "redact"))):
+        "start_fields", "wrapper_pid", "warn", "merged", "redact", "gpus"))):
     """What the capture worker needs from the wrapper (it is forked, so this is a plain copy).
     Every field is required and a misspelt one is a TypeError: a named tuple, as the records
     are (records.py says why not a dataclass)."""
@@ -227,6 +230,7 @@ class WorkerSettings(namedtuple("WorkerSettings", (
         warn: Callable[[str], None]
         merged: bool  # one pty for stdout and stderr
         redact: tuple[str, ...]  # the user's own secrets (.logoptin's redact)
+        gpus: bool  # the node's GPUs in the inventory (prepare)
 
 
 def _capture_worker(fd: int, s: WorkerSettings) -> int:
@@ -246,7 +250,8 @@ def _capture_worker(fd: int, s: WorkerSettings) -> int:
                                               s.admin.job_metadata_limit))
         quiet: list[str] = []  # notes for the log only, not the user's stderr
         sampler, inventory = _start_sampler(s.run_id, s.admin.sample_interval, s.env, spool,
-                                            quiet, s.sample, root_pid=s.wrapper_pid)
+                                            quiet, s.sample, root_pid=s.wrapper_pid,
+                                            gpus=s.gpus)
         pipeline.start(inventory=inventory, **s.start_fields)
         for problem in s.problems:  # the wrapper told the user already
             pipeline.warn(problem, tell_user=False)
@@ -608,11 +613,20 @@ class _Server:
 
 
 def _start_sampler(run_id: str, interval: float, env: dict[str, str], spool: SpoolWriter,
-                   problems: list[str], enabled: bool,
-                   root_pid: int | None = None) -> tuple[Any, dict[str, Any]]:
+                   problems: list[str], enabled: bool, root_pid: int | None = None,
+                   gpus: bool = True) -> tuple[Any, dict[str, Any]]:
     """The resource sampler of this node and the hardware inventory for the start
     record. Returns (None, inventory) when sampling is off; never raises. Its problems (no
-    NVML on a CPU node, say) go to the log only: they are not the user's to fix."""
+    NVML on a CPU node, say) go to the log only: they are not the user's to fix. ``gpus``
+    False (no sampling then): the inventory without GPUs, and NVML never started."""
+    if not gpus and not enabled:
+        from .sampling.sampler import inventory as cpu_inventory
+
+        try:
+            return None, cpu_inventory(env=env, gpus=False)
+        except Exception as e:  # noqa: BLE001
+            problems.append(f"resource inventory unavailable ({type(e).__name__})")
+            return None, {}
     from .sampling.gpu import GpuCollector, job_gpus_from_env
     from .sampling.job import JobCollector, cpus_allocated_from_env, find_job_cgroup
     from .sampling.sampler import Sampler

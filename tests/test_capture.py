@@ -19,7 +19,7 @@ from logcapture.config.admin import AdminConfig
 
 FIELDS = dict(run_id="r", run_dir=Path("/tmp/r"), admin=AdminConfig(), mode="enabled", rows=24,
               columns=80, env={}, problems=[], sample=False, start_fields={}, wrapper_pid=1,
-              warn=print, merged=False, redact=())
+              warn=print, merged=False, redact=(), gpus=True)
 
 
 def test_the_worker_settings_hold_what_they_were_given() -> None:
@@ -194,3 +194,25 @@ def test_a_worker_starved_under_sched_idle_hands_its_work_to_a_normal_thread() -
     assert policies[-1] == os.SCHED_OTHER
     k = policies.index(os.SCHED_OTHER)
     assert set(policies[:k]) <= {os.SCHED_IDLE} and set(policies[k:]) == {os.SCHED_OTHER}
+
+
+def test_without_gpus_the_inventory_never_starts_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A task of a step (prepare's gpus=False): NVML costs a capture ~50 ms of CPU and ~20 MiB
+    on a GPU node; its job's batch run and node sampler record the node's GPUs."""
+    from logcapture import capture
+    from logcapture.sampling import gpu
+
+    started: list[bool] = []
+
+    def nvml() -> None:
+        started.append(True)
+        return None  # "no NVML on this node"
+
+    monkeypatch.setattr(gpu, "default_nvml", nvml)
+    problems: list[str] = []
+    sampler, inv = capture._start_sampler("r", 1.0, {}, None, problems,  # type: ignore[arg-type]
+                                          False, gpus=False)
+    assert sampler is None and inv["cpus"] and "gpus" not in inv and started == []
+    sampler, inv = capture._start_sampler("r", 1.0, {}, None, problems,  # type: ignore[arg-type]
+                                          False)
+    assert sampler is None and inv["gpus"] == [] and started == [True]

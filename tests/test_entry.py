@@ -253,6 +253,9 @@ def test_logcapture_slurm_task_starts_without_click(tmp_path: Path, wait_status:
     assert ("subprocess" in imported) == (wait_status == 9)
     run = spool / "999998.0.5"
     assert [x.text for x in iter_run(run) if x.kind == "line"] == ["hello from rank 5"]
+    # the node's CPUs and memory, not its GPUs: NVML is not started in a task's capture
+    (start,) = [x.to_dict() for x in iter_run(run) if x.kind == "start"]
+    assert start["inventory"]["cpus"] and "gpus" not in start["inventory"]
     end = [x.to_dict() for x in iter_run(run) if x.kind == "end"]
     assert end and (end[0]["signal"], end[0]["exit_status"]) == (
         (9, None) if wait_status == 9 else (None, 3)), end

@@ -176,7 +176,7 @@ def interactive_task(plugin: socket.socket, step: str, task_id: str, local_rank:
                        run_id=task_run_id(job_run, step, rank), warn=warn, env=env,
                        slurm={**task_identity(env, step, rank, local_rank, job),
                               "interactive": "1"},
-                       sample=False, merge=True)
+                       sample=False, gpus=False, merge=True)
     if prepared.worker is None:
         plugin.sendall(b"n")  # prepare warned
         return

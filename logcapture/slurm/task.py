@@ -255,7 +255,7 @@ def task_main(sock_fd: int, step: str, task_id: str, local_rank: str, task_pid: 
         prepared = prepare(command or ["?"], spool_root=spool,
                            run_id=task_run_id(job_run, step, rank), warn=warn, env=env,
                            slurm=task_identity(env, step, rank, local_rank, job), sample=False,
-                           merge=same_destination(1, 2))
+                           gpus=False, merge=same_destination(1, 2))
         if prepared.worker is None:
             return 0  # prepare warned
         try:
