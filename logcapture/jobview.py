@@ -81,7 +81,9 @@ def describe_job(reader: Any, ref: str, batch: dict[str, Any],
         info = reader.describe(str(task["run"]))
         failures = [i for i in info.get("insights") or () if i.get("category") == "failure"]
         rows.append({"rank": task["rank"], "node": task.get("nodes", ""),
-                     "step": task.get("step"), "run": task["run"], "state": info.get("state"),
+                     "step": task.get("step"), "run": task["run"],
+                     "gpus": (info.get("slurm") or {}).get("cuda_visible_devices"),
+                     "state": info.get("state"),
                      "exit_status": info.get("exit_status"), "signal": info.get("signal"),
                      "duration": info.get("duration"),
                      "failure": failures[0]["message"] if failures else None})

@@ -127,8 +127,10 @@ def rank_lines(info: Mapping[str, Any]) -> list[str]:
     ranks = info.get("ranks") or []
     if not ranks:
         return []
+    gpus = any(r.get("gpus") for r in ranks)  # the GPUs each rank saw, when a step had some
     rows: list[tuple[str, ...]] = [
         (f"  rank {r['rank']}", f"node {r['node'] or '?'}", f"step {r['step']}",
+         *((f"GPU {r.get('gpus') or '-'}",) if gpus else ()),
          str(r.get("state") or "RUNNING"), exit_text(r.get("exit_status"), r.get("signal")) or "-",
          _cut(str(r.get("failure") or ""), 100)) for r in ranks]
     out = ["ranks:", *table(rows)]

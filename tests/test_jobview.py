@@ -57,7 +57,8 @@ def job(lc_env: dict[str, str], tmp_path: Path) -> dict[str, str]:
     assert _capture(lc_env, JOB, ident, "sh", "-c", "echo batch starts; exit 1") == 1
     for rank, node in ((0, "n1"), (1, "n3")):
         code = _capture(lc_env, f"{JOB}.0.{rank}",
-                        f"job_id={JOB},step=0,rank={rank},local_rank=0,node={node}",
+                        f"job_id={JOB},step=0,rank={rank},local_rank=0,node={node},"
+                        f"cuda_visible_devices={rank}",
                         sys.executable, str(script), str(rank))
         assert code == 1
     return lc_env
@@ -80,11 +81,11 @@ def test_show_names_the_rank_that_failed_first_and_its_node(job: dict[str, str])
                                        "(node n1): ")
     assert other["message"].endswith("(a consequence)")
     assert "failed" not in [i["kind"] for i in info["insights"]]  # the batch's exit 1
-    assert [(r["rank"], r["node"], r["step"], r["state"]) for r in info["ranks"]] == \
-        [(0, "n1", "0", "FAILED"), (1, "n3", "0", "FAILED")]
+    assert [(r["rank"], r["node"], r["step"], r["gpus"], r["state"]) for r in info["ranks"]] \
+        == [(0, "n1", "0", "0", "FAILED"), (1, "n3", "0", "1", "FAILED")]
     text = lc(["show", JOB], job).stdout.decode()
     assert text.startswith("insights:\n  python-exception: ValueError on rank 1 (node n3)")
-    assert "  rank 1  node n3  step 0  FAILED  1  ValueError on rank 1" in text
+    assert "  rank 1  node n3  step 0  GPU 1  FAILED  1  ValueError on rank 1" in text
 
 
 def test_the_x_axis_is_the_step_of_each_rank_rank_0_by_default(job: dict[str, str]) -> None:
@@ -259,3 +260,13 @@ def test_the_page_shows_rank_0_and_every_rank_on_request(job: dict[str, str]) ->
         assert kinds == ["python-exception", "other-ranks"]  # as `show 77`
     finally:
         pages.close()
+
+
+def test_the_ranks_table_has_a_gpu_column_only_when_a_rank_saw_gpus() -> None:
+    from logcapture.views import rank_lines
+
+    row = {"rank": 0, "node": "n1", "step": "0", "state": "COMPLETED", "exit_status": 0}
+    assert rank_lines({"ranks": [row]})[1].split() == ["rank", "0", "node", "n1", "step", "0",
+                                                       "COMPLETED", "0"]
+    lines = rank_lines({"ranks": [{**row, "gpus": "2,3"}, {**row, "rank": 1}]})
+    assert [ln.split()[6:8] for ln in lines[1:]] == [["GPU", "2,3"], ["GPU", "-"]]

@@ -999,6 +999,9 @@ def test_a_task_run_is_named_after_its_job_run_step_and_rank() -> None:
     ident = task.task_identity({"SLURM_JOB_ID": "42", "SLURM_STEP_NUM_TASKS": "4"}, "0", "3",
                                "1")
     assert ident["step_tasks"] == "4"  # a step's section title names it (rankview.step_title)
+    ident = task.task_identity({"SLURM_JOB_ID": "42", "CUDA_VISIBLE_DEVICES": "2,3"}, "0", "3",
+                               "1")
+    assert ident["cuda_visible_devices"] == "2,3"  # the GPUs Slurm gave the task
     assert task.status_address("42", "0", "3") == b"\0logcapture/task/42.0.3"
 
 

@@ -53,13 +53,16 @@ def task_identity(env: dict[str, str], step: str, rank: str, local_rank: str,
     """The Start record's ``slurm`` of a task: the job's, with this task's step, rank and
     local rank (``global_rank``, the plugin's local rank), ``step_tasks``, how many tasks its
     step has (``SLURM_STEP_NUM_TASKS``, which srun sets for each task: a step's section title
-    names it, ``rankview.step_title``) and, in a heterogeneous job, its component
-    (``het_group``, see ``het_group``)."""
+    names it, ``rankview.step_title``), the GPUs it sees (``cuda_visible_devices``, which
+    Slurm sets per task when its step has GPUs: ``show JOB`` gives each rank's) and, in a
+    heterogeneous job, its component (``het_group``, see ``het_group``)."""
     from ..capture import slurm_identity
 
     count = env.get("SLURM_STEP_NUM_TASKS", "")
+    gpus = env.get("CUDA_VISIBLE_DEVICES", "")
     ident = {**slurm_identity(env), "step": step, "rank": rank, "local_rank": local_rank,
-             **({"step_tasks": count} if count.isdigit() else {})}
+             **({"step_tasks": count} if count.isdigit() else {}),
+             **({"cuda_visible_devices": gpus} if gpus else {})}
     group = het_group(env, component)
     if group is not None:
         ident["het_group"] = group
