@@ -175,6 +175,27 @@ def test_no_capture_process_is_left_in_a_step_when_its_tasks_have_ended(lc: Clus
         assert not [ln for ln in step if "killing process" in ln], step
 
 
+GPUS = r"""#!/bin/bash
+#SBATCH -n 2 --gres=gpu:2
+srun --gpus-per-task=1 bash -c 'echo "rank $SLURM_PROCID sees GPU $CUDA_VISIBLE_DEVICES"'
+"""
+
+
+def test_show_gives_the_gpu_slurm_bound_each_rank_to(lc: Cluster) -> None:
+    """The dev cluster's two (fake) GPUs, one a task: each rank's run records the GPUs Slurm
+    gave it (CUDA_VISIBLE_DEVICES), and `show JOB` puts them beside the rank."""
+    lc.set_store(True)
+    lc.optin(U1, "")
+    job = lc.submit(U1, GPUS, name="gpus")
+    assert lc.wait(job, timeout=90)[job.id] == ("COMPLETED", "0:0")
+    seen = dict(ln.split(" sees GPU ") for ln in job.out.read_text().splitlines())
+    assert sorted(seen.values()) == ["0", "1"]
+    r = lc.root_cli("show", job.id, "--json")
+    assert r.returncode == 0, r.stderr
+    ranks = json.loads(r.stdout)["ranks"]
+    assert {f"rank {x['rank']}": x["gpus"] for x in ranks} == seen
+
+
 def test_the_epilog_ships_the_task_runs_with_the_job_and_logs_reads_them_by_rank(
         lc: Cluster) -> None:
     lc.set_store(True)
