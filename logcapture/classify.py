@@ -165,22 +165,22 @@ def parse_metadata(text: str) -> dict[str, Any] | None:
     return obj
 
 
+def _candidate(text: str) -> bool:
+    """Whether a stdout line may be a metadata line (``metadata_of``): the cheap test."""
+    return text[:1] == "{" or text[-1:] == "}" and text[:1] in ranklabel.STARTS
+
+
 def metadata_of(text: str) -> dict[str, Any] | None:
     """``parse_metadata`` of a stdout line, or of the object behind its launcher labels when
     they say rank 0 (the module docstring); None when it is no metadata line."""
     if text[:1] == "{":
         return parse_metadata(text)
-    if text[-1:] != "}" or text[:1] not in ranklabel.STARTS:
+    if not _candidate(text):
         return None
     labelled = ranklabel.split(text)
     if labelled.key not in ranklabel.FIRST:
         return None
     return parse_metadata(labelled.text)
-
-
-def _candidate(text: str) -> bool:
-    """Whether a stdout line may be a metadata line (``metadata_of``): the cheap test."""
-    return text[:1] == "{" or text[-1:] == "}" and text[:1] in ranklabel.STARTS
 
 
 def _is_command_attempt(text: str) -> bool:

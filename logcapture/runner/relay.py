@@ -54,6 +54,17 @@ def open_inner(outer: int) -> tuple[int, int]:
     return master, slave
 
 
+def read_ready(fd: int) -> bytes | None:
+    """What a non-blocking read of ``fd`` gives: None when nothing is there yet, b"" when the
+    other side is gone (end of file, or EIO once a pty's other end has closed)."""
+    try:
+        return os.read(fd, READ_SIZE)
+    except BlockingIOError:
+        return None
+    except OSError:
+        return b""
+
+
 def raw_attrs(attrs: list[Any]) -> list[Any]:
     """``attrs`` made raw as cfmakeraw(3) does: every byte passes unchanged, one at a time,
     no echo, no signals, no output processing (the inner pty's line discipline does all that,
@@ -147,12 +158,9 @@ class Relay:
 
     # --- input -----------------------------------------------------------------------------
     def _read_outer(self) -> None:
-        try:
-            data = os.read(self.outer, READ_SIZE)
-        except BlockingIOError:
+        data = read_ready(self.outer)
+        if data is None:
             return
-        except OSError:
-            data = b""
         if data:
             self.pending += data
         else:  # EIO (or end of file): the outer pty's master is closed
@@ -273,12 +281,9 @@ def relay_plain(outer: int, inner: int, typed: bytes = b"", poll: float = WINSIZ
         for fd, to in ((inner, outer), (outer, inner)):
             if fd not in ready:
                 continue
-            try:
-                data = os.read(fd, READ_SIZE)
-            except BlockingIOError:
+            data = read_ready(fd)
+            if data is None:
                 continue
-            except OSError:
-                data = b""
             if not data:
                 return  # the program's pty closed, or the terminal hung up (the caller's end)
             try:
