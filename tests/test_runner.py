@@ -304,7 +304,7 @@ def test_closed_standard_descriptors_stay_closed_for_the_command(lc_env: dict[st
 def test_an_interactive_program_driven_by_pexpect(lc_env: dict[str, str]) -> None:
     child = pexpect.spawn(LOGCAPTURE[0], [*LOGCAPTURE[1:], "run", "--", PY, "-c",
                                           "n = input('name? '); print('hello', n)"],
-                          env=lc_env, timeout=30)
+                          env=lc_env, timeout=30, use_poll=True)
     child.expect("name\\? ")
     child.sendline("bob")
     child.expect("hello bob")
@@ -364,7 +364,7 @@ def test_a_resized_terminal_resizes_the_commands_ptys(lc_env: dict[str, str]) ->
               "h(0, 0)\n"
               "time.sleep(30)\n")
     child = pexpect.spawn(LOGCAPTURE[0], [*LOGCAPTURE[1:], "run", "--", PY, "-c", script],
-                          env=lc_env, timeout=30, dimensions=(24, 80))
+                          env=lc_env, timeout=30, dimensions=(24, 80), use_poll=True)
     child.expect("size 80 24")
     child.setwinsize(33, 101)  # the kernel sends SIGWINCH to the wrapper
     child.expect("size 101 33")

@@ -43,7 +43,7 @@ def _spawn(lc: Cluster, user: str, launcher: list[str], command: list[str] = BAS
     argv = [f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--init-groups", "--reset-env",
             "env", *[f"{k}={v}" for k, v in env.items()], *launcher, *command]
     return pexpect.spawn("setpriv", argv, cwd=pw.pw_dir, encoding="utf-8", timeout=30,
-                         dimensions=(30, 100))
+                         dimensions=(30, 100), use_poll=True)
 
 
 def _session(lc: Cluster, user: str, more: bool = False) -> tuple[list[str], str]:
