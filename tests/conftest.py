@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import resource
 from pathlib import Path
 
 import pytest
 from helpers import env_for
+
+# The test process starts the embedded engine hundreds of times (a store per test), and each
+# start leaves descriptors behind (docs/admin.md, "start afresh in place"): the soft limit is
+# raised to the hard one, as a program that does not use select(2) may (getrlimit(2)).
+_soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+if _hard != resource.RLIM_INFINITY and _soft < _hard:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (_hard, _hard))
 
 
 @pytest.fixture

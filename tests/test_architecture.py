@@ -157,7 +157,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     # redact is a stage, and its rules (what a configured pattern may be) are read by config.
     ("records and rules", ["", "errors", "records", "sgr", "config", "jobref", "search",
                            "logview", "rankview", "xaxis", "summary_row", "views", "userfiles",
-                           "redact", "progress", "arrays", "sections", "ranklabel"]),
+                           "redact", "progress", "arrays", "sections", "ranklabel", "recycle"]),
     ("capture stages and sources", ["frame", "runner", "render", "filter", "classify", "limit",
                                     "spool", "sampling"]),
     ("libraries over records", ["insights", "store", "runs", "ownership", "grafana",

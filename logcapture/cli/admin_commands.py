@@ -91,9 +91,10 @@ def agent(spool: Path | None, store_dsn: str | None, batch_bytes: int, interval:
     insights, and sends the messages users asked for in their .logoptin (docs/insights.md)."""
     from ..config.admin import load_admin
     from ..insights.notify import Notifier
+    from ..recycle import hold_stop_signals, let_stop_signals_in, restart_in_place
     from ..ship import Agent, describe_dsn
     from ..slurm.jobrecords import NOTIFIED_DIR, samples_job_ended
-    from ..store import check_engine
+    from ..store import check_engine, engine_turns
 
     check_engine(store_dsn)  # a store to ship to, before waiting for anything to ship
     admin = load_admin(warn=Warner())
@@ -107,11 +108,21 @@ def agent(spool: Path | None, store_dsn: str | None, batch_bytes: int, interval:
               identify=_trusted_identity, job_ended=samples_job_ended,
               job_info=_trusted_job_info, notifier=notifier,
               stall_seconds=admin.stall_seconds, live_every=live_every,
-              warn=Warner(limit=1000),
+              warn=Warner(limit=1000), end_when_worn=True,
               log=lambda m: click.echo(f"logcapture: {m}", err=True))
     a.install_signal_handlers()
+    let_stop_signals_in()  # a stop that came while a worn agent started afresh: now
     click.echo(f"logcapture: agent shipping {root} to {describe_dsn(store_dsn)}", err=True)
     stats = a.run()
+    if a.worn:
+        hold_stop_signals()
+        if not a.stopping:
+            click.echo(f"logcapture: agent starting afresh after {engine_turns()} turns on "
+                       "the embedded store (chDB leaves threads behind each turn; nothing "
+                       "pending is lost: the new start ships it)", err=True)
+            restart_in_place()
+        let_stop_signals_in()
+        stats = a.run()  # stopped meanwhile: the last flush
     click.echo(f"logcapture: agent stopped: {stats.records} records shipped in "
                f"{stats.flushes} flushes, {stats.failures} failed", err=True)
 
@@ -183,13 +194,15 @@ def reader_serve(socket_path: Path | None, store_dsn: str | None,
     """Answer users' reading commands on a Unix socket, as the user the kernel says
     connected, until TERM or INT. Run by the administrator, with the store's credentials."""
     import logging
+    import os
     import signal
 
     from ..config.admin import load_admin
     from ..reader.client import DEFAULT_SOCKET
     from ..reader.server import ReadService
     from ..reader.sessions import store_sessions
-    from ..store import redact, resolve_dsn
+    from ..recycle import LISTEN_FD, hold_stop_signals, let_stop_signals_in, restart_in_place
+    from ..store import engine_turns, redact, resolve_dsn
 
     admin = load_admin(warn=Warner())
     path = socket_path or Path(admin.reader_socket or DEFAULT_SOCKET)
@@ -199,7 +212,7 @@ def reader_serve(socket_path: Path | None, store_dsn: str | None,
     settings = {name: value for name in ("max_clients", "max_clients_per_user",
                                        "max_follows_per_user", "request_timeout")
               if (value := getattr(admin, "reader_" + name)) is not None}
-    service = ReadService(path, sessions, admin_group=group, **settings)
+    service = ReadService(path, sessions, admin_group=group, end_when_worn=True, **settings)
     service.bind()
 
     def stop(signum: int, frame: object) -> None:
@@ -207,6 +220,7 @@ def reader_serve(socket_path: Path | None, store_dsn: str | None,
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    let_stop_signals_in()  # a stop that came while a worn service started afresh: now
     limits = service.limits
     click.echo(f"logcapture: read service on {path} for {redact(resolve_dsn(store_dsn))}"
                + (f", admin group {group}" if group else "")
@@ -215,8 +229,18 @@ def reader_serve(socket_path: Path | None, store_dsn: str | None,
                  f"{service.request_timeout:g}s", err=True)
     try:
         service.serve_forever()
+        if service.worn and service.listener_fd is not None:
+            hold_stop_signals()
+            if not service._stop.is_set():
+                click.echo(f"logcapture: read service starting afresh after {engine_turns()} "
+                           "turns on the embedded store (chDB leaves threads behind each "
+                           "turn), on the same socket: no client is refused", err=True)
+                restart_in_place(keep=[service.listener_fd],
+                                 env={**os.environ, LISTEN_FD: str(service.listener_fd)})
+            let_stop_signals_in()
     finally:
         service.stop()
+        service.close_listener()
         sessions.close()
     click.echo(f"logcapture: read service stopped after {service.served} request(s)", err=True)
 

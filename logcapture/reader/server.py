@@ -37,6 +37,8 @@ from typing import Any, NamedTuple
 
 from ..errors import LogcaptureError, NotFound, ServiceError, UsageError
 from ..query import FOLLOW_POLL, StoreReader, StoreSession
+from ..recycle import LISTEN_FD
+from ..store import engine_turns, engine_worn
 from .protocol import BATCH, MAX_REQUEST_BYTES, Request, encode, parse_request
 
 log = logging.getLogger("logcapture.reader")
@@ -61,6 +63,32 @@ class Caller(NamedTuple):
     uid: int
     user: str
     admin: bool  # reads every owner's runs
+
+
+def adopt_listener(path: Path) -> socket.socket | None:
+    """The listening Unix socket a service started afresh in place was handed in
+    ``LOGCAPTURE_LISTEN_FD`` (``recycle.restart_in_place``), when that names one and ``path``
+    is still a socket; None otherwise. The variable is removed, so nothing started later
+    inherits it."""
+    value = os.environ.pop(LISTEN_FD, "")
+    if not value.isdigit():
+        return None
+    fd = int(value)
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError:
+        return None
+    try:
+        listening = (sock.family == socket.AF_UNIX and sock.type == socket.SOCK_STREAM
+                     and sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) == 1
+                     and stat.S_ISSOCK(os.lstat(path).st_mode))
+    except OSError:
+        listening = False
+    if not listening:
+        sock.detach()  # not ours to close: whatever it is, it stays as it was
+        return None
+    sock.set_inheritable(False)
+    return sock
 
 
 def peer_uid(conn: socket.socket) -> int:
@@ -102,7 +130,7 @@ class ReadService:
                  request_timeout: float = REQUEST_TIMEOUT,
                  send_timeout: float = SEND_TIMEOUT,
                  max_response_bytes: int = MAX_RESPONSE_BYTES, beat_every: float = BEAT_EVERY,
-                 follow_poll: float = FOLLOW_POLL):
+                 follow_poll: float = FOLLOW_POLL, end_when_worn: bool = False):
         self.socket_path = Path(socket_path)
         self.sessions = sessions
         self.admin_group = admin_group
@@ -122,11 +150,24 @@ class ReadService:
         self._lock = threading.Lock()
         self._server_thread: threading.Thread | None = None
         self.served = 0  # answered requests (errors included)
+        # An embedded store wears a process that takes turns on it (``store.engine_worn``):
+        # with ``end_when_worn``, ``serve_forever`` returns with ``worn`` set at a moment no
+        # client is being answered, the store let go and the socket still open
+        # (``listener_fd``), for the command to start the service afresh on that socket.
+        self.end_when_worn = end_when_worn
+        self._turns_at_start = engine_turns()
+        self.worn = False
 
     # --- the socket
     def bind(self) -> None:
         """Create the socket (mode 0666: anyone may connect, the kernel says who did). A
-        stale socket file is replaced; a live service on the path is an error."""
+        stale socket file is replaced; a live service on the path is an error. A service
+        started afresh in place takes over its listening socket from ``LOGCAPTURE_LISTEN_FD``
+        (``recycle``) instead."""
+        adopted = adopt_listener(self.socket_path)
+        if adopted is not None:
+            self._listener = adopted
+            return
         path = self.socket_path
         path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
         if path.exists() or path.is_symlink():
@@ -166,6 +207,9 @@ class ReadService:
                 try:
                     conn, _ = listener.accept()
                 except TimeoutError:
+                    if self._worn():
+                        self.worn = True
+                        return
                     continue
                 except OSError:
                     if self._stop.is_set():
@@ -173,11 +217,36 @@ class ReadService:
                     raise
                 self._start_client(conn)
         finally:
-            listener.close()
-            try:
-                self.socket_path.unlink()
-            except OSError:
-                pass
+            if not self.worn:
+                self.close_listener()
+
+    def close_listener(self) -> None:
+        """Stop listening and remove the socket file (once)."""
+        if self._listener is None:
+            return
+        self._listener.close()
+        self._listener = None
+        try:
+            self.socket_path.unlink()
+        except OSError:
+            pass
+
+    def _worn(self) -> bool:
+        """Between clients (checked in the accepting thread, so none starts meanwhile):
+        whether the embedded engine has worn this process; if so the store is let go."""
+        if not self.end_when_worn or self.limits.total:
+            return False
+        if not engine_worn(since=self._turns_at_start):
+            return False
+        close = getattr(self.sessions, "close", None)
+        if close is not None:
+            close()
+        return True
+
+    @property
+    def listener_fd(self) -> int | None:
+        """The listening socket's descriptor (for a start afresh in place)."""
+        return self._listener.fileno() if self._listener is not None else None
 
     def start(self) -> threading.Thread:
         """Serve in a background thread (tests, the benchmark); ``stop`` ends it."""

@@ -24,7 +24,7 @@ from ..spool.abandoned import close_abandoned, writer_gone
 from ..spool.layout import find_run_dirs, segments
 from ..spool.layout import mtime as _mtime
 from ..spool.reading import begun
-from ..store import Identity, Store, open_store
+from ..store import Identity, Store, engine_turns, engine_worn, open_store
 from ..userfiles import UserDir
 from .batches import BATCH_BYTES, ShippedHook, ship_runs
 from .cursor import RunCursor, lock_cursor
@@ -143,7 +143,8 @@ class Agent:
                  clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time, log: Warn | None = None,
                  retry: RetryPolicy = RETRY, remind_every: float = REMIND_EVERY,
-                 timeouts: tuple[float, float] = (5.0, 60.0), stop_grace: float = STOP_GRACE):
+                 timeouts: tuple[float, float] = (5.0, 60.0), stop_grace: float = STOP_GRACE,
+                 end_when_worn: bool = False):
         self.spool_root = Path(spool_root)
         self.job_ended = job_ended
         self.job_info = job_info
@@ -172,6 +173,12 @@ class Agent:
         self.clock = clock
         self.stats = AgentStats()
         self._stop = threading.Event()
+        # An embedded store wears a process that opens it batch after batch (``engine_worn``):
+        # with ``end_when_worn`` the loop ends with ``worn`` set, for the command to start the
+        # agent afresh.
+        self.end_when_worn = end_when_worn
+        self._turns_at_start = engine_turns()
+        self.worn = False
         self._seen: dict[tuple[str, int], int] = {}  # (run dir, segment index) -> size seen
         self._dirty_since: float | None = None
         self._dirty_bytes = 0
@@ -271,6 +278,11 @@ class Agent:
             return False
         return (self._dirty_bytes >= self.batch_bytes
                 or now - self._dirty_since >= self.batch_interval)
+
+    @property
+    def stopping(self) -> bool:
+        """Whether ``stop()`` was called (a signal, a test)."""
+        return self._stop.is_set()
 
     def _stopping(self) -> bool:
         """Between batches: whether to leave the rest for the next start (stopped, and the
@@ -531,7 +543,8 @@ class Agent:
         """Loop until ``stop()``; then flush what is pending (batch by batch, until the store
         fails once or ``stop_grace`` is over) and return. A flush in progress at ``stop()``
         ends after its batch; a store call blocked past the grace is broken off
-        (``install_signal_handlers``)."""
+        (``install_signal_handlers``). With ``end_when_worn``, also returns between batches
+        with ``worn`` set once the embedded engine has worn this process (``engine_worn``)."""
         try:
             while not self._stop.is_set():
                 if self.due():
@@ -543,6 +556,9 @@ class Agent:
                 if self.clock() >= self._sweep_at:
                     self._sweep_at = self.clock() + SWEEP_EVERY
                     self.sweep()
+                if self.end_when_worn and engine_worn(since=self._turns_at_start):
+                    self.worn = True  # between batches: what is pending waits for the new start
+                    return self.stats
                 self._stop.wait(self.poll)
             self._final = True
             self.scan()

@@ -187,6 +187,7 @@ class _StoreLock:
 
     _held: dict[str, tuple[int, int]] = {}  # path -> (fd, refcount)
     _mutex = threading.Lock()
+    turns = 0  # how many times this process took a store's lock anew: each starts the engine
 
     @classmethod
     def acquire(cls, lock_path: Path, wait: float = 0.0) -> None:
@@ -224,6 +225,7 @@ class _StoreLock:
             os.ftruncate(fd, 0)
             os.pwrite(fd, str(os.getpid()).encode(), 0)
             cls._held[key] = (fd, 1)
+            cls.turns += 1
 
     @classmethod
     def release(cls, lock_path: Path) -> None:
@@ -245,6 +247,50 @@ class _StoreLock:
         with cls._mutex:
             key = next(iter(cls._held), None)
         return Path(key) if key is not None else None
+
+
+# --- the embedded engine's wear on a long-lived process ---------------------------------------
+# Each time a process starts chDB's engine on a store folder that has tables, the engine leaves
+# behind about 5 idle threads of its pool and 7 descriptors (its threads' /proc files), closed
+# or not (measured with chdb-core-lite 26.5 and chdb-core 26.9). A command opens the store a few
+# times; a process that takes turns on an embedded store for days (the agent, every batch; the
+# read service, every turn) grows by that much each turn until the engine aborts the process at
+# the descriptor limit. Such a process asks ``engine_worn()`` between turns and, when it says
+# so, starts itself afresh (``recycle.restart_in_place``), as web servers recycle a worker
+# after a number of requests for leaks they cannot mend (gunicorn's ``max_requests``, Apache's
+# ``MaxConnectionsPerChild``).
+ENGINE_TURNS = 200  # turns on an embedded store before a long-lived process starts afresh
+
+
+def engine_turns() -> int:
+    """How many times this process started the embedded engine (took a store's lock anew)."""
+    return _StoreLock.turns
+
+
+def open_descriptors() -> int:
+    """How many descriptors this process has open (0 where /proc cannot tell)."""
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return 0
+
+
+def engine_worn(since: int = 0, turns: int | None = None) -> bool:
+    """Whether a long-lived process should start afresh before its next turn on an embedded
+    store: it has started the engine ``turns`` times since its count was ``since``
+    (``ENGINE_TURNS``; the env's ``LOGCAPTURE_ENGINE_TURNS`` when set), or it has started it
+    and uses half of its descriptor limit already."""
+    import resource
+
+    if turns is None:
+        setting = os.environ.get("LOGCAPTURE_ENGINE_TURNS", "")
+        turns = int(setting) if setting.isdigit() and int(setting) > 0 else ENGINE_TURNS
+    started = _StoreLock.turns - since
+    if started >= turns:
+        return True
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return (started > 0 and soft != resource.RLIM_INFINITY
+            and open_descriptors() > soft // 2)
 
 
 # --- errors -------------------------------------------------------------------------------

@@ -1,0 +1,123 @@
+"""A long-lived process that takes turns on an embedded store starts afresh in place when the
+engine has worn it (``store.engine_worn``, ``recycle.restart_in_place``): the agent between
+batches, the read service between clients on the socket it listens on. Each turn of chDB's
+engine leaves threads and descriptors behind; without this, a busy agent would grow by them
+every batch until the engine aborted it at the descriptor limit."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from logcapture import store as S
+from logcapture.store import engine_turns, engine_worn
+
+from .helpers import LOGCAPTURE
+from .test_ship import make_run
+
+
+def _threads(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
+def test_each_turn_on_an_embedded_store_is_counted_and_wears_the_process(
+        tmp_path: Path) -> None:
+    dsn = f"chdb://{tmp_path / 'store'}"
+    before = engine_turns()
+    for _ in range(3):
+        with S.open_store(dsn) as st, S.open_store(dsn):  # a second client shares the turn
+            st.runs()
+    assert engine_turns() - before == 3
+    assert engine_worn(since=before, turns=3)
+    assert not engine_worn(since=before, turns=4)
+    assert not engine_worn(since=engine_turns(), turns=1)  # no turn since: not worn
+
+
+def _shipped(run_dir: Path) -> bool:
+    cursor = run_dir / ".logcapture-cursor.json"
+    return cursor.exists() and bool(json.loads(cursor.read_text()).get("shipped_at"))
+
+
+def test_the_agent_starts_afresh_in_place_and_ships_everything(tmp_path: Path) -> None:
+    """An agent worn after 2 turns ships 8 runs one after another (a turn or more each): it
+    starts afresh several times, as the same process, whose threads stay bounded, and every
+    line of every run is in the store once."""
+    root, dsn = tmp_path / "spool", f"chdb://{tmp_path / 'store'}"
+    root.mkdir()
+    env = {**os.environ, "LOGCAPTURE_CONFIG": "/nonexistent", "LOGCAPTURE_ENGINE_TURNS": "2"}
+    log = tmp_path / "agent.log"
+    with log.open("w") as stderr:
+        agent = subprocess.Popen([*LOGCAPTURE, "agent", "--spool", str(root), "--store", dsn,
+                                  "--interval", "0.1", "--keep"], env=env, stderr=stderr)
+    threads = []
+    try:
+        for i in range(8):
+            rd = make_run(root, f"r{i}", 300)
+            deadline = time.monotonic() + 60
+            while not _shipped(rd):
+                assert time.monotonic() < deadline and agent.poll() is None, log.read_text()
+                time.sleep(0.05)
+            time.sleep(0.5)  # a fresh start, if one comes after this batch, is under way
+            threads.append(_threads(agent.pid))
+        assert agent.poll() is None  # the same process throughout
+    finally:
+        agent.terminate()
+        agent.wait(timeout=60)
+    err = log.read_text()
+    assert agent.returncode == 0, err
+    assert err.count("agent starting afresh after 2 turns on the embedded store") >= 3, err
+    assert err.count("agent shipping") == err.count("agent starting afresh") + 1
+    # Each turn leaves 5-7 threads: without a fresh start the agent grows batch after batch
+    # (20 threads after the first batch, 73 after the eighth, measured with chDB 26.5).
+    assert max(threads) <= threads[0] + 15, threads
+    with S.open_store(dsn) as st:
+        rows = st._query("SELECT run, count() FROM lines GROUP BY run ORDER BY run")
+    assert rows == [(f"r{i}", 300) for i in range(8)]
+
+
+def _ask(sock: Path, request: dict) -> list[dict]:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(30)
+        s.connect(str(sock))
+        s.sendall(json.dumps(request).encode() + b"\n")
+        buf = b""
+        while chunk := s.recv(1 << 16):
+            buf += chunk
+    return [json.loads(x) for x in buf.splitlines()]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the read service answers as the peer's uid")
+def test_the_read_service_starts_afresh_on_the_socket_it_listens_on(tmp_path: Path) -> None:
+    """A read service worn after 2 turns: each question after another process took the store
+    is a new turn; it starts afresh between clients, as the same process on the same socket
+    (the listening socket handed over), and no question is refused or lost."""
+    dsn, sock = f"chdb://{tmp_path / 'store'}", tmp_path / "reader.sock"
+    with S.open_store(dsn):  # the schema
+        pass
+    env = {**os.environ, "LOGCAPTURE_CONFIG": "/nonexistent", "LOGCAPTURE_ENGINE_TURNS": "2"}
+    proc = subprocess.Popen([*LOGCAPTURE, "reader", "serve", "--socket", str(sock),
+                             "--store", dsn], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not sock.exists():
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
+        inode = os.stat(sock).st_ino
+        for _ in range(8):
+            answer = _ask(sock, {"op": "runs"})
+            assert answer and all("error" not in a for a in answer), answer
+            with S.open_store(dsn, wait=30):  # another process's turn: the service lets go
+                pass
+            time.sleep(0.5)  # the service notices no client and starts afresh
+        assert proc.poll() is None and os.stat(sock).st_ino == inode  # same process, socket
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=60)
+    assert err.count("read service starting afresh after 2 turns") >= 2, err
+    assert "read service stopped" in err
