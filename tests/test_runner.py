@@ -301,6 +301,29 @@ def test_closed_standard_descriptors_stay_closed_for_the_command(lc_env: dict[st
     assert b"write failed" in res.stderr and b"write failed" in bare.stderr
 
 
+def test_a_command_started_with_a_thousand_descriptors_left_open_to_it(
+        lc_env: dict[str, str]) -> None:
+    """A program that leaves 1,100 descriptors open to ``logcapture run`` (close_fds=False)
+    pushes its ptys and pipes past 1023, where select(2) cannot watch: the command's output,
+    exit status and the record are as with a few."""
+    import resource
+
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2048:
+        pytest.skip(f"the descriptor limit ({hard}) is too low")
+    job = "echo out; echo err >&2; exit 3"
+    # a fresh process opens them from 3 up, then becomes ``logcapture run``
+    leave_open = ("import os, sys\n"
+                  "for _ in range(1100):\n"
+                  "    os.set_inheritable(os.open(os.devnull, os.O_RDONLY), True)\n"
+                  "os.execv(sys.argv[1], sys.argv[1:])\n")
+    res = subprocess.run([PY, "-c", leave_open, *LOGCAPTURE, "run", "--run-id", "many-fds",
+                          "--", "sh", "-c", job], env=lc_env, capture_output=True, timeout=60)
+    assert (res.returncode, res.stdout, res.stderr) == (3, b"out\n", b"err\n")
+    shown = lc(["logs", "many-fds"], lc_env)
+    assert shown.stdout.splitlines() == [b"out", b"err"], shown
+
+
 def test_an_interactive_program_driven_by_pexpect(lc_env: dict[str, str]) -> None:
     child = pexpect.spawn(LOGCAPTURE[0], [*LOGCAPTURE[1:], "run", "--", PY, "-c",
                                           "n = input('name? '); print('hello', n)"],

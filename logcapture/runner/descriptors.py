@@ -1,14 +1,15 @@
 """The caller's standard descriptors: ``reserve_std_fds`` (closed ones held by /dev/null, closed
 again in the command) and ``same_destination`` (do stdout and stderr write to one place, so that
-one pty must carry both).
+one pty must carry both); ``wait_for``, the one wait for descriptors to be ready.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import select
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 
 def reserve_std_fds() -> frozenset[int]:
@@ -86,3 +87,21 @@ def _same_description(fd1: int, fd2: int) -> bool:
 
 
 _KCMP_SYSCALL = {"x86_64": 312, "aarch64": 272, "ppc64le": 354}
+
+
+def wait_for(read: Iterable[int] = (), write: Iterable[int] = (),
+             timeout: float | None = None) -> set[int]:
+    """Wait until one of ``read`` can be read (or its other end is gone) or one of ``write``
+    written, at most ``timeout`` seconds (None: no bound), and return the ones that are.
+    poll(2), not select(2): a command started by a program that left a thousand descriptors
+    open to it gets its ptys numbered past 1023, which select cannot watch (its FD_SETSIZE)."""
+    events: dict[int, int] = {}
+    for fd in read:
+        events[fd] = events.get(fd, 0) | select.POLLIN
+    for fd in write:
+        events[fd] = events.get(fd, 0) | select.POLLOUT
+    poller = select.poll()
+    for fd, mask in events.items():
+        poller.register(fd, mask)
+    ms = None if timeout is None else max(0, int(timeout * 1000 + 0.999))
+    return {fd for fd, _ in poller.poll(ms)}

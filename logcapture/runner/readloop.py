@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from .. import frame
 from ..records import STDERR, STDOUT
+from .descriptors import wait_for
 from .outcome import Options
 from .worker import Worker
 
@@ -67,7 +68,7 @@ def _write_all(fd: int, data: bytes) -> None:
         try:
             n = os.write(fd, view)
         except BlockingIOError:
-            select.select([], [fd], [])
+            wait_for(write=(fd,))
             continue
         view = view[n:]
 

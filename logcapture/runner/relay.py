@@ -20,6 +20,8 @@ import termios
 import threading
 from collections.abc import Mapping
 
+from .descriptors import wait_for
+
 TYPE_CHECKING = False  # not typing's (records.py says why)
 if TYPE_CHECKING:
     from typing import Any
@@ -274,10 +276,7 @@ def relay_plain(outer: int, inner: int, typed: bytes = b"", poll: float = WINSIZ
                 fcntl.ioctl(inner, termios.TIOCSWINSZ, size)
         except OSError:
             pass
-        try:
-            ready, _, _ = select.select([outer, inner], [], [], poll)
-        except InterruptedError:  # pragma: no cover - PEP 475 retries
-            continue
+        ready = wait_for(read=(outer, inner), timeout=poll)
         for fd, to in ((inner, outer), (outer, inner)):
             if fd not in ready:
                 continue

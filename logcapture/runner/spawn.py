@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import errno
 import os
-import select
 import signal
 import time
 from collections.abc import Iterable, Mapping, Sequence
 
 from ..records import STDERR, STDOUT
-from .descriptors import closer
+from .descriptors import closer, wait_for
 from .outcome import NO_BYTES, Options, Outcome, children_usage, resident_kib
 from .readloop import ReadLoop
 from .signals import FORWARDED_SIGNALS, Forwarder
@@ -158,7 +157,7 @@ def attach(masters: Mapping[int, str], task: Attached, sink: Worker | None,
         loop.run()
         deadline = time.monotonic() + status_timeout
         while task.returncode is None and time.monotonic() < deadline:
-            select.select([wake_r], [], [], max(0.0, deadline - time.monotonic()))
+            wait_for(read=(wake_r,), timeout=max(0.0, deadline - time.monotonic()))
             try:
                 os.read(wake_r, 512)
             except BlockingIOError:

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from itertools import islice
 
 from .. import frame
+from .descriptors import wait_for
 from .outcome import Outcome, own_usage
 from .signals import FORWARDED_SIGNALS
 
@@ -189,7 +190,7 @@ class Worker:
                 pass
             else:
                 try:
-                    select.select([pidfd], [], [], timeout)
+                    wait_for(read=(pidfd,), timeout=timeout)
                 finally:
                     os.close(pidfd)
                 timeout = 0.0
@@ -258,7 +259,7 @@ class Worker:
         try:
             while self.size and time.monotonic() < deadline:
                 if self.blocked:
-                    select.select([], [self.fd], [], 0.2)
+                    wait_for(write=(self.fd,), timeout=0.2)
                 self.pump()
         except OSError:
             pass
