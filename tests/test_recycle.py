@@ -10,6 +10,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -121,3 +122,45 @@ def test_the_read_service_starts_afresh_on_the_socket_it_listens_on(tmp_path: Pa
         _, err = proc.communicate(timeout=60)
     assert err.count("read service starting afresh after 2 turns") >= 2, err
     assert "read service stopped" in err
+
+
+def test_the_page_server_keeps_the_store_between_clicks_and_lets_it_go_when_wanted(
+        tmp_path: Path) -> None:
+    """``logcapture serve`` on an embedded store: a pause between two questions does not
+    close the store (each opening is a turn that wears the process); another process that
+    waits for the store gets it within the releaser's next look."""
+    from logcapture.query import LocalReader
+    from logcapture.web.reads import IDLE_RELEASE, Pages
+
+    dsn = f"chdb://{tmp_path / 'store'}"
+    with S.open_store(dsn):  # the schema
+        pass
+    now = [0.0]
+    reader = LocalReader(tmp_path / "spool", dsn, source="store")
+    pages = Pages(reader, clock=lambda: now[0])
+    try:
+        before = engine_turns()
+        for _ in range(3):
+            pages.runs()
+            now[0] += 5.0  # a user reading the page
+            pages.release_idle()
+        assert engine_turns() - before == 1  # one turn for the three questions
+        waiter = subprocess.Popen(
+            [sys.executable, "-c", "import sys; from logcapture import store as S\n"
+             f"with S.open_store({dsn!r}, wait=30): print('got it')"],
+            stdout=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 30
+        while waiter.poll() is None:
+            assert time.monotonic() < deadline
+            pages.release_idle()  # as the server's releaser does every second
+            time.sleep(0.2)
+        assert waiter.communicate()[0] == "got it\n"
+        now[0] += IDLE_RELEASE + 1  # a long pause lets it go too
+        pages.runs()
+        pages.release_idle()
+        assert engine_turns() - before == 2
+        now[0] += IDLE_RELEASE + 1
+        pages.release_idle()
+        assert not reader.held._store
+    finally:
+        pages.close()

@@ -49,6 +49,11 @@ class HeldStore:
     def __call__(self) -> AbstractContextManager[Store]:
         return _Borrowed(self._open())
 
+    def wanted(self) -> bool:
+        """Whether another process waits for the embedded store held here
+        (``store.store_wanted``)."""
+        return self._store is not None and self._store.wanted()
+
     def release(self) -> None:
         if self._store is not None:
             self._store.close()

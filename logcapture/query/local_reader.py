@@ -302,6 +302,10 @@ class LocalReader:
             found.append(search_spool(self.root, req, self._mine, skip_shipped=self._in_store()))
         return answer(merge(found, req.limit))
 
+    def store_wanted(self) -> bool:
+        """Whether another process waits for the embedded store this reader holds."""
+        return self.held.wanted()
+
     def close(self) -> None:
         self.held.close()
         if self.remote is not None:

@@ -474,7 +474,7 @@ class Agent:
             return 0
         result = UploadResult()
         try:
-            with open_store(self.dsn, connect_timeout=self.timeouts[0],
+            with open_store(self.dsn, wait=STORE_WAIT, connect_timeout=self.timeouts[0],
                             send_receive_timeout=self.timeouts[1]) as store:
                 for key, identity, insight in stalled:
                     self._report(store, identity, key, [insight], "stalled", result)

@@ -5,7 +5,10 @@ columns); it reads nothing itself.
 
 The Reader is one object used by one request at a time (``Pages`` holds a lock): an embedded
 store is one process's, and the Reader keeps it open between questions; ``release_idle``
-lets it go after a quiet spell, so ``upload`` or ``export`` in another shell can open it.
+lets it go as soon as another process waits for it (``upload`` or ``export`` in another
+shell, the agent) or after a quiet spell. Not after every pause between two clicks: each
+opening starts the engine anew, which leaves threads and descriptors behind in the process
+(docs/admin.md, "Long-lived processes start afresh in place").
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ RUN_REF = re.compile(r"[A-Za-z0-9._-]{1,128}")
 FORMATS = {"csv": "text/csv", "ndjson": "application/x-ndjson",
            "parquet": "application/vnd.apache.parquet"}
 METADATA_TABLE_ROWS = 5000
-IDLE_RELEASE = 2.0  # seconds without a question before the Reader lets its store go
+IDLE_RELEASE = 60.0  # seconds without a question before the Reader lets its store go
 
 GPU_METRICS = ("utilization_gpu_percent", "memory_used_bytes", "power_watts",
                "temperature_celsius")
@@ -59,7 +62,8 @@ class Pages:
 
     def release_idle(self) -> None:
         with self._lock:
-            if self._clock() - self._last > IDLE_RELEASE:
+            wanted = getattr(self.reader, "store_wanted", None)
+            if self._clock() - self._last > IDLE_RELEASE or (wanted is not None and wanted()):
                 self.reader.close()
 
     def close(self) -> None:
