@@ -164,3 +164,41 @@ def test_the_page_server_keeps_the_store_between_clicks_and_lets_it_go_when_want
         assert not reader.held._store
     finally:
         pages.close()
+
+
+def test_the_page_server_starts_afresh_on_the_same_address_and_token(tmp_path: Path) -> None:
+    """``logcapture serve`` worn after 2 turns (each page read after another process took the
+    store is one): it starts afresh when no connection is open, as the same process, on the
+    same port with the same token, and every request is answered."""
+    import httpx
+
+    dsn = f"chdb://{tmp_path / 'store'}"
+    with S.open_store(dsn):  # the schema
+        pass
+    env = {**os.environ, "LOGCAPTURE_CONFIG": "/nonexistent", "LOGCAPTURE_ENGINE_TURNS": "2",
+           "XDG_STATE_HOME": str(tmp_path / "state")}
+    log = tmp_path / "serve.log"
+    with log.open("w") as stderr:
+        proc = subprocess.Popen([*LOGCAPTURE, "serve", "--spool", str(tmp_path / "spool"),
+                                 "--store", dsn, "--port", "0", "--no-browser"], env=env,
+                                stdout=subprocess.PIPE, stderr=stderr, text=True)
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().strip()
+        base, token = url.split("/?token=")
+        for _ in range(6):
+            answer = httpx.get(base + "/api/runs", params={"token": token}, timeout=30)
+            assert answer.status_code == 200, (answer.text, log.read_text())
+            with S.open_store(dsn, wait=30):  # another process's turn: the page lets go
+                pass
+            time.sleep(1.5)  # no connection open: a worn server starts afresh
+        assert proc.poll() is None  # the same process throughout
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+        more = proc.stdout.read() if proc.stdout is not None else ""
+        if proc.stdout is not None:
+            proc.stdout.close()
+    err = log.read_text()
+    assert err.count("logcapture serve: starting afresh after 2 turns") >= 2, err
+    assert more == ""  # the URL was given once

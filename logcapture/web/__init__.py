@@ -12,6 +12,8 @@ from ..errors import UsageError
 
 DEFAULT_PORT = 8750
 PORT_TRIES = 20  # like Jupyter: the default port taken, try the next ones
+TOKEN_ENV = "LOGCAPTURE_SERVE_TOKEN"  # the token handed to a fresh start in place
+WEAR_CHECK = 1.0  # seconds between looks at the store's wear on the process
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -38,6 +40,29 @@ def bind(host: str, port: int) -> socket.socket:
     raise UsageError(f"cannot listen on {host}:{port}: {last.strerror if last else ''}")
 
 
+def adopt_listener() -> socket.socket | None:
+    """The listening TCP socket a server started afresh in place was handed
+    (``recycle.LISTEN_FD``), if that names one; the variable is removed."""
+    from ..recycle import LISTEN_FD
+
+    value = os.environ.pop(LISTEN_FD, "")
+    if not value.isdigit():
+        return None
+    try:
+        sock = socket.socket(fileno=int(value))
+    except OSError:
+        return None
+    try:
+        listening = (sock.family in (socket.AF_INET, socket.AF_INET6)
+                     and sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) == 1)
+    except OSError:
+        listening = False
+    if not listening:
+        sock.detach()  # not ours: left as it was
+        return None
+    return sock
+
+
 def url_of(sock: socket.socket, token: str) -> str:
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
@@ -55,22 +80,28 @@ def serve(reader: Any, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
 
     import uvicorn
 
+    from ..recycle import LISTEN_FD, restart_in_place
+    from ..store import engine_turns, engine_worn
     from . import connections as C
     from .app import create_app
     from .reads import Pages
 
-    token = token or secrets.token_urlsafe(24)
-    sock = bind(host, port)
+    sock = adopt_listener()
+    again = sock is not None and bool(os.environ.get(TOKEN_ENV))
+    token = os.environ.pop(TOKEN_ENV, "") if again else token or secrets.token_urlsafe(24)
+    if sock is None:
+        sock = bind(host, port)
     url = url_of(sock, token)
-    print(url, file=out, flush=True)
-    if host not in ("127.0.0.1", "localhost", "::1"):
-        print(f"logcapture serve: listening on {host}: anyone who can reach it and has the "
-              "token reads your runs", file=sys.stderr, flush=True)
-    if open_browser and (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")
-                         or sys.platform == "darwin"):
-        import webbrowser
+    if not again:  # a fresh start in place: the URL given before still holds
+        print(url, file=out, flush=True)
+        if host not in ("127.0.0.1", "localhost", "::1"):
+            print(f"logcapture serve: listening on {host}: anyone who can reach it and has "
+                  "the token reads your runs", file=sys.stderr, flush=True)
+        if open_browser and (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")
+                             or sys.platform == "darwin"):
+            import webbrowser
 
-        webbrowser.open(url)
+            webbrowser.open(url)
     protocol = C.guarded_h11(C.HEADER_TIMEOUT if header_timeout is None else header_timeout,
                              C.MAX_CONNECTIONS if max_connections is None else max_connections)
     config = uvicorn.Config(create_app(Pages(reader), token, sock.getsockname()[1]),
@@ -78,11 +109,34 @@ def serve(reader: Any, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
                             timeout_graceful_shutdown=1, http=protocol,
                             timeout_keep_alive=idle_timeout or C.IDLE_TIMEOUT)
     server = uvicorn.Server(config)
+    worn = False
+
+    async def watch_wear() -> None:
+        """An embedded store wears the process a little at each opening
+        (``store.engine_worn``): once worn, the server ends at a moment no connection is
+        open, for a fresh start in place on the same socket and token."""
+        nonlocal worn
+        since = engine_turns()
+        while not server.should_exit:
+            await asyncio.sleep(WEAR_CHECK)
+            if not server.server_state.connections and engine_worn(since=since):
+                worn = server.should_exit = True
 
     async def run() -> None:
         asyncio.get_running_loop().set_exception_handler(C.AcceptErrors())
-        await server.serve(sockets=[sock])
+        watch = asyncio.create_task(watch_wear())
+        try:  # uvicorn closes the sockets it serves: its own copy, so this one stays
+            await server.serve(sockets=[sock.dup()])
+        finally:
+            watch.cancel()
 
     # asyncio's own loop (not uvloop where installed): AcceptErrors knows how it reports a
     # failed accept().
-    asyncio.run(run())
+    asyncio.run(run())  # a TERM or INT it caught is raised again as it returns (uvicorn)
+    if worn:
+        print(f"logcapture serve: starting afresh after {engine_turns()} turns on the "
+              "embedded store (chDB leaves threads behind each turn), on the same address "
+              "and token", file=sys.stderr, flush=True)
+        restart_in_place(keep=[sock.fileno()],
+                         env={**os.environ, LISTEN_FD: str(sock.fileno()), TOKEN_ENV: token})
+
