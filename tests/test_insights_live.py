@@ -193,6 +193,36 @@ def test_the_agent_finds_a_nan_metric_and_a_stall_while_the_job_runs(
     assert run_dir.is_dir()
 
 
+def test_an_agent_started_afresh_watches_the_runs_an_earlier_one_began_to_ship(
+        tmp_path: Path) -> None:
+    """The agent starts afresh in place (docs/admin.md) or is restarted while a job runs: the
+    new one never sees the run's Start record shipped, yet still finds the run's stall
+    (its Start record read back from the spool) and does not report the metric already
+    reported NaN again (the store says which)."""
+    from logcapture.ship import Agent
+    from logcapture.store import open_store
+
+    spool, store = tmp_path / "spool", f"chdb://{tmp_path}/store"
+    now = time.time()
+    run_dir = _write_spool(spool, "r1", [
+        START._replace(ts=now - 100), Line("r1", "stdout", 0, now - 99, "epoch 1"),
+        Metadata("r1", "stdout", 1, now - 98, {"step": 5, "loss": float("nan")})])
+    first = Agent(spool, store, batch_interval=0.0, stall_seconds=60.0)
+    assert first.due()
+    first.flush()
+    with open(run_dir / "seg-000000.ndjson", "ab") as f:  # the job goes on, still NaN
+        f.write(_ndjson(Metadata("r1", "stdout", 2, now - 97,
+                                 {"step": 6, "loss": float("nan")})))
+    again = Agent(spool, store, batch_interval=0.0, stall_seconds=60.0)
+    assert again.due()
+    again.flush()
+    assert again.check_live(now=now + 61) == 1  # quiet since this agent began: stalled
+    with open_store(store, must_exist=True) as st:
+        kinds = {i["kind"]: i for i in st.insights("r1")}
+    assert set(kinds) == {"nan-metric", "stalled"}
+    assert kinds["nan-metric"]["message"] == "metric loss became NaN at step 5"
+
+
 def test_a_stall_and_a_nan_found_while_a_real_job_runs(lc_env: dict[str, str], tmp_path: Path,
                                                        mailprog: tuple[Path, Path]) -> None:
     """logcapture run with a job that prints a NaN metric, then goes quiet; the real agent

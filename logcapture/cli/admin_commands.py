@@ -91,7 +91,7 @@ def agent(spool: Path | None, store_dsn: str | None, batch_bytes: int, interval:
     insights, and sends the messages users asked for in their .logoptin (docs/insights.md)."""
     from ..config.admin import load_admin
     from ..insights.notify import Notifier
-    from ..recycle import hold_stop_signals, let_stop_signals_in, restart_in_place
+    from ..recycle import restart_in_place, stop_ends_at_once
     from ..ship import Agent, describe_dsn
     from ..slurm.jobrecords import NOTIFIED_DIR, samples_job_ended
     from ..store import check_engine, engine_turns
@@ -111,18 +111,17 @@ def agent(spool: Path | None, store_dsn: str | None, batch_bytes: int, interval:
               warn=Warner(limit=1000), end_when_worn=True,
               log=lambda m: click.echo(f"logcapture: {m}", err=True))
     a.install_signal_handlers()
-    let_stop_signals_in()  # a stop that came while a worn agent started afresh: now
     click.echo(f"logcapture: agent shipping {root} to {describe_dsn(store_dsn)}", err=True)
     stats = a.run()
     if a.worn:
-        hold_stop_signals()
+        stop_ends_at_once()
         if not a.stopping:
             click.echo(f"logcapture: agent starting afresh after {engine_turns()} turns on "
                        "the embedded store (chDB leaves threads behind each turn; nothing "
                        "pending is lost: the new start ships it)", err=True)
             restart_in_place()
-        let_stop_signals_in()
-        stats = a.run()  # stopped meanwhile: the last flush
+        a.install_signal_handlers()  # stopped meanwhile: the last flush, as on any stop
+        stats = a.run()
     click.echo(f"logcapture: agent stopped: {stats.records} records shipped in "
                f"{stats.flushes} flushes, {stats.failures} failed", err=True)
 
@@ -201,7 +200,7 @@ def reader_serve(socket_path: Path | None, store_dsn: str | None,
     from ..reader.client import DEFAULT_SOCKET
     from ..reader.server import ReadService
     from ..reader.sessions import store_sessions
-    from ..recycle import LISTEN_FD, hold_stop_signals, let_stop_signals_in, restart_in_place
+    from ..recycle import LISTEN_FD, restart_in_place, stop_ends_at_once
     from ..store import engine_turns, redact, resolve_dsn
 
     admin = load_admin(warn=Warner())
@@ -220,7 +219,6 @@ def reader_serve(socket_path: Path | None, store_dsn: str | None,
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    let_stop_signals_in()  # a stop that came while a worn service started afresh: now
     limits = service.limits
     click.echo(f"logcapture: read service on {path} for {redact(resolve_dsn(store_dsn))}"
                + (f", admin group {group}" if group else "")
@@ -230,14 +228,13 @@ def reader_serve(socket_path: Path | None, store_dsn: str | None,
     try:
         service.serve_forever()
         if service.worn and service.listener_fd is not None:
-            hold_stop_signals()
+            stop_ends_at_once()
             if not service._stop.is_set():
                 click.echo(f"logcapture: read service starting afresh after {engine_turns()} "
                            "turns on the embedded store (chDB leaves threads behind each "
                            "turn), on the same socket: no client is refused", err=True)
                 restart_in_place(keep=[service.listener_fd],
                                  env={**os.environ, LISTEN_FD: str(service.listener_fd)})
-            let_stop_signals_in()
     finally:
         service.stop()
         service.close_listener()

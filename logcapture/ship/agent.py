@@ -23,7 +23,7 @@ from ..records import LOST
 from ..spool.abandoned import close_abandoned, writer_gone
 from ..spool.layout import find_run_dirs, segments
 from ..spool.layout import mtime as _mtime
-from ..spool.reading import begun
+from ..spool.reading import begun, first_line
 from ..store import Identity, Store, engine_turns, engine_worn, open_store
 from ..userfiles import UserDir
 from .batches import BATCH_BYTES, ShippedHook, ship_runs
@@ -153,6 +153,7 @@ class Agent:
         self.live_every = live_every
         self._live_at = 0.0  # agent clock of the next stall check
         self._live_runs: dict[tuple[str, int], tuple[Path, Identity]] = {}
+        self._resumed: set[tuple[str, int]] = set()  # runs begun before this agent (``_resume``)
         self.samples_idle = samples_idle
         self.wall = wall
         self.dsn = dsn
@@ -304,6 +305,7 @@ class Agent:
                             send_receive_timeout=self.timeouts[1]) as store, \
                     ExitStack() as stack:
                 jobs = self._jobs(runs, stack)
+                self._resume(store, jobs)
                 done = ship_runs(store, jobs, result, max_bytes=self.batch_bytes,
                                  retention_days=self.retention_days, job_info=self.job_info,
                                  notifier=self.notifier, until=self._stopping,
@@ -409,6 +411,7 @@ class Agent:
                 key = (job.identity.run, job.identity.uid)
                 self.live.forget(key)
                 self._live_runs.pop(key, None)
+                self._resumed.discard(key)
                 self._done.add(str(job.run_dir))
                 result.runs.append(job.run_dir.name)
 
@@ -446,6 +449,33 @@ class Agent:
                 self.live.observe(key, b"", now)
             if found.get(id(job)):
                 self._report(store, job.identity, key, found[id(job)], "nan-metric", result)
+
+    def _resume(self, store: Store, jobs: list[_RunJob]) -> None:
+        """Before a batch: watch each run that an earlier agent began to ship (this one
+        started afresh in place, or was restarted) as if this one had seen it begin, since
+        its Start record will not be shipped again: that record read back from the spool,
+        and the metrics already reported NaN, from the store."""
+        now = self.wall()
+        for job in jobs:
+            key = (job.identity.run, job.identity.uid)
+            if (not job.rc.cursor.records or key in self._resumed
+                    or self._is_samples(job.run_dir)
+                    or self.live.start_record(key) is not None):
+                continue
+            self._resumed.add(key)
+            try:
+                start = first_line(segments(job.run_dir)[0])
+            except (SpoolError, OSError, IndexError):
+                continue
+            nan_keys = []
+            try:
+                for insight in store.insights(job.identity.run, job.identity.user):
+                    name = (insight.get("details") or {}).get("key")
+                    if insight.get("kind") == "nan-metric" and isinstance(name, str):
+                        nan_keys.append(name)
+            except StoreError:
+                pass  # a metric still NaN is then reported again: the store keeps one row
+            self.live.resume(key, start, nan_keys, now)
 
     def _report(self, store: Store, identity: Identity, key: tuple[str, int],
                 found: list[Any], event: str, result: UploadResult) -> None:
@@ -556,7 +586,8 @@ class Agent:
                 if self.clock() >= self._sweep_at:
                     self._sweep_at = self.clock() + SWEEP_EVERY
                     self.sweep()
-                if self.end_when_worn and engine_worn(since=self._turns_at_start):
+                if (self.end_when_worn and not self._stop.is_set()
+                        and engine_worn(since=self._turns_at_start)):
                     self.worn = True  # between batches: what is pending waits for the new start
                     return self.stats
                 self._stop.wait(self.poll)

@@ -60,6 +60,7 @@ def adopt_listener() -> socket.socket | None:
     if not listening:
         sock.detach()  # not ours: left as it was
         return None
+    sock.set_inheritable(False)
     return sock
 
 
