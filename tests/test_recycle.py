@@ -202,3 +202,54 @@ def test_the_page_server_starts_afresh_on_the_same_address_and_token(tmp_path: P
     err = log.read_text()
     assert err.count("logcapture serve: starting afresh after 2 turns") >= 2, err
     assert more == ""  # the URL was given once
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the read service answers as the peer's uid")
+def test_a_follow_through_the_read_service_goes_on_across_its_fresh_starts(
+        tmp_path: Path) -> None:
+    """``logs -f`` of a running run through a read service worn after 2 turns: the service
+    starts afresh while the follower is connected (only followers are), the follow resumes
+    from its last record, and every line is printed once, in order."""
+    from logcapture.records import End, Line, Start
+
+    dsn, sock = f"chdb://{tmp_path / 'store'}", tmp_path / "reader.sock"
+    me = S.Identity(run="live", user="root", uid=0, job_id="")
+    t0 = time.time() - 60
+
+    def ship(recs: list) -> None:
+        with S.open_store(dsn, wait=30) as st:  # a turn of this process: the service lets go
+            st.insert_records(recs, me)
+
+    ship([Start(run="live", stream="run", seq=0, ts=t0, command=["train.py"], user="root",
+                uid=0, host="n1")])
+    env = {**os.environ, "LOGCAPTURE_CONFIG": "/nonexistent", "LOGCAPTURE_ENGINE_TURNS": "2"}
+    log = tmp_path / "reader.log"
+    with log.open("w") as stderr:
+        service = subprocess.Popen([*LOGCAPTURE, "reader", "serve", "--socket", str(sock),
+                                    "--store", dsn], env=env, stderr=stderr)
+    follow = None
+    try:
+        deadline = time.monotonic() + 60
+        while not sock.exists():
+            assert time.monotonic() < deadline and service.poll() is None
+            time.sleep(0.05)
+        follow = subprocess.Popen([*LOGCAPTURE, "logs", "-f", "live"],
+                                  env={**env, "LOGCAPTURE_READER_SOCKET": str(sock)},
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for batch in range(6):
+            ship([Line(run="live", stream="stdout", seq=i, ts=t0 + i, text=f"line {i}")
+                  for i in range(batch * 10, batch * 10 + 10)])
+            time.sleep(1.5)
+        ship([End(run="live", stream="run", seq=1, ts=t0 + 61, exit_status=0,
+                  state="COMPLETED", duration=61.0, counts={"stdout": {"lines": 60}})])
+        out, err = follow.communicate(timeout=90)
+        assert service.poll() is None  # the same process throughout
+    finally:
+        if follow is not None and follow.poll() is None:
+            follow.kill()
+            follow.communicate()
+        service.terminate()
+        service.wait(timeout=60)
+    assert follow.returncode == 0, err
+    assert out.splitlines() == [f"line {i}" for i in range(60)], err
+    assert log.read_text().count("read service starting afresh after 2 turns") >= 2

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -107,18 +107,20 @@ class StoreReader:
     def follow_batches(self, run: str, poll: float = FOLLOW_POLL,
                        settle: float = FOLLOW_SETTLE,
                        sleep: Callable[[float], None] = time.sleep,
-                       on_idle: Callable[[], None] | None = None
+                       on_idle: Callable[[], None] | None = None,
+                       resume: Mapping[str, int] | None = None, started: bool = False
                        ) -> Iterator[list[dict[str, Any]]]:
         """Every record of the run, then new ones as the shipper brings them, a read every
         ``poll`` seconds (``on_idle`` is called after a read that found nothing), until the
         end record: once every record the end record counts is read, or a read finds nothing
-        ``settle`` seconds after it."""
-        nexts: dict[str, int] = {}  # stream -> the next seq not yet read
+        ``settle`` seconds after it. A follow cut off resumes with ``resume`` (each stream's
+        next seq not read) and ``started`` (its Start record was read); its end then comes
+        ``settle`` seconds after the end record (what was read before is not counted)."""
+        nexts: dict[str, int] = dict(resume or {})  # stream -> the next seq not yet read
         newest: float | None = None
         ended_at: float | None = None
         end: dict[str, Any] | None = None
         lines: Counter[tuple[str, str]] = Counter()  # records read per stream and kind
-        started = False
         while True:
             with self.session() as st:
                 # NotFound when it is not the caller's
@@ -140,7 +142,7 @@ class StoreReader:
             now = time.monotonic()
             if info["end_record"] is not None and ended_at is None:
                 ended_at, end = now, info["end_record"]
-            if end is not None and (_all_lines_read(end, lines) or (
+            if end is not None and ((not resume and _all_lines_read(end, lines)) or (
                     not recs and now - ended_at >= settle)):  # type: ignore[operator]
                 yield [end]
                 return

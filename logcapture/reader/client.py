@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -24,8 +25,14 @@ from .protocol import request_line
 DEFAULT_SOCKET = "/run/logcapture/reader.sock"
 SERVICE_UNIT = "logcapture-reader"  # slurm/logcapture-reader.service
 CONNECT_TIMEOUT = 5.0
+RESUME_WAIT = 30.0  # seconds a follow cut off by the service tries to go on (a restart)
+RESUME_POLL = 0.2
 READ_TIMEOUT = 120.0  # a question's answer, or a follower's keep-alive, comes well within it
 READ_BUFFER = 1 << 18  # an answer line holds up to 2,000 records (protocol.BATCH)
+
+
+class _Cut(ServiceError):
+    """The connection ended before the answer did (the service stopped or restarted)."""
 _KINDS: dict[str, type[LogcaptureError]] = {"NotFound": NotFound, "UsageError": UsageError}
 
 
@@ -120,13 +127,12 @@ class ServiceReader:
                                    else f"read service: {msg['error']}")
                     elif msg.get("end"):
                         return
-            raise ServiceError("the read service closed the connection before the end of "
-                               "its answer")
+            raise _Cut("the read service closed the connection before the end of its answer")
         except TimeoutError:
             raise ServiceError(f"the read service did not answer within "
                                f"{self.read_timeout:g}s") from None
         except OSError as e:
-            raise ServiceError(f"reading from the read service: {e.strerror or e}") from None
+            raise _Cut(f"reading from the read service: {e.strerror or e}") from None
         finally:
             sock.close()
 
@@ -161,9 +167,38 @@ class ServiceReader:
         return self._items("lines", run=run, stream=stream, tail=tail)
 
     def follow(self, run: str) -> Iterator[dict[str, Any]]:
-        for kind, x in self._ask("follow", run=run):
-            if kind == "items":
-                yield from x
+        """The run's records until its end. A follow the service cut off (it restarted:
+        docs/admin.md, "start afresh in place") goes on from the last record read, for up
+        to ``RESUME_WAIT`` seconds of tries."""
+        nexts: dict[str, int] = {}  # stream -> the next seq not read (as the service keeps)
+        started = connected = False
+        deadline: float | None = None
+        while True:
+            resume = {"next": nexts, "started": started} if connected else {}
+            try:
+                for kind, x in self._ask("follow", run=run, **resume):
+                    connected = True
+                    if kind != "items":
+                        continue
+                    deadline = None  # it goes on: a later cut gets its own wait
+                    for rec in x:
+                        if rec.get("kind") == "start":
+                            started = True
+                        elif isinstance(rec.get("seq"), int) and isinstance(
+                                rec.get("stream"), str):
+                            stream = rec["stream"]
+                            nexts[stream] = max(nexts.get(stream, 0), rec["seq"] + 1)
+                        yield rec
+                return
+            except (_Cut, ServiceUnavailable) as e:
+                if isinstance(e, ServiceUnavailable) and not connected:
+                    raise  # no service to follow through at all
+                connected = True
+                now = time.monotonic()
+                deadline = deadline or now + RESUME_WAIT
+                if now >= deadline:
+                    raise
+                time.sleep(RESUME_POLL)
 
     def log(self, run: str, stderr: bool = False, before: str | None = None,
             after: str | None = None, limit: int = LOG_PAGE, line: int | None = None

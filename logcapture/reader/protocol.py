@@ -26,7 +26,9 @@ op             arguments                                      answer
 ``resolve``    ``ref`` (run id, job id, ``latest`` or null)    value: a run id
 ``summary``    ``run``                                        value: the run's summary
 ``lines``      ``run``, ``stream`` (null: all), ``tail``       items: records
-``follow``     ``run``                                        items: records until the end record
+``follow``     ``run``; to resume a follow that was cut off:    items: records until the end record
+               ``next`` (stream -> the next seq not read),
+               ``started`` (the Start record was read)
 ``log``        ``run``, ``stderr``, ``before``, ``after``,    value: a page of the log
                ``limit``, ``line``                            (``query.Reader.log``)
 ``describe``   ``run``                                        value: the ``show`` mapping
@@ -42,6 +44,7 @@ op             arguments                                      answer
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -55,6 +58,7 @@ MAX_REQUEST_BYTES = 64 * 1024
 MAX_REF_CHARS = 256  # a run id is at most 128 (spool.check_run_id); a job ref far less
 MAX_TAIL = 10_000_000
 BATCH = 2_000  # items per answer line
+STREAM_NAME = re.compile(r"[A-Za-z0-9:._-]{1,128}")  # stdout, run, sample:NODE
 
 # op -> (required arguments, optional arguments)
 OPS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -63,7 +67,7 @@ OPS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "resolve": ((), ("ref",)),
     "summary": (("run",), ()),
     "lines": (("run",), ("stream", "tail")),
-    "follow": (("run",), ()),
+    "follow": (("run",), ("next", "started")),
     "log": (("run",), ("stderr", "before", "after", "limit", "line")),
     "describe": (("run",), ()),
     "metadata": (("run",), ()),
@@ -119,10 +123,23 @@ def _count(name: str, nullable: bool) -> Callable[[Any], int | None]:
     return check
 
 
-def _flag(value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise UsageError("request key 'stderr' must be true or false")
-    return value
+def _flag(name: str) -> Callable[[Any], bool]:
+    def check(value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise UsageError(f"request key {name!r} must be true or false")
+        return value
+    return check
+
+
+def _nexts(value: Any) -> dict[str, int]:
+    """Where a follow resumes: each stream's next seq not read yet (a record's ``stream``:
+    stdout, stderr, run, a node's samples)."""
+    if not isinstance(value, dict) or len(value) > 64 or any(
+            not isinstance(k, str) or not STREAM_NAME.fullmatch(k) for k in value) or any(
+            not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < 2**63
+            for v in value.values()):
+        raise UsageError("request key 'next' must map stream names to record numbers")
+    return dict(value)
 
 
 def _line(value: Any) -> int:
@@ -146,7 +163,9 @@ _CHECKS: dict[str, Callable[[Any], Any]] = {
     "tail": _count("tail", nullable=True),
     "before": lambda v: _text("before", v, nullable=True),
     "after": lambda v: _text("after", v, nullable=True),
-    "stderr": _flag,
+    "stderr": _flag("stderr"),
+    "started": _flag("started"),
+    "next": _nexts,
     "limit": _count("limit", nullable=False),
     "line": _line,
     "what": _what,

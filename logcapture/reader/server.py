@@ -232,9 +232,10 @@ class ReadService:
             pass
 
     def _worn(self) -> bool:
-        """Between clients (checked in the accepting thread, so none starts meanwhile):
+        """Between questions (checked in the accepting thread, so none starts meanwhile;
+        followers may be connected: they resume from their last record, ``client.follow``):
         whether the embedded engine has worn this process; if so the store is let go."""
-        if not self.end_when_worn or self.limits.total:
+        if not self.end_when_worn or not self.limits.only_following:
             return False
         if not engine_worn(since=self._turns_at_start):
             return False
@@ -368,7 +369,9 @@ class ReadService:
                 if time.monotonic() - out.last_sent >= self.beat_every:
                     out.beat()
 
-            out.batches(reader.follow_batches(a["run"], poll=self.follow_poll, on_idle=beat),
+            out.batches(reader.follow_batches(a["run"], poll=self.follow_poll, on_idle=beat,
+                                              resume=a.get("next"),
+                                              started=a.get("started", False)),
                         each=True)
         else:
             out.batches(self._batches(reader, op, a))
@@ -449,6 +452,13 @@ class _Limits:
         with self._lock:
             self.total -= 1
             _uncount(self._clients, uid)
+
+    @property
+    def only_following(self) -> bool:
+        """Whether every connection being answered follows a run (none waits for an answer
+        to a question)."""
+        with self._lock:
+            return self.total == sum(self._follows.values())
 
     @contextmanager
     def follow(self, uid: int, following: bool) -> Iterator[None]:

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from urllib.parse import urlparse
 
-from ..errors import StoreError
+from ..errors import StoreError, StoreUnavailable
 from ..store import Store, open_store, resolve_dsn
 
 HOLD = 60.0  # seconds the service keeps an embedded store at most in one turn
@@ -33,6 +33,7 @@ IDLE = 30.0  # ... or since its last question
 GAP = 0.25  # seconds it leaves the store to others after a turn
 CHECK = 0.05  # seconds between its looks for a process waiting for the store
 OPEN_WAIT = 10.0  # seconds a question waits for the store's lock
+STOPPED_WAIT = 30.0  # seconds a question asked once the service stops waits to be ended
 POOL_SIZE = 4  # clients of a ClickHouse server
 
 
@@ -57,7 +58,12 @@ class EmbeddedTurns:
 
     @contextmanager
     def _question(self) -> Iterator[Store]:
-        with self._mutex:
+        self._mutex.acquire()
+        if self._stopped:  # the service stops, or starts afresh: a follower waits for that
+            self._mutex.release()
+            time.sleep(STOPPED_WAIT)
+            raise StoreUnavailable("the read service is stopping")
+        try:
             if self._store is not None and time.monotonic() - self._opened >= self.hold:
                 self._close()
             if self._store is None:
@@ -73,6 +79,8 @@ class EmbeddedTurns:
                 yield self._store
             finally:
                 self._last = time.monotonic()
+        finally:
+            self._mutex.release()
 
     def _close(self) -> None:
         if self._store is not None:
