@@ -360,7 +360,8 @@ def serve(spool: Path | None, store_dsn: str | None, port: int, host: str,
     """
     from ..web import serve as serve_pages
 
-    serve_pages(open_reader(spool, store_dsn), host=host, port=port, open_browser=not no_browser)
+    serve_pages(open_reader(spool, store_dsn), host=host, port=port, open_browser=not no_browser,
+                start_afresh_when_worn=True)
 
 
 @click.command(name="export")

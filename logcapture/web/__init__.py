@@ -73,10 +73,13 @@ def url_of(sock: socket.socket, token: str) -> str:
 def serve(reader: Any, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
           open_browser: bool = True, out: TextIO = sys.stdout,
           token: str | None = None, header_timeout: float | None = None,
-          idle_timeout: int | None = None, max_connections: int | None = None) -> None:
+          idle_timeout: int | None = None, max_connections: int | None = None,
+          start_afresh_when_worn: bool = False) -> None:
     """Serve ``reader`` (a ``query.Reader``: what the pages may show) until interrupted; the
     first line on ``out`` is the URL with the token. The limits on connections (None: the
-    defaults) are ``connections``'s."""
+    defaults) are ``connections``'s. ``start_afresh_when_worn`` (the command's): once the
+    embedded store has worn the process, execute the command again in place
+    (``recycle.restart_in_place``) on the same socket and token."""
     import asyncio
 
     import uvicorn
@@ -125,11 +128,12 @@ def serve(reader: Any, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
 
     async def run() -> None:
         asyncio.get_running_loop().set_exception_handler(C.AcceptErrors())
-        watch = asyncio.create_task(watch_wear())
+        watch = asyncio.create_task(watch_wear()) if start_afresh_when_worn else None
         try:  # uvicorn closes the sockets it serves: its own copy, so this one stays
             await server.serve(sockets=[sock.dup()])
         finally:
-            watch.cancel()
+            if watch is not None:
+                watch.cancel()
 
     # asyncio's own loop (not uvloop where installed): AcceptErrors knows how it reports a
     # failed accept().
