@@ -216,11 +216,20 @@ def test_an_agent_started_afresh_watches_the_runs_an_earlier_one_began_to_ship(
     again = Agent(spool, store, batch_interval=0.0, stall_seconds=60.0)
     assert again.due()
     again.flush()
-    assert again.check_live(now=now + 61) == 1  # quiet since this agent began: stalled
+    # quiet since its last line (now - 97), as the store says, not since this agent began
+    assert again.check_live(now=now - 97 + 59) == 0
+    assert again.check_live(now=now - 97 + 61) == 1
     with open_store(store, must_exist=True) as st:
         kinds = {i["kind"]: i for i in st.insights("r1")}
     assert set(kinds) == {"nan-metric", "stalled"}
     assert kinds["nan-metric"]["message"] == "metric loss became NaN at step 5"
+    # a third start: that stall is reported already (nothing printed since)
+    third = Agent(spool, store, batch_interval=0.0, stall_seconds=60.0)
+    with open(run_dir / "seg-000000.ndjson", "ab") as f:
+        f.write(_ndjson(Sample("r1", "sample:n1", 0, now - 20, node="n1")))
+    assert third.due()
+    third.flush()
+    assert third.check_live(now=now + 600) == 0
 
 
 def test_a_stall_and_a_nan_found_while_a_real_job_runs(lc_env: dict[str, str], tmp_path: Path,

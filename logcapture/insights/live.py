@@ -79,19 +79,22 @@ class LiveWatch:
     def forget(self, key: Any) -> None:
         self._runs.pop(key, None)
 
-    def resume(self, key: Any, start_line: bytes, nan_keys: Iterable[str], now: float) -> None:
+    def resume(self, key: Any, start: dict[str, Any], now: float, *,
+               last_output: float | None = None, nan_keys: Iterable[str] = (),
+               stalled: bool = False) -> None:
         """A run that an earlier agent began to ship (this one started afresh, or was
-        restarted): its Start record read back from the spool, and the metrics already
-        reported NaN (in the store), so that it is watched as if this agent had seen it
-        begin. Its quiet time counts from ``now``."""
+        restarted), as the store has it: its Start record, when it last printed, the
+        metrics already reported NaN and whether its stall since then was reported, so that
+        it is watched as if this agent had seen it all."""
         run = self._runs.get(key)
         if run is None:
             run = self._runs[key] = _Run(now)
         if run.start is None:
-            obj = _line_at(start_line, 0)
-            if obj is not None and obj.get("kind") == "start":
-                run.start = obj
+            run.start = start
+        if last_output is not None:
+            run.last_output = max(run.last_output or 0.0, last_output)
         run.nan_keys.update(nan_keys)
+        run.stalled = run.stalled or stalled
 
     def observe(self, key: Any, data: bytes, now: float) -> list[Insight]:
         """Read a run's new spool lines; returns the nan-metric insights they hold."""

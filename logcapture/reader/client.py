@@ -112,6 +112,9 @@ class ServiceReader:
             sock.settimeout(self.read_timeout)
             with sock.makefile("rb", buffering=READ_BUFFER) as f:
                 for raw in f:
+                    if not raw.endswith(b"\n"):  # cut off in the middle of a line
+                        raise _Cut("the read service closed the connection in the middle "
+                                   "of its answer")
                     try:
                         msg = json.loads(raw)
                     except ValueError:
@@ -171,7 +174,7 @@ class ServiceReader:
         docs/admin.md, "start afresh in place") goes on from the last record read, for up
         to ``RESUME_WAIT`` seconds of tries."""
         nexts: dict[str, int] = {}  # stream -> the next seq not read (as the service keeps)
-        started = connected = False
+        started = connected = ended = False
         deadline: float | None = None
         while True:
             resume = {"next": nexts, "started": started} if connected else {}
@@ -184,6 +187,8 @@ class ServiceReader:
                     for rec in x:
                         if rec.get("kind") == "start":
                             started = True
+                        elif rec.get("kind") == "end":
+                            ended = True
                         elif isinstance(rec.get("seq"), int) and isinstance(
                                 rec.get("stream"), str):
                             stream = rec["stream"]
@@ -191,6 +196,8 @@ class ServiceReader:
                         yield rec
                 return
             except (_Cut, ServiceUnavailable) as e:
+                if ended:
+                    return  # cut off after the End record: nothing more was to come
                 if isinstance(e, ServiceUnavailable) and not connected:
                     raise  # no service to follow through at all
                 connected = True

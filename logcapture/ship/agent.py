@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config.defaults import SPOOL_RETENTION_DAYS
-from ..errors import LogcaptureError, SpoolError, StoreAuthError, StoreError
+from ..errors import LogcaptureError, NotFound, SpoolError, StoreAuthError, StoreError
 from ..insights.live import LiveWatch
 from ..insights.notify import Notifier
 from ..ownership import identity_from_spool
@@ -23,7 +23,7 @@ from ..records import LOST
 from ..spool.abandoned import close_abandoned, writer_gone
 from ..spool.layout import find_run_dirs, segments
 from ..spool.layout import mtime as _mtime
-from ..spool.reading import begun, first_line
+from ..spool.reading import begun
 from ..store import Identity, Store, engine_turns, engine_worn, open_store
 from ..userfiles import UserDir
 from .batches import BATCH_BYTES, ShippedHook, ship_runs
@@ -452,9 +452,9 @@ class Agent:
 
     def _resume(self, store: Store, jobs: list[_RunJob]) -> None:
         """Before a batch: watch each run that an earlier agent began to ship (this one
-        started afresh in place, or was restarted) as if this one had seen it begin, since
-        its Start record will not be shipped again: that record read back from the spool,
-        and the metrics already reported NaN, from the store."""
+        started afresh in place, or was restarted) as if this one had seen what was
+        shipped, since that is not shipped again: from the store, its Start record, when it
+        last printed, the metric reported NaN and whether its stall was reported."""
         now = self.wall()
         for job in jobs:
             key = (job.identity.run, job.identity.uid)
@@ -462,20 +462,21 @@ class Agent:
                     or self._is_samples(job.run_dir)
                     or self.live.start_record(key) is not None):
                 continue
+            run, user = job.identity.run, job.identity.user
+            try:
+                start = store.run_info(run, user, counts=False)["start_record"]
+                last = store.last_output(run, user)
+                insights = store.insights(run, user)
+            except (StoreError, NotFound):
+                continue  # tried again with the next batch
             self._resumed.add(key)
-            try:
-                start = first_line(segments(job.run_dir)[0])
-            except (SpoolError, OSError, IndexError):
+            if start is None:
                 continue
-            nan_keys = []
-            try:
-                for insight in store.insights(job.identity.run, job.identity.user):
-                    name = (insight.get("details") or {}).get("key")
-                    if insight.get("kind") == "nan-metric" and isinstance(name, str):
-                        nan_keys.append(name)
-            except StoreError:
-                pass  # a metric still NaN is then reported again: the store keeps one row
-            self.live.resume(key, start, nan_keys, now)
+            nan_keys = [i["details"]["key"] for i in insights if i["kind"] == "nan-metric"
+                        and isinstance((i.get("details") or {}).get("key"), str)]
+            stalls = [float(i["ts"]) for i in insights if i["kind"] == "stalled"]
+            self.live.resume(key, start, now, last_output=last, nan_keys=nan_keys,
+                             stalled=bool(stalls) and (last is None or max(stalls) > last))
 
     def _report(self, store: Store, identity: Identity, key: tuple[str, int],
                 found: list[Any], event: str, result: UploadResult) -> None:

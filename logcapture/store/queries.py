@@ -198,6 +198,17 @@ class _Queries(_Connection):
             return "run = {run:String}", {"run": run}
         return "run = {run:String} AND " + owner_cond(owner), {"run": run, "owner": owner}
 
+    def last_output(self, run: str, owner: str | None = None) -> float | None:
+        """When the run printed its newest line or metadata line (epoch seconds); None when
+        it printed none."""
+        cond, p = self._run_cond(run, owner)
+        rows = self._query(
+            "SELECT max(t) FROM (SELECT toUnixTimestamp64Milli(max(ts)) AS t, count() AS n "
+            "FROM lines WHERE " + cond + " UNION ALL SELECT toUnixTimestamp64Milli(max(ts)), "
+            "count() FROM metadata WHERE " + cond + ") WHERE n > 0", p)
+        newest = rows[0][0] if rows else None
+        return newest / 1000 if newest else None
+
     def user_text_bytes_since(self, owner: str, since: float) -> int:
         """Bytes of output text ``owner``'s runs stored from ``since`` (epoch seconds) on, by
         the lines' times (the shipper's per-user daily bound, ``ship.UserQuota``)."""
