@@ -322,8 +322,8 @@ class ReadService:
             self._send_error(conn, "internal error in the read service (logged)", "internal")
         finally:
             self.served += 1
+            self.limits.give_client(uid)  # before the client sees the end: it may ask again
             conn.close()
-            self.limits.give_client(uid)
             with self._lock:
                 self._threads.discard(threading.current_thread())
 
