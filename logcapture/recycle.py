@@ -2,12 +2,13 @@
 pid, without what a library left behind in it (the embedded engine's threads and descriptors:
 ``store.engine_worn``).
 
-``restart_in_place`` closes every descriptor but the standard three and those it is told to
-keep (a listening socket, so no client that connects meanwhile is refused), then executes the
-interpreter again with the command line the process was started with (``sys.orig_argv``). A
-supervisor (systemd, the dev cluster's script) sees the same process go on; the new start reads
-its state from disk as after any restart (the agent's shipping cursors, the read service's
-socket passed in ``LOGCAPTURE_LISTEN_FD``).
+``start_afresh`` (the callers' one entry) says so on stderr and executes the interpreter again
+with the command line the process was started with (``sys.orig_argv``, ``restart_in_place``),
+every descriptor but the standard three and a listening socket marked close-on-exec (the
+socket is handed over in ``LOGCAPTURE_LISTEN_FD`` and taken back by ``adopt_listener``, so no
+client that connects meanwhile is refused). A supervisor (systemd, the dev cluster's script)
+sees the same process go on; the new start reads its state from disk as after any restart
+(the agent's shipping cursors).
 
 A stop asked for meanwhile is not lost: before it decides to start afresh, the caller gives
 TERM and INT back their default action (``stop_ends_at_once``), after any handler they had ran
@@ -20,8 +21,11 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
+import stat
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import NoReturn
 
 LISTEN_FD = "LOGCAPTURE_LISTEN_FD"  # a listening socket handed to the new start
@@ -35,6 +39,45 @@ def stop_ends_at_once() -> None:
     signal.setitimer(signal.ITIMER_REAL, 0)
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_DFL)
+
+
+def start_afresh(say: str, stopped: Callable[[], bool] = lambda: False,
+                 listener: int | None = None, env: Mapping[str, str] | None = None) -> None:
+    """Start this process afresh in place, unless a stop came first: TERM and INT get their
+    default action (``stop_ends_at_once``); then, when ``stopped()`` says no stop was asked,
+    ``say`` goes to stderr and the command line is executed again with ``env`` added to the
+    environment, handing over the listening socket ``listener``. Returns only when stopped."""
+    stop_ends_at_once()
+    if stopped():
+        return
+    print(say, file=sys.stderr, flush=True)
+    handed = {} if listener is None else {LISTEN_FD: str(listener)}
+    restart_in_place(() if listener is None else (listener,),
+                     {**os.environ, **handed, **(env or {})})
+
+
+def adopt_listener(families: Iterable[int], path: Path | None = None) -> socket.socket | None:
+    """The listening stream socket of one of ``families`` that a start afresh handed over in
+    ``LOGCAPTURE_LISTEN_FD``, when that names one (and ``path``, when given, is still a
+    socket); None otherwise. The variable is removed, so nothing started later inherits it."""
+    value = os.environ.pop(LISTEN_FD, "")
+    if not value.isdigit():
+        return None
+    try:
+        sock = socket.socket(fileno=int(value))
+    except OSError:
+        return None
+    try:
+        listening = (sock.family in tuple(families) and sock.type == socket.SOCK_STREAM
+                     and sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) == 1
+                     and (path is None or stat.S_ISSOCK(os.lstat(path).st_mode)))
+    except OSError:
+        listening = False
+    if not listening:
+        sock.detach()  # not ours to close: whatever it is, it stays as it was
+        return None
+    sock.set_inheritable(False)
+    return sock
 
 
 def restart_in_place(keep: Iterable[int] = (), env: dict[str, str] | None = None) -> NoReturn:

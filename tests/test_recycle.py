@@ -1,5 +1,5 @@
 """A long-lived process that takes turns on an embedded store starts afresh in place when the
-engine has worn it (``store.engine_worn``, ``recycle.restart_in_place``): the agent between
+engine has worn it (``store.engine_worn``, ``recycle.start_afresh``): the agent between
 batches, the read service between clients on the socket it listens on. Each turn of chDB's
 engine leaves threads and descriptors behind; without this, a busy agent would grow by them
 every batch until the engine aborted it at the descriptor limit."""

@@ -91,7 +91,7 @@ def agent(spool: Path | None, store_dsn: str | None, batch_bytes: int, interval:
     insights, and sends the messages users asked for in their .logoptin (docs/insights.md)."""
     from ..config.admin import load_admin
     from ..insights.notify import Notifier
-    from ..recycle import restart_in_place, stop_ends_at_once
+    from ..recycle import start_afresh
     from ..ship import Agent, describe_dsn
     from ..slurm.jobrecords import NOTIFIED_DIR, samples_job_ended
     from ..store import check_engine, engine_turns
@@ -114,12 +114,9 @@ def agent(spool: Path | None, store_dsn: str | None, batch_bytes: int, interval:
     click.echo(f"logcapture: agent shipping {root} to {describe_dsn(store_dsn)}", err=True)
     stats = a.run()
     if a.worn:
-        stop_ends_at_once()
-        if not a.stopping:
-            click.echo(f"logcapture: agent starting afresh after {engine_turns()} turns on "
-                       "the embedded store (chDB leaves threads behind each turn; nothing "
-                       "pending is lost: the new start ships it)", err=True)
-            restart_in_place()
+        start_afresh(f"logcapture: agent starting afresh after {engine_turns()} turns on the "
+                     "embedded store (chDB leaves threads behind each turn; nothing pending "
+                     "is lost: the new start ships it)", lambda: a.stopping)
         a.install_signal_handlers()  # stopped meanwhile: the last flush, as on any stop
         stats = a.run()
     click.echo(f"logcapture: agent stopped: {stats.records} records shipped in "
@@ -193,14 +190,13 @@ def reader_serve(socket_path: Path | None, store_dsn: str | None,
     """Answer users' reading commands on a Unix socket, as the user the kernel says
     connected, until TERM or INT. Run by the administrator, with the store's credentials."""
     import logging
-    import os
     import signal
 
     from ..config.admin import load_admin
     from ..reader.client import DEFAULT_SOCKET
     from ..reader.server import ReadService
     from ..reader.sessions import store_sessions
-    from ..recycle import LISTEN_FD, restart_in_place, stop_ends_at_once
+    from ..recycle import start_afresh
     from ..store import engine_turns, redact, resolve_dsn
 
     admin = load_admin(warn=Warner())
@@ -228,13 +224,10 @@ def reader_serve(socket_path: Path | None, store_dsn: str | None,
     try:
         service.serve_forever()
         if service.worn and service.listener_fd is not None:
-            stop_ends_at_once()
-            if not service._stop.is_set():
-                click.echo(f"logcapture: read service starting afresh after {engine_turns()} "
-                           "turns on the embedded store (chDB leaves threads behind each "
-                           "turn), on the same socket: no client is refused", err=True)
-                restart_in_place(keep=[service.listener_fd],
-                                 env={**os.environ, LISTEN_FD: str(service.listener_fd)})
+            start_afresh(f"logcapture: read service starting afresh after {engine_turns()} "
+                         "turns on the embedded store (chDB leaves threads behind each turn), "
+                         "on the same socket: no client is refused", service._stop.is_set,
+                         listener=service.listener_fd)
     finally:
         service.stop()
         service.close_listener()

@@ -37,7 +37,7 @@ from typing import Any, NamedTuple
 
 from ..errors import LogcaptureError, NotFound, ServiceError, UsageError
 from ..query import FOLLOW_POLL, StoreReader, StoreSession
-from ..recycle import LISTEN_FD
+from ..recycle import adopt_listener
 from ..store import engine_turns, engine_worn
 from .protocol import BATCH, MAX_REQUEST_BYTES, Request, encode, parse_request
 
@@ -63,32 +63,6 @@ class Caller(NamedTuple):
     uid: int
     user: str
     admin: bool  # reads every owner's runs
-
-
-def adopt_listener(path: Path) -> socket.socket | None:
-    """The listening Unix socket a service started afresh in place was handed in
-    ``LOGCAPTURE_LISTEN_FD`` (``recycle.restart_in_place``), when that names one and ``path``
-    is still a socket; None otherwise. The variable is removed, so nothing started later
-    inherits it."""
-    value = os.environ.pop(LISTEN_FD, "")
-    if not value.isdigit():
-        return None
-    fd = int(value)
-    try:
-        sock = socket.socket(fileno=fd)
-    except OSError:
-        return None
-    try:
-        listening = (sock.family == socket.AF_UNIX and sock.type == socket.SOCK_STREAM
-                     and sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) == 1
-                     and stat.S_ISSOCK(os.lstat(path).st_mode))
-    except OSError:
-        listening = False
-    if not listening:
-        sock.detach()  # not ours to close: whatever it is, it stays as it was
-        return None
-    sock.set_inheritable(False)
-    return sock
 
 
 def peer_uid(conn: socket.socket) -> int:
@@ -164,7 +138,7 @@ class ReadService:
         stale socket file is replaced; a live service on the path is an error. A service
         started afresh in place takes over its listening socket from ``LOGCAPTURE_LISTEN_FD``
         (``recycle``) instead."""
-        adopted = adopt_listener(self.socket_path)
+        adopted = adopt_listener((socket.AF_UNIX,), self.socket_path)
         if adopted is not None:
             self._listener = adopted
             return

@@ -256,7 +256,7 @@ class _StoreLock:
 # times; a process that takes turns on an embedded store for days (the agent, every batch; the
 # read service, every turn) grows by that much each turn until the engine aborts the process at
 # the descriptor limit. Such a process asks ``engine_worn()`` between turns and, when it says
-# so, starts itself afresh (``recycle.restart_in_place``), as web servers recycle a worker
+# so, starts itself afresh (``recycle.start_afresh``), as web servers recycle a worker
 # after a number of requests for leaks they cannot mend (gunicorn's ``max_requests``, Apache's
 # ``MaxConnectionsPerChild``).
 ENGINE_TURNS = 200  # turns on an embedded store before a long-lived process starts afresh

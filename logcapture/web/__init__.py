@@ -40,30 +40,6 @@ def bind(host: str, port: int) -> socket.socket:
     raise UsageError(f"cannot listen on {host}:{port}: {last.strerror if last else ''}")
 
 
-def adopt_listener() -> socket.socket | None:
-    """The listening TCP socket a server started afresh in place was handed
-    (``recycle.LISTEN_FD``), if that names one; the variable is removed."""
-    from ..recycle import LISTEN_FD
-
-    value = os.environ.pop(LISTEN_FD, "")
-    if not value.isdigit():
-        return None
-    try:
-        sock = socket.socket(fileno=int(value))
-    except OSError:
-        return None
-    try:
-        listening = (sock.family in (socket.AF_INET, socket.AF_INET6)
-                     and sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) == 1)
-    except OSError:
-        listening = False
-    if not listening:
-        sock.detach()  # not ours: left as it was
-        return None
-    sock.set_inheritable(False)
-    return sock
-
-
 def url_of(sock: socket.socket, token: str) -> str:
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
@@ -79,18 +55,18 @@ def serve(reader: Any, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
     first line on ``out`` is the URL with the token. The limits on connections (None: the
     defaults) are ``connections``'s. ``start_afresh_when_worn`` (the command's): once the
     embedded store has worn the process, execute the command again in place
-    (``recycle.restart_in_place``) on the same socket and token."""
+    (``recycle.start_afresh``) on the same socket and token."""
     import asyncio
 
     import uvicorn
 
-    from ..recycle import LISTEN_FD, restart_in_place
+    from ..recycle import adopt_listener, start_afresh
     from ..store import engine_turns, engine_worn
     from . import connections as C
     from .app import create_app
     from .reads import Pages
 
-    sock = adopt_listener()
+    sock = adopt_listener((socket.AF_INET, socket.AF_INET6))
     again = sock is not None and bool(os.environ.get(TOKEN_ENV))
     token = os.environ.pop(TOKEN_ENV, "") if again else token or secrets.token_urlsafe(24)
     if sock is None:
@@ -139,9 +115,7 @@ def serve(reader: Any, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
     # failed accept().
     asyncio.run(run())  # a TERM or INT it caught is raised again as it returns (uvicorn)
     if worn:
-        print(f"logcapture serve: starting afresh after {engine_turns()} turns on the "
-              "embedded store (chDB leaves threads behind each turn), on the same address "
-              "and token", file=sys.stderr, flush=True)
-        restart_in_place(keep=[sock.fileno()],
-                         env={**os.environ, LISTEN_FD: str(sock.fileno()), TOKEN_ENV: token})
+        start_afresh(f"logcapture serve: starting afresh after {engine_turns()} turns on the "
+                     "embedded store (chDB leaves threads behind each turn), on the same "
+                     "address and token", listener=sock.fileno(), env={TOKEN_ENV: token})
 
