@@ -8,7 +8,6 @@ from __future__ import annotations
 import fcntl
 import gc
 import os
-import select
 import signal
 import sys
 import time
@@ -223,8 +222,6 @@ class Worker:
             "reader": {**own_usage(), "reads": outcome.reads,
                        "lingers": outcome.lingers}})
         self.send_end(payload)
-        poller = select.poll()
-        poller.register(self.fd, select.POLLOUT)
         try:
             while self.size:
                 if self.blocked:
@@ -233,7 +230,7 @@ class Worker:
                              "to the spool is lost (the command's output files are complete)")
                         self.give_up()
                         return
-                    poller.poll(200)
+                    wait_for(write=(self.fd,), timeout=0.2)
                 self.pump()
         except OSError:
             self.lost(warn)
