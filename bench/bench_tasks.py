@@ -23,6 +23,13 @@ peak resident sizes (counts.capture.max_rss_kib; the reader and the worker it fo
 pages, so both together hold less than twice that). The 1-minute load average is printed with
 each round.
 
+With ``--pty-floor`` each round also runs the job of the user who did not opt in with every
+task under util-linux's ``script -qefc`` (a C program that gives its command a pty and copies
+it to its stdout, nothing else): what running a task under a pseudo-terminal costs by itself,
+which every capture that gives the task a terminal pays (``isatty()`` true changes the
+program's buffering, and a pty hands its reader at most a few KiB a read). The table then
+also gives the captured step over that floor.
+
 With ``--before-plugin FILE`` (a build of slurm/spank/logcapture_task.c from another tree) each
 round also runs the opted-in job with that plugin: the file slurmstepd loads for each step is
 switched between jobs, so the two builds are compared in the same rounds, on the same cluster.
@@ -31,7 +38,8 @@ starts in each task (plugstack.conf's ``python=``, read by each step's slurmstep
 the before case has both.
 
     sudo .venv/bin/python bench/bench_tasks.py [--rounds N] [--only empty,flood,training]
-                                               [--lines N] [--before-plugin FILE]
+                                               [--lines N] [--pty-floor]
+                                               [--before-plugin FILE]
                                                [--before-python PY]
 
 ``LOGCAPTURE_BIN=DIR`` runs the cluster with the logcapture installed in DIR (slurm/dev-cluster):
@@ -59,7 +67,12 @@ from bench_runner import TRAINING, load  # noqa: E402
 from bench_slurm import new_bench  # noqa: E402
 
 TASKS = 4
-WHAT = {"off": "without", "on": "with logcapture", "before": "with the --before-*"}
+TASK = "/usr/bin/python3 bench-work.py"
+# The floor of a task under a pty: util-linux's script (-q quiet, -e the command's exit
+# status, -f flush at once), its typescript thrown away, the pty's output on its stdout.
+PTY_TASK = f"script -qefc '{TASK}' /dev/null"
+WHAT = {"off": "without", "on": "with logcapture", "before": "with the --before-*",
+        "pty": "under script (a bare pty)"}
 WORK = {
     "empty": "pass\n",
     "flood": "import sys\nw = sys.stdout.write\n"
@@ -69,7 +82,7 @@ WORK = {
 JOB = f"""#!/bin/bash
 #SBATCH -n {TASKS}
 t0=$(date +%s.%N)
-srun /usr/bin/python3 bench-work.py
+srun {{task}}
 t1=$(date +%s.%N)
 echo "BENCH-STEP $t0 $t1"
 """
@@ -121,6 +134,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2, help="jobs per case and workload")
     ap.add_argument("--only", default="empty,flood,training")
     ap.add_argument("--lines", type=int, default=100_000, help="lines a task of the flood prints")
+    ap.add_argument("--pty-floor", action="store_true",
+                    help="also run each task, not opted in, under script (a bare pty)")
     ap.add_argument("--before-plugin", type=Path, metavar="FILE",
                     help="also run the opted-in job with this build of the task plugin")
     ap.add_argument("--before-python", metavar="PY",
@@ -149,7 +164,7 @@ def main() -> int:
         plugstack = b.dir / "etc" / "plugstack.conf"
         pythons = {"on": next(w for w in plugstack.read_text().split()
                               if w.startswith("python="))[len("python="):]}
-        cases = ["off", "on"]
+        cases = ["off", "on"] + (["pty"] if args.pty_floor else [])
         if args.before_plugin is not None or args.before_python is not None:
             builds["before"] = args.before_plugin or builds["on"]
             pythons["before"] = args.before_python or pythons["on"]
@@ -166,13 +181,14 @@ def main() -> int:
                                  for key in cases}
             for i in range(args.rounds):
                 for key in cases:
-                    b.optin(key != "off")
+                    b.optin(key not in ("off", "pty"))
                     if key in builds:
                         use_plugin(lib, builds[key])
                         use_python(plugstack, pythons[key])
-                    r[f"job {key}"].append(b.job_seconds(JOB, str(out)))
+                    job = JOB.format(task=PTY_TASK if key == "pty" else TASK)
+                    r[f"job {key}"].append(b.job_seconds(job, str(out)))
                     r[f"step {key}"].append(step_seconds(out))
-                    if key != "off":
+                    if key not in ("off", "pty"):
                         usage = task_usage(b.dir / "spool", b.last_job)
                         assert len(usage) == TASKS, f"{len(usage)} task runs, not {TASKS}"
                         for j, what in enumerate(("cpu", "rss", "reader", "worker")):
@@ -194,6 +210,13 @@ def main() -> int:
     for name, r in results.items():
         m = {k: statistics.median(v) for k, v in r.items() if v}
         for key in cases[1:]:
+            if key == "pty":
+                print(f"{name:10} {'pty':7} {m['step off']:9.2f} {m['step pty']:8.2f} "
+                      f"{m['step pty'] / m['step off']:6.3f} {m['job off']:8.2f} "
+                      f"{m['job pty']:7.2f} {m['job pty'] / m['job off']:6.3f}   "
+                      f"(this over it: step {m['step on'] / m['step pty']:.3f}, "
+                      f"job {m['job on'] / m['job pty']:.3f})")
+                continue
             print(f"{name:10} {'this' if key == 'on' else key:7} {m['step off']:9.2f} "
                   f"{m[f'step {key}']:8.2f} {m[f'step {key}'] / m['step off']:6.3f} "
                   f"{m['job off']:8.2f} {m[f'job {key}']:7.2f} "
