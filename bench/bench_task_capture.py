@@ -58,6 +58,8 @@ sys.path.insert(0, str(HERE.parent))
 
 from bench_runner import TRAINING, load  # noqa: E402
 
+from logcapture.slurm.jobrecords import PUBLIC_CONFIG  # noqa: E402
+
 WORK = {"training": TRAINING.format(json_every=10), "empty": "pass\n"}
 JOB = "999990"
 # The task: take the slave(s) from the plugin's socket (fd argv[1]), make them fds 1 and 2,
@@ -73,7 +75,7 @@ def public_config(tmp: Path) -> bytes:
     """The admin config the dev cluster's prolog leaves beside the spool for jobs (its
     slurm/config.yaml.in, public part), which every task's capture reads."""
     from logcapture.config.admin import load_admin
-    from logcapture.slurm.jobrecords import public_config as public
+    from logcapture.config.admin import public_config as public
 
     text = (HERE.parent / "slurm" / "config.yaml.in").read_text()
     for key, value in {"@CLUSTER@": "dev", "@DIR@": "/tmp/logcapture-dev",
@@ -101,7 +103,7 @@ def slurm_env(home: Path, spool: Path, rank: int) -> dict[str, str]:
                SLURM_SRUN_COMM_HOST="127.0.0.1", SLURM_SRUN_COMM_PORT="40000",
                SLURM_PRIO_PROCESS="0", SLURM_DISTRIBUTION="cyclic", SLURM_WORKING_CLUSTER=(
                    "dev:127.0.0.1:6817:9728:109"),
-               LOGCAPTURE_TASKS=str(spool), LOGCAPTURE_CONFIG=str(home / ".config.yaml"),
+               LOGCAPTURE_TASKS=str(spool), LOGCAPTURE_CONFIG=str(home / PUBLIC_CONFIG),
                LOGCAPTURE_RUN_ID=JOB)
     return env
 
@@ -245,7 +247,7 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="bench-task-"))
     try:
         (tmp / ".logoptin").write_text("")
-        (tmp / ".config.yaml").write_bytes(public_config(tmp))
+        (tmp / PUBLIC_CONFIG).write_bytes(public_config(tmp))
         work = tmp / "bench-work.py"
         work.write_text(WORK[args.work])
         for i in range(args.rounds):

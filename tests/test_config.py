@@ -583,3 +583,89 @@ def test_near_miss_with_digits_or_symbols_is_not_quoted(tmp_path, value):
     path = write(tmp_path, f"mode: {value}\n")
     message = assert_refused(load_optin(path), "not repeated here")
     assert value not in message
+
+
+# Every key of the admin config set to a value other than its default, as an administrator
+# writes it (the secrets included: the public config must leave them out).
+EVERY_KEY = """\
+store: https://logger:pw@clickhouse.example.org:8443/logs
+notify_webhook: https://hooks.example.org/T0/SECRET
+spool_root: /var/spool/lc
+sample_interval: 2.5
+store_ttl_days: 30
+cluster: alpha
+flush_interval: 0.25
+flush_records: 200
+segment_bytes: 1048576
+spool_keep_free: 5%
+job_output_limit: 1000000
+job_output_tail: 50
+job_metadata_limit: 9000
+user_daily_bytes: 1000000000
+insight_gpu_idle_percent: 15
+insight_gpu_memory_used_fraction: 0.5
+insight_cpu_efficiency_low: 0.3
+insight_memory_overrequest_factor: 3
+insight_time_limit_overrequest_factor: 5
+insight_min_seconds: 60
+stall_seconds: 900
+mail_prog: /usr/sbin/sendmail-wrapper
+reader_socket: /run/lc/reader.sock
+admin_group: hpcadmins
+reader_max_clients: 100
+reader_max_clients_per_user: 4
+reader_max_follows_per_user: 2
+reader_request_timeout: 2.5
+redact_variables: [SITE_*, "*_PASSPHRASE"]
+redact_patterns: [hunter2, '/tok_[a-z0-9]{8}/']
+"""
+
+
+def test_the_public_config_reads_back_as_the_admin_config_without_its_secrets(tmp_path):
+    from logcapture.config.admin import SECRET_KEYS, public_config
+
+    admin = load_admin(write(tmp_path, EVERY_KEY, name="config.yaml"), env={})
+    # the fixture sets every key, each away from its default
+    assert all(v != AdminConfig._field_defaults[k] for k, v in admin._asdict().items())
+    data = public_config(admin)
+    assert b"SECRET" not in data and b"logger:pw" not in data
+    assert public_config(admin) == data  # the same config, the same bytes (the prolog compares)
+    public = write(tmp_path, data, name=".config.json")
+    assert load_admin(public, env={}) == admin._replace(**dict.fromkeys(SECRET_KEYS))
+    # An environment override still applies over it, checked as always.
+    assert load_admin(public, env={"LOGCAPTURE_FLUSH_INTERVAL": "2"}).flush_interval == 2.0
+    with pytest.raises(ConfigError, match="LOGCAPTURE_FLUSH_RECORDS: must be a whole number"):
+        load_admin(public, env={"LOGCAPTURE_FLUSH_RECORDS": "many"})
+
+
+def test_reading_the_public_config_does_not_load_pyyaml(tmp_path):
+    # Every captured job's wrapper and every task's capture read it as they start.
+    from logcapture.config.admin import public_config
+
+    public = write(tmp_path, public_config(load_admin(
+        write(tmp_path, EVERY_KEY, name="config.yaml"), env={})), name=".config.json")
+    code = ("import sys\nfrom logcapture.config.admin import load_admin\n"
+            f"a = load_admin({str(public)!r}, env={{}})\n"
+            "print(a.redact_patterns[1], a.flush_records, 'yaml' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == ["/tok_[a-z0-9]{8}/", "200", "False"]
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (b'{"flush_records": 200,', r"\.config\.json:1:23: not the JSON of a public config"),
+    (b'["flush_records"]', r"\.config\.json: must be a JSON object of key: value, not list"),
+    (b'{"flush_records": "200"}', r"key 'flush_records': must be a whole number"),
+    (b'{"flush_records": 0}', r"key 'flush_records': must be a whole number"),
+    (b'{"flush_interval": true}', r"key 'flush_interval': must be a number"),
+    (b'{"redact_patterns": "x"}', r"key 'redact_patterns': must be a list of text"),
+    (b'{"cluster": ""}', r"key 'cluster': must be text"),
+    (b'{"store": "chdb:///x"}', r"unknown key 'store' for a public config"),
+    (b'{"retention_days": 3}', r"unknown key 'retention_days' for a public config"),
+    (b'\xff{}', r"\.config\.json: is not valid UTF-8|not the JSON of a public config"),
+])
+def test_a_bad_public_config_is_refused_naming_the_file_and_key(tmp_path, content, message):
+    path = write(tmp_path, content, name=".config.json")
+    with pytest.raises(ConfigError, match=message) as e:
+        load_admin(path, env={})
+    assert e.value.path == str(path)

@@ -5,10 +5,19 @@ docs/admin.md).
 means the defaults (``defaults.ADMIN_DEFAULTS``). Each key can be overridden by
 ``LOGCAPTURE_<KEY>`` in the environment (``LOGCAPTURE_FLUSH_INTERVAL=0.5``); environment beats
 file beats default.
+
+The *public config* is what the Slurm prolog leaves beside the spool for jobs
+(``public_config``): the values of an admin config that ``load_admin`` checked, without its
+secrets, as JSON. Every captured job's wrapper and every task's capture reads it as it starts;
+JSON is read by the standard library's parser, where YAML would cost each of them PyYAML's
+import (~12-15 ms of CPU, most of it a regular expression its reader compiles). A config file
+whose name ends in ``.json`` is read as a public config: each value is checked for the kind
+its key holds (text, a whole number, a number, a list of text), not again in full.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import stat
@@ -44,6 +53,8 @@ if TYPE_CHECKING:
 ADMIN_ENV = "LOGCAPTURE_CONFIG"
 ADMIN_DEFAULT_PATH = "/etc/logcapture/config.yaml"
 ADMIN_MAX_BYTES = 1 << 20
+PUBLIC_SUFFIX = ".json"  # a config file read as the public config (module docstring)
+SECRET_KEYS = ("store", "notify_webhook")  # admin keys never copied where jobs read
 
 
 _GLOB = re.compile(r"[A-Za-z0-9_*?\[\]!-]+")
@@ -150,6 +161,28 @@ def _env_name(key: str) -> str:
     return "LOGCAPTURE_" + key.upper()
 
 
+def _read_config(file: Path, name: str) -> bytes | None:
+    """The config file's bytes, None when it is missing; ``ConfigError`` when it is not a
+    regular file, cannot be read or is larger than ``ADMIN_MAX_BYTES``."""
+    try:
+        # O_NONBLOCK: a FIFO in the config's place must not hang every job.
+        fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+        with open(fd, "rb") as f:
+            kind = os.fstat(fd).st_mode
+            if not stat.S_ISREG(kind):
+                raise ConfigError(f"{name}: is {file_kind(kind)}, not a config file", path=name)
+            data = f.read(ADMIN_MAX_BYTES + 1)
+    except FileNotFoundError:
+        return None
+    except IsADirectoryError:
+        raise ConfigError(f"{name}: is a directory, not a config file", path=name) from None
+    except OSError as e:
+        raise ConfigError(f"{name}: cannot be read: {e.strerror or e}", path=name) from None
+    if len(data) > ADMIN_MAX_BYTES:
+        raise ConfigError(f"{name}: is larger than {ADMIN_MAX_BYTES} bytes", path=name)
+    return data
+
+
 def load_admin(path: Path | str | None = None, env: Mapping[str, str] = os.environ,
                warn: Callable[[str], None] | None = None) -> AdminConfig:
     """The admin config: defaults, then the file (``path``, else ``$LOGCAPTURE_CONFIG``, else
@@ -163,25 +196,13 @@ def load_admin(path: Path | str | None = None, env: Mapping[str, str] = os.envir
     values: dict[str, Any] = {}
     located: list[tuple[str, int | None, int | None, str | None]] = []
     problems: list[str] = []
-    data: bytes | None = None
-    try:
-        # O_NONBLOCK: a FIFO in the config's place must not hang every job.
-        fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
-        with open(fd, "rb") as f:
-            kind = os.fstat(fd).st_mode
-            if not stat.S_ISREG(kind):
-                raise ConfigError(f"{name}: is {file_kind(kind)}, not a config file", path=name)
-            data = f.read(ADMIN_MAX_BYTES + 1)
-    except FileNotFoundError:
-        data = None
-    except IsADirectoryError:
-        raise ConfigError(f"{name}: is a directory, not a config file", path=name) from None
-    except OSError as e:
-        raise ConfigError(f"{name}: cannot be read: {e.strerror or e}", path=name) from None
+    data = _read_config(file, name)
     if data is not None:
-        if len(data) > ADMIN_MAX_BYTES:
-            raise ConfigError(f"{name}: is larger than {ADMIN_MAX_BYTES} bytes", path=name)
-        values, problems = parse(name, data, _ADMIN_SCHEMA, located, quote_names=True)
+        if file.name.endswith(PUBLIC_SUFFIX):
+            values, problems = _public_values(name, data)
+            located.extend((p, None, None, None) for p in problems)
+        else:
+            values, problems = parse(name, data, _ADMIN_SCHEMA, located, quote_names=True)
 
     for key, check in _ADMIN_SCHEMA.items():
         var = _env_name(key)
@@ -215,6 +236,62 @@ def load_admin(path: Path | str | None = None, env: Mapping[str, str] = os.envir
                 warn(f"{name}: '{old}' is deprecated, use '{new}' (the same setting; "
                      f"{_env_name(new)} in the environment)")
     return AdminConfig(**values)
+
+
+# What each check of the schema returns (by the check's name), so that the public config's
+# JSON values can be checked for their kind without PyYAML; bounded(...) makes a number.
+_PUBLIC_KINDS = {
+    "string": str, "dsn": str, "absolute_path": str, "webhook": str, "size_or_percent": str,
+    "positive_int": int, "positive_number": float, "bounded.<locals>.check": float,
+    "_variable_globs": tuple, "redact_list": tuple,
+}
+_KIND_NAMES = {str: "text", int: "a whole number", float: "a number", tuple: "a list of text"}
+
+
+def public_config(admin: AdminConfig) -> bytes:
+    """The public config of ``admin`` (the module docstring): its values but the secrets
+    (``SECRET_KEYS``: the store's DSN, the webhook URL, which often holds a token) and those
+    left unset, as JSON, one key a line in key order (the same config, the same bytes)."""
+    import json
+
+    values = {k: v for k, v in admin._asdict().items()
+              if k not in SECRET_KEYS and v not in (None, "")}
+    return json.dumps(values, sort_keys=True, indent=0).encode() + b"\n"
+
+
+def _public_values(name: str, data: bytes) -> tuple[dict[str, Any], list[str]]:
+    """The values of a public config (``public_config``'s JSON): (values, problems), each
+    problem naming the file and the key."""
+    import json
+
+    try:
+        loaded = json.loads(data)
+    except json.JSONDecodeError as e:  # its message quotes no content
+        return {}, [f"{name}:{e.lineno}:{e.colno}: not the JSON of a public config: {e.msg}"]
+    except UnicodeDecodeError:
+        return {}, [f"{name}: is not valid UTF-8"]
+    if not isinstance(loaded, dict):
+        return {}, [f"{name}: must be a JSON object of key: value, not {type(loaded).__name__}"]
+    values: dict[str, Any] = {}
+    problems: list[str] = []
+    for key, value in loaded.items():
+        check = _ADMIN_SCHEMA.get(key)
+        if check is None or key in SECRET_KEYS or key in RENAMED_KEYS:
+            problems.append(f"{name}: unknown key {key!r} for a public config")
+            continue
+        kind = _PUBLIC_KINDS[check.__qualname__]
+        if kind is tuple and isinstance(value, list) \
+                and all(isinstance(v, str) and v for v in value):
+            values[key] = tuple(value)
+        elif kind is str and isinstance(value, str) and value:
+            values[key] = value
+        elif kind is int and type(value) is int and value > 0:
+            values[key] = value
+        elif kind is float and type(value) in (int, float) and math.isfinite(value):
+            values[key] = float(value)
+        else:
+            problems.append(f"{name}: key {key!r}: must be {_KIND_NAMES[kind]}")
+    return values, problems
 
 
 def _resolve_scalar(raw: str) -> yaml.ScalarNode:

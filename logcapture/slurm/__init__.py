@@ -13,7 +13,7 @@ the wrapper is on every job's start-up path, opted in or not.
 Spool layout on a Slurm node::
 
     <spool root>/                 root, 0755 (admin: ``spool_root``, default /var/spool/logcapture)
-      .config.yaml                root, 0644: the admin config minus secrets, for jobs
+      .config.json                root, 0644: the admin config minus secrets, for jobs
       .jobs/<job id>.json         root, 0600: the trusted job record
       <job id>/                   the job's user, 0700 (made by the prolog)
         <run id>/seg-*.ndjson*    the wrapper's run (run id = job id; ``<job id>.<n>`` after

@@ -6,7 +6,7 @@ ends (``logcapture slurm prolog|epilog``, called by the thin scripts in ``prolog
     Creates ``<spool root>/<job id>/`` owned by the job's user, mode 0700, and the job record
     ``<spool root>/.jobs/<job id>.json`` (root, 0600): user, uid, job and array ids, partition,
     nodes, start. That record, not anything in the user's directory, is the trusted identity
-    of the job's rows. Also refreshes ``<spool root>/.config.yaml``, the admin config without
+    of the job's rows. Also refreshes ``<spool root>/.config.json``, the admin config without
     its secrets, so jobs (which cannot read the root-only config) get the same spool settings.
     When the job's user has ``~/.logoptin`` (checked as root, ``optin_for_uid``), starts this
     node's resource sampler (``nodesampler``): every node of the job is sampled.
@@ -39,7 +39,6 @@ from .jobrecords import (
     _update_record,
     _write_job_record,
     _write_root_file,
-    public_config,
     read_job_record,
 )
 from .jobs import JobInfo, _request, job_insight_info, run_id_for, slurm_job, slurm_state
@@ -97,7 +96,7 @@ def prolog(env: dict[str, str] | os._Environ[str], *, now: float | None = None,
     import stat
     import time
 
-    from ..config.admin import load_admin
+    from ..config.admin import load_admin, public_config
 
     job = JobInfo(env)
     admin = load_admin(env=env)

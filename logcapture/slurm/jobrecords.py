@@ -1,5 +1,5 @@
 """The spool root's own files, written and read as root: the trusted job records
-(``.jobs/<job id>.json``), the public part of the admin config (``.config.yaml``) and the
+(``.jobs/<job id>.json``), the public part of the admin config (``.config.json``) and the
 descriptors that everything root does below the spool root goes through.
 
 The root is opened once and checked (a directory owned by root that no one else may write);
@@ -20,8 +20,7 @@ JOBS_DIR = ".jobs"
 SAMPLES_DIR = ".samples"  # root, 0700: the node samplers' spool, laid out like a spool root
 NOTIFIED_DIR = ".notified"  # root, 0700: one marker per message sent (insights.notify)
 SAMPLERS_DIR = ".samplers"  # root, 0755: <job id>.pid of each running node sampler (0644)
-PUBLIC_CONFIG = ".config.yaml"
-SECRET_KEYS = ("store", "notify_webhook")  # admin keys never copied where jobs read
+PUBLIC_CONFIG = ".config.json"  # config.admin.public_config: what jobs read of the admin config
 
 
 def _open_root_subdir(root_fd: int, name: str, mode: int) -> int:
@@ -91,19 +90,6 @@ def _read_root_file(dir_fd: int, name: str, limit: int = 1 << 20) -> bytes | Non
         return os.read(fd, limit)
     finally:
         os.close(fd)
-
-
-def public_config(admin: AdminConfig) -> bytes:
-    """The admin config without its secrets (the store DSN, the webhook URL, which often
-    holds a token), as YAML for jobs."""
-    import yaml
-
-    values = admin._asdict()
-    for secret in SECRET_KEYS:
-        values.pop(secret, None)
-    values = {k: v for k, v in values.items() if v not in (None, "")}
-    header = b"# Written by the logcapture prolog from the admin config, without secrets.\n"
-    return header + yaml.safe_dump(values, sort_keys=True).encode()
 
 
 def _open_jobs_dir(root_fd: int) -> int:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import socket
 import stat
 import subprocess
@@ -276,9 +275,9 @@ def test_two_users_jobs_are_isolated(lc: Cluster) -> None:
         assert r.returncode != 0
         r = lc.as_user(reader, ["cat", str(lc.spool_root / ".jobs" / f"{job.id}.json")])
         assert r.returncode != 0
-    # And the public config holds no store DSN (no `store:` key; `store_ttl_days` is a number).
-    public = (lc.spool_root / ".config.yaml").read_text()
-    assert not re.search(r"^store\s*:", public, re.M) and "chdb://" not in public, public
+    # And the public config holds no store DSN (no `store` key; `store_ttl_days` is a number).
+    public = json.loads((lc.spool_root / ".config.json").read_text())
+    assert "store" not in public and "chdb://" not in str(public), public
 
 
 HOSTILE = r"""#!/bin/bash
