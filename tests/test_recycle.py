@@ -253,3 +253,77 @@ def test_a_follow_through_the_read_service_goes_on_across_its_fresh_starts(
     assert follow.returncode == 0, err
     assert out.splitlines() == [f"line {i}" for i in range(60)], err
     assert log.read_text().count("read service starting afresh after 2 turns") >= 2
+
+
+def test_a_follower_takes_its_turns_on_an_embedded_store_in_a_helper_process(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``HeldStore.take_turns`` on an embedded store: each read is a turn in a helper process
+    (``store.turns``), started afresh once the engine has worn it; this process starts the
+    engine no more, and what the helper raises is raised here as itself."""
+    from logcapture.errors import NotFound
+    from logcapture.query.held_store import HeldStore, Reopened
+    from logcapture.records import Line, Start
+
+    dsn = f"chdb://{tmp_path / 'store'}"
+    me = S.Identity(run="r1", user="root", uid=0, job_id="")
+    with S.open_store(dsn) as st:
+        st.insert_records([Start(run="r1", stream="run", seq=0, ts=1e9, command=["x"],
+                                 user="root", uid=0, host="n1")], me)
+    monkeypatch.setenv("LOGCAPTURE_ENGINE_TURNS", "2")
+    held = HeldStore(dsn)
+    held.take_turns()
+    session = Reopened(held)
+    before = engine_turns()
+    try:
+        for i in range(6):
+            with S.open_store(dsn, wait=30) as st:  # the shipper's turn in between
+                st.insert_records([Line(run="r1", stream="stdout", seq=i, ts=1e9 + i,
+                                        text=f"line {i}")], me)
+            with session() as st:
+                assert [d["text"] for d in st.lines("r1")] == [f"line {n}" for n in range(i + 1)]
+        with pytest.raises(NotFound), session() as st:
+            st.resolve_run("nothing-like-it")
+        assert engine_turns() - before == 6  # the shipper's here, none of the reads
+        assert held._far is not None and held._far.helpers >= 3  # worn after 2 turns each
+    finally:
+        held.close()
+    assert held._far._proc is None
+
+
+def test_logs_follow_straight_from_an_embedded_store_does_not_grow_by_its_turns(
+        tmp_path: Path) -> None:
+    """``logs -f`` of a running run read straight from an embedded store (no read service):
+    every line once, in order, while its threads stay bounded (each turn in its own process
+    would leave 5-7 behind: its helper takes them, and starts afresh when worn)."""
+    from logcapture.records import End, Line, Start
+
+    dsn = f"chdb://{tmp_path / 'store'}"
+    me = S.Identity(run="live", user="root", uid=0, job_id="")
+    t0 = time.time() - 60
+
+    def ship(recs: list) -> None:
+        with S.open_store(dsn, wait=30) as st:
+            st.insert_records(recs, me)
+
+    ship([Start(run="live", stream="run", seq=0, ts=t0, command=["train.py"], user="root",
+                uid=0, host="n1")])
+    env = {**os.environ, "LOGCAPTURE_CONFIG": "/nonexistent", "LOGCAPTURE_ENGINE_TURNS": "2"}
+    follow = subprocess.Popen([*LOGCAPTURE, "logs", "-f", "live", "--store", dsn],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    threads = []
+    try:
+        for batch in range(6):
+            ship([Line(run="live", stream="stdout", seq=i, ts=t0 + i, text=f"line {i}")
+                  for i in range(batch * 10, batch * 10 + 10)])
+            time.sleep(1.5)
+            threads.append(_threads(follow.pid))
+        ship([End(run="live", stream="run", seq=1, ts=t0 + 61, exit_status=0,
+                  state="COMPLETED", duration=61.0, counts={"stdout": {"lines": 60}})])
+        out, err = follow.communicate(timeout=90)
+    finally:
+        if follow.poll() is None:
+            follow.kill()
+            follow.communicate()
+    assert follow.returncode == 0, err
+    assert out.splitlines() == [f"line {i}" for i in range(60)], err
+    assert max(threads) <= threads[0] + 3, threads

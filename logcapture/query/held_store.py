@@ -1,15 +1,20 @@
 """The store as one command holds it (``HeldStore``, a ``store_reader.StoreSession``): opened
 on the first question and kept until released, since an embedded store is one process's at a
 time; or opened for each read and closed after (``Reopened``, between a follower's reads).
+A follower takes turns (``HeldStore.take_turns``): on an embedded store, in a helper process
+(``store.turns``), since each turn of chDB's engine in this process would leave threads and
+descriptors behind.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from typing import cast
 
 from ..errors import LogcaptureError, NotFound
 from ..store import Store
+from ..store.turns import Elsewhere
 
 
 class HeldStore:
@@ -24,6 +29,7 @@ class HeldStore:
         self.warn = warn
         self._store: Store | None = None
         self._checked: bool | None = None
+        self._far: Elsewhere | None = None  # take_turns on an embedded store
 
     @property
     def available(self) -> bool:
@@ -40,7 +46,9 @@ class HeldStore:
         return self._checked
 
     def _open(self) -> Store:
-        if self._store is None:
+        if self._store is None and self._far is not None:
+            self._store = cast(Store, self._far.open())
+        elif self._store is None:
             from ..store import open_store
 
             self._store = open_store(self.dsn, wait=self.wait, must_exist=True)
@@ -59,7 +67,28 @@ class HeldStore:
             self._store.close()
             self._store = None
 
-    close = release
+    def take_turns(self) -> None:
+        """Let the store go, and from now on take it for one read at a time (a follower:
+        the shipper writes in between); on an embedded store those turns are taken in a
+        helper process (``store.turns``)."""
+        self.release()
+        if self._far is None and _embedded(self.dsn):
+            self._far = Elsewhere(self.dsn, self.wait)
+
+    def close(self) -> None:
+        self.release()
+        if self._far is not None:
+            self._far.close()
+
+
+def _embedded(dsn: str | None) -> bool:
+    """Whether ``dsn`` (None: the one configured) names an embedded store."""
+    from ..store.connection import resolve_dsn
+
+    try:
+        return resolve_dsn(dsn).startswith("chdb:")
+    except LogcaptureError:
+        return False  # it will not open here either: the first read says why
 
 
 class _Borrowed(AbstractContextManager[Store]):

@@ -137,7 +137,7 @@ class LocalReader:
     def release_store(self) -> None:
         """Between a follower's reads: an embedded store is one process's at a time, so the
         shipper may write in the meantime."""
-        self.held.release()
+        self.held.take_turns()
 
     def resolve(self, ref: str | None) -> str:
         if ref is None or ref == "latest":  # the newest run, wherever it is
@@ -225,7 +225,7 @@ class LocalReader:
         if self.remote is not None:
             yield from self.remote.follow(run)
             return
-        self.held.release()  # the store is opened for each read: others take turns
+        self.held.take_turns()  # the store is opened for each read: others take turns
         session = Reopened(self.held)
         yield from StoreReader(session, self.owner).follow(run)
 
