@@ -669,3 +669,15 @@ def test_a_bad_public_config_is_refused_naming_the_file_and_key(tmp_path, conten
     with pytest.raises(ConfigError, match=message) as e:
         load_admin(path, env={})
     assert e.value.path == str(path)
+
+
+def test_every_check_of_the_admin_schema_has_a_kind_for_the_public_config():
+    from logcapture.config.admin import _ADMIN_SCHEMA, _PUBLIC_KINDS
+
+    assert {check.__qualname__ for check in _ADMIN_SCHEMA.values()} <= set(_PUBLIC_KINDS)
+
+
+def test_a_public_config_nested_too_deeply_is_refused(tmp_path):
+    path = write(tmp_path, b"[" * 100_000 + b"]" * 100_000, name=".config.json")
+    with pytest.raises(ConfigError, match="nested too deeply"):
+        load_admin(path, env={})

@@ -327,3 +327,34 @@ def test_logs_follow_straight_from_an_embedded_store_does_not_grow_by_its_turns(
     assert follow.returncode == 0, err
     assert out.splitlines() == [f"line {i}" for i in range(60)], err
     assert max(threads) <= threads[0] + 3, threads
+
+
+def test_a_follower_whose_helper_dies_is_told_and_its_next_turn_starts_another(
+        tmp_path: Path) -> None:
+    """A helper killed between two questions: the question raises StoreUnavailable (not a
+    broken pipe, which the CLI takes for a reader that left and ends quietly), the store it
+    had open is gone with it, and the next turn is answered by a new helper."""
+    from logcapture.errors import StoreUnavailable
+    from logcapture.query.held_store import HeldStore
+
+    dsn = f"chdb://{tmp_path / 'store'}"
+    with S.open_store(dsn) as st:
+        st.runs()
+    held = HeldStore(dsn)
+    held.take_turns()
+    try:
+        with held() as st:
+            assert st.runs() == [] and st.dsn == dsn
+            with pytest.raises(AttributeError):
+                st.client  # noqa: B018 - only the Store's methods are answered there
+        assert held._far is not None and held._far._proc is not None
+        held._far._proc.kill()
+        held._far._proc.wait()
+        with pytest.raises(StoreUnavailable, match="helper process ended"), held() as st:
+            st.runs()
+        held.release()  # the follower's next round: the old helper's store is let go
+        with held() as st:
+            assert st.runs() == []
+        assert held._far.helpers == 2
+    finally:
+        held.close()

@@ -256,7 +256,7 @@ def public_config(admin: AdminConfig) -> bytes:
 
     values = {k: v for k, v in admin._asdict().items()
               if k not in SECRET_KEYS and v not in (None, "")}
-    return json.dumps(values, sort_keys=True, indent=0).encode() + b"\n"
+    return json.dumps(values, sort_keys=True, indent=0, ensure_ascii=False).encode() + b"\n"
 
 
 def _public_values(name: str, data: bytes) -> tuple[dict[str, Any], list[str]]:
@@ -270,6 +270,8 @@ def _public_values(name: str, data: bytes) -> tuple[dict[str, Any], list[str]]:
         return {}, [f"{name}:{e.lineno}:{e.colno}: not the JSON of a public config: {e.msg}"]
     except UnicodeDecodeError:
         return {}, [f"{name}: is not valid UTF-8"]
+    except RecursionError:
+        return {}, [f"{name}: not the JSON of a public config: nested too deeply"]
     if not isinstance(loaded, dict):
         return {}, [f"{name}: must be a JSON object of key: value, not {type(loaded).__name__}"]
     values: dict[str, Any] = {}

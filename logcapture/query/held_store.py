@@ -30,6 +30,7 @@ class HeldStore:
         self._store: Store | None = None
         self._checked: bool | None = None
         self._far: Elsewhere | None = None  # take_turns on an embedded store
+        self._taking_turns = False
 
     @property
     def available(self) -> bool:
@@ -63,22 +64,26 @@ class HeldStore:
         return self._store is not None and self._store.wanted()
 
     def release(self) -> None:
-        if self._store is not None:
-            self._store.close()
-            self._store = None
+        store, self._store = self._store, None
+        if store is not None:
+            store.close()
 
     def take_turns(self) -> None:
         """Let the store go, and from now on take it for one read at a time (a follower:
         the shipper writes in between); on an embedded store those turns are taken in a
         helper process (``store.turns``)."""
         self.release()
-        if self._far is None and _embedded(self.dsn):
-            self._far = Elsewhere(self.dsn, self.wait)
+        if not self._taking_turns:
+            self._taking_turns = True
+            if _embedded(self.dsn):
+                self._far = Elsewhere(self.dsn, self.wait)
 
     def close(self) -> None:
-        self.release()
-        if self._far is not None:
-            self._far.close()
+        try:
+            self.release()
+        finally:
+            if self._far is not None:
+                self._far.close()
 
 
 def _embedded(dsn: str | None) -> bool:

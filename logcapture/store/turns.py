@@ -42,18 +42,23 @@ class Elsewhere:
 
     def open(self) -> FarStore:
         self._ask("open")
-        return FarStore(self)
+        assert self._proc is not None
+        return FarStore(self, self._proc)
 
     def close(self) -> None:
-        """Stop the helper (the command is done)."""
+        """Stop the helper (the command is done): end of file on its requests, then a few
+        seconds to finish the question it may be answering."""
         proc, self._proc = self._proc, None
         if proc is not None:
-            assert proc.stdin is not None and proc.stdout is not None
-            proc.stdin.close()
-            proc.stdout.close()
-            proc.wait()
+            _end(proc, wait=CLOSE_WAIT)
 
-    def _ask(self, *request: Any) -> Any:
+    def _ask(self, *request: Any, proc: subprocess.Popen[bytes] | None = None) -> Any:
+        """The answer to ``request``; ``proc``: the helper the question is for (a store it
+        opened), StoreUnavailable when that one is gone. A helper that fails to answer, or a
+        question interrupted before its answer (^C), ends the helper: the next turn starts
+        another rather than read an answer meant for an earlier question."""
+        if proc is not None and proc is not self._proc:
+            raise StoreUnavailable("the store's helper process ended")
         if self._proc is None:
             self._start()
         proc = self._proc
@@ -62,10 +67,15 @@ class Elsewhere:
             pickle.dump(request, proc.stdin)
             proc.stdin.flush()
             kind, value = pickle.load(proc.stdout)
-        except (OSError, EOFError, pickle.UnpicklingError) as e:
-            self.close()
+        except Exception as e:  # noqa: BLE001 - a broken pipe, a cut or garbled answer
+            self._proc = None
+            _end(proc, wait=0)
             raise StoreUnavailable(f"the store's helper process ended ({e or 'no answer'})"
                                    ) from None
+        except BaseException:
+            self._proc = None
+            _end(proc, wait=0)
+            raise
         if kind == "error":
             raise value
         if request[0] == "close" and value:  # worn: it exits; the next turn starts another
@@ -73,35 +83,60 @@ class Elsewhere:
         return value
 
     def _start(self) -> None:
+        # A session of its own: ^C at the terminal is the command's to act on (it ends the
+        # helper by closing the pipe), not a KeyboardInterrupt in the middle of an answer.
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "logcapture.store.turns"], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, close_fds=True)
+            stdout=subprocess.PIPE, close_fds=True, start_new_session=True)
         self.helpers += 1
         assert self._proc.stdin is not None
         pickle.dump((self.dsn, self.wait), self._proc.stdin)
 
 
-class FarStore:
-    """A ``Store`` open in the helper: its methods (``wanted`` too) are called there, their
-    answers plain data; ``close`` lets the store go."""
+CLOSE_WAIT = 5.0  # seconds a helper has to finish its question when the command is done
 
-    def __init__(self, far: Elsewhere):
-        self._far = far
+
+def _end(proc: subprocess.Popen[bytes], wait: float) -> None:
+    """Close the helper's pipes, give it ``wait`` seconds to exit, then kill it; reaped."""
+    for stream in (proc.stdin, proc.stdout):
+        try:
+            if stream is not None:
+                stream.close()
+        except OSError:
+            pass  # its pipe already broken
+    try:
+        proc.wait(timeout=wait)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+class FarStore:
+    """A ``Store`` open in the helper ``proc``: its methods (``wanted`` too) are called there,
+    their answers plain data; ``close`` lets the store go. Once that helper has ended (a
+    failure, or worn), every question raises StoreUnavailable; ``close`` is then done."""
+
+    def __init__(self, far: Elsewhere, proc: subprocess.Popen[bytes]):
+        self._far, self._proc = far, proc
         self._open = True
         self.embedded = True
+        self.dsn = far.dsn
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):
+        from . import Store
+
+        if name.startswith("_") or not callable(getattr(Store, name, None)):
             raise AttributeError(name)
 
         def call(*args: Any, **kwargs: Any) -> Any:
-            return self._far._ask("call", name, args, kwargs)
+            return self._far._ask("call", name, args, kwargs, proc=self._proc)
         return call
 
     def close(self) -> None:
         if self._open:
             self._open = False
-            self._far._ask("close")
+            if self._proc is self._far._proc:
+                self._far._ask("close", proc=self._proc)
 
 
 def _answer(requests: IO[bytes], replies: IO[bytes]) -> None:
@@ -120,6 +155,8 @@ def _answer(requests: IO[bytes], replies: IO[bytes]) -> None:
         try:
             if request[0] == "open":
                 store = open_store(dsn, wait=wait, must_exist=True)
+            elif request[0] == "call" and store is None:
+                raise StoreUnavailable("the store is not open in its helper process")
             elif request[0] == "call":
                 value = getattr(store, request[1])(*request[2], **request[3])
             else:
@@ -134,18 +171,17 @@ def _answer(requests: IO[bytes], replies: IO[bytes]) -> None:
                 reply = ("error", e)
             except Exception:  # noqa: BLE001 - an exception that does not pickle
                 reply = ("error", LogcaptureError(f"{type(e).__name__}: {e}"))
-        pickle.dump(reply, replies)
+        try:
+            data = pickle.dumps(reply)
+        except Exception as e:  # noqa: BLE001 - an answer that does not pickle
+            data = pickle.dumps(("error", LogcaptureError(f"no answer: {type(e).__name__}")))
+        replies.write(data)
         replies.flush()
         if request[0] == "close" and value:
             break  # worn: the command starts another helper for its next turn
 
 
 def main() -> int:
-    import signal
-
-    # ^C reaches the whole foreground process group: the command decides, and ends this by
-    # closing its end of the pipe.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
     replies = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     _answer(os.fdopen(0, "rb"), replies)
