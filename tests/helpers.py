@@ -83,3 +83,31 @@ def agent_until_shipped(argv: Sequence[str], env: Mapping[str, str], run_dir: Pa
             p.kill()
             p.communicate()
     return p.returncode, first, rest
+
+
+def wait_foreground(argv: Sequence[str], timeout: float = 30.0) -> int:
+    """The pid of a process running exactly ``argv`` once it is the foreground job of its
+    terminal (its process group is the terminal's foreground group), for a test that is
+    about to type ^C or ^Z at it: a shell under load may not have handed it the terminal
+    yet when its first output shows. AssertionError after ``timeout`` seconds."""
+    import time
+
+    want = ("\0".join(argv) + "\0").encode()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if f.read() != want:
+                        continue
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[1].split()
+            except OSError:
+                continue  # gone meanwhile
+            # after the command's name: state, ppid, pgrp, session, tty_nr, tpgid
+            if fields[2] == fields[5]:
+                return int(entry)
+        time.sleep(0.02)
+    raise AssertionError(f"no {' '.join(argv)!r} became the foreground job in {timeout} s")

@@ -19,6 +19,8 @@ import pytest
 
 from logcapture.runner.terminal import set_winsize
 
+from .helpers import wait_foreground
+
 pexpect = pytest.importorskip("pexpect")
 from pexpect import fdpexpect  # noqa: E402
 
@@ -110,6 +112,11 @@ class Terminal:
     def resize(self, rows: int, cols: int) -> None:
         set_winsize(self.master, rows, cols)  # the kernel signals the outer's foreground group
 
+    def close(self) -> None:
+        """Kill the capture process (and so the program) if it still runs, and reap it."""
+        self.proc.kill()
+        self.proc.wait()
+
     def finish(self) -> int:
         try:
             code = self.proc.wait(timeout=20)
@@ -140,14 +147,14 @@ def test_the_shell_behaves_as_on_its_own_terminal(tmp_path: Path) -> None:
         # Ctrl-C: the foreground job only.
         t.term.send('echo "sleep ""starts"; sleep 30; echo slept\r')
         t.term.expect_exact("sleep starts")
-        time.sleep(0.5)
+        wait_foreground(["sleep", "30"])
         t.term.send("\x03")  # Ctrl-C
         t.term.expect_exact(PROMPT, timeout=5)
         assert "slept" not in t.term.before
         assert t.ask("echo alive") == "alive"
         # ^Z stops the foreground job, fg resumes it.
         t.term.send("bash -c 'sleep 1.5; echo \"woke \"\"up\"'\r")
-        time.sleep(0.5)
+        wait_foreground(["sleep", "1.5"])
         t.term.send("\x1a")  # Ctrl-Z
         t.term.expect("Stopped")
         t.term.expect_exact(PROMPT)
@@ -158,9 +165,10 @@ def test_the_shell_behaves_as_on_its_own_terminal(tmp_path: Path) -> None:
         # Raw mode for a program, then the line discipline as it was.
         before = t.ask("stty -g")
         t.term.send("python3 -c 'import tty,termios,os; a=termios.tcgetattr(0); tty.setraw(0); "
+                    "os.write(1, b\"raw-\" b\"ready \"); "
                     "os.write(1, b\"raw:\" + os.read(0, 1) + b\"\\r\\n\"); "
                     "termios.tcsetattr(0, termios.TCSADRAIN, a)'\r")
-        time.sleep(0.5)
+        t.term.expect_exact("raw-ready ")  # set: a key typed before would be flushed
         t.term.send("q")
         t.term.expect_exact("raw:q")
         t.term.expect_exact(PROMPT)
@@ -168,7 +176,7 @@ def test_the_shell_behaves_as_on_its_own_terminal(tmp_path: Path) -> None:
         t.term.send("exit 3\r")
         assert t.finish() == 3
     finally:
-        t.proc.kill()
+        t.close()
     stored = t.stored.read_bytes()
     assert b"alive" in stored and b"woke up" in stored
 
@@ -195,7 +203,7 @@ def test_what_is_typed_with_echo_off_is_never_stored(tmp_path: Path) -> None:
         t.term.send("exit\r")
         assert t.finish() == 0
     finally:
-        t.proc.kill()
+        t.close()
     stored = t.stored.read_bytes()
     assert b"length 14" in stored and b"after-echo" in stored
     assert b"hunter2" not in stored
@@ -219,7 +227,7 @@ def test_input_waits_until_the_program_reads_it_none_lost_or_reordered(tmp_path:
         assert t.term.match.group(1) == hashlib.sha256(data).hexdigest()
         assert t.finish() == 0
     finally:
-        t.proc.kill()
+        t.close()
     assert data[:64] not in t.stored.read_bytes()  # input is never stored
 
 
@@ -267,7 +275,7 @@ def test_the_terminal_is_raw_while_relayed_and_left_as_it_was(tmp_path: Path) ->
         after = termios.tcgetattr(t.slave)
         assert t.finish() == 0
     finally:
-        t.proc.kill()
+        t.close()
     assert before[3] & termios.ICANON and before[3] & termios.ECHO
     assert not during[3] & (termios.ICANON | termios.ECHO | termios.ISIG)
     assert after == before
@@ -279,7 +287,7 @@ def test_a_hang_up_of_the_terminal_reaches_the_program(tmp_path: Path) -> None:
         os.close(t.master)  # srun and slurmstepd gone: the outer pty hangs up
         code = t.proc.wait(timeout=20)
     finally:
-        t.proc.kill()
+        t.close()
         os.close(t.slave)
     assert code == 128 + 1  # bash ended by SIGHUP, as on its own terminal
 
@@ -296,5 +304,5 @@ def test_the_fallback_after_a_failed_capture_keeps_the_terminal_working(tmp_path
         t.term.send("exit 3\r")
         assert t.finish() == 3
     finally:
-        t.proc.kill()
+        t.close()
     assert t.stored.read_bytes() == b""  # nothing stored

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from ..helpers import wait_foreground
 from .conftest import Cluster, Job
 
 pexpect = pytest.importorskip("pexpect")
@@ -71,7 +72,7 @@ def _session(lc: Cluster, user: str, more: bool = False) -> tuple[list[str], str
         # Ctrl-C stops the foreground job only: the shell goes on.
         child.sendline('echo "sleep ""starts"; sleep 30; echo slept')
         child.expect_exact("sleep starts")
-        time.sleep(1)  # sleep(1) is the foreground job by then
+        wait_foreground(["sleep", "30"])
         child.sendintr()
         child.expect_exact(PROMPT, timeout=10)
         answers.append("interrupted" if "slept" not in child.before else "not interrupted")
@@ -99,7 +100,7 @@ def _more(child: pexpect.spawn, ask: Callable[[str], str]) -> list[str]:
     answers = []
     # ^Z stops the foreground job (one process group), fg resumes it.
     child.sendline("bash -c 'sleep 2; echo \"woke \"\"up\"'")
-    time.sleep(1)
+    wait_foreground(["sleep", "2"])
     child.sendcontrol("z")
     child.expect("Stopped")
     child.expect_exact(PROMPT)
@@ -114,9 +115,10 @@ def _more(child: pexpect.spawn, ask: Callable[[str], str]) -> list[str]:
     child.send("\x1b:q!\r")
     child.expect_exact(PROMPT, timeout=15)
     child.sendline("python3 -c 'import tty,termios,os; a=termios.tcgetattr(0); "
-                   "tty.setraw(0); os.write(1, b\"raw:\" + os.read(0, 1) + b\"\\r\\n\"); "
+                   "tty.setraw(0); os.write(1, b\"raw-\" b\"ready \"); "
+                   "os.write(1, b\"raw:\" + os.read(0, 1) + b\"\\r\\n\"); "
                    "termios.tcsetattr(0, termios.TCSADRAIN, a)'")
-    time.sleep(1)
+    child.expect_exact("raw-ready ")  # set: a key typed before would be flushed
     child.send("k")
     child.expect_exact("raw:k")
     child.expect_exact(PROMPT)
