@@ -42,7 +42,14 @@ tests/test_xaxis.py; the SQL of :func:`x_axis_sql` implements exactly the same):
   increasing" holds within each series, in its own order, not across the merged rows: a
   ``step`` that every rank counts 0, 1, 2 ... is increasing although the merged rows read 0,
   0, 1, 1 ... . Every other condition (a number, an integer, any number) is about the values
-  themselves and reads all rows. One run alone is one series: the rule as above.
+  themselves and reads all rows. One run alone is one series: the rule as above, save for
+  the next point.
+- *a row's own rank*: a row whose ``rank`` is an integer belongs to that rank's series within
+  its run (``RANK``). Several processes of one task that share its terminal without labels
+  (torchrun's workers without ``--tee``, a multiprocessing pool) print their JSON lines into
+  one run; when each says its ``rank``, as ``{"step": 3, "loss": 0.2, "rank": 1}`` does, a
+  ``step`` that every worker counts is the axis, not ``rank``, which is constant within each
+  series and so not increasing (its values are still read as any key's).
 """
 
 from __future__ import annotations
@@ -54,6 +61,7 @@ from typing import Any
 
 PROGRESS = "progress"
 EPOCH = "epoch"
+RANK = "rank"  # a row's own rank: the series it belongs to within its run
 
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
@@ -140,7 +148,9 @@ def key_levels(rows: Iterable[Mapping[str, Any]], series: Iterable[Any] | None =
     """Every qualifying key of one job's metadata rows (time order) with its level;
     ``series``: the series of each row (per rank), None: one."""
     values: dict[str, tuple[list[Any], list[Any]]] = {}
-    for row, one in zip(rows, series if series is not None else _ONE, strict=False):
+    for row, of in zip(rows, series if series is not None else _ONE, strict=False):
+        own = row.get(RANK)
+        one = (of, own if is_integer(own) else None)  # the module docstring: a row's own rank
         for key, value in row.items():
             if value is not None:
                 vals, ones = values.setdefault(key, ([], []))
@@ -197,11 +207,14 @@ def values_sql(source: str, fields: str = "fields", carry: tuple[str, ...] = (),
     columns ``run``, ``seq`` and ``fields`` (the metadata object as JSON text; another column
     name can be given). ``carry`` names more columns of ``source`` passed through (e.g.
     ``ts``); ``series`` is an expression over ``source`` (per rank: the task run's id; the
-    default, one series per ``run``)."""
+    default, one series per ``run``), to which a row's own integer ``rank`` is added (the
+    module docstring)."""
     extra = "".join(f"{c}, " for c in carry)
+    own = (f"if(JSONType({fields}, '{RANK}') = 'Int64', "
+           f"toString(JSONExtractInt({fields}, '{RANK}')), '')")
     # The keys through a Map: the lightest chDB build has no JSONExtractKeys.
     return f"""
-SELECT run, seq, {series} AS series, {extra}key,
+SELECT run, seq, concat(toString({series}), '|', {own}) AS series, {extra}key,
        JSONType({fields}, key) AS json_type,
        multiIf(json_type = 'Int64', 'int', json_type = 'Double', 'float', 'other') AS kind,
        JSONExtractFloat({fields}, key) AS num

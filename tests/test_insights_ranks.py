@@ -191,6 +191,9 @@ def test_show_names_rank_1_from_the_spool_and_the_store(lc_env: dict[str, str],
     stored = json.loads(lc(["show", "ddp-1", "--json", "--store", store], lc_env).stdout)
     assert [(i["kind"], i["message"]) for i in stored["insights"]] == \
         [(i["kind"], i["message"]) for i in spool["insights"]]
+    # both workers' JSON lines in one run, each with its rank: step, counted on each, is the
+    # X axis (xaxis: a row's own rank), not rank
+    assert spool["x_axis"] == stored["x_axis"] == "step"
     with open_store(store, must_exist=True) as st:  # the store's own diagnosis agrees
         again = diagnose_stored(st, "ddp-1")
     assert [(i.kind, i.message) for i in again] == \

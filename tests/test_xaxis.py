@@ -224,11 +224,19 @@ def test_sql_agrees_on_the_hand_written_cases(store):
         [{"Alpha": 1, "alpha": 1}, {"Alpha": 2, "alpha": 2}],
         [{"é": 1, "z": 1}, {"é": 2, "z": 2}],
         [{"l": [1, 2], "o": {"a": 1}, "s": "3"}],
+        # a row's own rank: its series within the run (only an integer names one)
+        [{**row, "batch": 32} for row in TWO_RANKS],
+        [{**row, "batch": 32, "rank": float(row["rank"])} for row in TWO_RANKS],
+        [{**row, "batch": 32, "rank": str(row["rank"])} for row in TWO_RANKS],
+        [{**row, "batch": 32} for row in TWO_RANKS] + [{"step": 0, "rank": 1}],
+        [{"step": 1, "rank": 2**63}, {"step": 0, "rank": 2**64}],
     ]
-    assert sql_choices(store, jobs) == [choose_x_axis(rows) for rows in jobs]
+    got = sql_choices(store, jobs)
+    assert got == [choose_x_axis(rows) for rows in jobs]
+    assert got[-5:] == ["step", "batch", "batch", "batch", "step"]
 
 
-KEYS = ["progress", "epoch", "a", "b", "B", "step", "é", "a.b"]
+KEYS = ["progress", "epoch", "a", "b", "B", "step", "é", "a.b", "rank"]
 values = st.one_of(
     st.integers(-5, 5),
     st.integers(min_value=-(2**65), max_value=2**65),
@@ -279,23 +287,47 @@ def test_sql_agrees_with_python(store, jobs):
 TWO_RANKS = [{"step": s, "loss": 1.0 / (s + 1) + r, "rank": r} for s in range(3) for r in (1, 0)]
 
 
+# The same rows without their own rank, and a constant integer: as several task runs' rows,
+# whose series the reader gives (the task run each came from).
+NO_RANK = [{"step": row["step"], "loss": row["loss"], "batch": 32} for row in TWO_RANKS]
+
+
 def test_a_step_increasing_on_every_rank_is_the_axis_of_the_merged_rows():
-    # merged, step reads 0, 0, 1, 1, 2, 2 and the tie of integers goes to "rank"
-    assert choose_x_axis(TWO_RANKS) == "rank"
+    # merged, step reads 0, 0, 1, 1, 2, 2: one series, and the tie of integers (any order)
+    # goes to the alphabetically first, "batch"
+    assert choose_x_axis(NO_RANK) == "batch"
     series = [row["rank"] for row in TWO_RANKS]
-    assert key_levels(TWO_RANKS, series)["step"] == LEVEL_INCREASING_INTEGERS
-    assert choose_x_axis(TWO_RANKS, series) == "step"
+    assert key_levels(NO_RANK, series)["step"] == LEVEL_INCREASING_INTEGERS
+    assert choose_x_axis(NO_RANK, series) == "step"
     # a key that goes down on one rank is not increasing, whatever the others do
-    bad = [*TWO_RANKS, {"step": 0, "rank": 1}]
-    assert choose_x_axis(bad, [*series, 1]) == "rank"
+    bad = [*NO_RANK, {"step": 0}]
+    assert choose_x_axis(bad, [*series, 1]) == "batch"
+
+
+def test_a_rows_own_rank_is_its_series_within_its_run():
+    # torchrun's workers without --tee, each printing its rank: one run, two series
+    rows = [{**row, "batch": 32} for row in TWO_RANKS]
+    assert key_levels(rows)["step"] == LEVEL_INCREASING_INTEGERS
+    assert choose_x_axis(rows) == "step"
+    # constant within each series, rank itself is not increasing (read as any key)
+    assert key_levels(rows)["rank"] == LEVEL_INTEGERS
+    # a step that goes down on rank 1 is not increasing
+    assert choose_x_axis([*rows, {"step": 0, "rank": 1}]) == "batch"
+    # only an integer rank names a series: text, a float, a bool are values like any other
+    for odd in (str, float, bool):
+        assert choose_x_axis([{**row, "rank": odd(row["rank"])} for row in rows]) == "batch"
 
 
 def test_records_of_several_task_runs_are_one_series_each():
-    recs = [{"run": f"7.0.{row['rank']}", "seq": i // 2, "ts": 1.0 + i, "fields": row}
-            for i, row in enumerate(TWO_RANKS)]
+    recs = [{"run": f"7.0.{row['rank']}", "seq": i // 2, "ts": 1.0 + i,
+             "fields": NO_RANK[i]} for i, row in enumerate(TWO_RANKS)]
     assert choose_x_axis_of_records(recs) == "step"
     one_run = [{**r, "run": "7", "seq": i} for i, r in enumerate(recs)]
-    assert choose_x_axis_of_records(one_run) == "rank"
+    assert choose_x_axis_of_records(one_run) == "batch"
+    # the same rows each with its rank, in one run: the rank of each row is its series
+    own = [{**r, "fields": {**r["fields"], "rank": row["rank"]}}
+           for r, row in zip(one_run, TWO_RANKS, strict=True)]
+    assert choose_x_axis_of_records(own) == "step"
 
 
 def sql_choices_by_rank(store, jobs: list[list[list[dict[str, Any]]]]) -> list[str | None]:
