@@ -317,6 +317,11 @@ def test_prolog_makes_the_users_job_directory_and_a_trusted_record(root: Path) -
     assert stat.S_IMODE((root / PUBLIC).stat().st_mode) == 0o644
     # Idempotent: a second prolog (requeue) keeps the directory.
     assert hooks.prolog(env) == [f"job directory {root}/4242 already existed (requeue?): kept"]
+    # The public config left unreadable to jobs by hand, its bytes unchanged: written anew.
+    (root / PUBLIC).chmod(0o600)
+    hooks.prolog(env)
+    assert stat.S_IMODE((root / PUBLIC).stat().st_mode) == 0o644
+    assert (root / PUBLIC).read_text() == public
 
 
 PUBLIC = jobrecords.PUBLIC_CONFIG

@@ -105,7 +105,7 @@ def prolog(env: dict[str, str] | os._Environ[str], *, now: float | None = None,
     root_fd = _open_root(root, create=True)
     try:
         public = public_config(admin)
-        if _read_root_file(root_fd, PUBLIC_CONFIG) != public:
+        if _read_root_file(root_fd, PUBLIC_CONFIG, mode=0o644) != public:
             _write_root_file(root_fd, PUBLIC_CONFIG, public, 0o644)
         # The job's directory. The root is root's, so what is there was made by a prolog: an
         # earlier run of this job id (requeue) keeps its content; anything but a directory

@@ -80,13 +80,24 @@ def _write_root_file(dir_fd: int, name: str, data: bytes, mode: int) -> None:
     os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
 
 
-def _read_root_file(dir_fd: int, name: str, limit: int = 1 << 20) -> bytes | None:
+def _read_root_file(dir_fd: int, name: str, limit: int = 1 << 20,
+                    mode: int | None = None) -> bytes | None:
+    """The content of ``name``, a regular file of this process's user (root); None when it is
+    missing, is something else, or (``mode`` given) has another mode, so that the caller
+    writes it anew (a config that jobs must read, left 0600 by hand, would give every job the
+    defaults)."""
+    import stat
+
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
                      dir_fd=dir_fd)
     except OSError:
         return None
     try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or (
+                mode is not None and stat.S_IMODE(st.st_mode) != mode):
+            return None
         return os.read(fd, limit)
     finally:
         os.close(fd)
