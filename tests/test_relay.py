@@ -31,7 +31,7 @@ PROMPT = "relay-prompt> "
 # program on the inner pty as its session's controlling terminal; what the read loop would
 # store goes to the file argv[2]; its exit status is the program's.
 CAPTURE = r"""
-import os, sys, termios, threading, fcntl
+import os, signal, sys, termios, threading, fcntl
 from logcapture.runner.relay import Relay, open_inner, raw_attrs, set_controlling
 from logcapture.runner.spawn import Attached, attach
 from logcapture.runner.outcome import Options
@@ -45,6 +45,11 @@ saved = termios.tcgetattr(outer)
 master, slave = open_inner(outer)
 pid = os.fork()
 if pid == 0:
+    # A terminal's session starts with ^C and ^\ at their default action, as slurmstepd
+    # starts a task; a test run started in the background by a shell without job control
+    # has them ignored, and an ignored signal stays ignored across exec.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
     os.setsid()
     fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
     for fd in (0, 1, 2):
