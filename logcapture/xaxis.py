@@ -45,11 +45,13 @@ tests/test_xaxis.py; the SQL of :func:`x_axis_sql` implements exactly the same):
   themselves and reads all rows. One run alone is one series: the rule as above, save for
   the next point.
 - *a row's own rank*: a row whose ``rank`` is an integer belongs to that rank's series within
-  its run (``RANK``). Several processes of one task that share its terminal without labels
-  (torchrun's workers without ``--tee``, a multiprocessing pool) print their JSON lines into
-  one run; when each says its ``rank``, as ``{"step": 3, "loss": 0.2, "rank": 1}`` does, a
-  ``step`` that every worker counts is the axis, not ``rank``, which is constant within each
-  series and so not increasing (its values are still read as any key's).
+  its run (``RANK``), when some rank occurs in more than one of the rows (``own_ranks``).
+  Several processes of one task that share its terminal without labels (torchrun's workers
+  without ``--tee``, a multiprocessing pool) print their JSON lines into one run; when each
+  says its ``rank``, as ``{"step": 3, "loss": 0.2, "rank": 1}`` does, a ``step`` that every
+  worker counts is the axis, not ``rank``, which is constant within each series and so not
+  increasing (its values are still read as any key's). A ``rank`` that differs in every row
+  (a sweep's, a ranking's) names no series: one-row series would make every key increasing.
 """
 
 from __future__ import annotations
@@ -143,14 +145,23 @@ class _One:
 _ONE = _One()
 
 
+def own_ranks(rows: list[Mapping[str, Any]]) -> list[int | None]:
+    """Each row's own rank (the module docstring): its ``rank`` when that is an integer and
+    some rank occurs in more than one of ``rows``, else None."""
+    owns = [r if is_integer(r := row.get(RANK)) else None for row in rows]
+    given = [o for o in owns if o is not None]
+    return owns if len(set(given)) < len(given) else [None] * len(owns)
+
+
 def key_levels(rows: Iterable[Mapping[str, Any]], series: Iterable[Any] | None = None
                ) -> dict[str, int]:
     """Every qualifying key of one job's metadata rows (time order) with its level;
     ``series``: the series of each row (per rank), None: one."""
+    rows = list(rows)
     values: dict[str, tuple[list[Any], list[Any]]] = {}
-    for row, of in zip(rows, series if series is not None else _ONE, strict=False):
-        own = row.get(RANK)
-        one = (of, own if is_integer(own) else None)  # the module docstring: a row's own rank
+    for row, of, own in zip(rows, series if series is not None else _ONE, own_ranks(rows),
+                            strict=False):
+        one = (of, own)
         for key, value in row.items():
             if value is not None:
                 vals, ones = values.setdefault(key, ([], []))
@@ -212,13 +223,23 @@ def values_sql(source: str, fields: str = "fields", carry: tuple[str, ...] = (),
     extra = "".join(f"{c}, " for c in carry)
     own = (f"if(JSONType({fields}, '{RANK}') = 'Int64', "
            f"toString(JSONExtractInt({fields}, '{RANK}')), '')")
-    # The keys through a Map: the lightest chDB build has no JSONExtractKeys.
+    # own_ranks: a rank that occurs in more than one row of the run (_lc_n: the rows of each
+    # rank, _lc_repeats: whether one occurs twice). The keys through a Map: the lightest
+    # chDB build has no JSONExtractKeys.
     return f"""
-SELECT run, seq, concat(toString({series}), '|', {own}) AS series, {extra}key,
+SELECT run, seq, concat(ifNull(toString(_lc_series), ''), '|', if(_lc_repeats, _lc_own, ''))
+       AS series, {extra}key,
        JSONType({fields}, key) AS json_type,
        multiIf(json_type = 'Int64', 'int', json_type = 'Double', 'float', 'other') AS kind,
        JSONExtractFloat({fields}, key) AS num
-FROM {source}
+FROM (
+    SELECT *, max(if(_lc_own != '', _lc_n, 0)) OVER (PARTITION BY run) > 1 AS _lc_repeats
+    FROM (
+        SELECT *, {series} AS _lc_series, {own} AS _lc_own,
+               count() OVER (PARTITION BY run, _lc_own) AS _lc_n
+        FROM {source}
+    )
+)
 ARRAY JOIN mapKeys(JSONExtract({fields}, 'Map(String, String)')) AS key
 WHERE json_type != 'Null'"""
 

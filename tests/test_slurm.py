@@ -322,6 +322,9 @@ def test_prolog_makes_the_users_job_directory_and_a_trusted_record(root: Path) -
     hooks.prolog(env)
     assert stat.S_IMODE((root / PUBLIC).stat().st_mode) == 0o644
     assert (root / PUBLIC).read_text() == public
+    os.chown(root / PUBLIC, NOBODY.pw_uid, NOBODY.pw_gid)  # another's, its bytes the same
+    hooks.prolog(env)
+    assert (root / PUBLIC).stat().st_uid == 0 and (root / PUBLIC).read_text() == public
 
 
 PUBLIC = jobrecords.PUBLIC_CONFIG

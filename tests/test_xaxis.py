@@ -230,10 +230,13 @@ def test_sql_agrees_on_the_hand_written_cases(store):
         [{**row, "batch": 32, "rank": str(row["rank"])} for row in TWO_RANKS],
         [{**row, "batch": 32} for row in TWO_RANKS] + [{"step": 0, "rank": 1}],
         [{"step": 1, "rank": 2**63}, {"step": 0, "rank": 2**64}],
+        SWEEP,
+        [*SWEEP, {"step": 4, "batch": 32, "rank": 3}],
+        [{"a": 2, "rank": 0}, {"a": 1, "rank": 1}, {"a": 3, "rank": 0}],
     ]
     got = sql_choices(store, jobs)
     assert got == [choose_x_axis(rows) for rows in jobs]
-    assert got[-5:] == ["step", "batch", "batch", "batch", "step"]
+    assert got[-8:] == ["step", "batch", "batch", "batch", "step", "step", "step", "a"]
 
 
 KEYS = ["progress", "epoch", "a", "b", "B", "step", "é", "a.b", "rank"]
@@ -316,6 +319,18 @@ def test_a_rows_own_rank_is_its_series_within_its_run():
     # only an integer rank names a series: text, a float, a bool are values like any other
     for odd in (str, float, bool):
         assert choose_x_axis([{**row, "rank": odd(row["rank"])} for row in rows]) == "batch"
+
+SWEEP = [{"step": i, "batch": 32, "rank": r} for i, r in enumerate([3, 1, 2, 5])]
+
+
+def test_a_rank_that_differs_in_every_row_names_no_series():
+    # a LoRA rank sweep, a ranking: one-row series would make every key increasing (and the
+    # constant batch the axis)
+    assert choose_x_axis(SWEEP) == "step"
+    # once a rank occurs twice, the rows are series by rank
+    repeated = [*SWEEP, {"step": 4, "batch": 32, "rank": 3}]
+    assert key_levels(repeated)["batch"] == LEVEL_INTEGERS
+    assert choose_x_axis(repeated) == "step"
 
 
 def test_records_of_several_task_runs_are_one_series_each():
