@@ -67,15 +67,13 @@ class Elsewhere:
             pickle.dump(request, proc.stdin)
             proc.stdin.flush()
             kind, value = pickle.load(proc.stdout)
-        except Exception as e:  # noqa: BLE001 - a broken pipe, a cut or garbled answer
+        except BaseException as e:  # a broken pipe, a cut or garbled answer, or ^C
             self._proc = None
             _end(proc, wait=0)
+            if not isinstance(e, Exception):
+                raise
             raise StoreUnavailable(f"the store's helper process ended ({e or 'no answer'})"
                                    ) from None
-        except BaseException:
-            self._proc = None
-            _end(proc, wait=0)
-            raise
         if kind == "error":
             raise value
         if request[0] == "close" and value:  # worn: it exits; the next turn starts another
