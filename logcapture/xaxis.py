@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 PROGRESS = "progress"
@@ -145,7 +145,7 @@ class _One:
 _ONE = _One()
 
 
-def own_ranks(rows: list[Mapping[str, Any]]) -> list[int | None]:
+def own_ranks(rows: Sequence[Mapping[str, Any]]) -> list[int | None]:
     """Each row's own rank (the module docstring): its ``rank`` when that is an integer and
     some rank occurs in more than one of ``rows``, else None."""
     owns = [r if is_integer(r := row.get(RANK)) else None for row in rows]
@@ -214,12 +214,12 @@ def choose_x_axis_of_records(records: Iterable[Mapping[str, Any]]) -> str | None
 
 def values_sql(source: str, fields: str = "fields", carry: tuple[str, ...] = (),
                series: str = "''") -> str:
-    """Rows ``(run, seq, series, key, kind, num)`` from ``source``, a table or subquery with
-    columns ``run``, ``seq`` and ``fields`` (the metadata object as JSON text; another column
-    name can be given). ``carry`` names more columns of ``source`` passed through (e.g.
+    """Rows ``(run, seq, series, own, key, kind, num)`` from ``source``, a table or subquery
+    with columns ``run``, ``seq`` and ``fields`` (the metadata object as JSON text; another
+    column name can be given). ``carry`` names more columns of ``source`` passed through (e.g.
     ``ts``); ``series`` is an expression over ``source`` (per rank: the task run's id; the
     default, one series per ``run``), to which a row's own integer ``rank`` is added (the
-    module docstring)."""
+    module docstring); ``own`` is that own rank as text ('' for none: ``own_ranks``)."""
     extra = "".join(f"{c}, " for c in carry)
     own = (f"if(JSONType({fields}, '{RANK}') = 'Int64', "
            f"toString(JSONExtractInt({fields}, '{RANK}')), '')")
@@ -227,8 +227,8 @@ def values_sql(source: str, fields: str = "fields", carry: tuple[str, ...] = (),
     # rank, _lc_repeats: whether one occurs twice). The keys through a Map: the lightest
     # chDB build has no JSONExtractKeys.
     return f"""
-SELECT run, seq, concat(ifNull(toString(_lc_series), ''), '|', if(_lc_repeats, _lc_own, ''))
-       AS series, {extra}key,
+SELECT run, seq, if(_lc_repeats, _lc_own, '') AS own,
+       concat(ifNull(toString(_lc_series), ''), '|', own) AS series, {extra}key,
        JSONType({fields}, key) AS json_type,
        multiIf(json_type = 'Int64', 'int', json_type = 'Double', 'float', 'other') AS kind,
        JSONExtractFloat({fields}, key) AS num

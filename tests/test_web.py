@@ -26,6 +26,13 @@ BIG = ("import json, sys\nfor i in range(3000):\n    print(f'line {i}')\n"
        "    if i % 250 == 0: print(json.dumps({'step': i}))\n")
 
 
+# Two workers sharing one terminal without labels, each saying its rank (torchrun's
+# workers without --tee): one run, one series per worker.
+WORKERS = ("import json\nfor step in range(5):\n    for rank in (0, 1):\n"
+           "        print(json.dumps({'step': step, 'loss': 4 - step + rank / 2, "
+           "'rank': rank}))\n")
+
+
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("web")
@@ -35,6 +42,8 @@ def site(tmp_path_factory):
     capture({**env, "LOGCAPTURE_SEGMENT_BYTES": "16384"}, "big", BIG)
     capture(env, "shipped")
     lc(["upload", "shipped"], env, check=True)
+    capture(env, "workers", WORKERS)
+    lc(["upload", "workers"], env, check=True)
     write_gpu_run(tmp / "spool")
     with Serve(env) as s:
         yield s, env, tmp
@@ -92,7 +101,7 @@ def test_nothing_changes_data(site, method):
 def test_runs_newest_first(site):
     runs = get(site, "/api/runs").json()
     by_id = {r["run"]: r for r in runs}
-    assert set(by_id) == {"train", "big", "shipped", "gpu"}
+    assert set(by_id) == {"train", "big", "shipped", "workers", "gpu"}
     starts = [r["start"] for r in runs]
     assert starts == sorted(starts, reverse=True)
     assert by_id["gpu"]["job_id"] == "4242" and by_id["gpu"]["name"] == "train_gpt"
@@ -218,6 +227,20 @@ def test_metadata_newest_first_and_graphs_by_the_rule(site):
         "monotonically increasing integers")
 
 
+def test_workers_that_say_their_rank_are_one_series_each(site):
+    w = get(site, "/api/runs/workers/metadata").json()
+    assert w["by_x"]["key"] == "step" and w["total"] == 10
+    assert w["keys"] == ["loss (rank 0)", "loss (rank 1)", "rank (rank 0)", "rank (rank 1)",
+                         "step (rank 0)", "step (rank 1)"]
+    assert set(w["by_x"]["series"]) == {"loss (rank 0)", "loss (rank 1)", "rank (rank 0)",
+                                        "rank (rank 1)"}
+    loss1 = [(x, v) for x, v in zip(w["by_x"]["x"], w["by_x"]["series"]["loss (rank 1)"],
+                                    strict=True) if v is not None]
+    assert loss1 == [(s, 4 - s + 0.5) for s in range(5)]
+    assert w["by_time"]["series"]["loss (rank 0)"][:4] == [4, None, 3, None]
+    assert "rank" not in w["rows"][0]  # a run of no task: the table shows the fields alone
+
+
 def test_resources_per_node(site):
     r = get(site, "/api/runs/gpu/resources").json()["nodes"]
     assert sorted(r) == ["node1", "node2"]
@@ -300,10 +323,10 @@ def test_grafana_panels_show_what_the_page_shows(site):
                   "header": get(site, f"/api/runs/{run}").json(),
                   "meta": get(site, f"/api/runs/{run}/metadata").json(),
                   "res": get(site, f"/api/runs/{run}/resources").json()}
-            for run in ("shipped", "gpu")}
-    for run, node in (("shipped", "vm"), ("gpu", "node2")):
+            for run in ("shipped", "workers", "gpu")}
+    for run, node in (("shipped", "vm"), ("workers", "vm"), ("gpu", "node2")):
         want = page[run]
-        if run == "shipped":
+        if run != "gpu":
             node = want["header"]["nodes"]
         panel = json.loads(grafana_rows(env, run, node))
         for st in ("0", "1"):

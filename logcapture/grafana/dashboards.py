@@ -88,8 +88,12 @@ def _job_values(db: str) -> str:
     return values_sql(_job_metadata(db), carry=("ts", "task", "rank"), series="task")
 
 
-def _series(key: str, rank: str = "rank") -> str:
-    """A graph's series name: the key, and the rank of a task's row."""
+def _series(key: str, row: str = "") -> str:
+    """A graph's series name: the key, and the rank of the row (``row``: the values' table
+    alias with its dot, or ''): its own ``rank`` where it names a series within its run
+    (xaxis, ``own``), else its task's rank ('' for the job's own rows). As
+    ``web.reads.series_name``."""
+    rank = f"if({row}own != '', {row}own, {row}rank)"
     return f"if({rank} = '', {key}, concat({key}, ' (rank ', {rank}, ')'))"
 
 
@@ -213,7 +217,7 @@ def sql_metadata_by_x(db: str) -> str:
     return f"""
 WITH v AS ({_job_values(db)}),
      chosen AS ({x_axis_sql("SELECT * FROM v")})
-SELECT x.num AS x, {_series("y.key", "y.rank")} AS key, y.num AS value
+SELECT x.num AS x, {_series("y.key", "y.")} AS key, y.num AS value
 FROM v AS y
 INNER JOIN v AS x ON x.task = y.task AND x.seq = y.seq
 WHERE x.key = (SELECT any(x_key) FROM chosen)

@@ -23,7 +23,7 @@ from typing import Any
 from ..errors import UsageError
 from ..store import EXPORTS, write_rows
 from ..summary_row import summary_row
-from ..xaxis import LEVEL_NAMES, choose_x_axis, is_number, key_levels, series_of
+from ..xaxis import LEVEL_NAMES, choose_x_axis, is_number, key_levels, own_ranks, series_of
 
 RUN_REF = re.compile(r"[A-Za-z0-9._-]{1,128}")
 FORMATS = {"csv": "text/csv", "ndjson": "application/x-ndjson",
@@ -246,40 +246,52 @@ def _column(fields: list[dict[str, Any]], key: str) -> list[Any]:
     return [v if is_number(v := f.get(key)) else None for f in fields]
 
 
+def series_name(key: str, rank: Any) -> str:
+    """A graph series' name: ``key`` of the rows of no rank, ``loss (rank 1)`` of rank 1's.
+    As Grafana's job dashboard names them (``grafana.dashboards._series``)."""
+    return key if rank is None else f"{key} (rank {rank})"
+
+
 def metadata(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """From metadata records in time order: the table (newest first) and the graphs: every
     numeric key by time, and by the X key the rule picks, with why. Records of a job's task
     runs (with ``rank``, ``jobview.job_records``): the rule per rank, one series per key and
-    rank (``loss (rank 1)``), each table row with its rank."""
+    rank (``loss (rank 1)``), each table row with its rank. A row's own ``rank``, where it
+    names a series within its run (``xaxis.own_ranks``: workers sharing one terminal), names
+    its graph series in place of its task's."""
     fields = [dict(r["fields"]) for r in rows]
     series = [series_of(r) for r in rows]
     levels = key_levels(fields, series)
-    keys = sorted(levels)
     x_key = choose_x_axis(fields, series)
     columns: dict[str, None] = {}
     for f in fields:
         columns.update(dict.fromkeys(f))
     ranks = sorted({r["rank"] for r in rows if r.get("rank") is not None})
-    if ranks:  # one graph series per key and rank, None in the rows of the other ranks
-        fields = [{f"{k} (rank {r['rank']})": v for k, v in f.items()}
-                  for f, r in zip(fields, rows, strict=True)]
-        keys = [f"{k} (rank {n})" for k in keys for n in ranks]
+    drawn = [own if own is not None else r.get("rank")
+             for own, r in zip(own_ranks(fields), rows, strict=True)]
+    # One graph series per key and rank, None in the rows of the other ranks.
+    named = [{series_name(k, n): v for k, v in f.items()} for f, n in zip(fields, drawn,
+                                                                         strict=True)]
+    plotted = {(k, n) for f, n in zip(fields, drawn, strict=True) for k, v in f.items()
+               if k in levels and is_number(v)}
+    of_key = {series_name(k, n): k for k, n in sorted(
+        plotted, key=lambda kn: (kn[0], -1 if kn[1] is None else int(kn[1])))}
+    keys = list(of_key)
     by_x = None
     if x_key is not None:
         xs = [r["fields"].get(x_key) for r in rows]
         pairs = sorted(((x, i) for i, x in enumerate(xs) if is_number(x)))
-        ordered = [fields[i] for _, i in pairs]
-        own = {x_key} | {f"{x_key} (rank {n})" for n in ranks}
+        ordered = [named[i] for _, i in pairs]
         by_x = {"key": x_key, "because": LEVEL_NAMES[levels[x_key]],
                 "x": [x for x, _ in pairs],
-                "series": {k: _column(ordered, k) for k in keys if k not in own}}
+                "series": {k: _column(ordered, k) for k in keys if of_key[k] != x_key}}
     newest = rows[::-1][:METADATA_TABLE_ROWS]
     return {"columns": list(columns), "total": len(rows),
             "rows": [{"ts": r["ts"], "seq": r["seq"], "fields": r["fields"],
                       **({"rank": r.get("rank")} if ranks else {})} for r in newest],
             "keys": keys, "by_x": by_x,
             "by_time": {"x": [r["ts"] for r in rows],
-                        "series": {k: _column(fields, k) for k in keys}}}
+                        "series": {k: _column(named, k) for k in keys}}}
 
 
 def resources(samples: list[dict[str, Any]]) -> dict[str, Any]:
