@@ -18,8 +18,8 @@ It consumes what the filter produced for both output streams (``Rendered`` lines
   ``None``) is not JSON, so it is an ordinary line. Behind the labels a launcher puts before
   each line of several processes sharing one terminal (``ranklabel``: torchrun ``--tee``'s
   ``[default0]:``, ``srun --label``'s ``0: ``, Open MPI's ``[1,0]<stdout>:``), the object is
-  metadata when the label says rank 0 (or local rank 0): the run's metadata stays one
-  process's series, as a task run's is; other ranks' labelled objects stay lines.
+  metadata too, its record ``label`` naming whose it is (``rank 1``, ``local rank 1``): each
+  process's rows are a series of their own, as a task run's are (``xaxis``).
 - **Modes**: ``enabled`` keeps lines and metadata (a metadata line is kept as a ``Line`` too),
   ``metadata`` keeps only ``Metadata`` records, ``disabled`` only the commands.
 
@@ -170,17 +170,20 @@ def _candidate(text: str) -> bool:
     return text[:1] == "{" or text[-1:] == "}" and text[:1] in ranklabel.STARTS
 
 
-def metadata_of(text: str) -> dict[str, Any] | None:
-    """``parse_metadata`` of a stdout line, or of the object behind its launcher labels when
-    they say rank 0 (the module docstring); None when it is no metadata line."""
+def metadata_of(text: str) -> tuple[dict[str, Any], str] | None:
+    """``parse_metadata`` of a stdout line, or of the object behind its launcher labels, with
+    whose it is (``ranklabel.Labelled.describe``; "" for an unlabelled line: the module
+    docstring); None when it is no metadata line."""
     if text[:1] == "{":
-        return parse_metadata(text)
+        fields = parse_metadata(text)
+        return None if fields is None else (fields, "")
     if not _candidate(text):
         return None
     labelled = ranklabel.split(text)
-    if labelled.key not in ranklabel.FIRST:
+    if labelled.key is None:
         return None
-    return parse_metadata(labelled.text)
+    fields = parse_metadata(labelled.text)
+    return None if fields is None else (fields, labelled.describe())
 
 
 def _is_command_attempt(text: str) -> bool:
@@ -521,10 +524,10 @@ class Classifier:
                     # A metadata candidate: kept as a line in any case (mode enabled),
                     # followed by its Metadata record when it is one JSON object (the plain
                     # text: a style is beside it).
-                    fields = metadata_of(text)
-                    if fields is None:
+                    found_metadata = metadata_of(text)
+                    if found_metadata is None:
                         continue
-                    out += self._lines_then_metadata(stream, run, fields, ts, styles)
+                    out += self._lines_then_metadata(stream, run, *found_metadata, ts, styles)
                     run, styles = [], []
                     continue
             if run:
@@ -558,7 +561,7 @@ class Classifier:
             at = pos
             fields = parse_metadata(texts[k])
             if fields is not None:
-                out += self._lines_then_metadata(stream, texts[start:k + 1], fields, ts)
+                out += self._lines_then_metadata(stream, texts[start:k + 1], fields, "", ts)
                 start = k + 1
             pos = find("\n{", pos + 1)
         if start < len(texts):
@@ -566,11 +569,12 @@ class Classifier:
         return out
 
     def _lines_then_metadata(self, stream: str, texts: list[str], fields: dict[str, Any],
-                             ts: float, styles: list[Style] | None = None) -> list[Record]:
+                             label: str, ts: float, styles: list[Style] | None = None
+                             ) -> list[Record]:
         """A run of plain lines whose last is a metadata line, then its Metadata record."""
         lines = self._lines(stream, texts, ts, styles)
         self.counts[stream]["metadata"] += 1
-        return [lines, new_metadata(self.run, stream, self._next(stream), ts, fields)]
+        return [lines, new_metadata(self.run, stream, self._next(stream), ts, fields, label)]
 
     def _lines(self, stream: str, texts: list[str], ts: float,
                styles: list[Style] | None = None) -> Lines | Line:
@@ -624,9 +628,9 @@ class Classifier:
             return out
         self._last_kept[stream] = self.mode == ENABLED
         counts = self.counts[stream]
-        fields = None
+        found_metadata = None
         if stream == STDOUT and not item.cut and self.mode != DISABLED:
-            fields = metadata_of(text)
+            found_metadata = metadata_of(text)
         out = []
         if self.mode == ENABLED:
             found = marker(text) if not item.cut else None
@@ -640,12 +644,13 @@ class Classifier:
                 out.append(self._note(stream, NOTE_CUT, (
                     f"the line above was longer than the line limit: its last {item.cut} "
                     f"character{'s' if item.cut != 1 else ''} were dropped"), ts, item.cut))
-        elif fields is None:
+        elif found_metadata is None:
             counts["dropped_by_mode"] += 1
-        if fields is not None:
+        if found_metadata is not None:
             counts["metadata"] += 1
+            fields, label = found_metadata
             out.append(Metadata(run=self.run, stream=stream, seq=self._next(stream), ts=ts,
-                                fields=fields))
+                                fields=fields, label=label))
         return out
 
     def _section(self, stream: str, found: Marker, ts: float) -> list[Record]:

@@ -95,7 +95,6 @@ def split(text: str) -> Labelled:
 
 # A line that is launcher labels before a JSON object's opening brace (``[default0]:{``).
 _LABELLED_OBJECT = re.compile(rf"(?m)^(?:{_LABEL.pattern}){{1,{MAX_LABELS}}}\{{")
-FIRST = frozenset({"0", "local 0"})  # the keys of rank 0's lines (``Labelled.key``)
 
 
 def has_labelled_object(text: str) -> bool:

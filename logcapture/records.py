@@ -293,20 +293,31 @@ class Command(_record_tuple("Command", "text", "options", defaults=("", _NO_ITEM
         options: Mapping[str, Any]
 
 
-class Metadata(_record_tuple("Metadata", "fields", defaults=(_NO_ITEMS,)), Record):
-    """A stdout line that was exactly one JSON object; nested objects flattened to dotted keys."""
+class Metadata(_record_tuple("Metadata", "fields", "label", defaults=(_NO_ITEMS, "")),
+               Record):
+    """A stdout line that was exactly one JSON object; nested objects flattened to dotted keys.
+    ``label``: whose object it was when a launcher's label stood before it
+    (``ranklabel.Labelled.describe``: ``rank 1``, ``local rank 1``); none ("", and then no
+    ``label`` key either) when the line was the object alone."""
 
     __slots__ = ()
     kind = "metadata"
     if TYPE_CHECKING:
         fields: Mapping[str, Any]
+        label: str
+
+    def to_dict(self) -> dict[str, Any]:
+        d = Record.to_dict(self)
+        if not self.label:
+            del d["label"]
+        return d
 
     def to_json(self) -> str:
         # A metadata line's hot path: the same bytes as dumps(self.to_dict()) (a test holds
         # them equal), without the intermediate dict; anything unusual takes the generic way.
         ts = self.ts
         if type(ts) is float and type(self.seq) is int and type(self.run) is str \
-                and type(self.stream) is str and ts - ts == 0.0:  # finite
+                and type(self.stream) is str and ts - ts == 0.0 and not self.label:  # finite
             try:
                 body = _encode_fields(self.fields)
             except ValueError:  # a non-finite number somewhere: the generic way
@@ -416,11 +427,11 @@ def rendered_many(texts: Iterable[str]) -> list[Rendered]:
 
 
 def new_metadata(run: str, stream: str, seq: int, ts: float,
-                 fields: dict[str, Any]) -> Metadata:
-    """``Metadata(run=run, stream=stream, seq=seq, ts=ts, fields=fields)`` without the named
-    tuple's keyword handling (a metadata line's hot path); tests/test_pipeline.py holds the
-    two equal."""
-    return _new_tuple(Metadata, (run, stream, seq, ts, fields))
+                 fields: dict[str, Any], label: str = "") -> Metadata:
+    """``Metadata(run=run, stream=stream, seq=seq, ts=ts, fields=fields, label=label)``
+    without the named tuple's keyword handling (a metadata line's hot path);
+    tests/test_pipeline.py holds the two equal."""
+    return _new_tuple(Metadata, (run, stream, seq, ts, fields, label))
 
 
 class Dropped(namedtuple("Dropped", ("note", "count"))):

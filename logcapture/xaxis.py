@@ -52,6 +52,9 @@ tests/test_xaxis.py; the SQL of :func:`x_axis_sql` implements exactly the same):
   worker counts is the axis, not ``rank``, which is constant within each series and so not
   increasing (its values are still read as any key's). A ``rank`` that differs in every row
   (a sweep's, a ranking's) names no series: one-row series would make every key increasing.
+- *a row's label*: a row whose object a launcher's label stood before (``[default1]:{...}``
+  from ``torchrun --tee``, ``1: {...}`` from ``srun --label``: the record's ``label``, ``rank
+  1``) belongs to that label's series within its run, whatever its fields say.
 """
 
 from __future__ import annotations
@@ -184,17 +187,18 @@ def choose_x_axis(rows: list[dict[str, Any]], series: list[Any] | None = None) -
     return min(levels, key=lambda k: (levels[k], k))
 
 
-def series_of(record: Mapping[str, Any]) -> tuple[Any, Any]:
-    """The series of a metadata record dict: its run and its rank (``rank``, where the
-    reader put the rank of the task run it belongs to)."""
-    return record.get("run"), record.get("rank")
+def series_of(record: Mapping[str, Any]) -> tuple[Any, Any, Any]:
+    """The series of a metadata record dict: its run, its rank (``rank``, where the reader
+    put the rank of the task run it belongs to) and its ``label`` (whose object it was,
+    behind a launcher's label: ``rank 1``)."""
+    return record.get("run"), record.get("rank"), record.get("label") or ""
 
 
 def choose_x_axis_of_records(records: Iterable[Mapping[str, Any]]) -> str | None:
     """The X key of one run, or of a job's runs, from their metadata record dicts in any
     order (``Store.metadata`` returns them newest first; spool readers in stream order):
     sorted by ``(ts, seq)``, then :func:`choose_x_axis` on their ``fields``, one series per
-    run and rank (``series_of``). For ``logcapture show``."""
+    run, rank and label (``series_of``). For ``logcapture show``."""
     ordered = sorted((r for r in records if isinstance(r.get("fields"), Mapping)),
                      key=lambda r: (r.get("ts", 0.0), r.get("seq", 0)))
     return choose_x_axis([dict(r["fields"]) for r in ordered], [series_of(r) for r in ordered])
@@ -213,13 +217,15 @@ def choose_x_axis_of_records(records: Iterable[Mapping[str, Any]]) -> str | None
 # 'Null' for null; anything else is 'other'. That is exactly is_integer / is_number above.
 
 def values_sql(source: str, fields: str = "fields", carry: tuple[str, ...] = (),
-               series: str = "''") -> str:
-    """Rows ``(run, seq, series, own, key, kind, num)`` from ``source``, a table or subquery
-    with columns ``run``, ``seq`` and ``fields`` (the metadata object as JSON text; another
-    column name can be given). ``carry`` names more columns of ``source`` passed through (e.g.
-    ``ts``); ``series`` is an expression over ``source`` (per rank: the task run's id; the
-    default, one series per ``run``), to which a row's own integer ``rank`` is added (the
-    module docstring); ``own`` is that own rank as text ('' for none: ``own_ranks``)."""
+               series: str = "''", label: str = "label") -> str:
+    """Rows ``(run, seq, own, label, series, key, kind, num)`` from ``source``, a table or subquery
+    with columns ``run``, ``seq``, ``fields`` (the metadata object as JSON text; another
+    column name can be given) and ``label`` (the record's: whose object it was behind a
+    launcher's label, '' for none; another expression can be given). ``carry`` names more
+    columns of ``source`` passed through (e.g. ``ts``); ``series`` is an expression over
+    ``source`` (per rank: the task run's id; the default, one series per ``run``), to which
+    a row's own integer ``rank`` (the module docstring) and its label are added; ``own`` is
+    that own rank as text ('' for none: ``own_ranks``)."""
     extra = "".join(f"{c}, " for c in carry)
     own = (f"if(JSONType({fields}, '{RANK}') = 'Int64', "
            f"toString(JSONExtractInt({fields}, '{RANK}')), '')")
@@ -227,15 +233,15 @@ def values_sql(source: str, fields: str = "fields", carry: tuple[str, ...] = (),
     # rank, _lc_repeats: whether one occurs twice). The keys through a Map: the lightest
     # chDB build has no JSONExtractKeys.
     return f"""
-SELECT run, seq, if(_lc_repeats, _lc_own, '') AS own,
-       concat(ifNull(toString(_lc_series), ''), '|', own) AS series, {extra}key,
+SELECT run, seq, if(_lc_repeats, _lc_own, '') AS own, _lc_label AS label,
+       concat(ifNull(toString(_lc_series), ''), '|', own, '|', _lc_label) AS series, {extra}key,
        JSONType({fields}, key) AS json_type,
        multiIf(json_type = 'Int64', 'int', json_type = 'Double', 'float', 'other') AS kind,
        JSONExtractFloat({fields}, key) AS num
 FROM (
     SELECT *, max(if(_lc_own != '', _lc_n, 0)) OVER (PARTITION BY run) > 1 AS _lc_repeats
     FROM (
-        SELECT *, {series} AS _lc_series, {own} AS _lc_own,
+        SELECT *, {series} AS _lc_series, {own} AS _lc_own, toString({label}) AS _lc_label,
                count() OVER (PARTITION BY run, _lc_own) AS _lc_n
         FROM {source}
     )

@@ -101,31 +101,41 @@ def test_metadata_mode_keeps_only_the_record():
                             fields={"size": "big", "speed": "slow", "lr": 0.1})]
 
 
-LABELLED = [('[default0]:{"step": 1}', {"step": 1}), ('[default1]:{"step": 1}', None),
-            (' 0: {"a": 1}', {"a": 1}), ('3: {"a": 1}', None),
-            ('[1,0]<stdout>:{"a": 1}', {"a": 1}), ('[1,2]<stdout>:{"a": 1}', None),
-            ('[rank0]: {"a": 2}', {"a": 2}), ('[default0]:[rank0]:{"b": 1}', {"b": 1}),
-            ('[default0]:[rank1]:{"b": 1}', None), ('[INFO] {"x": 1}', None),
-            ('0: {"a": 1} and more', None), ('[default0]:{"a": 1', None)]
+LABELLED = [('[default0]:{"step": 1}', {"step": 1}, "local rank 0"),
+            ('[default1]:{"step": 1}', {"step": 1}, "local rank 1"),
+            (' 0: {"a": 1}', {"a": 1}, "rank 0"), ('3: {"a": 1}', {"a": 1}, "rank 3"),
+            ('[1,0]<stdout>:{"a": 1}', {"a": 1}, "rank 0"),
+            ('[1,2]<stdout>:{"a": 1}', {"a": 1}, "rank 2"),
+            ('[rank0]: {"a": 2}', {"a": 2}, "rank 0"),
+            ('[default0]:[rank0]:{"b": 1}', {"b": 1}, "rank 0"),
+            ('[default0]:[rank1]:{"b": 1}', {"b": 1}, "rank 1"),
+            ('{"c": 1}', {"c": 1}, ""),
+            ('[INFO] {"x": 1}', None, ""), ('0: {"a": 1} and more', None, ""),
+            ('[default0]:{"a": 1', None, ""), ('[default1]: {"a": 1}', None, "")]
 
 
-@pytest.mark.parametrize("text, fields", LABELLED)
-def test_an_object_behind_rank_0s_launcher_label_is_metadata(text, fields):
-    """torchrun --tee, srun --label, Open MPI --tag-output, PyTorch: rank 0's object is the
-    run's metadata; another rank's stays a line (one process's series per run)."""
+@pytest.mark.parametrize("text, fields, label", LABELLED)
+def test_an_object_behind_a_launcher_label_is_metadata_of_that_rank(text, fields, label):
+    """torchrun --tee, srun --label, Open MPI --tag-output, PyTorch: each rank's object is
+    metadata with its label (one series per process, xaxis); the line stays as printed."""
+    want = [Metadata(run="r", stream="stdout", seq=2, ts=TS, fields=fields, label=label)
+            ] if fields else []
     c = Classifier("r")
     out = feed(c, ("stdout", "before"), ("stdout", text))
     assert [r.text for r in out if isinstance(r, Line)] == ["before", text]
-    assert [r.fields for r in out if isinstance(r, Metadata)] == ([fields] if fields else [])
+    assert [r for r in out if isinstance(r, Metadata)] == want
     # the same in one batch, as the worker feeds a read's lines
     many = Classifier("r").feed_many("stdout", [Rendered("before"), Rendered(text)], TS)
-    assert [(type(r).__name__, getattr(r, "fields", None)) for r in many
-            if isinstance(r, Metadata)] == ([("Metadata", fields)] if fields else [])
+    assert [r for r in many if isinstance(r, Metadata)] == want
     assert "".join(getattr(r, "text", "") + "".join(getattr(r, "texts", ()))
                    for r in many) == "before" + text
     # and in mode metadata, the record alone
     alone = feed(Classifier("r", "metadata"), ("stdout", text))
-    assert [r.fields for r in alone] == ([fields] if fields else [])
+    assert [(r.fields, r.label) for r in alone] == ([(fields, label)] if fields else [])
+    # the spool's line names the label only when there is one, and reads back the same
+    for record in want:
+        assert ('"label"' in record.to_json()) == bool(label)
+        assert from_dict(json.loads(record.to_json())) == record
 
 
 def test_disabled_keeps_no_metadata():

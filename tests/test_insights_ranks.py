@@ -268,16 +268,21 @@ def test_a_job_on_a_real_node_names_the_rank_that_raised_not_the_gloo_error(
     assert info["x_axis"] == "step" and [r["rank"] for r in info["ranks"]] == [0, 1]
 
 
-def test_torchrun_tee_s_rank_0_objects_are_the_runs_metadata(lc_env: dict[str, str]) -> None:
+def test_torchrun_tee_s_objects_are_metadata_of_each_worker(lc_env: dict[str, str]) -> None:
     """Real `torchrun --tee 3` output: both workers print a JSON line per step behind their
-    labels; rank 0's are the run's metadata, one series whose `step` is the X axis."""
+    labels; each is a metadata row with its label, one series per worker, whose `step` is
+    the X axis although the merged steps read 0, 0, 1, 1 ..."""
     src = REAL / "ddp_tee.out"
     assert lc(["run", "--no-sample", "--run-id", "tee-1", "--", "cat", str(src)],
               lc_env).returncode == 0
     info = json.loads(lc(["show", "tee-1", "--json", "--source", "spool"], lc_env).stdout)
     assert (info["metadata_keys"], info["x_axis"]) == (["loss", "rank", "step"], "step")
     done = lc(["export", "tee-1", "--what", "metadata"], lc_env, text=True)
-    rows = [ln.split(",") for ln in done.stdout.splitlines()[1:]]
-    printed = [ln for ln in src.read_text().splitlines() if ln.startswith("[default0]:{")]
-    assert len(rows) == len(printed) == 4 and {r[-1] for r in rows} == {"0"}
-    assert [r[2] for r in rows] == ["0", "1", "2", "3"]
+    head, *lines = done.stdout.splitlines()
+    assert head.split(",") == ['"ts"', '"label"', '"seq"', '"step"', '"loss"', '"rank"']
+    rows = [ln.replace('"', "").split(",") for ln in lines]
+    printed = [json.loads(ln.split(":", 1)[1]) for ln in src.read_text().splitlines()
+               if ln.startswith(("[default0]:{", "[default1]:{"))]
+    assert len(rows) == len(printed) == 8
+    assert [(r[1], r[3], r[5]) for r in rows] == [
+        (f"local rank {p['rank']}", str(p["step"]), str(p["rank"])) for p in printed]

@@ -669,6 +669,35 @@ def test_an_embedded_store_of_another_user_is_one_clear_error() -> None:
         shutil.rmtree(base, ignore_errors=True)
 
 
+def test_migration_7_keeps_the_label_of_a_metadata_row(tmp_path: Path) -> None:
+    """A store at schema version 6 with a metadata row gets the ``label`` column: the old row
+    reads as unlabelled, and a labelled row (``[default1]:{...}``: records.Metadata) keeps
+    its label through the view, in ``metadata`` and in ``lines``, and not one without."""
+    in_own_process("check_migration_7", tmp_path / "store")
+
+
+def check_migration_7(path: str) -> None:
+    with S.open_store(f"chdb://{path}", create=False) as st:
+        st.client.command(S.schema._SCHEMA_VERSION_DDL)
+        for version, statements in S.MIGRATIONS[:6]:
+            for sql in statements:
+                st.client.command(sql)
+            st.client.command(f"INSERT INTO schema_version (version) VALUES ({version})")
+        st.insert_records(sample_records("m6"), ident("m6"))
+    with S.open_store(f"chdb://{path}") as st:
+        assert st.schema_version() == S.SCHEMA_VERSION
+        [old] = st.metadata("m6", "alice")
+        assert "label" not in old and old["fields"]["epoch"] == 1
+        labelled = [Metadata(run="m7", stream="stdout", seq=i, ts=T0 + i,
+                             fields={"step": i // 2}, label=f"local rank {i % 2}" if i else "")
+                    for i in range(4)]
+        assert not st.insert_records(labelled, ident("m7")).bad
+        want = [r.to_dict() for r in labelled]
+        assert st.metadata("m7", "alice")[::-1] == want
+        assert st.lines("m7", owner="alice") == want
+        assert st.lines("m7", owner="alice", limit=3) == want[1:]
+
+
 def test_migration_5_stores_progress_points(tmp_path: Path) -> None:
     """A store at schema version 4 gets the progress table; its ``ingest`` is made anew (an
     engine Null table takes no ALTER of its constraints) and every view still feeds from it:

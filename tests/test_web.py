@@ -32,6 +32,10 @@ WORKERS = ("import json\nfor step in range(5):\n    for rank in (0, 1):\n"
            "        print(json.dumps({'step': step, 'loss': 4 - step + rank / 2, "
            "'rank': rank}))\n")
 
+# Real `torchrun --tee 3` output of two workers (an H100): each line behind its worker's label.
+DDP_TEE = Path(__file__).parent / "captured" / "torch-2.11-h100" / "ddp_tee.out"
+TEE = f"import sys\nsys.stdout.write(open({str(DDP_TEE)!r}).read())\n"
+
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
@@ -44,6 +48,8 @@ def site(tmp_path_factory):
     lc(["upload", "shipped"], env, check=True)
     capture(env, "workers", WORKERS)
     lc(["upload", "workers"], env, check=True)
+    capture(env, "tee", TEE)
+    lc(["upload", "tee"], env, check=True)
     write_gpu_run(tmp / "spool")
     with Serve(env) as s:
         yield s, env, tmp
@@ -101,7 +107,7 @@ def test_nothing_changes_data(site, method):
 def test_runs_newest_first(site):
     runs = get(site, "/api/runs").json()
     by_id = {r["run"]: r for r in runs}
-    assert set(by_id) == {"train", "big", "shipped", "workers", "gpu"}
+    assert set(by_id) == {"train", "big", "shipped", "workers", "tee", "gpu"}
     starts = [r["start"] for r in runs]
     assert starts == sorted(starts, reverse=True)
     assert by_id["gpu"]["job_id"] == "4242" and by_id["gpu"]["name"] == "train_gpt"
@@ -241,6 +247,18 @@ def test_workers_that_say_their_rank_are_one_series_each(site):
     assert "rank" not in w["rows"][0]  # a run of no task: the table shows the fields alone
 
 
+def test_workers_behind_their_launchers_labels_are_one_series_each(site):
+    t = get(site, "/api/runs/tee/metadata").json()
+    assert t["by_x"]["key"] == "step" and t["total"] == 8
+    assert [r["label"] for r in t["rows"]] == ["local rank 1", "local rank 0"] * 4
+    assert set(t["by_x"]["series"]) == {f"{k} (local rank {n})" for k in ("loss", "rank")
+                                        for n in (0, 1)}
+    loss1 = [(x, v) for x, v in zip(t["by_x"]["x"],
+                                    t["by_x"]["series"]["loss (local rank 1)"], strict=True)
+             if v is not None]
+    assert loss1 == [(0, 2.0), (1, 1.5), (2, 1.3333), (3, 1.25)]
+
+
 def test_resources_per_node(site):
     r = get(site, "/api/runs/gpu/resources").json()["nodes"]
     assert sorted(r) == ["node1", "node2"]
@@ -323,8 +341,8 @@ def test_grafana_panels_show_what_the_page_shows(site):
                   "header": get(site, f"/api/runs/{run}").json(),
                   "meta": get(site, f"/api/runs/{run}/metadata").json(),
                   "res": get(site, f"/api/runs/{run}/resources").json()}
-            for run in ("shipped", "workers", "gpu")}
-    for run, node in (("shipped", "vm"), ("workers", "vm"), ("gpu", "node2")):
+            for run in ("shipped", "workers", "tee", "gpu")}
+    for run, node in (("shipped", "vm"), ("workers", "vm"), ("tee", "vm"), ("gpu", "node2")):
         want = page[run]
         if run != "gpu":
             node = want["header"]["nodes"]

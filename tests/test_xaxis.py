@@ -201,7 +201,8 @@ def sql_choices(store, jobs: list[list[dict[str, Any]]]) -> list[str | None]:
                          for seq, row in enumerate(rows))
         batches.append((ndjson.encode(), Identity(run=run, user="alice", uid=1000)))
     store.insert_many(batches)  # one insert for all the jobs of an example
-    source = "(SELECT run, seq, fields FROM metadata FINAL WHERE run IN {ids:Array(String)})"
+    source = ("(SELECT run, seq, fields, label FROM metadata FINAL "
+              "WHERE run IN {ids:Array(String)})")
     result = store.client.query(x_axis_sql(values_sql(source)), parameters={"ids": ids})
     chosen = {run: key for run, key, _level in result.result_rows}
     return [chosen.get(run) for run in ids]
@@ -360,12 +361,46 @@ def sql_choices_by_rank(store, jobs: list[list[list[dict[str, Any]]]]) -> list[s
             batches.append((ndjson.encode(), Identity(run=run, user="alice", uid=1000)))
     store.insert_many(batches)
     # (ClickHouse's aliases are the query's: the task's run id is renamed one level down)
-    source = ("(SELECT splitByChar('.', task)[1] AS run, task, seq, fields FROM (SELECT run AS "
-              "task, seq, fields FROM metadata FINAL) WHERE run IN {ids:Array(String)})")
+    source = ("(SELECT splitByChar('.', task)[1] AS run, task, seq, fields, label FROM (SELECT "
+              "run AS task, seq, fields, label FROM metadata FINAL) "
+              "WHERE run IN {ids:Array(String)})")
     result = store.client.query(x_axis_sql(values_sql(source, series="task")),
                                 parameters={"ids": ids})
     chosen = {run: key for run, key, _level in result.result_rows}
     return [chosen.get(job) for job in ids]
+
+
+def sql_choices_by_label(store, jobs: list[list[list[dict[str, Any]]]]) -> list[str | None]:
+    """Each job's ranks in one run, each rank's rows behind its launcher label (the record's
+    ``label``, as torchrun --tee's workers print into one task's terminal), interleaved by
+    step; the SQL rule per run."""
+    ids, batches = [], []
+    for ranks in jobs:
+        run = f"r{next(_runs)}"
+        ids.append(run)
+        merged = sorted(((seq, rank, row) for rank, rows in enumerate(ranks)
+                         for seq, row in enumerate(rows)), key=lambda t: (t[0], t[1]))
+        ndjson = "".join(Metadata(run=run, stream="stdout", seq=i, ts=1000.0 + i,
+                                  fields=big_ints_as_text(row), label=f"rank {rank}"
+                                  ).to_json() + "\n"
+                         for i, (_, rank, row) in enumerate(merged))
+        batches.append((ndjson.encode(), Identity(run=run, user="alice", uid=1000)))
+    store.insert_many(batches)
+    source = ("(SELECT run, seq, fields, label FROM metadata FINAL "
+              "WHERE run IN {ids:Array(String)})")
+    result = store.client.query(x_axis_sql(values_sql(source)), parameters={"ids": ids})
+    chosen = {run: key for run, key, _level in result.result_rows}
+    return [chosen.get(run) for run in ids]
+
+
+def _python_by_label(ranks: list[list[dict[str, Any]]]) -> str | None:
+    """The same as ``sql_choices_by_label``, in Python, from the records as a reader gives
+    them (``choose_x_axis_of_records``)."""
+    merged = sorted(((seq, rank, row) for rank, rows in enumerate(ranks)
+                     for seq, row in enumerate(rows)), key=lambda t: (t[0], t[1]))
+    return choose_x_axis_of_records(
+        [{"run": "r", "seq": i, "ts": 1000.0 + i, "fields": row, "label": f"rank {rank}"}
+         for i, (_, rank, row) in enumerate(merged)])
 
 
 def _python_by_rank(ranks: list[list[dict[str, Any]]]) -> str | None:
@@ -386,6 +421,25 @@ def test_sql_agrees_per_rank_on_the_hand_written_cases(store):
 @given(jobs=st.lists(st.lists(job_strategy, min_size=1, max_size=3), min_size=1, max_size=4))
 def test_sql_agrees_with_python_per_rank(store, jobs):
     assert sql_choices_by_rank(store, jobs) == [_python_by_rank(ranks) for ranks in jobs]
+
+
+def test_labelled_rows_of_one_run_are_one_series_per_label(store):
+    # torchrun --tee: both workers' objects in one run, each behind its label; the merged
+    # steps read 0, 0, 1, 1 ... and step is still the axis, in Python and in SQL
+    by_rank = [[row for row in TWO_RANKS if row["rank"] == r] for r in (0, 1)]
+    unranked = [[{k: v for k, v in row.items() if k != "rank"} for row in rows]
+                for rows in by_rank]
+    jobs = [by_rank, unranked, [[{"a": 1}], [{"a": "x"}]]]
+    assert sql_choices_by_label(store, jobs) == [_python_by_label(j) for j in jobs] == [
+        _python_by_rank(j) for j in jobs] == ["step", "step", "a"]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(jobs=st.lists(st.lists(job_strategy, min_size=1, max_size=3), min_size=1, max_size=4))
+def test_sql_agrees_with_python_by_label(store, jobs):
+    # one series per label within a run is the rule per task run: the same axis
+    assert sql_choices_by_label(store, jobs) == [_python_by_label(ranks) for ranks in jobs] \
+        == [_python_by_rank(ranks) for ranks in jobs]
 
 
 def test_python_is_total_on_odd_values():

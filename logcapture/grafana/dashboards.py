@@ -64,7 +64,7 @@ LIST_REFRESH = "1m"
 
 def _metadata_values(db: str, where: str) -> str:
     """The metadata values of the runs matching ``where``, classified as by the X-axis rule."""
-    source = f"(SELECT run, seq, ts, fields FROM {db}.metadata FINAL WHERE {where})"
+    source = f"(SELECT run, seq, ts, fields, label FROM {db}.metadata FINAL WHERE {where})"
     return values_sql(source, carry=("ts",))
 
 
@@ -76,8 +76,8 @@ def _job_metadata(db: str) -> str:
     tasks = _task_runs(db)
     return f"""(
     SELECT {RUN} AS run, m.task AS task, t.trank AS rank, m.seq AS seq, m.ts AS ts,
-           m.fields AS fields
-    FROM (SELECT run AS task, seq, ts, fields FROM {db}.metadata FINAL
+           m.fields AS fields, m.label AS label
+    FROM (SELECT run AS task, seq, ts, fields, label FROM {db}.metadata FINAL
           WHERE run IN (SELECT run FROM ({tasks}) WHERE has([${{rank:singlequote}}], rank))
              OR (run = {RUN} AND (SELECT count() FROM ({tasks})) = 0)) AS m
     LEFT JOIN (SELECT run AS trun, rank AS trank FROM ({tasks})) AS t ON t.trun = m.task
@@ -89,12 +89,13 @@ def _job_values(db: str) -> str:
 
 
 def _series(key: str, row: str = "") -> str:
-    """A graph's series name: the key, and the rank of the row (``row``: the values' table
-    alias with its dot, or ''): its own ``rank`` where it names a series within its run
-    (xaxis, ``own``), else its task's rank ('' for the job's own rows). As
-    ``web.reads.series_name``."""
-    rank = f"if({row}own != '', {row}own, {row}rank)"
-    return f"if({rank} = '', {key}, concat({key}, ' (rank ', {rank}, ')'))"
+    """A graph's series name: the key, and whose the row is (``row``: the values' table alias
+    with its dot, or ''): its launcher's label (``rank 1``, ``local rank 1``: records.Metadata
+    ``label``), else its own ``rank`` where that names a series within its run (xaxis,
+    ``own``), else its task's rank ('' for the job's own rows). As ``web.reads.whose``."""
+    whose = (f"multiIf({row}label != '', {row}label, {row}own != '', concat('rank ', {row}own), "
+             f"{row}rank != '', concat('rank ', {row}rank), '')")
+    return f"if({whose} = '', {key}, concat({key}, ' (', {whose}, ')'))"
 
 
 def _level_names_sql() -> str:
@@ -186,7 +187,7 @@ ORDER BY timestamp DESC, toUInt64OrZero(rank) DESC, e.stream DESC, e.seq DESC
 
 def sql_metadata_table(db: str) -> str:
     return f"""
-SELECT ts AS time, rank, seq, fields
+SELECT ts AS time, rank, label, seq, fields
 FROM {_job_metadata(db)}
 ORDER BY ts DESC, seq DESC, rank
 LIMIT 5000

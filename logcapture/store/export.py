@@ -36,7 +36,8 @@ def export_rows(what: str, records: list[dict[str, Any]]) -> list[dict[str, Any]
     (``lines``), metadata records (one column per key) or sample records (``job.KEY`` and
     ``gpuN.KEY`` columns) or progress records (one row a point: ``ts``, ``stream``, ``bar``,
     ``label``, ``n``, ``total``, ``unit``, ``rate``, ``elapsed``, ``done``). Records of a
-    job's tasks (with ``rank``) add ``TASK_COLUMNS``."""
+    job's tasks (with ``rank``) add ``TASK_COLUMNS``; metadata records behind a launcher's
+    label, the column ``label``."""
     tasks = any("rank" in d for d in records)
 
     def task(d: dict[str, Any]) -> dict[str, Any]:
@@ -61,10 +62,14 @@ def export_rows(what: str, records: list[dict[str, Any]]) -> list[dict[str, Any]
         return rows
     if what == "metadata":
         recs = sorted(records, key=lambda d: (d["ts"], d["seq"]))
+        # ``label``: whose object a row was behind a launcher's label (records.Metadata),
+        # a column when any row has one
+        labelled = ("label",) if any(d.get("label") for d in recs) else ()
         column = _metadata_columns({k for d in recs for k in d["fields"]},
-                                   TASK_COLUMNS if tasks else ())
-        return [{"ts": d["ts"], **task(d), "seq": d["seq"],
-                 **{column.get(k, k): v for k, v in d["fields"].items()}} for d in recs]
+                                   (*(TASK_COLUMNS if tasks else ()), *labelled))
+        return [{"ts": d["ts"], **task(d), **{k: d.get(k) or "" for k in labelled},
+                 "seq": d["seq"], **{column.get(k, k): v for k, v in d["fields"].items()}}
+                for d in recs]
     rows = []
     for d in records:
         row: dict[str, Any] = {"ts": d["ts"], "node": d["node"]}
@@ -158,8 +163,8 @@ def _metadata_columns(keys: set[str], own: tuple[str, ...] = ()) -> dict[str, st
     """The column of each metadata key that cannot be its own name: the empty key (no
     column can be named so) and the export's own ``ts`` and ``seq`` (a line's own ``"ts"``
     must not overwrite when it was printed), and ``own`` (a job's ``rank``: the task's, not
-    the one a program printed): ``metadata.KEY``, made longer while another key has that
-    name."""
+    the one a program printed; a row's ``label``): ``metadata.KEY``, made longer while another
+    key has that name."""
     renamed = {}
     for key in keys & {"", "ts", "seq", *own}:
         name = f"metadata.{key}"

@@ -54,8 +54,10 @@ SELECT stream, seq, toUnixTimestamp64Nano(ts), CAST(note AS String), toString(co
 FROM (SELECT stream, seq, ts, note, count, text, owner FROM notes FINAL WHERE {cond}
     {_TAIL_ORDER})
 UNION ALL
-SELECT stream, seq, toUnixTimestamp64Nano(ts), fields, '', '', CAST(owner AS String), 2
-FROM (SELECT stream, seq, ts, fields, owner FROM metadata FINAL WHERE {cond} {_TAIL_ORDER})
+SELECT stream, seq, toUnixTimestamp64Nano(ts), fields, CAST(label AS String), '',
+    CAST(owner AS String), 2
+FROM (SELECT stream, seq, ts, fields, label, owner FROM metadata FINAL WHERE {cond}
+    {_TAIL_ORDER})
 {_TAIL_SETTINGS}"""
 
 
@@ -328,7 +330,7 @@ class _Queries(_Connection):
         once (FINAL), newest first, in one query (``_tail_sql``). Rows: ``stream, seq, ts (ns),
         a, b, c, owner, table`` with (a, b, c) = lines (kind, text, the options of a command
         or the style of a line), notes (note,
-        count as text, text), metadata (fields)."""
+        count as text, text), metadata (fields, label)."""
         rows = self._query(_tail_sql(cond), {**params, "limit": limit})
         out = []
         for t in range(3):
@@ -407,7 +409,7 @@ class _Queries(_Connection):
                 params["head"] = int(head)
             line_rows = self._rows("lines", _LINE_COLUMNS, cond, params)
             note_rows = self._rows("notes", "note, count, text", cond, params)
-            meta_rows = self._rows("metadata", "fields", cond, params)
+            meta_rows = self._rows("metadata", "fields, label", cond, params)
         # ts: DateTime64(9) parsed the spool's JSON decimal text exactly, so ns / 1e9 is the
         # very float the spool held (``_ns_to_float``), inlined: 10k rows per tail.
         lines = [{"kind": r[3], "run": run, "stream": r[0], "seq": r[1],
@@ -422,7 +424,8 @@ class _Queries(_Connection):
                   "ts": r[2] / 1_000_000_000, "note": r[3], "count": int(r[4]), "text": r[5]}
                  for r in note_rows]
         meta = [{"kind": "metadata", "run": run, "stream": r[0], "seq": r[1],
-                 "ts": r[2] / 1_000_000_000, "fields": _loads(r[3], {})} for r in meta_rows]
+                 "ts": r[2] / 1_000_000_000, "fields": _loads(r[3], {}),
+                 **({"label": r[4]} if r[4] else {})} for r in meta_rows]
         if limit and not notes and not meta:
             lines.reverse()  # the tail comes newest first, in key order
             return lines
@@ -515,10 +518,11 @@ class _Queries(_Connection):
     def metadata(self, run: str, owner: str | None = None) -> list[dict[str, Any]]:
         """Metadata records of the run, newest first (dashboards show them that way)."""
         cond, p = self._run_cond(run, owner)
-        rows = self._query("SELECT stream, seq, toUnixTimestamp64Nano(ts), fields FROM "
+        rows = self._query("SELECT stream, seq, toUnixTimestamp64Nano(ts), fields, label FROM "
                            "metadata FINAL WHERE " + cond + " ORDER BY ts DESC, seq DESC", p)
         return [{"kind": "metadata", "run": run, "stream": r[0], "seq": r[1],
-                 "ts": _ns_to_float(r[2]), "fields": _loads(r[3], {})} for r in rows]
+                 "ts": _ns_to_float(r[2]), "fields": _loads(r[3], {}),
+                 **({"label": r[4]} if r[4] else {})} for r in rows]
 
     def samples(self, run: str, owner: str | None = None) -> list[dict[str, Any]]:
         """Sample records of the run, oldest first."""

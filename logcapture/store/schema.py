@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from ..errors import StoreError, UsageError
 from .connection import _IDENT_RE, _Connection, redact
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 # The tables a user-facing name may refer to (the identifier allow-list).
 TABLES = ("runs", "lines", "notes", "metadata", "samples", "insights", "progress")
 ALL_TABLES = ("ingest", *TABLES, "schema_version")
@@ -73,6 +73,9 @@ SELECT assumeNotNull(_run) AS run, assumeNotNull(_owner) AS owner, assumeNotNull
     assumeNotNull(stream) AS stream, assumeNotNull(seq) AS seq, assumeNotNull(ts) AS ts,
     fields, {_numbers("fields")} AS numbers
 FROM ingest WHERE kind = 'metadata'"""
+# Migration 7 rewrites it with the record's ``label`` (whose object it was, behind a launcher's
+# label: records.Metadata), read from the ``ingest`` column migration 5 made for progress bars.
+_METADATA_VIEW_LABELLED = _METADATA_VIEW.replace(" AS numbers\nFROM", " AS numbers, label\nFROM")
 # The view that routes line and command records (created by migration 1, rewritten by 5).
 _LINES_VIEW = """
 SELECT assumeNotNull(_run) AS run, assumeNotNull(_owner) AS owner, assumeNotNull(_uid) AS uid,
@@ -296,6 +299,13 @@ FROM ingest WHERE kind = 'progress'""",
         "ALTER TABLE ingest ADD COLUMN IF NOT EXISTS style String",
         "ALTER TABLE lines ADD COLUMN IF NOT EXISTS style String CODEC(ZSTD(8))",
         "ALTER TABLE ingest_lines MODIFY QUERY " + _LINES_VIEW,
+    ]),
+    # 7: whose a metadata row is when a launcher's label stood before its object (records.
+    # Metadata ``label``: ``rank 1``; '' for an object printed alone, and for rows stored
+    # before). Few distinct values: LowCardinality.
+    (7, [
+        "ALTER TABLE metadata ADD COLUMN IF NOT EXISTS label LowCardinality(String)",
+        "ALTER TABLE ingest_metadata MODIFY QUERY " + _METADATA_VIEW_LABELLED,
     ]),
 ]
 

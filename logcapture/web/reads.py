@@ -246,19 +246,37 @@ def _column(fields: list[dict[str, Any]], key: str) -> list[Any]:
     return [v if is_number(v := f.get(key)) else None for f in fields]
 
 
-def series_name(key: str, rank: Any) -> str:
-    """A graph series' name: ``key`` of the rows of no rank, ``loss (rank 1)`` of rank 1's.
-    As Grafana's job dashboard names them (``grafana.dashboards._series``)."""
-    return key if rank is None else f"{key} (rank {rank})"
+def whose(row: Mapping[str, Any], own: int | None) -> str:
+    """Whose a metadata row is, as its graph series names it: its launcher's ``label``
+    (``rank 1``, ``local rank 1``: records.Metadata), else its ``own`` rank where that names a
+    series within its run (``xaxis.own_ranks``), else its task's ``rank``; "" for none. As
+    Grafana's job dashboard names them (``grafana.dashboards._series``)."""
+    if row.get("label"):
+        return str(row["label"])
+    if own is not None:
+        return f"rank {own}"
+    return "" if row.get("rank") is None else f"rank {row['rank']}"
+
+
+def series_name(key: str, who: str) -> str:
+    """A graph series' name: ``key`` of the rows of no one's, ``loss (rank 1)`` of rank 1's."""
+    return f"{key} ({who})" if who else key
+
+
+def _whose_order(who: str) -> tuple[str, int, str]:
+    """Series of one key: no one's first, then ranks, then local ranks, each by number."""
+    kind, _, n = who.rpartition(" ")
+    return (kind, int(n), who) if n.isdigit() else ("", -1, who)
 
 
 def metadata(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """From metadata records in time order: the table (newest first) and the graphs: every
     numeric key by time, and by the X key the rule picks, with why. Records of a job's task
     runs (with ``rank``, ``jobview.job_records``): the rule per rank, one series per key and
-    rank (``loss (rank 1)``), each table row with its rank. A row's own ``rank``, where it
-    names a series within its run (``xaxis.own_ranks``: workers sharing one terminal), names
-    its graph series in place of its task's."""
+    rank (``loss (rank 1)``), each table row with its rank. A row's launcher label, or its
+    own ``rank`` where that names a series within its run (``xaxis``: workers sharing one
+    terminal), names its graph series in place of its task's (``whose``); each table row has
+    its ``label`` when any row has one."""
     fields = [dict(r["fields"]) for r in rows]
     series = [series_of(r) for r in rows]
     levels = key_levels(fields, series)
@@ -267,15 +285,15 @@ def metadata(rows: list[dict[str, Any]]) -> dict[str, Any]:
     for f in fields:
         columns.update(dict.fromkeys(f))
     ranks = sorted({r["rank"] for r in rows if r.get("rank") is not None})
-    drawn = [own if own is not None else r.get("rank")
-             for own, r in zip(own_ranks(fields), rows, strict=True)]
+    labelled = any(r.get("label") for r in rows)
+    drawn = [whose(r, own) for own, r in zip(own_ranks(fields), rows, strict=True)]
     # One graph series per key and rank, None in the rows of the other ranks.
     named = [{series_name(k, n): v for k, v in f.items()} for f, n in zip(fields, drawn,
                                                                          strict=True)]
     plotted = {(k, n) for f, n in zip(fields, drawn, strict=True) for k, v in f.items()
                if k in levels and is_number(v)}
     of_key = {series_name(k, n): k for k, n in sorted(
-        plotted, key=lambda kn: (kn[0], -1 if kn[1] is None else int(kn[1])))}
+        plotted, key=lambda kn: (kn[0], _whose_order(kn[1])))}
     keys = list(of_key)
     by_x = None
     if x_key is not None:
@@ -288,7 +306,9 @@ def metadata(rows: list[dict[str, Any]]) -> dict[str, Any]:
     newest = rows[::-1][:METADATA_TABLE_ROWS]
     return {"columns": list(columns), "total": len(rows),
             "rows": [{"ts": r["ts"], "seq": r["seq"], "fields": r["fields"],
-                      **({"rank": r.get("rank")} if ranks else {})} for r in newest],
+                      **({"rank": r.get("rank")} if ranks else {}),
+                      **({"label": r.get("label") or ""} if labelled else {})}
+                     for r in newest],
             "keys": keys, "by_x": by_x,
             "by_time": {"x": [r["ts"] for r in rows],
                         "series": {k: _column(named, k) for k in keys}}}

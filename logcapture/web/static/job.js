@@ -561,12 +561,15 @@
     }
     const numeric = new Set(m.columns.filter(c => m.rows.slice(0, 50).some(r => typeof r.fields[c] === "number")));
     const ranked = m.rows[0].rank !== undefined;
+    const labelled = m.rows[0].label !== undefined;  // whose, by a launcher's label
     const head = el("tr", {}, el("th", {text: "time"}), ...(ranked ? [el("th", {text: "rank", class: "num"})] : []),
+                    ...(labelled ? [el("th", {text: "label"})] : []),
                     ...m.columns.map(c => el("th", {text: c, class: numeric.has(c) ? "num" : ""})));
     const body = el("tbody");
     for (const r of m.rows.slice(0, tableRows)) {
       body.append(el("tr", {}, el("td", {class: "mono", text: time(r.ts)}),
         ...(ranked ? [el("td", {class: "num", text: value(r.rank)})] : []),
+        ...(labelled ? [el("td", {text: r.label})] : []),
         ...m.columns.map(c => el("td", {class: typeof r.fields[c] === "number" ? "num" : "",
                                         text: value(r.fields[c])}))));
     }
