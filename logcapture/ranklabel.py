@@ -72,6 +72,16 @@ class Labelled(namedtuple("Labelled", ("rank", "local_rank", "text"))):
         return f"local rank {self.local_rank}" if self.local_rank is not None else ""
 
 
+def number_of(described: str) -> str:
+    """The number of what ``Labelled.describe`` wrote (``rank 3``, ``local rank 3``: ``"3"``),
+    in decimal without leading zeros; "" for "" and for text that ends in no number of at
+    most 18 ASCII digits (a label read from a spool file may be anything). Readers pick
+    labelled rows by it (the page's and Grafana's rank choice); Grafana's job dashboard does
+    the same in SQL (``grafana.dashboards.LABEL_NUMBER``)."""
+    n = described.rpartition(" ")[2]
+    return str(int(n)) if n.isascii() and n.isdigit() and len(n) <= 18 else ""
+
+
 STARTS = frozenset("[ 0123456789")  # what a label starts with: most lines are let go here
 
 

@@ -639,3 +639,45 @@ def test_a_task_run_is_not_a_task_of_a_requeued_run_and_a_job_without_tasks_show
     rows = run_sql(store, JOB_UID, query_of(JOB_UID, "Metadata (newest first)"), rank=[])
     assert [json.loads(r["fields"]) for r in rows] == TRAIN_META[::-1]
     assert {r["rank"] for r in rows} == {""}
+
+
+def test_a_run_of_labelled_workers_shows_rank_0_and_every_rank_on_request(ranked_store):
+    """torchrun --tee's workers in one run without task runs: the rank variable lists the
+    numbers of the rows' labels, rank 0's rows by default (and the unlabelled ones), one
+    series per label, as the page (tests/test_web.py holds the two equal)."""
+    run = "4002"
+    recs: list[Any] = [Start(run=run, stream="run", seq=0, ts=T0, command=["torchrun"],
+                             user="alice", uid=1000, host="n1")]
+    recs += [Metadata(run=run, stream="stdout", seq=i, ts=T0 + 1 + i,
+                      fields={"step": i // 2, "loss": 1.0 + i % 2 - i / 10},
+                      label=f"local rank {i % 2}") for i in range(6)]
+    recs.append(Metadata(run=run, stream="stdout", seq=6, ts=T0 + 9, fields={"step": 9}))
+    assert not ranked_store.insert_records(recs, Identity(run=run, user="alice",
+                                                          uid=1000)).bad
+    st, job = ranked_store, {"run": run}
+    assert [r["rank"] for r in run_sql(st, JOB_UID, query_of(JOB_UID, "var rank"),
+                                       **job)] == ["0", "1"]
+    rows = run_sql(st, JOB_UID, query_of(JOB_UID, "Metadata (newest first)"), **job)
+    assert [r["label"] for r in rows] == ["", "local rank 0", "local rank 0", "local rank 0"]
+    every = run_sql(st, JOB_UID, query_of(JOB_UID, "Metadata (newest first)"), **job,
+                    rank=["0", "1"])
+    assert len(every) == 7
+    by_x = run_sql(st, JOB_UID, query_of(JOB_UID, "Metadata by $x_axis"), **job,
+                   rank=["0", "1"], x_axis="step")
+    assert [(r["x"], r["value"]) for r in by_x if r["key"] == "loss (local rank 1)"] == [
+        (0.0, 1.9), (1.0, 1.7), (2.0, 1.5)]
+    [axis] = run_sql(st, JOB_UID, query_of(JOB_UID, "X axis"), **job, rank=["0", "1"])
+    assert axis["x_axis"] == "step"
+
+
+@pytest.mark.parametrize("label", ["rank 3", "local rank 12", "", "rank", "rank 0003",
+                                   "rank x", "rank \uff13", "rank \u0663", "rank +3",
+                                   "rank -1", "rank 1 ", "rank " + "9" * 18,
+                                   "rank " + "9" * 19, "3"])
+def test_a_labels_number_in_sql_is_the_python_one(store, label):
+    from logcapture.grafana.dashboards import LABEL_NUMBER
+    from logcapture.ranklabel import number_of
+
+    sql = f"SELECT {LABEL_NUMBER} FROM (SELECT {{label:String}} AS label)"
+    [[got]] = store.client.query(sql, parameters={"label": label}).result_rows
+    assert got == number_of(label)

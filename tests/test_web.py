@@ -248,7 +248,14 @@ def test_workers_that_say_their_rank_are_one_series_each(site):
 
 
 def test_workers_behind_their_launchers_labels_are_one_series_each(site):
-    t = get(site, "/api/runs/tee/metadata").json()
+    # local rank 0 by default, as a job's rank 0; another or all on request
+    first = get(site, "/api/runs/tee/metadata").json()
+    assert (first["ranks"], first["rank"], first["total"]) == ([0, 1], "0", 4)
+    assert {r["label"] for r in first["rows"]} == {"local rank 0"}
+    assert set(first["by_x"]["series"]) == {"loss (local rank 0)", "rank (local rank 0)"}
+    one = get(site, "/api/runs/tee/metadata", rank="1").json()
+    assert {r["label"] for r in one["rows"]} == {"local rank 1"} and one["rank"] == "1"
+    t = get(site, "/api/runs/tee/metadata", rank="all").json()
     assert t["by_x"]["key"] == "step" and t["total"] == 8
     assert [r["label"] for r in t["rows"]] == ["local rank 1", "local rank 0"] * 4
     assert set(t["by_x"]["series"]) == {f"{k} (local rank {n})" for k in ("loss", "rank")
@@ -324,7 +331,7 @@ GRAFANA = textwrap.dedent("""
                 for stderr in ("0", "1"):
                     sql = interpolate(t["rawSql"], {"run": sys.argv[1], "stderr": stderr,
                                                     "node": sys.argv[2], "x_axis": "",
-                                                    "rank": []},
+                                                    "rank": ["0"]},
                                       datetime(2000, 1, 1, tzinfo=timezone.utc),
                                       datetime(2100, 1, 1, tzinfo=timezone.utc))
                     res = st.client.query(sql)

@@ -68,18 +68,28 @@ def _metadata_values(db: str, where: str) -> str:
     return values_sql(source, carry=("ts",))
 
 
+# ``ranklabel.number_of`` of a metadata row's ``label`` (``local rank 3``: '3'), in SQL.
+# (No '$' in it: Grafana reads one as a variable.)
+_LAST_WORD = "splitByChar(' ', label)[-1]"
+LABEL_NUMBER = (f"if(length({_LAST_WORD}) BETWEEN 1 AND 18 AND NOT match({_LAST_WORD}, "
+                f"'[^0-9]'), toString(toUInt64OrZero({_LAST_WORD})), '')")
+
+
 def _job_metadata(db: str) -> str:
     """The metadata rows the job's panels show: of the ranks ``$rank`` picks among the job's
-    task runs (``_task_runs``), or of ``$run`` itself when it has none; ``run`` is ``$run``
-    (one X axis for the job), ``task`` the run a row is of and ``rank`` its rank ('' for the
-    job's own), so the X-axis rule reads one series per task run (xaxis: per rank)."""
+    task runs (``_task_runs``), or of ``$run`` itself when it has none (of its rows behind a
+    launcher's label, those whose label's number ``$rank`` picks; its unlabelled rows all);
+    ``run`` is ``$run`` (one X axis for the job), ``task`` the run a row is of and ``rank``
+    its rank ('' for the job's own), so the X-axis rule reads one series per task run
+    (xaxis: per rank)."""
     tasks = _task_runs(db)
     return f"""(
     SELECT {RUN} AS run, m.task AS task, t.trank AS rank, m.seq AS seq, m.ts AS ts,
            m.fields AS fields, m.label AS label
     FROM (SELECT run AS task, seq, ts, fields, label FROM {db}.metadata FINAL
           WHERE run IN (SELECT run FROM ({tasks}) WHERE has([${{rank:singlequote}}], rank))
-             OR (run = {RUN} AND (SELECT count() FROM ({tasks})) = 0)) AS m
+             OR (run = {RUN} AND (SELECT count() FROM ({tasks})) = 0
+                 AND (label = '' OR has([${{rank:singlequote}}], {LABEL_NUMBER})))) AS m
     LEFT JOIN (SELECT run AS trun, rank AS trank FROM ({tasks})) AS t ON t.trun = m.task
 )"""
 
@@ -167,8 +177,17 @@ def _task_runs(db: str) -> str:
 
 
 def sql_rank_variable(db: str) -> str:
-    return (f"SELECT DISTINCT rank FROM ({_task_runs(db)}) "
-            "ORDER BY toUInt64OrZero(rank), rank")
+    # the ranks of the job's task runs; of a run without any, the numbers of its metadata
+    # rows' labels (``_job_metadata``)
+    tasks = _task_runs(db)
+    return f"""
+SELECT DISTINCT rank FROM (
+    SELECT rank FROM ({tasks})
+    UNION ALL
+    SELECT {LABEL_NUMBER} AS rank FROM {db}.metadata FINAL
+    WHERE run = {RUN} AND label != '' AND (SELECT count() FROM ({tasks})) = 0)
+WHERE rank != ''
+ORDER BY toUInt64OrZero(rank), rank"""
 
 
 def sql_logs_by_rank(db: str) -> str:

@@ -170,14 +170,24 @@ class Pages:
     def metadata(self, ref: str, rank: str | None = None) -> dict[str, Any]:
         """The run's metadata; of a job with task runs (``jobview``), the metadata of the
         ranks ``rank`` names (default 0; ``all``; ``0-3``), each row with its rank, one
-        series per rank, and ``ranks``: the job's ranks."""
+        series per rank, and ``ranks``: the job's ranks. A run without task runs whose rows
+        stood behind launchers' labels (records.Metadata ``label``) is chosen from the same
+        way, by the labels' numbers (``ranklabel.number_of``); its unlabelled rows always."""
         from ..jobview import chosen_ranks, job_records, task_runs
+        from ..ranklabel import number_of
 
         run = self.resolve(ref)
         tasks = self._ask(task_runs, self.reader, run)
-        if not tasks:
-            return metadata(self._ask(self.reader.metadata, run)[::-1])
         wanted = chosen_ranks([rank] if rank else [])
+        if not tasks:
+            rows = self._ask(self.reader.metadata, run)[::-1]
+            numbers = {int(n) for r in rows if r.get("label")
+                       if (n := number_of(str(r["label"])))}
+            if not numbers:
+                return metadata(rows)
+            picked = [r for r in rows if not r.get("label") or wanted is None or (
+                (n := number_of(str(r["label"]))) != "" and int(n) in wanted)]
+            return {**metadata(picked), "ranks": sorted(numbers), "rank": rank or "0"}
         picked = [t for t in tasks if wanted is None or t["rank"] in wanted]
         out = metadata(self._ask(job_records, self.reader, picked, "metadata"))
         return {**out, "ranks": sorted({int(t["rank"]) for t in tasks}), "rank": rank or "0"}
