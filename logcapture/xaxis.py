@@ -54,7 +54,9 @@ tests/test_xaxis.py; the SQL of :func:`x_axis_sql` implements exactly the same):
   (a sweep's, a ranking's) names no series: one-row series would make every key increasing.
 - *a row's label*: a row whose object a launcher's label stood before (``[default1]:{...}``
   from ``torchrun --tee``, ``1: {...}`` from ``srun --label``: the record's ``label``, ``rank
-  1``) belongs to that label's series within its run, whatever its fields say.
+  1``) belongs to that label's series within its run, whatever its fields say, when some
+  label occurs in more than one of the rows (``own_labels``: a program printing ``7: {...}``
+  with its step in front has a label on every row, and names no series).
 """
 
 from __future__ import annotations
@@ -187,21 +189,31 @@ def choose_x_axis(rows: list[dict[str, Any]], series: list[Any] | None = None) -
     return min(levels, key=lambda k: (levels[k], k))
 
 
-def series_of(record: Mapping[str, Any]) -> tuple[Any, Any, Any]:
-    """The series of a metadata record dict: its run, its rank (``rank``, where the reader
-    put the rank of the task run it belongs to) and its ``label`` (whose object it was,
-    behind a launcher's label: ``rank 1``)."""
-    return record.get("run"), record.get("rank"), record.get("label") or ""
+def own_labels(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Each metadata record dict's ``label`` (the module docstring) when some label occurs in
+    more than one of ``records``, else "" (a label on every row, as a program printing
+    ``7: {...}`` gets, names no series, as a rank that differs in every row does not)."""
+    given = [str(r.get("label") or "") for r in records]
+    named = [g for g in given if g]
+    return given if len(set(named)) < len(named) else [""] * len(given)
+
+
+def series_of_records(records: Sequence[Mapping[str, Any]]) -> list[tuple[Any, Any, str]]:
+    """The series of each metadata record dict: its run, its rank (``rank``, where the reader
+    put the rank of the task run it belongs to) and its label where labels name series
+    (``own_labels``)."""
+    return [(r.get("run"), r.get("rank"), label)
+            for r, label in zip(records, own_labels(records), strict=True)]
 
 
 def choose_x_axis_of_records(records: Iterable[Mapping[str, Any]]) -> str | None:
     """The X key of one run, or of a job's runs, from their metadata record dicts in any
     order (``Store.metadata`` returns them newest first; spool readers in stream order):
     sorted by ``(ts, seq)``, then :func:`choose_x_axis` on their ``fields``, one series per
-    run, rank and label (``series_of``). For ``logcapture show``."""
+    run, rank and label (``series_of_records``). For ``logcapture show``."""
     ordered = sorted((r for r in records if isinstance(r.get("fields"), Mapping)),
                      key=lambda r: (r.get("ts", 0.0), r.get("seq", 0)))
-    return choose_x_axis([dict(r["fields"]) for r in ordered], [series_of(r) for r in ordered])
+    return choose_x_axis([dict(r["fields"]) for r in ordered], series_of_records(ordered))
 
 
 # --- The same rule in ClickHouse SQL -------------------------------------------------------
@@ -218,31 +230,36 @@ def choose_x_axis_of_records(records: Iterable[Mapping[str, Any]]) -> str | None
 
 def values_sql(source: str, fields: str = "fields", carry: tuple[str, ...] = (),
                series: str = "''", label: str = "label") -> str:
-    """Rows ``(run, seq, own, label, series, key, kind, num)`` from ``source``, a table or subquery
-    with columns ``run``, ``seq``, ``fields`` (the metadata object as JSON text; another
+    """Rows ``(run, seq, own, label, series, key, kind, num)`` from ``source``, a table or
+    subquery with columns ``run``, ``seq``, ``fields`` (the metadata object as JSON text; another
     column name can be given) and ``label`` (the record's: whose object it was behind a
     launcher's label, '' for none; another expression can be given). ``carry`` names more
     columns of ``source`` passed through (e.g. ``ts``); ``series`` is an expression over
     ``source`` (per rank: the task run's id; the default, one series per ``run``), to which
     a row's own integer ``rank`` (the module docstring) and its label are added; ``own`` is
-    that own rank as text ('' for none: ``own_ranks``)."""
+    that own rank as text ('' for none: ``own_ranks``), ``label`` the label where labels
+    name series ('' otherwise: ``own_labels``)."""
     extra = "".join(f"{c}, " for c in carry)
     own = (f"if(JSONType({fields}, '{RANK}') = 'Int64', "
            f"toString(JSONExtractInt({fields}, '{RANK}')), '')")
     # own_ranks: a rank that occurs in more than one row of the run (_lc_n: the rows of each
-    # rank, _lc_repeats: whether one occurs twice). The keys through a Map: the lightest
-    # chDB build has no JSONExtractKeys.
+    # rank, _lc_repeats: whether one occurs twice); own_labels the same of labels (_lc_ln,
+    # _lc_label_repeats). The keys through a Map: the lightest chDB build has no
+    # JSONExtractKeys.
     return f"""
-SELECT run, seq, if(_lc_repeats, _lc_own, '') AS own, _lc_label AS label,
-       concat(ifNull(toString(_lc_series), ''), '|', own, '|', _lc_label) AS series, {extra}key,
+SELECT run, seq, if(_lc_repeats, _lc_own, '') AS own,
+       if(_lc_label_repeats, _lc_label, '') AS label,
+       concat(ifNull(toString(_lc_series), ''), '|', own, '|', label) AS series, {extra}key,
        JSONType({fields}, key) AS json_type,
        multiIf(json_type = 'Int64', 'int', json_type = 'Double', 'float', 'other') AS kind,
        JSONExtractFloat({fields}, key) AS num
 FROM (
-    SELECT *, max(if(_lc_own != '', _lc_n, 0)) OVER (PARTITION BY run) > 1 AS _lc_repeats
+    SELECT *, max(if(_lc_own != '', _lc_n, 0)) OVER (PARTITION BY run) > 1 AS _lc_repeats,
+           max(if(_lc_label != '', _lc_ln, 0)) OVER (PARTITION BY run) > 1 AS _lc_label_repeats
     FROM (
         SELECT *, {series} AS _lc_series, {own} AS _lc_own, toString({label}) AS _lc_label,
-               count() OVER (PARTITION BY run, _lc_own) AS _lc_n
+               count() OVER (PARTITION BY run, _lc_own) AS _lc_n,
+               count() OVER (PARTITION BY run, _lc_label) AS _lc_ln
         FROM {source}
     )
 )

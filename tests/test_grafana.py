@@ -681,3 +681,46 @@ def test_a_labels_number_in_sql_is_the_python_one(store, label):
     sql = f"SELECT {LABEL_NUMBER} FROM (SELECT {{label:String}} AS label)"
     [[got]] = store.client.query(sql, parameters={"label": label}).result_rows
     assert got == number_of(label)
+
+
+def test_tasks_whose_workers_print_behind_labels_are_one_series_per_task_and_label(
+        ranked_store):
+    """A job of two tasks, each a node's `torchrun --tee` with two workers: each node has a
+    `local rank 1`, so a series is named by the task's rank and the label; Grafana names
+    and draws them as the page does (web.reads.metadata over the same records)."""
+    from logcapture.web.reads import metadata
+
+    job = "4003"
+    records: list[Any] = [Start(run=job, stream="run", seq=0, ts=T0, command=["sbatch"],
+                                user="alice", uid=1000, host="node1",
+                                slurm={"job_id": job})]
+    assert not ranked_store.insert_records(records, Identity(run=job, user="alice",
+                                                             uid=1000)).bad
+    tagged = []
+    for task in (0, 1):
+        run = f"{job}.0.{task}"
+        recs: list[Any] = [Start(run=run, stream="run", seq=0, ts=T0 + 1, command=["torchrun"],
+                                 user="alice", uid=1000, host=f"node{task + 1}",
+                                 slurm={"job_id": job, "step": "0", "rank": str(task),
+                                        "node": f"node{task + 1}"})]
+        meta = [Metadata(run=run, stream="stdout", seq=i, ts=T0 + 10 + 2 * i + task,
+                         fields={"step": i // 2, "loss": 10.0 * task + i % 2 - i / 10},
+                         label=f"local rank {i % 2}") for i in range(6)]
+        assert not ranked_store.insert_records([*recs, *meta], Identity(
+            run=run, user="alice", uid=1000)).bad
+        tagged += [{**m.to_dict(), "run": run, "rank": task} for m in meta]
+    tagged.sort(key=lambda d: (d["ts"], d["rank"], d["seq"]))
+    page = metadata(tagged)
+    assert page["by_x"]["key"] == "step"
+    assert set(page["by_x"]["series"]) == {f"{k} (rank {t}, local rank {w})"
+                                           for k in ("loss",) for t in (0, 1) for w in (0, 1)}
+    every = {"run": job, "rank": ["0", "1"]}
+    by_x = run_sql(ranked_store, JOB_UID, query_of(JOB_UID, "Metadata by $x_axis"), **every,
+                   x_axis="step")
+    grafana: dict[str, list[tuple[float, float]]] = {}
+    for r in by_x:
+        grafana.setdefault(r["key"], []).append((r["x"], r["value"]))
+    assert grafana == {k: sorted((x, v) for x, v in zip(page["by_x"]["x"], vals, strict=True)
+                                 if v is not None)
+                       for k, vals in page["by_x"]["series"].items()}
+    assert grafana["loss (rank 1, local rank 1)"] == [(0.0, 10.9), (1.0, 10.7), (2.0, 10.5)]

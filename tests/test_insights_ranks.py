@@ -286,3 +286,23 @@ def test_torchrun_tee_s_objects_are_metadata_of_each_worker(lc_env: dict[str, st
     assert len(rows) == len(printed) == 8
     assert [(r[1], r[3], r[5]) for r in rows] == [
         (f"local rank {p['rank']}", str(p["step"]), str(p["rank"])) for p in printed]
+
+
+def test_show_and_compare_judge_labelled_workers_per_label(lc_env: dict[str, str]) -> None:
+    """Two workers behind torchrun --tee's labels, each counting `step` and a time `t`: per
+    worker `step` is the X axis (increasing integers); the merged rows would give `t`."""
+    code = ("import json\nfor s in range(4):\n    for w in (0, 1):\n"
+            "        print(f'[default{w}]:' + json.dumps({'step': s, 't': s + 0.1 * w + 0.05}))\n")
+    assert lc(["run", "--no-sample", "--run-id", "tee-t", "--", sys.executable, "-c", code],
+              lc_env).returncode == 0
+    info = json.loads(lc(["show", "tee-t", "--json", "--source", "spool"], lc_env).stdout)
+    assert info["x_axis"] == "step"
+    from logcapture.query.local_reader import LocalReader
+    from logcapture.web.reads import compare_one
+    from logcapture.xaxis import choose_x_axis
+
+    reader = LocalReader(Path(lc_env["LOGCAPTURE_SPOOL"]), None, "spool")
+    rows = reader.metadata("tee-t")[::-1]
+    one = compare_one(reader.summary("tee-t"), rows, "t")
+    assert one["x_key"] == "step"
+    assert choose_x_axis([r["fields"] for r in rows]) == "t"  # the rows as one series

@@ -25,6 +25,7 @@ from logcapture.xaxis import (
     choose_x_axis,
     choose_x_axis_of_records,
     key_levels,
+    own_labels,
     values_sql,
     x_axis_sql,
 )
@@ -437,9 +438,12 @@ def test_labelled_rows_of_one_run_are_one_series_per_label(store):
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(jobs=st.lists(st.lists(job_strategy, min_size=1, max_size=3), min_size=1, max_size=4))
 def test_sql_agrees_with_python_by_label(store, jobs):
-    # one series per label within a run is the rule per task run: the same axis
-    assert sql_choices_by_label(store, jobs) == [_python_by_label(ranks) for ranks in jobs] \
-        == [_python_by_rank(ranks) for ranks in jobs]
+    # one series per label within a run is the rule per task run (once a label repeats:
+    # own_labels): the same axis
+    by_label = [_python_by_label(ranks) for ranks in jobs]
+    assert sql_choices_by_label(store, jobs) == by_label
+    assert [b for b, ranks in zip(by_label, jobs, strict=True) if max(map(len, ranks)) > 1] \
+        == [_python_by_rank(ranks) for ranks in jobs if max(map(len, ranks)) > 1]
 
 
 def test_python_is_total_on_odd_values():
@@ -454,3 +458,25 @@ def test_records_in_any_order():
     assert choose_x_axis_of_records(recs) == "a"  # increasing once sorted by time
     assert choose_x_axis_of_records(reversed(recs)) == "a"
     assert choose_x_axis_of_records([]) is None
+
+
+def test_a_label_on_every_row_names_no_series(store):
+    # a program that prints its step before each object ("7: {...}") reads as srun --label's
+    # rank 7 on every row: one-row series would make every key increasing (own_labels)
+    rows = [{"step": s, "bucket": b} for s, b in zip(range(5), (3, 1, 4, 1, 5), strict=True)]
+    recs = [{"run": "r", "seq": s, "ts": 1000.0 + s, "fields": row, "label": f"rank {s}"}
+            for s, row in enumerate(rows)]
+    assert own_labels(recs) == [""] * 5
+    assert choose_x_axis_of_records(recs) == "step"
+    # once a label occurs twice, the labels are series
+    again = [*recs, {**recs[0], "seq": 5, "ts": 1005.0}]
+    assert own_labels(again) == [r["label"] for r in again]
+    run = f"r{next(_runs)}"
+    ndjson = "".join(Metadata(run=run, stream="stdout", seq=r["seq"], ts=r["ts"],
+                              fields=r["fields"], label=r["label"]).to_json() + "\n"
+                     for r in recs)
+    store.insert_many([(ndjson.encode(), Identity(run=run, user="alice", uid=1000))])
+    source = "(SELECT run, seq, fields, label FROM metadata FINAL WHERE run = {run:String})"
+    [(_, key, _)] = store.client.query(x_axis_sql(values_sql(source)),
+                                       parameters={"run": run}).result_rows
+    assert key == "step"

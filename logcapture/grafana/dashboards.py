@@ -69,10 +69,16 @@ def _metadata_values(db: str, where: str) -> str:
 
 
 # ``ranklabel.number_of`` of a metadata row's ``label`` (``local rank 3``: '3'), in SQL.
-# (No '$' in it: Grafana reads one as a variable.)
+# (No '$' in it: Grafana reads one as a variable.) Labels name series only when one repeats
+# in the run (xaxis.own_labels): ``_labels_name_series``.
 _LAST_WORD = "splitByChar(' ', label)[-1]"
 LABEL_NUMBER = (f"if(length({_LAST_WORD}) BETWEEN 1 AND 18 AND NOT match({_LAST_WORD}, "
                 f"'[^0-9]'), toString(toUInt64OrZero({_LAST_WORD})), '')")
+
+
+def _labels_name_series(db: str) -> str:
+    return (f"(SELECT count() > uniqExact(label) FROM {db}.metadata FINAL "
+            f"WHERE run = {RUN} AND label != '')")
 
 
 def _job_metadata(db: str) -> str:
@@ -89,7 +95,8 @@ def _job_metadata(db: str) -> str:
     FROM (SELECT run AS task, seq, ts, fields, label FROM {db}.metadata FINAL
           WHERE run IN (SELECT run FROM ({tasks}) WHERE has([${{rank:singlequote}}], rank))
              OR (run = {RUN} AND (SELECT count() FROM ({tasks})) = 0
-                 AND (label = '' OR has([${{rank:singlequote}}], {LABEL_NUMBER})))) AS m
+                 AND (label = '' OR NOT {_labels_name_series(db)}
+                      OR has([${{rank:singlequote}}], {LABEL_NUMBER})))) AS m
     LEFT JOIN (SELECT run AS trun, rank AS trank FROM ({tasks})) AS t ON t.trun = m.task
 )"""
 
@@ -100,10 +107,12 @@ def _job_values(db: str) -> str:
 
 def _series(key: str, row: str = "") -> str:
     """A graph's series name: the key, and whose the row is (``row``: the values' table alias
-    with its dot, or ''): its launcher's label (``rank 1``, ``local rank 1``: records.Metadata
-    ``label``), else its own ``rank`` where that names a series within its run (xaxis,
-    ``own``), else its task's rank ('' for the job's own rows). As ``web.reads.whose``."""
-    whose = (f"multiIf({row}label != '', {row}label, {row}own != '', concat('rank ', {row}own), "
+    with its dot, or ''): its launcher's label where labels name series (``rank 1``, ``local
+    rank 1``: values_sql's ``label``), after its task's rank when it has one, else its own
+    ``rank`` where that names a series within its run (xaxis, ``own``), else its task's rank
+    ('' for the job's own rows). As ``web.reads.whose``."""
+    whose = (f"multiIf({row}label != '', if({row}rank != '', concat('rank ', {row}rank, ', ', "
+             f"{row}label), {row}label), {row}own != '', concat('rank ', {row}own), "
              f"{row}rank != '', concat('rank ', {row}rank), '')")
     return f"if({whose} = '', {key}, concat({key}, ' (', {whose}, ')'))"
 
@@ -178,14 +187,15 @@ def _task_runs(db: str) -> str:
 
 def sql_rank_variable(db: str) -> str:
     # the ranks of the job's task runs; of a run without any, the numbers of its metadata
-    # rows' labels (``_job_metadata``)
+    # rows' labels where they name series (``_job_metadata``)
     tasks = _task_runs(db)
     return f"""
 SELECT DISTINCT rank FROM (
     SELECT rank FROM ({tasks})
     UNION ALL
     SELECT {LABEL_NUMBER} AS rank FROM {db}.metadata FINAL
-    WHERE run = {RUN} AND label != '' AND (SELECT count() FROM ({tasks})) = 0)
+    WHERE run = {RUN} AND label != '' AND (SELECT count() FROM ({tasks})) = 0
+      AND {_labels_name_series(db)})
 WHERE rank != ''
 ORDER BY toUInt64OrZero(rank), rank"""
 

@@ -52,7 +52,7 @@ class RunFacts(NamedTuple):
     commands: int
     modes: list[dict[str, Any]]  # mode changes in order: {"ts", "text"}
     metadata_keys: list[str]  # sorted
-    metadata: list[dict[str, Any]]  # metadata fields in time order
+    metadata: list[dict[str, Any]]  # metadata record dicts in time order
     samples: list[dict[str, Any]]  # sample records, oldest first
     warnings: int
     spool_problems: str | None = None
@@ -66,7 +66,7 @@ def describe(facts: RunFacts) -> dict[str, Any]:
     numbers as numbers, times in seconds since the epoch and durations in seconds
     (docs/cli.md says what each field means; ``views.show_lines`` writes it for people)."""
     from ..sampling.summary import summarize as summarize_samples
-    from ..xaxis import choose_x_axis
+    from ..xaxis import choose_x_axis_of_records
 
     start, end = facts.start, facts.end
     slurm = dict((start or {}).get("slurm") or {})
@@ -96,7 +96,7 @@ def describe(facts: RunFacts) -> dict[str, Any]:
     info["commands"] = facts.commands
     info["mode_changes"] = [dict(m) for m in facts.modes]
     info["metadata_keys"] = list(facts.metadata_keys)
-    info["x_axis"] = choose_x_axis(facts.metadata)
+    info["x_axis"] = choose_x_axis_of_records(facts.metadata)
     usage = ((end or {}).get("counts") or {}).get("job") or {}
     resources: dict[str, Any] = {}
     if facts.samples:
@@ -151,8 +151,7 @@ def spool_facts(run_dir: Path, owner: str, uid: int) -> RunFacts:
     warnings = commands = 0
     modes: list[dict[str, Any]] = []
     keys: set[str] = set()
-    metadata: list[dict[str, Any]] = []  # stream order is time order
-    metadata_records: list[dict[str, Any]] = []
+    metadata: list[dict[str, Any]] = []  # record dicts; stream order is time order
     samples: list[dict[str, Any]] = []
     progress: list[dict[str, Any]] = []
     diagnoser = Diagnoser()
@@ -166,8 +165,7 @@ def spool_facts(run_dir: Path, owner: str, uid: int) -> RunFacts:
             end = rec.to_dict()
         elif isinstance(rec, Metadata):
             keys.update(rec.fields)
-            metadata.append(dict(rec.fields))
-            metadata_records.append(rec.to_dict())
+            metadata.append(rec.to_dict())
         elif isinstance(rec, Sample):
             samples.append(rec.to_dict())
         elif isinstance(rec, Progress):
@@ -190,7 +188,7 @@ def spool_facts(run_dir: Path, owner: str, uid: int) -> RunFacts:
         [*([f"{stats.torn} torn line(s), {bad} invalid line(s)"] if stats.torn or bad else []),
          *([f"{len(unread)} segment(s) could not be read, their lines are missing: "
             + ", ".join(unread)] if unread else [])]) or None
-    insights = run_insights(diagnoser, start, end, samples, metadata=metadata_records,
+    insights = run_insights(diagnoser, start, end, samples, metadata=metadata,
                             thresholds=admin_thresholds(), missing_segments=len(unread))
     return RunFacts(run_dir.name, owner, uid, start, end, dict(lines), dict(repeats),
                     dict(blanks), commands, modes, sorted(keys), metadata, samples, warnings,
@@ -214,7 +212,7 @@ def store_facts(st: Store, run: str, owner: str | None) -> RunFacts:
          for s in OUTPUT_STREAMS},
         {s: sum(r[2] for r in notes if r[0] == s and r[1] == NOTE_BLANK)
          for s in OUTPUT_STREAMS},
-        t["commands"], t["modes"], t["metadata_keys"], [d["fields"] for d in metadata],
+        t["commands"], t["modes"], t["metadata_keys"], metadata,
         samples, sum(r[3] for r in notes if r[1] == NOTE_WARNING),
         stored_in=redact(st.dsn),
         insights=numbered_evidence(

@@ -23,7 +23,15 @@ from typing import Any
 from ..errors import UsageError
 from ..store import EXPORTS, write_rows
 from ..summary_row import summary_row
-from ..xaxis import LEVEL_NAMES, choose_x_axis, is_number, key_levels, own_ranks, series_of
+from ..xaxis import (
+    LEVEL_NAMES,
+    choose_x_axis,
+    is_number,
+    key_levels,
+    own_labels,
+    own_ranks,
+    series_of_records,
+)
 
 RUN_REF = re.compile(r"[A-Za-z0-9._-]{1,128}")
 FORMATS = {"csv": "text/csv", "ndjson": "application/x-ndjson",
@@ -171,8 +179,9 @@ class Pages:
         """The run's metadata; of a job with task runs (``jobview``), the metadata of the
         ranks ``rank`` names (default 0; ``all``; ``0-3``), each row with its rank, one
         series per rank, and ``ranks``: the job's ranks. A run without task runs whose rows
-        stood behind launchers' labels (records.Metadata ``label``) is chosen from the same
-        way, by the labels' numbers (``ranklabel.number_of``); its unlabelled rows always."""
+        stood behind launchers' labels that name series (``xaxis.own_labels``) is chosen from
+        the same way, by the labels' numbers (``ranklabel.number_of``); its other rows
+        always."""
         from ..jobview import chosen_ranks, job_records, task_runs
         from ..ranklabel import number_of
 
@@ -181,12 +190,12 @@ class Pages:
         wanted = chosen_ranks([rank] if rank else [])
         if not tasks:
             rows = self._ask(self.reader.metadata, run)[::-1]
-            numbers = {int(n) for r in rows if r.get("label")
-                       if (n := number_of(str(r["label"])))}
+            labels = [number_of(label) for label in own_labels(rows)]
+            numbers = {int(n) for n in labels if n}
             if not numbers:
                 return metadata(rows)
-            picked = [r for r in rows if not r.get("label") or wanted is None or (
-                (n := number_of(str(r["label"]))) != "" and int(n) in wanted)]
+            picked = [r for r, n in zip(rows, labels, strict=True)
+                      if not n or wanted is None or int(n) in wanted]
             return {**metadata(picked), "ranks": sorted(numbers), "rank": rank or "0"}
         picked = [t for t in tasks if wanted is None or t["rank"] in wanted]
         out = metadata(self._ask(job_records, self.reader, picked, "metadata"))
@@ -256,16 +265,17 @@ def _column(fields: list[dict[str, Any]], key: str) -> list[Any]:
     return [v if is_number(v := f.get(key)) else None for f in fields]
 
 
-def whose(row: Mapping[str, Any], own: int | None) -> str:
-    """Whose a metadata row is, as its graph series names it: its launcher's ``label``
-    (``rank 1``, ``local rank 1``: records.Metadata), else its ``own`` rank where that names a
-    series within its run (``xaxis.own_ranks``), else its task's ``rank``; "" for none. As
-    Grafana's job dashboard names them (``grafana.dashboards._series``)."""
-    if row.get("label"):
-        return str(row["label"])
-    if own is not None:
-        return f"rank {own}"
-    return "" if row.get("rank") is None else f"rank {row['rank']}"
+def whose(row: Mapping[str, Any], own: int | None, label: str) -> str:
+    """Whose a metadata row is, as its graph series names it: its launcher's ``label`` where
+    labels name series (``xaxis.own_labels``: ``rank 1``, ``local rank 1``), after its task's
+    rank when it has one (``rank 0, local rank 1``: each node's torchrun has a local rank 1);
+    else its ``own`` rank where that names a series within its run (``xaxis.own_ranks``);
+    else its task's ``rank``; "" for none. As Grafana's job dashboard names them
+    (``grafana.dashboards._series``)."""
+    task = "" if row.get("rank") is None else f"rank {row['rank']}"
+    if label:
+        return f"{task}, {label}" if task else label
+    return f"rank {own}" if own is not None else task
 
 
 def series_name(key: str, who: str) -> str:
@@ -273,10 +283,10 @@ def series_name(key: str, who: str) -> str:
     return f"{key} ({who})" if who else key
 
 
-def _whose_order(who: str) -> tuple[str, int, str]:
-    """Series of one key: no one's first, then ranks, then local ranks, each by number."""
-    kind, _, n = who.rpartition(" ")
-    return (kind, int(n), who) if n.isdigit() else ("", -1, who)
+def _whose_order(who: str) -> list[Any]:
+    """Series of one key: no one's first, then by name, numbers as numbers (``rank 2`` before
+    ``rank 10``)."""
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", who)]
 
 
 def metadata(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -288,7 +298,7 @@ def metadata(rows: list[dict[str, Any]]) -> dict[str, Any]:
     terminal), names its graph series in place of its task's (``whose``); each table row has
     its ``label`` when any row has one."""
     fields = [dict(r["fields"]) for r in rows]
-    series = [series_of(r) for r in rows]
+    series = series_of_records(rows)
     levels = key_levels(fields, series)
     x_key = choose_x_axis(fields, series)
     columns: dict[str, None] = {}
@@ -296,7 +306,8 @@ def metadata(rows: list[dict[str, Any]]) -> dict[str, Any]:
         columns.update(dict.fromkeys(f))
     ranks = sorted({r["rank"] for r in rows if r.get("rank") is not None})
     labelled = any(r.get("label") for r in rows)
-    drawn = [whose(r, own) for own, r in zip(own_ranks(fields), rows, strict=True)]
+    drawn = [whose(r, own, label) for r, own, (_, _, label) in zip(
+        rows, own_ranks(fields), series, strict=True)]
     # One graph series per key and rank, None in the rows of the other ranks.
     named = [{series_name(k, n): v for k, v in f.items()} for f, n in zip(fields, drawn,
                                                                          strict=True)]
@@ -357,8 +368,9 @@ def compare_one(summary: Mapping[str, Any], rows: list[dict[str, Any]], key: str
     """One run's side of the compare graphs: ``key`` by the run's own X axis and by seconds
     since the run started."""
     fields = [dict(r["fields"]) for r in rows]
-    levels = key_levels(fields)
-    x_key = choose_x_axis(fields)
+    series = series_of_records(rows)
+    levels = key_levels(fields, series)
+    x_key = choose_x_axis(fields, series)
     start = summary.get("start")
     t0 = start if start is not None else (rows[0]["ts"] if rows else 0.0)
     return {"run": summary["run"], "job_name": (summary.get("slurm") or {}).get("job_name", ""),
