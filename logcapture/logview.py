@@ -5,7 +5,8 @@ Output panel show the same entries.
 The rules:
 
 - A rendered line and a ``/LOGCOMMAND`` line show as the job printed them.
-- A metadata record shows as its JSON text only when the line itself was not logged. In
+- A metadata record shows as its JSON text only when the line itself was not logged (after
+  its launcher's label in brackets, ``[local rank 1] {...}``, when it had one). In
   mode ``enabled`` the classifier keeps a metadata line twice: the printed ``Line`` (seq N)
   and the flattened ``Metadata`` record right after it (seq N+1, same stream); showing both
   would print every metadata line twice. In mode ``metadata`` only the record is kept, and
@@ -34,7 +35,7 @@ the last.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from decimal import Decimal
 from typing import Any, NamedTuple
 
@@ -92,6 +93,15 @@ class Entry(NamedTuple):
     line: int = 0
 
 
+def metadata_text(fields: Mapping[str, Any], label: str) -> str:
+    """A metadata record as the log shows it where its line is not (mode ``metadata``): its
+    JSON, after whose it was (``[local rank 1] {...}``) when a launcher's label stood before
+    it (records.Metadata ``label``), so that workers sharing a terminal stay apart. In SQL:
+    :func:`log_sql`."""
+    text = dumps(dict(fields))
+    return f"[{label}] {text}" if label else text
+
+
 def note_text(note: str, count: int, text: str) -> str:
     """A note in logcapture's words, bracketed so it never reads as the job's output."""
     s = "" if count == 1 else "s"
@@ -146,7 +156,7 @@ class LogView:
             elif isinstance(rec, Metadata):
                 if stream in shown and printed.get(stream) != rec.seq - 1:
                     out.append(Entry(rec.ts, stream, rec.seq, METADATA,
-                                     dumps(dict(rec.fields))))
+                                     metadata_text(rec.fields, rec.label)))
             elif isinstance(rec, Command):
                 self.lines += 1
                 if stream in shown:
@@ -280,7 +290,7 @@ def log_sql(db: str, run_cond: str, stderr: str, where: str = "1", order: str = 
     else:
         bound = (f"ts <= (SELECT if(count() >= {limit}, max(ts), "
                  f"toDateTime64('2262-01-01 00:00:00', 9, 'UTC')) FROM ({lines}))")
-    metadata = (f"SELECT {key}ts, stream, seq, fields FROM {db}metadata {fin} "
+    metadata = (f"SELECT {key}ts, stream, seq, fields, label FROM {db}metadata {fin} "
                 f"WHERE {run_cond} AND {shown} AND {bound} AND {page}")
     return f"""
 SELECT {key}{ts} AS ts, stream, seq, kind, text{st} FROM (
@@ -297,7 +307,9 @@ SELECT {key}{ts} AS ts, stream, seq, kind, text{st} FROM (
                OR ({shown} AND NOT (note = '{NOTE_MODE}' AND stream != '{STDOUT}')))
           AND {page})
     UNION ALL
-    SELECT {key}ts, stream, seq, '{METADATA}' AS kind, fields AS text{no_st} FROM ({metadata})
+    SELECT {key}ts, stream, seq, '{METADATA}' AS kind,
+        if(label != '', concat('[', label, '] ', fields), fields) AS text{no_st}
+    FROM ({metadata})
     WHERE ({key}stream, seq) NOT IN (
         SELECT {key}stream, seq + 1 FROM {db}lines
         WHERE {run_cond} AND kind = '{LINE}' AND ts IN (SELECT ts FROM ({metadata})))
@@ -331,13 +343,15 @@ WHERE has({{keys:Array(Tuple(String, UInt64))}}, (stream, seq))
 """
 
 
-def metadata_text(fields_json: str) -> str:
-    """A metadata row's JSON as the spool reader writes it (records.dumps), so both readers
-    show the same text whatever spacing the store kept."""
+def stored_metadata_text(text: str) -> str:
+    """A metadata row's text from :func:`log_sql` with its JSON as the spool reader writes it
+    (records.dumps, after the label: :func:`metadata_text`), so both readers show the same
+    text whatever spacing the store kept."""
+    label, brace, rest = text.partition("{")
     try:
-        return dumps(json.loads(fields_json))
+        return label + dumps(json.loads(brace + rest))
     except ValueError:
-        return fields_json
+        return text
 
 
 def numbered_evidence(insights: list[dict[str, Any]], numbers: Callable[

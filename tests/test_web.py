@@ -36,6 +36,12 @@ WORKERS = ("import json\nfor step in range(5):\n    for rank in (0, 1):\n"
 DDP_TEE = Path(__file__).parent / "captured" / "torch-2.11-h100" / "ddp_tee.out"
 TEE = f"import sys\nsys.stdout.write(open({str(DDP_TEE)!r}).read())\n"
 
+# Two labelled workers in mode metadata (their lines not kept): the log shows each record
+# with its label.
+QUIET = ("import json\nprint('/LOGCOMMAND {\"mode\": \"metadata\"}')\nfor s in range(3):\n"
+         "    for w in (0, 1):\n"
+         "        print(f'[default{w}]:' + json.dumps({'step': s, 'loss': 1.5 - s / 4 + w}))\n")
+
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
@@ -50,6 +56,9 @@ def site(tmp_path_factory):
     lc(["upload", "workers"], env, check=True)
     capture(env, "tee", TEE)
     lc(["upload", "tee"], env, check=True)
+    capture(env, "quiet", QUIET)
+    capture(env, "quiet-shipped", QUIET)
+    lc(["upload", "quiet-shipped"], env, check=True)
     write_gpu_run(tmp / "spool")
     with Serve(env) as s:
         yield s, env, tmp
@@ -107,7 +116,8 @@ def test_nothing_changes_data(site, method):
 def test_runs_newest_first(site):
     runs = get(site, "/api/runs").json()
     by_id = {r["run"]: r for r in runs}
-    assert set(by_id) == {"train", "big", "shipped", "workers", "tee", "gpu"}
+    assert set(by_id) == {"train", "big", "shipped", "workers", "tee", "quiet",
+                          "quiet-shipped", "gpu"}
     starts = [r["start"] for r in runs]
     assert starts == sorted(starts, reverse=True)
     assert by_id["gpu"]["job_id"] == "4242" and by_id["gpu"]["name"] == "train_gpt"
@@ -155,6 +165,17 @@ def test_the_spool_and_the_store_show_the_same_log(site):
         return [(e["stream"], e["kind"], e["text"]) for e in es]
     assert strip(entries_of(site, "train", stderr=1)) == strip(entries_of(site, "shipped",
                                                                           stderr=1))
+
+
+def test_in_mode_metadata_each_record_shows_after_its_label(site):
+    def strip(es: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+        return [(e["stream"], e["kind"], e["text"]) for e in es]
+    spool, store = strip(entries_of(site, "quiet")), strip(entries_of(site, "quiet-shipped"))
+    assert spool == store
+    assert [t for _, kind, t in spool if kind == "metadata"][:2] == [
+        '[local rank 0] {"step":0,"loss":1.5}', '[local rank 1] {"step":0,"loss":2.5}']
+    cli = lc(["logs", "quiet-shipped"], site[1], text=True).stdout.splitlines()
+    assert cli == [t for _, _, t in store]
 
 
 def test_a_run_shipped_twice_shows_once(site):
@@ -348,8 +369,9 @@ def test_grafana_panels_show_what_the_page_shows(site):
                   "header": get(site, f"/api/runs/{run}").json(),
                   "meta": get(site, f"/api/runs/{run}/metadata").json(),
                   "res": get(site, f"/api/runs/{run}/resources").json()}
-            for run in ("shipped", "workers", "tee", "gpu")}
-    for run, node in (("shipped", "vm"), ("workers", "vm"), ("tee", "vm"), ("gpu", "node2")):
+            for run in ("shipped", "workers", "tee", "quiet-shipped", "gpu")}
+    for run, node in (("shipped", "vm"), ("workers", "vm"), ("tee", "vm"),
+                      ("quiet-shipped", "vm"), ("gpu", "node2")):
         want = page[run]
         if run != "gpu":
             node = want["header"]["nodes"]

@@ -444,7 +444,7 @@ class _Queries(_Connection):
         seq)``. The key begins with the run and the time, so a page costs one range of the
         run's rows, however long the log, and its line numbers a count of the keys before
         it (``line_numbers``). NotFound when the run is not the owner's."""
-        from ..logview import METADATA, NUMBERED, log_sql, metadata_text
+        from ..logview import METADATA, NUMBERED, log_sql, stored_metadata_text
         from ..sgr import spans
 
         cond, params = self._run_cond(run, owner)
@@ -477,7 +477,7 @@ class _Queries(_Connection):
         numbers = self.line_numbers(run, owner, [(r[1], int(r[2]), r[0]) for r in page
                                                  if r[3] in NUMBERED])
         out = [(r[0] / 1_000_000_000, r[1], int(r[2]), r[3],
-                metadata_text(r[4]) if r[3] == METADATA else r[4], spans(r[5]),
+                stored_metadata_text(r[4]) if r[3] == METADATA else r[4], spans(r[5]),
                 numbers.get((r[1], int(r[2])), 0)) for r in page]
         if after is None:
             out.reverse()
