@@ -66,6 +66,40 @@ def job_records(reader: Any, tasks: list[Mapping[str, Any]], what: str
     return out
 
 
+def labelled_rows(records: list[dict[str, Any]], ranks: set[int] | None
+                  ) -> tuple[list[dict[str, Any]], list[int]]:
+    """Of one run's metadata records (time order), those of ``ranks`` (None: all) where
+    launchers' labels name series (``xaxis.own_labels``), by the labels' numbers
+    (``ranklabel.number_of``; rows without one always), and the numbers there are: the
+    choice of ``show RUN --rank`` and the job page for a run without task runs."""
+    from .ranklabel import number_of
+    from .xaxis import own_labels
+
+    labels = [number_of(label) for label in own_labels(records)]
+    numbers = sorted({int(n) for n in labels if n})
+    picked = [r for r, n in zip(records, labels, strict=True)
+              if not n or ranks is None or int(n) in ranks]
+    return picked, numbers
+
+
+def describe_labelled(reader: Any, batch: dict[str, Any], ranks: set[int] | None
+                      ) -> dict[str, Any]:
+    """``batch`` (a run without task runs, as ``describe`` gives it) with the metadata keys
+    and X axis of the labelled rows of ``ranks`` (``labelled_rows``) and ``metadata_ranks``;
+    ``batch`` itself when its rows carry no labels that name series."""
+    from .xaxis import choose_x_axis_of_records
+
+    records = sorted(reader.metadata(str(batch["run"])), key=lambda r: (r["ts"], r["seq"]))
+    picked, numbers = labelled_rows(records, ranks)
+    if not numbers:
+        return batch
+    out = dict(batch)
+    out["metadata_ranks"] = ALL if ranks is None else jobref.format_ranks(ranks)
+    out["metadata_keys"] = sorted({k for r in picked for k in r.get("fields") or {}})
+    out["x_axis"] = choose_x_axis_of_records(picked)
+    return out
+
+
 def describe_job(reader: Any, ref: str, batch: dict[str, Any],
                  ranks: set[int] | None) -> dict[str, Any]:
     """``batch`` (the job's batch run, as ``describe`` gives it) as the job's answer, when the

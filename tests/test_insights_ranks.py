@@ -289,6 +289,8 @@ def test_torchrun_tee_s_objects_are_metadata_of_each_worker(lc_env: dict[str, st
 
 
 def test_show_and_compare_judge_labelled_workers_per_label(lc_env: dict[str, str]) -> None:
+    from logcapture.xaxis import choose_x_axis
+
     """Two workers behind torchrun --tee's labels, each counting `step` and a time `t`: per
     worker `step` is the X axis (increasing integers); the merged rows would give `t`."""
     code = ("import json\nfor s in range(4):\n    for w in (0, 1):\n"
@@ -297,9 +299,15 @@ def test_show_and_compare_judge_labelled_workers_per_label(lc_env: dict[str, str
               lc_env).returncode == 0
     info = json.loads(lc(["show", "tee-t", "--json", "--source", "spool"], lc_env).stdout)
     assert info["x_axis"] == "step"
+    # one worker's rows on request, by its label's number
+    one = json.loads(lc(["show", "tee-t", "--json", "--rank", "1"], lc_env).stdout)
+    assert (one["metadata_ranks"], one["metadata_keys"], one["x_axis"]) == ("1", ["step", "t"],
+                                                                          "step")
+    assert lc(["run", "--no-sample", "--run-id", "plain", "--", "true"], lc_env).returncode == 0
+    refused = lc(["show", "plain", "--rank", "1"], lc_env, text=True)
+    assert refused.returncode != 0 and "launchers' labels" in refused.stderr
     from logcapture.query.local_reader import LocalReader
     from logcapture.web.reads import compare_one
-    from logcapture.xaxis import choose_x_axis
 
     reader = LocalReader(Path(lc_env["LOGCAPTURE_SPOOL"]), None, "spool")
     rows = reader.metadata("tee-t")[::-1]

@@ -221,15 +221,17 @@ def show(spool: Path | None, as_json: bool, store_dsn: str | None, source: str,
     each node's figures. --json: the same fields, snake_case, numbers as numbers."""
     from contextlib import closing
 
-    from ..jobview import chosen_ranks, describe_job
+    from ..jobview import chosen_ranks, describe_job, describe_labelled
 
     with closing(open_reader(spool, store_dsn, source)) as reader:
         info = reader.describe(reader.resolve(run_ref))
         if run_ref is not None:
             info = describe_job(reader, run_ref, info, chosen_ranks(ranks))
-    if ranks and "ranks" not in info:
+        if ranks and "ranks" not in info:  # a run whose workers' rows carry their labels
+            info = describe_labelled(reader, info, chosen_ranks(ranks))
+    if ranks and "metadata_ranks" not in info:
         raise UsageError(f"--rank: {run_ref or 'the run'} is no job with tasks of srun steps "
-                         "captured")
+                         "captured, nor a run whose metadata rows carry launchers' labels")
     if as_json:
         click.echo(json.dumps(info, indent=2, default=str))
         return

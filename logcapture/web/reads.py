@@ -28,7 +28,6 @@ from ..xaxis import (
     choose_x_axis,
     is_number,
     key_levels,
-    own_labels,
     own_ranks,
     series_of_records,
 )
@@ -179,24 +178,19 @@ class Pages:
         """The run's metadata; of a job with task runs (``jobview``), the metadata of the
         ranks ``rank`` names (default 0; ``all``; ``0-3``), each row with its rank, one
         series per rank, and ``ranks``: the job's ranks. A run without task runs whose rows
-        stood behind launchers' labels that name series (``xaxis.own_labels``) is chosen from
-        the same way, by the labels' numbers (``ranklabel.number_of``); its other rows
-        always."""
-        from ..jobview import chosen_ranks, job_records, task_runs
-        from ..ranklabel import number_of
+        stood behind launchers' labels that name series is chosen from the same way
+        (``jobview.labelled_rows``)."""
+        from ..jobview import chosen_ranks, job_records, labelled_rows, task_runs
 
         run = self.resolve(ref)
         tasks = self._ask(task_runs, self.reader, run)
         wanted = chosen_ranks([rank] if rank else [])
         if not tasks:
             rows = self._ask(self.reader.metadata, run)[::-1]
-            labels = [number_of(label) for label in own_labels(rows)]
-            numbers = {int(n) for n in labels if n}
+            picked, numbers = labelled_rows(rows, wanted)
             if not numbers:
                 return metadata(rows)
-            picked = [r for r, n in zip(rows, labels, strict=True)
-                      if not n or wanted is None or int(n) in wanted]
-            return {**metadata(picked), "ranks": sorted(numbers), "rank": rank or "0"}
+            return {**metadata(picked), "ranks": numbers, "rank": rank or "0"}
         picked = [t for t in tasks if wanted is None or t["rank"] in wanted]
         out = metadata(self._ask(job_records, self.reader, picked, "metadata"))
         return {**out, "ranks": sorted({int(t["rank"]) for t in tasks}), "rank": rank or "0"}
