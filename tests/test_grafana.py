@@ -652,16 +652,21 @@ def test_a_run_of_labelled_workers_shows_rank_0_and_every_rank_on_request(ranked
                       fields={"step": i // 2, "loss": 1.0 + i % 2 - i / 10},
                       label=f"local rank {i % 2}") for i in range(6)]
     recs.append(Metadata(run=run, stream="stdout", seq=6, ts=T0 + 9, fields={"step": 9}))
+    # a label of no number (only a hand-written spool has one): shown whatever the choice,
+    # as on the page (jobview.labelled_rows)
+    recs.append(Metadata(run=run, stream="stdout", seq=7, ts=T0 + 10, fields={"step": 10},
+                         label="weird"))
     assert not ranked_store.insert_records(recs, Identity(run=run, user="alice",
                                                           uid=1000)).bad
     st, job = ranked_store, {"run": run}
     assert [r["rank"] for r in run_sql(st, JOB_UID, query_of(JOB_UID, "var rank"),
                                        **job)] == ["0", "1"]
     rows = run_sql(st, JOB_UID, query_of(JOB_UID, "Metadata (newest first)"), **job)
-    assert [r["label"] for r in rows] == ["", "local rank 0", "local rank 0", "local rank 0"]
+    assert [r["label"] for r in rows] == ["weird", "", "local rank 0", "local rank 0",
+                                          "local rank 0"]
     every = run_sql(st, JOB_UID, query_of(JOB_UID, "Metadata (newest first)"), **job,
                     rank=["0", "1"])
-    assert len(every) == 7
+    assert len(every) == 8
     by_x = run_sql(st, JOB_UID, query_of(JOB_UID, "Metadata by $x_axis"), **job,
                    rank=["0", "1"], x_axis="step")
     assert [(r["x"], r["value"]) for r in by_x if r["key"] == "loss (local rank 1)"] == [

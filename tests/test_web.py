@@ -42,6 +42,11 @@ QUIET = ("import json\nprint('/LOGCOMMAND {\"mode\": \"metadata\"}')\nfor s in r
          "    for w in (0, 1):\n"
          "        print(f'[default{w}]:' + json.dumps({'step': s, 'loss': 1.5 - s / 4 + w}))\n")
 
+# srun --label's forwarded lines where only ranks 3 and 5 print metadata (logging from the
+# last ranks): no rank 0 to open on.
+LAST_RANKS = ("import json\nfor s in range(2):\n    for r in (3, 5):\n"
+              "        print(f'{r}: ' + json.dumps({'step': s, 'loss': r - s}))\n")
+
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
@@ -56,6 +61,7 @@ def site(tmp_path_factory):
     lc(["upload", "workers"], env, check=True)
     capture(env, "tee", TEE)
     lc(["upload", "tee"], env, check=True)
+    capture(env, "last-ranks", LAST_RANKS)
     capture(env, "quiet", QUIET)
     capture(env, "quiet-shipped", QUIET)
     lc(["upload", "quiet-shipped"], env, check=True)
@@ -116,8 +122,8 @@ def test_nothing_changes_data(site, method):
 def test_runs_newest_first(site):
     runs = get(site, "/api/runs").json()
     by_id = {r["run"]: r for r in runs}
-    assert set(by_id) == {"train", "big", "shipped", "workers", "tee", "quiet",
-                          "quiet-shipped", "gpu"}
+    assert set(by_id) == {"train", "big", "shipped", "workers", "tee", "last-ranks",
+                          "quiet", "quiet-shipped", "gpu"}
     starts = [r["start"] for r in runs]
     assert starts == sorted(starts, reverse=True)
     assert by_id["gpu"]["job_id"] == "4242" and by_id["gpu"]["name"] == "train_gpt"
@@ -165,6 +171,14 @@ def test_the_spool_and_the_store_show_the_same_log(site):
         return [(e["stream"], e["kind"], e["text"]) for e in es]
     assert strip(entries_of(site, "train", stderr=1)) == strip(entries_of(site, "shipped",
                                                                           stderr=1))
+
+
+def test_labelled_rows_without_a_rank_0_open_on_the_lowest_rank(site):
+    first = get(site, "/api/runs/last-ranks/metadata").json()
+    assert (first["ranks"], first["rank"]) == ([3, 5], "3")
+    assert [r["label"] for r in first["rows"]] == ["rank 3", "rank 3"]
+    five = get(site, "/api/runs/last-ranks/metadata", rank="5").json()
+    assert [r["fields"]["loss"] for r in five["rows"]] == [4, 5]
 
 
 def test_in_mode_metadata_each_record_shows_after_its_label(site):

@@ -231,7 +231,8 @@ def show(spool: Path | None, as_json: bool, store_dsn: str | None, source: str,
             info = describe_labelled(reader, info, chosen_ranks(ranks))
     if ranks and "metadata_ranks" not in info:
         raise UsageError(f"--rank: {run_ref or 'the run'} is no job with tasks of srun steps "
-                         "captured, nor a run whose metadata rows carry launchers' labels")
+                         "captured, nor a run whose metadata rows carry launchers' labels that "
+                         "repeat (one series per worker)")
     if as_json:
         click.echo(json.dumps(info, indent=2, default=str))
         return

@@ -95,7 +95,7 @@ def _job_metadata(db: str) -> str:
     FROM (SELECT run AS task, seq, ts, fields, label FROM {db}.metadata FINAL
           WHERE run IN (SELECT run FROM ({tasks}) WHERE has([${{rank:singlequote}}], rank))
              OR (run = {RUN} AND (SELECT count() FROM ({tasks})) = 0
-                 AND (label = '' OR NOT {_labels_name_series(db)}
+                 AND (label = '' OR NOT {_labels_name_series(db)} OR {LABEL_NUMBER} = ''
                       OR has([${{rank:singlequote}}], {LABEL_NUMBER})))) AS m
     LEFT JOIN (SELECT run AS trun, rank AS trank FROM ({tasks})) AS t ON t.trun = m.task
 )"""

@@ -179,7 +179,8 @@ class Pages:
         ranks ``rank`` names (default 0; ``all``; ``0-3``), each row with its rank, one
         series per rank, and ``ranks``: the job's ranks. A run without task runs whose rows
         stood behind launchers' labels that name series is chosen from the same way
-        (``jobview.labelled_rows``)."""
+        (``jobview.labelled_rows``), by default the lowest rank when no rank 0 printed any;
+        ``rank``: the choice made."""
         from ..jobview import chosen_ranks, job_records, labelled_rows, task_runs
 
         run = self.resolve(ref)
@@ -190,6 +191,9 @@ class Pages:
             picked, numbers = labelled_rows(rows, wanted)
             if not numbers:
                 return metadata(rows)
+            if not rank and 0 not in numbers:  # no rank 0 printed any: the lowest that did
+                rank = str(numbers[0])
+                picked, _ = labelled_rows(rows, {numbers[0]})
             return {**metadata(picked), "ranks": numbers, "rank": rank or "0"}
         picked = [t for t in tasks if wanted is None or t["rank"] in wanted]
         out = metadata(self._ask(job_records, self.reader, picked, "metadata"))

@@ -512,11 +512,12 @@
 
   let tableRows = 200;
   // A job whose srun tasks were captured: whose metadata (rank 0 by default, one or all).
-  let rank = "0";
+  let rank = "";  // the server's default until one is picked (rank 0, or the lowest there is)
   function drawRankPicker(m) {
     const pick = document.getElementById("rank-pick");
     pick.hidden = !m.ranks;
     if (!m.ranks) return;
+    rank = m.rank;
     const select = document.getElementById("metadata-rank");
     const options = ["all", ...m.ranks.map(String)];
     if (select.options.length !== options.length) {
