@@ -46,6 +46,7 @@ from .records import (
     DISABLED,
     ENABLED,
     METADATA,
+    MODE_CHANGED,
     MODES,
     NOTE_BLANK,
     NOTE_CUT,
@@ -722,7 +723,7 @@ class Classifier:
             # (dashboards show stdout only) sees why output stops or starts.
             for target in (stream, *(s for s in self._noted if s != stream)):
                 out.append(self._note(target, NOTE_MODE, (
-                    f"mode changed from {old} to {new} by /LOGCOMMAND on {where}: "
+                    f"{MODE_CHANGED} {old} to {new} by /LOGCOMMAND on {where}: "
                     f"{_MODE_MEANS[new]}"), ts))
         return out
 

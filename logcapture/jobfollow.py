@@ -60,7 +60,7 @@ from typing import Any
 from . import jobref
 from .config.defaults import FLUSH_INTERVAL
 from .errors import NotFound
-from .logview import Entry, LogView, cursor_of, entry_from_json
+from .logview import Entry, LogView, cursor_of, entry_from_json, is_mode_change
 from .query.interface import LOG_PAGE_MAX
 from .query.store_reader import FOLLOW_SETTLE
 from .rankview import (
@@ -75,7 +75,7 @@ from .rankview import (
     tagged,
     text_lines,
 )
-from .records import OUTPUT_STREAMS, STDERR, End
+from .records import OUTPUT_STREAMS, STDERR, STDOUT, End
 from .runs import ABANDON_CHECK, SPOOL_POLL, SpoolFollow, job_candidates
 from .spool.layout import find_run_dirs
 
@@ -131,13 +131,15 @@ class _StoredTail:
         new = False
         while True:
             # stdout alone or both streams, the run's notes always (as the page asks); a
-            # stream not shown is left out here
+            # stream not shown is left out here, save a mode change: the log shows its
+            # stdout copy, which stands for stderr's when stderr is followed alone
             page = self.reader.log(self.run, stderr=STDERR in self.streams, after=self.cursor,
                                    limit=LOG_PAGE_MAX)
             if page["entries"]:
                 new, self.cursor = True, str(page["entries"][-1]["cursor"])
             out += [e for e in map(entry_from_json, page["entries"])
-                    if e.stream in self.streams or e.stream not in OUTPUT_STREAMS]
+                    if e.stream in self.streams or e.stream not in OUTPUT_STREAMS
+                    or (STDOUT not in self.streams and is_mode_change(e))]
             if not page["more"]:
                 break
         if page["ended"]:

@@ -40,6 +40,7 @@ from decimal import Decimal
 from typing import Any, NamedTuple
 
 from .records import (
+    MODE_CHANGED,
     NOTE_BLANK,
     NOTE_CUT,
     NOTE_MODE,
@@ -122,6 +123,12 @@ def note_text(note: str, count: int, text: str) -> str:
     if note == NOTE_SECTION_EXPAND:
         return f"[logcapture: section {text} expanded]"
     return f"[logcapture: {note}: {text}]"
+
+
+def is_mode_change(e: Entry) -> bool:
+    """Whether ``e`` is a mode change's note (``note_text`` of a NOTE_MODE note written by
+    classify), which a log of one stream shows from that stream's copy."""
+    return e.kind == NOTE and e.text.startswith(note_text(NOTE_MODE, 1, MODE_CHANGED)[:-1])
 
 
 def streams_of(stderr: bool) -> tuple[str, ...]:

@@ -64,6 +64,7 @@ NOTE_BLANK = "blank"  # a run of blank lines collapsed to one; count = lines dro
 NOTE_CUT = "cut"  # a line longer than the limit was cut; count = characters dropped
 NOTE_WARNING = "warning"  # something went wrong (bad command, bad config, internal fault)
 NOTE_MODE = "mode"  # the mode changed (from .logoptin or a /LOGCOMMAND)
+MODE_CHANGED = "mode changed from"  # how a NOTE_MODE's text begins (classify writes it)
 # A CI fold marker (sections.py): a section starts (text its title, count 1 when it opens
 # collapsed) or ends (text its title, count its duration in ms), or the job asks to expand
 # the section it is in (Buildkite's ``^^^ +++``; text that section's title).

@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -305,6 +306,37 @@ def test_a_job_read_from_the_store_once_ended_is_printed_as_logs_prints_it(
     where = ["--spool", str(tmp_path / "none"), "--store", dsn, "--source", "store"]
     assert cli(capsys, "50", "-f", *where) == ALL_RANKS
     assert cli(capsys, "50", "-f", "--rank", "1", *where) == RANK_1
+
+
+def test_a_job_followed_from_the_store_on_stderr_alone_keeps_its_mode_changes(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The log of one stream shows a mode change once; read from the store, its query gives
+    the stdout copy, which stands for stderr's when stderr is followed alone: ``logs -f JOB
+    --stream stderr`` prints what ``logs JOB --stream stderr`` prints."""
+    from logcapture import store as S
+    from logcapture.classify import Classifier
+    from logcapture.records import Rendered
+
+    c = Classifier("71")
+    t0 = time.time() - 60
+    recs: list[Any] = [Start(run="71", stream="run", seq=0, ts=t0, command=["job.sh"], user=ME,
+                             uid=os.getuid(), host="n1", slurm={"job_id": "71"})]
+    for i, (stream, text) in enumerate([("stdout", "out 1"), ("stderr", "err 1"),
+                                        ("stdout", '/LOGCOMMAND {"mode": "disabled"}'),
+                                        ("stderr", "hidden"),
+                                        ("stdout", '/LOGCOMMAND {"mode": "enabled"}'),
+                                        ("stderr", "err 2")]):
+        recs += c.feed(stream, Rendered(text), t0 + 1 + i)
+    recs.append(End(run="71", stream="run", seq=1, ts=t0 + 9, exit_status=0,
+                    state="COMPLETED", duration=9.0))
+    dsn = f"chdb://{tmp_path / 'store'}"
+    with S.open_store(dsn) as st:
+        assert not st.insert_records(recs, S.Identity(run="71", user=ME, uid=os.getuid(),
+                                                      cluster="c1", job_id="71")).bad
+    where = ["--spool", str(tmp_path / "none"), "--store", dsn, "--source", "store"]
+    shown = cli(capsys, "71", "--stream", "stderr", *where)
+    assert [ln for ln in shown if "mode changed" in ln] and "hidden" not in shown
+    assert cli(capsys, "71", "-f", "--stream", "stderr", *where) == shown
 
 
 def test_a_flood_is_shown_with_at_most_max_held_entries_waiting(
