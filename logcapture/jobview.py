@@ -68,7 +68,7 @@ def job_records(reader: Any, tasks: list[Mapping[str, Any]], what: str
 
 def labelled_rows(records: list[dict[str, Any]], ranks: set[int] | None
                   ) -> tuple[list[dict[str, Any]], list[int]]:
-    """Of one run's metadata records (time order), those of ``ranks`` (None: all) where
+    """Of one run's metadata records (any order, kept), those of ``ranks`` (None: all) where
     launchers' labels name series (``xaxis.own_labels``), by the labels' numbers
     (``ranklabel.number_of``; rows without one always), and the numbers there are: the
     choice of ``show RUN --rank`` and the job page for a run without task runs."""
@@ -89,8 +89,7 @@ def describe_labelled(reader: Any, batch: dict[str, Any], ranks: set[int] | None
     ``batch`` itself when its rows carry no labels that name series."""
     from .xaxis import choose_x_axis_of_records
 
-    records = sorted(reader.metadata(str(batch["run"])), key=lambda r: (r["ts"], r["seq"]))
-    picked, numbers = labelled_rows(records, ranks)
+    picked, numbers = labelled_rows(reader.metadata(str(batch["run"])), ranks)
     if not numbers:
         return batch
     out = dict(batch)

@@ -118,12 +118,20 @@ def test_migration_2_rebuilds_the_token_index_over_8_granules(tmp_path: Path) ->
     in_own_process("check_migration_2", tmp_path / "store")
 
 
+def migrate_to(st: S.Store, version: int) -> None:
+    """Make ``st`` (opened with ``create=False``) the store an older release made: the
+    migrations up to ``version`` and its ``schema_version`` rows, as ``init_schema`` does."""
+    st.client.command(S.schema._SCHEMA_VERSION_DDL)
+    for v, statements in S.MIGRATIONS:
+        if v <= version:
+            for sql in statements:
+                st.client.command(sql)
+            st.client.command(f"INSERT INTO schema_version (version) VALUES ({v})")
+
+
 def check_migration_2(path: str) -> None:
     with S.open_store(f"chdb://{path}", create=False) as st:
-        st.client.command(S.schema._SCHEMA_VERSION_DDL)
-        for sql in S.MIGRATIONS[0][1]:
-            st.client.command(sql)
-        st.client.command("INSERT INTO schema_version (version) VALUES (1)")
+        migrate_to(st, 1)
         assert st.schema_version() == 1
         assert _index_granularity(st) == ("tokenbf_v1(32768, 3, 0)", 1)
         # 4 blocks of 8 granules (8192 rows each); 'Traceback' only in the third block
@@ -163,11 +171,7 @@ def test_migration_4_reads_ts_as_a_decimal_and_rewrites_the_number_views(tmp_pat
 
 def check_migration_4(path: str) -> None:
     with S.open_store(f"chdb://{path}", create=False) as st:
-        st.client.command(S.schema._SCHEMA_VERSION_DDL)
-        for _, statements in S.MIGRATIONS[:2]:
-            for sql in statements:
-                st.client.command(sql)
-        st.client.command("INSERT INTO schema_version (version) VALUES (1), (2)")
+        migrate_to(st, 2)
         assert "DateTime64(9" in st.client.command(
             "SELECT type FROM system.columns WHERE database = currentDatabase() AND "
             "table = 'ingest' AND name = 'ts'")
@@ -678,11 +682,7 @@ def test_migration_7_keeps_the_label_of_a_metadata_row(tmp_path: Path) -> None:
 
 def check_migration_7(path: str) -> None:
     with S.open_store(f"chdb://{path}", create=False) as st:
-        st.client.command(S.schema._SCHEMA_VERSION_DDL)
-        for version, statements in S.MIGRATIONS[:6]:
-            for sql in statements:
-                st.client.command(sql)
-            st.client.command(f"INSERT INTO schema_version (version) VALUES ({version})")
+        migrate_to(st, 6)
         st.insert_records(sample_records("m6"), ident("m6"))
     with S.open_store(f"chdb://{path}") as st:
         assert st.schema_version() == S.SCHEMA_VERSION
@@ -709,11 +709,7 @@ def check_migration_5(path: str) -> None:
     from logcapture.records import Progress
 
     with S.open_store(f"chdb://{path}", create=False) as st:
-        st.client.command(S.schema._SCHEMA_VERSION_DDL)
-        for version, statements in S.MIGRATIONS[:4]:
-            for sql in statements:
-                st.client.command(sql)
-            st.client.command(f"INSERT INTO schema_version (version) VALUES ({version})")
+        migrate_to(st, 4)
     with S.open_store(f"chdb://{path}") as st:
         assert st.schema_version() == S.SCHEMA_VERSION
         points = [Progress(run="p5", stream="progress:stderr", seq=i, ts=1_790_000_000.5 + i,
